@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what the tests need (npm packages for the
+# tokenizer-parity and OpenAI-client tests, when npm is present), then runs every
+# Go test with the race detector where a C toolchain allows it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ -x scripts/test-setup.sh ]; then
+	scripts/test-setup.sh
+fi
+
+race=()
+if command -v gcc >/dev/null 2>&1; then
+	export CGO_ENABLED=1
+	race=(-race)
+else
+	echo "test.sh: no C compiler, running without -race" >&2
+	export CGO_ENABLED=0
+fi
+go test "${race[@]}" -timeout 60m ./...

@@ -61,7 +61,14 @@ type Config struct {
 	ExpertDType string
 	// BlockSize is the FP8 weight block edge (128 for V4-Flash).
 	BlockSize int
+	// DenseFormat is how the FP8 (E4M3) dense weights are scaled: "fp8" (one
+	// E8M0 scale per BlockSize x BlockSize block, as shipped) or "mxfp8" (one E8M0
+	// scale per 32 consecutive values of a row, as written by moxie repack).
+	DenseFormat string
 }
+
+// DenseFormatKey is the config.json key moxie writes for a repacked checkpoint.
+const DenseFormatKey = "moxie_dense_format"
 
 // LayerKind is the attention type of a layer.
 type LayerKind int
@@ -180,6 +187,7 @@ func Parse(data []byte) (*Config, error) {
 	c.EOS = g.int(1, "eos_token_id")
 	c.ExpertDType = g.str("fp4", "expert_dtype")
 	c.BlockSize = 128
+	c.DenseFormat = g.str("fp8", DenseFormatKey)
 	if qc, ok := raw["quantization_config"]; ok && string(qc) != "null" {
 		var q struct {
 			WeightBlockSize []int `json:"weight_block_size"`
@@ -252,6 +260,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("expert_dtype is %q, want \"fp4\" or \"fp8\"", c.ExpertDType)
 	case c.ExpertDType == "fp4" && (c.Dim%32 != 0 || c.MoEInterDim%32 != 0):
 		return fmt.Errorf("MXFP4 experts need hidden_size %d and moe_intermediate_size %d to be multiples of 32", c.Dim, c.MoEInterDim)
+	case c.DenseFormat != "fp8" && c.DenseFormat != "mxfp8":
+		return fmt.Errorf("%s is %q, want \"fp8\" or \"mxfp8\"", DenseFormatKey, c.DenseFormat)
 	case c.NormEps <= 0 || c.HCEps <= 0:
 		return fmt.Errorf("rms_norm_eps %g and hc_eps %g must be positive", c.NormEps, c.HCEps)
 	case c.RopeTheta <= 1 || c.CompressRopeTheta <= 1:

@@ -95,8 +95,12 @@ func (b *layoutBuilder) add(name string, dt format.DType, role Role, layer, expe
 func (b *layoutBuilder) fp8(prefix string, role Role, layer, expert, out, in int) {
 	bs := b.c.BlockSize
 	b.add(prefix+".weight", format.F8E4M3, role, layer, expert, out, in)
+	shape := []int64{ceilDiv(out, bs), ceilDiv(in, bs)}
+	if b.c.DenseFormat == "mxfp8" {
+		shape = []int64{int64(out), ceilDiv(in, 32)}
+	}
 	b.out = append(b.out, Tensor{Name: prefix + ".scale", DType: format.F8E8M0,
-		Shape: []int64{ceilDiv(out, bs), ceilDiv(in, bs)}, Role: role, Layer: layer, Expert: expert,
+		Shape: shape, Role: role, Layer: layer, Expert: expert,
 		ScaleOf: prefix + ".weight"})
 }
 

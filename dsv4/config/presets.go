@@ -19,7 +19,7 @@ func Flash() *Config {
 		NRoutedExperts: 256, NActivatedExperts: 6, NSharedExperts: 1, MoEInterDim: 2048,
 		NHashLayers: 3, ScoreFunc: "sqrtsoftplus", NormTopKProb: true, RouteScale: 1.5,
 		SwigluLimit: 10, HCMult: 4, HCSinkhornIters: 20, HCEps: 1e-6, NormEps: 1e-6,
-		NMTPLayers: 1, BOS: 0, EOS: 1, ExpertDType: "fp4", BlockSize: 128,
+		NMTPLayers: 1, BOS: 0, EOS: 1, ExpertDType: "fp4", BlockSize: 128, DenseFormat: "fp8",
 	}
 }
 
@@ -36,7 +36,7 @@ const TinyVocab = 288
 func Tiny() *Config {
 	return &Config{
 		ModelType: "deepseek_v4", VocabSize: TinyVocab, Dim: 160, NLayers: 4, NHeads: 4,
-		HeadDim: 48, RopeHeadDim: 16, QLoraRank: 96, OGroups: 2, OLoraRank: 40,
+		HeadDim: 48, RopeHeadDim: 16, QLoraRank: 96, OGroups: 2, OLoraRank: 48,
 		Window: 8, CompressRatios: []int{0, 4, 8, 4, 0},
 		RopeTheta: 10000, CompressRopeTheta: 160000, RopeFactor: 16, OriginalSeqLen: 64,
 		BetaFast: 32, BetaSlow: 1, MaxPositions: 4096,
@@ -44,7 +44,7 @@ func Tiny() *Config {
 		NRoutedExperts: 8, NActivatedExperts: 2, NSharedExperts: 1, MoEInterDim: 64,
 		NHashLayers: 2, ScoreFunc: "sqrtsoftplus", NormTopKProb: true, RouteScale: 1.5,
 		SwigluLimit: 10, HCMult: 4, HCSinkhornIters: 20, HCEps: 1e-6, NormEps: 1e-6,
-		NMTPLayers: 1, BOS: 0, EOS: 1, ExpertDType: "fp4", BlockSize: 128,
+		NMTPLayers: 1, BOS: 0, EOS: 1, ExpertDType: "fp4", BlockSize: 128, DenseFormat: "fp8",
 	}
 }
 
@@ -98,6 +98,9 @@ func (c *Config) HubJSON() []byte {
 			"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
 			"weight_block_size": []int{c.BlockSize, c.BlockSize}, "activation_scheme": "dynamic",
 		},
+	}
+	if c.DenseFormat != "fp8" {
+		m[DenseFormatKey] = c.DenseFormat
 	}
 	if c.RopeFactor > 1 {
 		m["rope_scaling"] = map[string]any{

@@ -405,3 +405,35 @@ func TestEncoderRoundTrip(t *testing.T) {
 		})
 	}
 }
+
+// Fuzz targets take raw float32 bit patterns so that NaN payloads, signed zeros
+// and subnormals are reachable. Each checks the encoder against the brute-force
+// nearest-value reference (ties to even, saturation / overflow rules).
+
+func FuzzFloat32ToE4M3(f *testing.F) {
+	r := e4m3Ref()
+	f.Add(math.Float32bits(464))
+	f.Fuzz(func(t *testing.T, bits uint32) { checkE4M3(t, r, math.Float32frombits(bits)) })
+}
+
+func FuzzFloat32ToE2M1(f *testing.F) {
+	r := e2m1Ref()
+	f.Add(math.Float32bits(2.5))
+	f.Fuzz(func(t *testing.T, bits uint32) { checkE2M1(t, r, math.Float32frombits(bits)) })
+}
+
+func FuzzFloat32ToBF16(f *testing.F) {
+	r := bf16Ref()
+	f.Add(uint32(0x3f808000))
+	f.Fuzz(func(t *testing.T, bits uint32) {
+		check16(t, "Float32ToBF16", r, Float32ToBF16, BF16ToFloat32, math.Float32frombits(bits))
+	})
+}
+
+func FuzzFloat32ToF16(f *testing.F) {
+	r := f16Ref()
+	f.Add(math.Float32bits(65520))
+	f.Fuzz(func(t *testing.T, bits uint32) {
+		check16(t, "Float32ToF16", r, Float32ToF16, F16ToFloat32, math.Float32frombits(bits))
+	})
+}

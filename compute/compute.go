@@ -30,6 +30,9 @@ const (
 	BF16
 	// F32: little-endian float32 [Rows, Cols]; Scale unused.
 	F32
+	// MXFP8: FP8 E4M3fn bytes [Rows, Cols] with one E8M0 scale per 32 columns of
+	// a row, Scale [Rows, ceil(Cols/32)] (a moxie repack of FP8Block).
+	MXFP8
 )
 
 func (f Format) String() string {
@@ -42,6 +45,8 @@ func (f Format) String() string {
 		return "bf16"
 	case F32:
 		return "f32"
+	case MXFP8:
+		return "mxfp8"
 	}
 	return fmt.Sprintf("Format(%d)", int(f))
 }
@@ -53,7 +58,7 @@ type WeightData struct {
 	Format     Format
 	Rows, Cols int
 	Data       []byte
-	Scale      []byte // FP8Block and MXFP4 only
+	Scale      []byte // FP8Block, MXFP8 and MXFP4 only
 	Block      int    // FP8Block tile edge (128 for V4-Flash)
 }
 
@@ -75,6 +80,9 @@ func (w WeightData) Validate() error {
 			return fmt.Errorf("mxfp4 weight has %d columns, want an even number", w.Cols)
 		}
 		data = w.Rows * w.Cols / 2
+		scale = w.Rows * ceilDiv(w.Cols, 32)
+	case MXFP8:
+		data = w.Rows * w.Cols
 		scale = w.Rows * ceilDiv(w.Cols, 32)
 	case BF16:
 		data = 2 * w.Rows * w.Cols

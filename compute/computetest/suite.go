@@ -118,7 +118,7 @@ func testLinear(t *testing.T, b compute.Backend) {
 		rows, cols int
 	}{
 		{compute.FP8Block, 200, 300}, {compute.FP8Block, 5, 128}, {compute.MXFP4, 70, 96},
-		{compute.MXFP4, 130, 160}, {compute.BF16, 33, 50}, {compute.F32, 17, 260},
+		{compute.MXFP4, 130, 160}, {compute.MXFP8, 40, 100}, {compute.BF16, 33, 50}, {compute.F32, 17, 260},
 	}
 	for i, tc := range cases {
 		for _, batch := range []int{1, 3} {

@@ -50,6 +50,24 @@ func Quantize(f compute.Format, w []float32, rows, cols, block int) compute.Weig
 				}
 			}
 		}
+	case compute.MXFP8:
+		ns := (cols + 31) / 32
+		d.Data = make([]byte, rows*cols)
+		d.Scale = make([]byte, rows*ns)
+		for r := range rows {
+			for j := range ns {
+				amax := 0.0
+				for c := j * 32; c < min(cols, (j+1)*32); c++ {
+					amax = math.Max(amax, math.Abs(float64(w[r*cols+c])))
+				}
+				sb := pow2Scale(amax, 448)
+				d.Scale[r*ns+j] = sb
+				s := format.E8M0ToFloat32(sb)
+				for c := j * 32; c < min(cols, (j+1)*32); c++ {
+					d.Data[r*cols+c] = format.Float32ToE4M3(w[r*cols+c] / s)
+				}
+			}
+		}
 	case compute.MXFP4:
 		ns := (cols + 31) / 32
 		d.Data = make([]byte, rows*cols/2)

@@ -52,6 +52,9 @@ func (w *weight) decodeRow(dst []float32, r int) {
 		ns := (d.Cols + 31) / 32
 		h := d.Cols / 2
 		format.DecodeMXFP4Row(dst, d.Data[r*h:(r+1)*h], d.Scale[r*ns:(r+1)*ns])
+	case compute.MXFP8:
+		ns := (d.Cols + 31) / 32
+		format.DecodeMXFP8Row(dst, d.Data[r*d.Cols:(r+1)*d.Cols], d.Scale[r*ns:(r+1)*ns])
 	case compute.BF16:
 		format.DecodeBF16(dst, d.Data[2*r*d.Cols:2*(r+1)*d.Cols])
 	case compute.F32:

@@ -25,6 +25,9 @@ func Dequant(w compute.WeightData) []float64 {
 				nb := (w.Cols + w.Block - 1) / w.Block
 				s := float64(format.E8M0ToFloat32(w.Scale[(r/w.Block)*nb+c/w.Block]))
 				v = float64(format.E4M3ToFloat32(w.Data[r*w.Cols+c])) * s
+			case compute.MXFP8:
+				s := float64(format.E8M0ToFloat32(w.Scale[r*((w.Cols+31)/32)+c/32]))
+				v = float64(format.E4M3ToFloat32(w.Data[r*w.Cols+c])) * s
 			case compute.MXFP4:
 				b := w.Data[r*(w.Cols/2)+c/2]
 				code := b & 15

@@ -5,9 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ -x scripts/test-setup.sh ]; then
-	scripts/test-setup.sh
-fi
+for setup in scripts/test-setup.sh scripts/setup-*.sh; do
+	[ -f "$setup" ] && bash "$setup"
+done
 
 race=()
 if command -v gcc >/dev/null 2>&1; then

@@ -1,0 +1,29 @@
+// Package generate runs the decode loop: it feeds a prompt to a model sequence,
+// samples tokens, detokenizes them as they come, and stops on stop tokens, stop
+// strings, a token limit or cancellation, reporting per-request statistics.
+package generate
+
+import "context"
+
+// Sequence is one conversation's model state. It is not safe for concurrent use.
+type Sequence interface {
+	// Append feeds tokens at the next positions (a prefill when len(tokens) > 1,
+	// a decode step when 1) and returns the logits that predict the token after
+	// the last one, of length VocabSize. The returned slice is owned by the
+	// caller. On error the sequence must not be used again.
+	Append(ctx context.Context, tokens []int) ([]float32, error)
+	// Len is the number of tokens appended so far.
+	Len() int
+	// Close releases the sequence's state.
+	Close() error
+}
+
+// Model creates sequences.
+type Model interface {
+	// NewSequence starts an empty sequence at position 0.
+	NewSequence() (Sequence, error)
+	// VocabSize is the length of every logits vector.
+	VocabSize() int
+	// MaxContext is the largest number of tokens a sequence may hold.
+	MaxContext() int
+}

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 for setup in scripts/test-setup.sh scripts/setup-*.sh; do
-	[ -f "$setup" ] && bash "$setup"
+	if [ -f "$setup" ]; then bash "$setup"; fi
 done
 
 race=()

@@ -1,0 +1,327 @@
+package checkpoint
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+	"math"
+	"math/rand/v2"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+
+	"moxie/dsv4/config"
+	"moxie/format"
+)
+
+// SynthPrefix starts a synthetic source spec: "synth:PRESET?key=value&...".
+const SynthPrefix = "synth:"
+
+// SynthSpec is a parsed synthetic source spec.
+type SynthSpec struct {
+	Preset string // "tiny" or "flash"
+	Seed   uint64
+	Config *config.Config
+	canon  string
+}
+
+// String renders the canonical spec (preset and the options that differ from it).
+func (s *SynthSpec) String() string { return s.canon }
+
+// synth keys and what they override.
+var synthKeys = "seed, layers, experts, topk, mtp"
+
+// ParseSynth parses "synth:PRESET?key=value&..." (the "synth:" prefix optional).
+// Presets: tiny (every V4 block type at small widths) and flash (the exact
+// V4-Flash shapes). Keys: seed (uint64, default 0), layers (main layers; the
+// compress-ratio schedule and hash layers are cut to fit), experts (routed
+// experts per layer), topk (experts per token), mtp (MTP blocks, 0 or more).
+func ParseSynth(spec string) (*SynthSpec, error) {
+	rest := strings.TrimPrefix(spec, SynthPrefix)
+	preset, query, _ := strings.Cut(rest, "?")
+	var c *config.Config
+	switch preset {
+	case "tiny":
+		c = config.Tiny()
+	case "flash":
+		c = config.Flash()
+	default:
+		return nil, fmt.Errorf("synthetic source %q: unknown preset %q (want tiny or flash)", spec, preset)
+	}
+	q, err := url.ParseQuery(query)
+	if err != nil {
+		return nil, fmt.Errorf("synthetic source %q: %w", spec, err)
+	}
+	s := &SynthSpec{Preset: preset, Config: c}
+	keys := make([]string, 0, len(q))
+	for k := range q {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	canon := []string{}
+	for _, k := range keys {
+		vals := q[k]
+		if len(vals) != 1 {
+			return nil, fmt.Errorf("synthetic source %q: key %q given %d times", spec, k, len(vals))
+		}
+		v := vals[0]
+		if k == "seed" {
+			s.Seed, err = strconv.ParseUint(v, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("synthetic source %q: seed %q is not an unsigned integer", spec, v)
+			}
+			canon = append(canon, "seed="+v)
+			continue
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > 1<<20 {
+			return nil, fmt.Errorf("synthetic source %q: %s=%q is not a non-negative integer", spec, k, v)
+		}
+		switch k {
+		case "layers":
+			if n < 1 || n > c.NLayers {
+				return nil, fmt.Errorf("synthetic source %q: layers=%d, want 1..%d", spec, n, c.NLayers)
+			}
+			mtp := c.CompressRatios[c.NLayers:]
+			c.CompressRatios = append(append([]int{}, c.CompressRatios[:n]...), mtp...)
+			c.NLayers = n
+			c.NHashLayers = min(c.NHashLayers, n)
+		case "experts":
+			if n < 1 {
+				return nil, fmt.Errorf("synthetic source %q: experts=%d, want >= 1", spec, n)
+			}
+			c.NRoutedExperts = n
+			c.NActivatedExperts = min(c.NActivatedExperts, n)
+		case "topk":
+			if n < 1 {
+				return nil, fmt.Errorf("synthetic source %q: topk=%d, want >= 1", spec, n)
+			}
+			c.NActivatedExperts = n
+		case "mtp":
+			c.CompressRatios = append(c.CompressRatios[:c.NLayers:c.NLayers], make([]int, n)...)
+			c.NMTPLayers = n
+		default:
+			return nil, fmt.Errorf("synthetic source %q: unknown key %q (want %s)", spec, k, synthKeys)
+		}
+		canon = append(canon, k+"="+v)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("synthetic source %q: %w", spec, err)
+	}
+	s.canon = SynthPrefix + preset
+	if len(canon) > 0 {
+		s.canon += "?" + strings.Join(canon, "&")
+	}
+	return s, nil
+}
+
+// Synth is a Source whose tensors are generated on demand from a seed. Each
+// tensor depends only on the global seed, its name and the configuration, so a
+// tensor generated twice is bit-identical, and no file is written.
+type Synth struct {
+	spec   *SynthSpec
+	cfg    *config.Config
+	layout map[string]config.Tensor
+	infos  []TensorInfo
+	files  map[string][]byte
+}
+
+// OpenSynth opens a synthetic source from a spec such as "synth:tiny?seed=3".
+func OpenSynth(spec string) (*Synth, error) {
+	s, err := ParseSynth(spec)
+	if err != nil {
+		return nil, err
+	}
+	src := &Synth{spec: s, cfg: s.Config, layout: map[string]config.Tensor{}}
+	for _, t := range config.Layout(s.Config) {
+		src.layout[t.Name] = t
+		src.infos = append(src.infos, TensorInfo{Name: t.Name, DType: t.DType, Shape: t.Shape, Size: t.Bytes()})
+	}
+	sort.Slice(src.infos, func(i, j int) bool { return src.infos[i].Name < src.infos[j].Name })
+	cfgJSON := s.Config.HubJSON()
+	// Mark the config as synthetic, so a directory written from it still says so.
+	cfgJSON = []byte(strings.Replace(string(cfgJSON), "{\n", fmt.Sprintf("{\n  %q: %q,\n", SyntheticKey, s.String()), 1))
+	src.files = map[string][]byte{
+		"config.json":            cfgJSON,
+		"generation_config.json": []byte("{\n  \"bos_token_id\": 0,\n  \"eos_token_id\": 1,\n  \"do_sample\": true,\n  \"temperature\": 1.0,\n  \"top_p\": 1.0\n}\n"),
+	}
+	if s.Preset == "tiny" {
+		src.files["tokenizer.json"] = TinyTokenizerJSON()
+		src.files["tokenizer_config.json"] = TinyTokenizerConfigJSON()
+	}
+	return src, nil
+}
+
+// SyntheticKey is the config.json key that marks a synthetic model and records
+// the spec that generated it.
+const SyntheticKey = "moxie_synthetic"
+
+// Config returns the configuration of the synthetic model.
+func (s *Synth) Config() *config.Config { return s.cfg }
+
+// Name is the canonical spec, e.g. "synth:flash?layers=2".
+func (s *Synth) Name() string { return s.spec.String() }
+
+// Synthetic is always true.
+func (s *Synth) Synthetic() bool { return true }
+
+// File returns config.json, generation_config.json and, for the tiny preset, a
+// byte-level tokenizer.json and tokenizer_config.json.
+func (s *Synth) File(name string) ([]byte, error) {
+	b, ok := s.files[name]
+	if !ok {
+		return nil, fmt.Errorf("%s: %s: %w", s.Name(), name, fs.ErrNotExist)
+	}
+	return append([]byte(nil), b...), nil
+}
+
+// FileNames lists the auxiliary files, sorted.
+func (s *Synth) FileNames() []string {
+	names := make([]string, 0, len(s.files))
+	for n := range s.files {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Tensors lists every tensor of the layout, sorted by name.
+func (s *Synth) Tensors() []TensorInfo { return s.infos }
+
+// Lookup describes one tensor.
+func (s *Synth) Lookup(name string) (TensorInfo, bool) {
+	t, ok := s.layout[name]
+	if !ok {
+		return TensorInfo{}, false
+	}
+	return TensorInfo{Name: t.Name, DType: t.DType, Shape: t.Shape, Size: t.Bytes()}, true
+}
+
+// Close does nothing.
+func (s *Synth) Close() error { return nil }
+
+// TensorData generates the tensor's bytes. Each call returns a new slice owned by
+// the caller. The scale tensor of a quantized weight is generated together with
+// the weight, so both halves always agree.
+func (s *Synth) TensorData(name string) ([]byte, error) {
+	t, ok := s.layout[name]
+	if !ok {
+		return nil, fmt.Errorf("%s: no tensor %q", s.Name(), name)
+	}
+	if t.ScaleOf != "" {
+		_, scale := s.quantized(s.layout[t.ScaleOf])
+		return scale, nil
+	}
+	if sc, ok := s.layout[strings.TrimSuffix(name, ".weight")+".scale"]; ok && sc.ScaleOf == name {
+		q, _ := s.quantized(t)
+		return q, nil
+	}
+	return s.plain(t), nil
+}
+
+// rng returns the generator of one tensor: a PCG seeded from the global seed and
+// the FNV-1a hash of the tensor name.
+func (s *Synth) rng(name string) *rand.Rand {
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	return rand.New(rand.NewPCG(s.spec.Seed, h.Sum64()))
+}
+
+// uniform fills n values uniformly in [-a, a).
+func uniform(r *rand.Rand, n int, a float64) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32((r.Float64()*2 - 1) * a)
+	}
+	return v
+}
+
+// fanInUniform draws values with standard deviation gain/sqrt(fanIn), so that a
+// product with a unit-RMS input keeps unit RMS (times gain).
+func fanInUniform(r *rand.Rand, n, fanIn int, gain float64) []float32 {
+	return uniform(r, n, gain*math.Sqrt(3/float64(fanIn)))
+}
+
+// quantized generates a quantized weight (FP8 blocks or MXFP4) and its scales.
+func (s *Synth) quantized(t config.Tensor) (q, scale []byte) {
+	rows, cols := int(t.Shape[0]), int(t.Shape[1])
+	if t.DType == format.I8 { // MXFP4 packs two values per byte
+		cols *= 2
+	}
+	gain := 1.0
+	if t.Role == config.RoleRoutedExpert || t.Role == config.RoleMTP && t.Expert >= 0 {
+		gain = 1.5 // so that the SwiGLU clamp engages on the tiny preset
+	}
+	w := fanInUniform(s.rng(t.Name), rows*cols, cols, gain)
+	if t.DType == format.I8 {
+		return format.QuantizeMXFP4(w, rows, cols)
+	}
+	return format.QuantizeFP8Block(w, rows, cols, s.cfg.BlockSize)
+}
+
+// plain generates an unquantized tensor (BF16, F32, I64).
+func (s *Synth) plain(t config.Tensor) []byte {
+	r := s.rng(t.Name)
+	n := int(t.Bytes()) / t.DType.Size()
+	base := t.Name[strings.LastIndexByte(t.Name, '.')+1:]
+	var v []float32
+	switch {
+	case t.DType == format.I64: // tid2eid: each row distinct expert ids
+		k := int(t.Shape[1])
+		out := make([]byte, t.Bytes())
+		perm := make([]int64, s.cfg.NRoutedExperts)
+		for row := range int(t.Shape[0]) {
+			for i := range perm {
+				perm[i] = int64(i)
+			}
+			for i := range k { // partial Fisher-Yates
+				j := i + r.IntN(len(perm)-i)
+				perm[i], perm[j] = perm[j], perm[i]
+				binary.LittleEndian.PutUint64(out[(row*k+i)*8:], uint64(perm[i]))
+			}
+		}
+		return out
+	case strings.HasSuffix(t.Name, "norm.weight"):
+		v = uniform(r, n, 0.2)
+		for i := range v {
+			v[i] += 1
+		}
+	case strings.HasSuffix(base, "_fn"):
+		v = fanInUniform(r, n, int(t.Shape[1]), 1)
+	case strings.HasSuffix(base, "_base"):
+		v = uniform(r, n, 0.5)
+	case strings.HasSuffix(base, "_scale"):
+		v = uniform(r, n, 0.25)
+		for i := range v {
+			v[i] += 0.75
+		}
+	case base == "attn_sink":
+		v = uniform(r, n, 1)
+	case base == "ape":
+		v = uniform(r, n, 0.5)
+	case base == "bias": // router correction bias
+		v = uniform(r, n, 0.1)
+	case t.Name == "embed.weight":
+		v = uniform(r, n, math.Sqrt(3))
+	case len(t.Shape) == 2: // BF16 linear weights: head, router gate, compressors, weights_proj
+		v = fanInUniform(r, n, int(t.Shape[1]), 1)
+	default:
+		v = uniform(r, n, 0.5)
+	}
+	out := make([]byte, t.Bytes())
+	switch t.DType {
+	case format.BF16:
+		for i, x := range v {
+			binary.LittleEndian.PutUint16(out[2*i:], format.Float32ToBF16(x))
+		}
+	case format.F32:
+		for i, x := range v {
+			binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(x))
+		}
+	default:
+		panic(fmt.Sprintf("synth: no generator for %s of dtype %s", t.Name, t.DType))
+	}
+	return out
+}

@@ -1,0 +1,131 @@
+// Command moxie runs DeepSeek-V4-Flash and the tools around it.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+)
+
+// command is one subcommand.
+type command struct {
+	name    string
+	summary string
+	run     func(args []string, stdin io.Reader, stdout, stderr io.Writer) error
+}
+
+func commands() []command {
+	return []command{
+		{"inspect", "list a model's tensors by role, formats, bytes, bytes read per token", runInspect},
+		{"synth", "write a synthetic model (tiny or V4-Flash shapes) as a checkpoint directory", runSynth},
+		{"repack", "losslessly repack FP8 128x128 block weights to MXFP8 into a new directory", runRepack},
+		{"version", "print moxie's version", runVersion},
+	}
+}
+
+const version = "0.1.0-dev"
+
+// defaultModel is the model used when --model is not given.
+const defaultModel = "synth:tiny"
+
+func usage(w io.Writer) {
+	fmt.Fprintf(w, `moxie runs DeepSeek-V4-Flash (284B-parameter MoE) from its official checkpoint.
+
+Usage: moxie COMMAND [flags] [args]
+
+Commands:
+`)
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, `
+A MODEL is a checkpoint directory (config.json, model.safetensors.index.json and
+shards, as shipped by DeepSeek) or a synthetic model "synth:PRESET[?key=value&...]":
+  synth:tiny                  every V4 block type at toy widths (tests, demos)
+  synth:flash                 the exact V4-Flash shapes (159.6 GB, generated on demand)
+  synth:flash?layers=2&experts=16&seed=1
+Synthetic weights are random: their output is meaningless text.
+
+Run "moxie COMMAND --help" for a command's flags.
+`)
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stdout)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			err := c.run(args[1:], stdin, stdout, stderr)
+			if errors.Is(err, flag.ErrHelp) {
+				return 0
+			}
+			if err != nil {
+				fmt.Fprintf(stderr, "moxie %s: %v\n", c.name, err)
+				var ue usageError
+				if errors.As(err, &ue) {
+					return 2
+				}
+				return 1
+			}
+			return 0
+		}
+	}
+	fmt.Fprintf(stderr, "moxie: unknown command %q\n\n", args[0])
+	usage(stderr)
+	return 2
+}
+
+// usageError marks errors in how a command was called (exit status 2).
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
+
+// newFlags makes a FlagSet whose --help prints the summary, usage line and flags.
+func newFlags(name, usageLine, about string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: moxie %s %s\n\n%s\n", name, usageLine, strings.TrimSpace(about))
+		var hasFlags bool
+		fs.VisitAll(func(*flag.Flag) { hasFlags = true })
+		if hasFlags {
+			fmt.Fprintf(stderr, "\nFlags:\n")
+			fs.PrintDefaults()
+		}
+	}
+	return fs
+}
+
+// parseFlags parses args, turning flag errors into usage errors.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err.Error()}
+	}
+	return nil
+}
+
+func runVersion(args []string, _ io.Reader, stdout, stderr io.Writer) error {
+	fs := newFlags("version", "", "Print moxie's version.", stderr)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "moxie %s\n", version)
+	return nil
+}

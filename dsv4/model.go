@@ -1,0 +1,433 @@
+// Package dsv4 is the DeepSeek-V4-Flash model: weight binding against the exact
+// checkpoint layout (Load), and the forward pass (dsv4-flash.md §4) over a
+// compute.Backend with per-sequence state (Session: window rings, compressor
+// buffers, compressed KV and indexer keys).
+//
+// Numeric target: Exact (plain float32 math on dequantized weights, what the
+// transformers port computes with the shared-expert clamp off; dsv4-flash.md
+// §0b). Residual streams stay float32. The qat target (DeepSeek's simulated FP8
+// activations, FP8 KV and FP4 indexer) is a later addition behind Options.Target.
+package dsv4
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+
+	"moxie/checkpoint"
+	"moxie/compute"
+	"moxie/compute/cpu"
+	"moxie/dsv4/config"
+	"moxie/format"
+)
+
+// Target selects the numeric target of the forward pass.
+type Target int
+
+const (
+	// Exact is plain float32 math on dequantized weights: no activation, KV or
+	// indexer fake quantization and no Hadamard rotation; routed experts clamped,
+	// shared expert not; router renormalisation without epsilon.
+	Exact Target = iota
+	// QAT would reproduce DeepSeek's reference quantization simulation; not built yet.
+	QAT
+)
+
+func (t Target) String() string {
+	switch t {
+	case Exact:
+		return "exact"
+	case QAT:
+		return "qat"
+	}
+	return fmt.Sprintf("Target(%d)", int(t))
+}
+
+// Options configure Load. The zero value is usable.
+type Options struct {
+	// Backend runs the operations; nil means a CPU backend on all cores.
+	Backend compute.Backend
+	// Experts provides the routed experts; nil means binding them from the source.
+	Experts Experts
+	// Target is the numeric target (only Exact is implemented).
+	Target Target
+}
+
+// ExpertWeights are the three projections of one routed expert, bound to the
+// model's backend: W1 (gate) and W3 (up) [inter, D], W2 (down) [D, inter].
+type ExpertWeights struct {
+	W1, W3, W2 compute.Weight
+}
+
+// Experts provides routed expert weights. layer counts main layers
+// 0..NLayers-1, then MTP blocks. Implementations (the expert store) may fetch
+// from slower tiers; they must be safe for use by the goroutine running the
+// forward pass, and the returned weights must stay valid until the next call
+// for the same layer.
+type Experts interface {
+	Expert(layer, e int) (ExpertWeights, error)
+}
+
+// Model is a loaded DeepSeek-V4 model. Its weights are views of the source's
+// stored bytes (small vectors such as norms and HC parameters are decoded to
+// float32); the source must stay open while the model is used. A Model is
+// read-only after Load and may be shared by several Sessions used one at a time
+// per backend.
+type Model struct {
+	Cfg *config.Config
+	be  compute.Backend
+	src checkpoint.Source
+
+	embed  []byte // BF16 [V, D]
+	head   compute.Weight
+	norm   []float32
+	hcHead compute.HCParams
+
+	layers []*block // main stack
+	mtp    []*mtpBlock
+
+	experts Experts
+	target  Target
+
+	freqPlain, freqCompress []float32
+}
+
+type compressor struct {
+	wkv, wgate compute.Weight
+	ape        []float32 // [R, c·dw]
+	norm       []float32 // [dw]
+	ratio, c   int
+	dw         int
+}
+
+type indexer struct {
+	wqB   compute.Weight // [IH·ID, QL]
+	wproj compute.Weight // [IH, D]
+	comp  *compressor
+}
+
+type block struct {
+	layer int
+	kind  config.LayerKind
+	ratio int
+	hash  bool
+
+	attnNorm, ffnNorm []float32
+	hcAttn, hcFFN     compute.HCParams
+	sink              []float32
+	wqA, wqB, wkv     compute.Weight
+	woA, woB          compute.Weight
+	qNorm, kvNorm     []float32
+	comp              *compressor
+	idx               *indexer
+
+	gate    compute.Weight
+	bias    []float32 // score-routed layers
+	tid2eid []int     // hash layers: [V, topk]
+	shared  *ExpertWeights
+}
+
+// mtpBlock holds the MTP extras; the MTP forward is not run yet.
+type mtpBlock struct {
+	*block
+	eProj, hProj       compute.Weight
+	enorm, hnorm, norm []float32
+	hcHead             compute.HCParams
+}
+
+// Load binds the model in src. It checks every tensor against the layout that
+// config.json implies (config.Layout): a missing, unexpected, mis-typed or
+// mis-shaped tensor is an error naming it with the expected and actual
+// dtype/shape (all problems are listed, up to a limit).
+func Load(src checkpoint.Source, opts Options) (*Model, error) {
+	if opts.Target != Exact {
+		return nil, fmt.Errorf("dsv4: numeric target %v is not implemented (only exact)", opts.Target)
+	}
+	raw, err := src.File("config.json")
+	if err != nil {
+		return nil, fmt.Errorf("dsv4: %s: %w", src.Name(), err)
+	}
+	cfg, err := config.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("dsv4: %s: %w", src.Name(), err)
+	}
+	if err := CheckLayout(src, cfg); err != nil {
+		return nil, fmt.Errorf("dsv4: %s: %w", src.Name(), err)
+	}
+	be := opts.Backend
+	if be == nil {
+		be = cpu.New(0)
+	}
+	m := &Model{Cfg: cfg, be: be, src: src, target: opts.Target}
+	b := &binder{src: src, be: be, cfg: cfg}
+	m.embed = b.bytes("embed.weight")
+	m.head = b.weight("head.weight")
+	m.norm = b.vec("norm.weight")
+	m.hcHead = b.hc("hc_head", cfg.HCMult)
+	for i := range cfg.NLayers {
+		m.layers = append(m.layers, b.block(fmt.Sprintf("layers.%d.", i), i))
+	}
+	for k := range cfg.NMTPLayers {
+		p := fmt.Sprintf("mtp.%d.", k)
+		mb := &mtpBlock{block: b.block(p, cfg.NLayers+k)}
+		mb.eProj, mb.hProj = b.weight(p+"e_proj.weight"), b.weight(p+"h_proj.weight")
+		mb.enorm, mb.hnorm, mb.norm = b.vec(p+"enorm.weight"), b.vec(p+"hnorm.weight"), b.vec(p+"norm.weight")
+		mb.hcHead = b.hc(p+"hc_head", cfg.HCMult)
+		m.mtp = append(m.mtp, mb)
+	}
+	m.experts = opts.Experts
+	if m.experts == nil {
+		se := &sourceExperts{cfg: cfg}
+		for l := range cfg.NLayers + cfg.NMTPLayers {
+			p := fmt.Sprintf("layers.%d.", l)
+			if l >= cfg.NLayers {
+				p = fmt.Sprintf("mtp.%d.", l-cfg.NLayers)
+			}
+			row := make([]ExpertWeights, cfg.NRoutedExperts)
+			for e := range row {
+				row[e] = b.expert(fmt.Sprintf("%sffn.experts.%d.", p, e))
+			}
+			se.w = append(se.w, row)
+		}
+		m.experts = se
+	}
+	if err := b.err(); err != nil {
+		return nil, fmt.Errorf("dsv4: %s: %w", src.Name(), err)
+	}
+	m.freqPlain = compute.RopeFreqs(cfg.RopeTheta, cfg.RopeHeadDim, nil)
+	m.freqCompress = compute.RopeFreqs(cfg.CompressRopeTheta, cfg.RopeHeadDim, &compute.YaRN{
+		Factor: cfg.RopeFactor, OriginalSeqLen: cfg.OriginalSeqLen, BetaFast: cfg.BetaFast, BetaSlow: cfg.BetaSlow})
+	return m, nil
+}
+
+// Backend is the backend the model's weights are bound to.
+func (m *Model) Backend() compute.Backend { return m.be }
+
+// CheckLayout compares the tensors of src with config.Layout(cfg) exactly.
+func CheckLayout(src checkpoint.Source, cfg *config.Config) error {
+	const maxErrs = 20
+	var errs []string
+	n := 0
+	add := func(f string, a ...any) {
+		n++
+		if len(errs) < maxErrs {
+			errs = append(errs, fmt.Sprintf(f, a...))
+		}
+	}
+	want := map[string]bool{}
+	for _, t := range config.Layout(cfg) {
+		want[t.Name] = true
+		got, ok := src.Lookup(t.Name)
+		switch {
+		case !ok:
+			add("missing tensor %s (want %s%v)", t.Name, t.DType, t.Shape)
+		case got.DType != t.DType || !equalShape(got.Shape, t.Shape):
+			add("tensor %s is %s%v, want %s%v", t.Name, got.DType, got.Shape, t.DType, t.Shape)
+		case got.Size != t.Bytes():
+			add("tensor %s has %d bytes, want %d", t.Name, got.Size, t.Bytes())
+		}
+	}
+	for _, t := range src.Tensors() {
+		if !want[t.Name] {
+			add("unexpected tensor %s (%s%v) not in the DeepSeek-V4 layout for this config", t.Name, t.DType, t.Shape)
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	msg := strings.Join(errs, "; ")
+	if n > len(errs) {
+		msg += fmt.Sprintf("; and %d more", n-len(errs))
+	}
+	return fmt.Errorf("checkpoint does not match the layout (%d problems): %s", n, msg)
+}
+
+func equalShape(a, b []int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// binder reads tensors after CheckLayout has passed; it collects errors.
+type binder struct {
+	src  checkpoint.Source
+	be   compute.Backend
+	cfg  *config.Config
+	errs []error
+}
+
+func (b *binder) err() error { return errors.Join(b.errs...) }
+
+func (b *binder) fail(name string, err error) {
+	b.errs = append(b.errs, fmt.Errorf("tensor %s: %w", name, err))
+}
+
+// bytes returns the stored bytes of a tensor, checking their length.
+func (b *binder) bytes(name string) []byte {
+	info, ok := b.src.Lookup(name)
+	if !ok {
+		b.fail(name, errors.New("missing"))
+		return nil
+	}
+	d, err := b.src.TensorData(name)
+	if err != nil {
+		b.fail(name, err)
+		return nil
+	}
+	if int64(len(d)) != info.Size {
+		b.fail(name, fmt.Errorf("source returned %d bytes, want %d", len(d), info.Size))
+		return nil
+	}
+	return d
+}
+
+// vec decodes a small BF16 or F32 tensor to float32.
+func (b *binder) vec(name string) []float32 {
+	info, _ := b.src.Lookup(name)
+	d := b.bytes(name)
+	if d == nil {
+		return nil
+	}
+	out := make([]float32, info.Elements())
+	switch info.DType {
+	case format.BF16:
+		format.DecodeBF16(out, d)
+	case format.F32:
+		format.DecodeF32(out, d)
+	default:
+		b.fail(name, fmt.Errorf("dtype %s, want BF16 or F32", info.DType))
+		return nil
+	}
+	for i, v := range out {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			b.fail(name, fmt.Errorf("element %d is %g", i, v))
+			return nil
+		}
+	}
+	return out
+}
+
+// weight binds a 2-D weight; FP8 and MXFP4 weights take their ".scale" tensor.
+func (b *binder) weight(name string) compute.Weight {
+	info, ok := b.src.Lookup(name)
+	if !ok || len(info.Shape) != 2 {
+		b.fail(name, errors.New("missing or not 2-D"))
+		return nil
+	}
+	d := compute.WeightData{Rows: int(info.Shape[0]), Cols: int(info.Shape[1]), Data: b.bytes(name), Block: b.cfg.BlockSize}
+	scaleName := strings.TrimSuffix(name, ".weight") + ".scale"
+	switch info.DType {
+	case format.BF16:
+		d.Format = compute.BF16
+	case format.F32:
+		d.Format = compute.F32
+	case format.F8E4M3:
+		d.Format = compute.FP8Block
+		if b.cfg.DenseFormat == "mxfp8" {
+			d.Format = compute.MXFP8
+		}
+		d.Scale = b.bytes(scaleName)
+	case format.I8, format.U8:
+		d.Format = compute.MXFP4
+		d.Cols *= 2
+		d.Scale = b.bytes(scaleName)
+	default:
+		b.fail(name, fmt.Errorf("dtype %s is not a weight format", info.DType))
+		return nil
+	}
+	if d.Data == nil {
+		return nil
+	}
+	w, err := b.be.Bind(d)
+	if err != nil {
+		b.fail(name, err)
+		return nil
+	}
+	return w
+}
+
+// hc binds one hyper-connection site: prefix_fn, prefix_base, prefix_scale.
+func (b *binder) hc(prefix string, hc int) compute.HCParams {
+	return compute.HCParams{
+		Fn: b.weight(prefix + "_fn"), Base: b.vec(prefix + "_base"), Scale: b.vec(prefix + "_scale"),
+		HC: hc, Iters: b.cfg.HCSinkhornIters, Eps: float32(b.cfg.HCEps), NormEps: float32(b.cfg.NormEps),
+	}
+}
+
+func (b *binder) compressor(prefix string, ratio, dw int) *compressor {
+	c := &compressor{wkv: b.weight(prefix + "wkv.weight"), wgate: b.weight(prefix + "wgate.weight"),
+		ape: b.vec(prefix + "ape"), norm: b.vec(prefix + "norm.weight"), ratio: ratio, dw: dw, c: 1}
+	if ratio == config.CSARatio {
+		c.c = 2
+	}
+	return c
+}
+
+func (b *binder) expert(prefix string) ExpertWeights {
+	return ExpertWeights{W1: b.weight(prefix + "w1.weight"), W3: b.weight(prefix + "w3.weight"), W2: b.weight(prefix + "w2.weight")}
+}
+
+func (b *binder) block(p string, i int) *block {
+	c := b.cfg
+	bl := &block{layer: i, kind: c.Kind(i), ratio: c.Ratio(i), hash: c.HashRouted(i)}
+	bl.attnNorm, bl.ffnNorm = b.vec(p+"attn_norm.weight"), b.vec(p+"ffn_norm.weight")
+	bl.hcAttn, bl.hcFFN = b.hc(p+"hc_attn", c.HCMult), b.hc(p+"hc_ffn", c.HCMult)
+	a := p + "attn."
+	bl.sink = b.vec(a + "attn_sink")
+	bl.wqA, bl.wqB, bl.wkv = b.weight(a+"wq_a.weight"), b.weight(a+"wq_b.weight"), b.weight(a+"wkv.weight")
+	bl.woA, bl.woB = b.weight(a+"wo_a.weight"), b.weight(a+"wo_b.weight")
+	bl.qNorm, bl.kvNorm = b.vec(a+"q_norm.weight"), b.vec(a+"kv_norm.weight")
+	switch bl.kind {
+	case config.CSA:
+		bl.comp = b.compressor(a+"compressor.", bl.ratio, c.HeadDim)
+		bl.idx = &indexer{wqB: b.weight(a + "indexer.wq_b.weight"), wproj: b.weight(a + "indexer.weights_proj.weight"),
+			comp: b.compressor(a+"indexer.compressor.", bl.ratio, c.IndexHeadDim)}
+	case config.HCA:
+		bl.comp = b.compressor(a+"compressor.", bl.ratio, c.HeadDim)
+	}
+	f := p + "ffn."
+	bl.gate = b.weight(f + "gate.weight")
+	if bl.hash {
+		name := f + "gate.tid2eid"
+		if d := b.bytes(name); d != nil {
+			bl.tid2eid = make([]int, len(d)/8)
+			for j := range bl.tid2eid {
+				v := int64(binary.LittleEndian.Uint64(d[8*j:]))
+				if v < 0 || v >= int64(c.NRoutedExperts) {
+					b.fail(name, fmt.Errorf("entry %d (token %d) is expert %d, want 0..%d", j, j/c.NActivatedExperts, v, c.NRoutedExperts-1))
+					bl.tid2eid = nil
+					break
+				}
+				bl.tid2eid[j] = int(v)
+			}
+		}
+	} else {
+		bl.bias = b.vec(f + "gate.bias")
+	}
+	if c.NSharedExperts > 0 {
+		s := b.expert(f + "shared_experts.")
+		bl.shared = &s
+	}
+	return bl
+}
+
+// sourceExperts serves routed experts bound from the checkpoint source.
+type sourceExperts struct {
+	cfg *config.Config
+	w   [][]ExpertWeights
+}
+
+func (s *sourceExperts) Expert(layer, e int) (ExpertWeights, error) {
+	if layer < 0 || layer >= len(s.w) || e < 0 || e >= len(s.w[layer]) {
+		return ExpertWeights{}, fmt.Errorf("dsv4: expert %d of layer %d out of range (%d layers, %d experts)", e, layer, len(s.w), s.cfg.NRoutedExperts)
+	}
+	return s.w[layer][e], nil
+}

@@ -1,0 +1,319 @@
+package dsv4
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+
+	"moxie/compute/cpu"
+	"moxie/dsv4/config"
+	"moxie/format"
+)
+
+func loadTiny(t testing.TB, src *memSource) *Model {
+	t.Helper()
+	m, err := Load(src, Options{Backend: cpu.New(2)})
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	return m
+}
+
+// testTokens returns n deterministic tokens in [0, vocab).
+func testTokens(n, vocab int, seed int) []int {
+	out := make([]int, n)
+	x := uint32(seed*2654435761 + 12345)
+	for i := range out {
+		x = x*1664525 + 1013904223
+		out[i] = int(x>>8) % vocab
+	}
+	return out
+}
+
+func argmax(v []float32) int {
+	best := 0
+	for i, x := range v {
+		if x > v[best] {
+			best = i
+		}
+	}
+	return best
+}
+
+func argmax64(v []float64) int {
+	best := 0
+	for i, x := range v {
+		if x > v[best] {
+			best = i
+		}
+	}
+	return best
+}
+
+// maxRel is max|a−b| / max|b| over one row.
+func maxRel(a, b []float32) float64 {
+	var e, m float64
+	for i := range a {
+		e = math.Max(e, math.Abs(float64(a[i])-float64(b[i])))
+		m = math.Max(m, math.Abs(float64(b[i])))
+	}
+	return e / m
+}
+
+func TestLoadRejects(t *testing.T) {
+	cfg := config.Tiny()
+	cases := []struct {
+		name string
+		mod  func(s *memSource)
+		want []string
+	}{
+		{"missing tensor", func(s *memSource) { s.remove("layers.1.attn.wq_b.weight") },
+			[]string{"missing tensor layers.1.attn.wq_b.weight", "F8_E4M3"}},
+		{"extra tensor", func(s *memSource) { s.put("layers.0.attn.bogus", format.F32, []int64{3}, make([]byte, 12)) },
+			[]string{"unexpected tensor layers.0.attn.bogus"}},
+		{"wrong shape", func(s *memSource) {
+			s.put("layers.2.attn.compressor.ape", format.F32, []int64{4, 48}, make([]byte, 4*4*48))
+		}, []string{"layers.2.attn.compressor.ape", "[4 48]", "[8 48]"}},
+		{"wrong dtype", func(s *memSource) {
+			s.put("norm.weight", format.F32, []int64{int64(cfg.Dim)}, make([]byte, 4*cfg.Dim))
+		}, []string{"tensor norm.weight is F32", "want BF16"}},
+		{"bad tid2eid", func(s *memSource) {
+			d := append([]byte(nil), s.data["layers.0.ffn.gate.tid2eid"]...)
+			d[8*5] = 200
+			info, _ := s.Lookup("layers.0.ffn.gate.tid2eid")
+			s.put(info.Name, info.DType, info.Shape, d)
+		}, []string{"layers.0.ffn.gate.tid2eid", "expert 200"}},
+		{"nan norm", func(s *memSource) {
+			d := append([]byte(nil), s.data["layers.3.ffn_norm.weight"]...)
+			d[0], d[1] = 0xc0, 0x7f
+			info, _ := s.Lookup("layers.3.ffn_norm.weight")
+			s.put(info.Name, info.DType, info.Shape, d)
+		}, []string{"layers.3.ffn_norm.weight", "NaN"}},
+		{"no config", func(s *memSource) { delete(s.files, "config.json") }, []string{"config.json"}},
+		{"bad config", func(s *memSource) { s.files["config.json"] = []byte(`{"model_type":"llama"}`) }, []string{"config.json"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newMemSource(cfg, 1)
+			tc.mod(s)
+			_, err := Load(s, Options{})
+			if err == nil {
+				t.Fatal("Load succeeded")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+	t.Run("qat target", func(t *testing.T) {
+		if _, err := Load(newMemSource(cfg, 1), Options{Target: QAT}); err == nil || !strings.Contains(err.Error(), "qat") {
+			t.Fatalf("err = %v, want qat not implemented", err)
+		}
+	})
+}
+
+func TestSessionRejects(t *testing.T) {
+	m := loadTiny(t, newMemSource(config.Tiny(), 1))
+	cases := []struct {
+		name string
+		toks []int
+		want string
+	}{
+		{"empty", nil, "no tokens"},
+		{"negative", []int{1, -1}, "token -1 at index 1"},
+		{"too large", []int{config.TinyVocab}, "outside the vocabulary"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := m.NewSession().Prefill(tc.toks)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want %q", err, tc.want)
+			}
+		})
+	}
+	if _, err := Logits(m, []int{1, 2}, 3); err == nil {
+		t.Error("Logits accepted prefill > len(tokens)")
+	}
+}
+
+// TestForwardMatchesFloat64Reference compares the engine with an independent,
+// cache-free float64 forward pass over 40 tokens: past the window of 8, more
+// compressed CSA entries (10) than the indexer's top-4, five closed HCA windows,
+// two hash-routed layers.
+func TestForwardMatchesFloat64Reference(t *testing.T) {
+	if testing.Short() {
+		t.Skip("float64 reference forward is slow")
+	}
+	src := newMemSource(config.Tiny(), 7)
+	m := loadTiny(t, src)
+	toks := testTokens(40, m.Cfg.VocabSize, 3)
+	got, err := Logits(m, toks, 25)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := newRefModel(src).forward(toks)
+	V := m.Cfg.VocabSize
+	worst := 0.0
+	for i := range toks {
+		g := got[i*V : (i+1)*V]
+		w := make([]float32, V)
+		for j := range w {
+			w[j] = float32(want[i][j])
+		}
+		r := maxRel(g, w)
+		worst = math.Max(worst, r)
+		if r > 1e-4 {
+			t.Errorf("position %d: max relative logit error %.3g > 1e-4", i, r)
+		}
+		if argmax(g) != argmax64(want[i]) {
+			t.Errorf("position %d: argmax %d, reference %d", i, argmax(g), argmax64(want[i]))
+		}
+	}
+	t.Logf("worst relative error vs float64 reference: %.3g", worst)
+}
+
+// TestPrefillChunkDecodeAgree: one prefill, chunked prefills and token-by-token
+// decode of 40 tokens give the same logits at every position.
+func TestPrefillChunkDecodeAgree(t *testing.T) {
+	m := loadTiny(t, newMemSource(config.Tiny(), 2))
+	V := m.Cfg.VocabSize
+	toks := testTokens(40, V, 5)
+	full, err := m.NewSession().PrefillAll(toks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkRows(t, "full prefill", full, V)
+	schedules := map[string][]int{
+		"decode":  nil,
+		"chunks":  {5, 13, 1, 21},
+		"aligned": {8, 8, 8, 16},
+		"odd":     {3, 3, 7, 27},
+	}
+	for name, chunks := range schedules {
+		t.Run(name, func(t *testing.T) {
+			s := m.NewSession()
+			var got []float32
+			if chunks == nil {
+				for _, tok := range toks {
+					l, err := s.Decode(tok)
+					if err != nil {
+						t.Fatal(err)
+					}
+					got = append(got, l...)
+				}
+			} else {
+				at := 0
+				for _, n := range chunks {
+					l, err := s.PrefillAll(toks[at : at+n])
+					if err != nil {
+						t.Fatal(err)
+					}
+					got = append(got, l...)
+					at += n
+				}
+			}
+			if s.Pos() != len(toks) {
+				t.Fatalf("Pos = %d, want %d", s.Pos(), len(toks))
+			}
+			for i := range toks {
+				a, b := got[i*V:(i+1)*V], full[i*V:(i+1)*V]
+				if r := maxRel(a, b); r > 1e-5 {
+					t.Errorf("position %d: max relative difference %.3g > 1e-5", i, r)
+				}
+				if argmax(a) != argmax(b) {
+					t.Errorf("position %d: argmax %d vs %d", i, argmax(a), argmax(b))
+				}
+			}
+		})
+	}
+	// Prefill returns the last row of PrefillAll.
+	last, err := m.NewSession().Prefill(toks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := maxRel(last, full[(len(toks)-1)*V:]); r > 1e-6 {
+		t.Errorf("Prefill last row differs from PrefillAll by %.3g", r)
+	}
+}
+
+// checkRows asserts logits are finite and not degenerate: per-position std
+// within [1e-3, 1e3], and not every position predicting the same thing.
+func checkRows(t *testing.T, what string, l []float32, V int) {
+	t.Helper()
+	arg := map[int]bool{}
+	for i := 0; i < len(l)/V; i++ {
+		row := l[i*V : (i+1)*V]
+		var s, ss float64
+		for j, v := range row {
+			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+				t.Fatalf("%s: logit [%d, %d] = %g", what, i, j, v)
+			}
+			s += float64(v)
+			ss += float64(v) * float64(v)
+		}
+		mean := s / float64(V)
+		std := math.Sqrt(ss/float64(V) - mean*mean)
+		if std < 1e-3 || std > 1e3 {
+			t.Errorf("%s: position %d logit std %g outside [1e-3, 1e3]", what, i, std)
+		}
+		arg[argmax(row)] = true
+	}
+	if len(l)/V >= 8 && len(arg) < 2 {
+		t.Errorf("%s: all %d positions have the same argmax", what, len(l)/V)
+	}
+}
+
+// TestStateContents checks the caches against the schedule of §4.10 after 40 tokens.
+func TestStateContents(t *testing.T) {
+	m := loadTiny(t, newMemSource(config.Tiny(), 3))
+	s := m.NewSession()
+	if _, err := s.Prefill(testTokens(40, m.Cfg.VocabSize, 1)); err != nil {
+		t.Fatal(err)
+	}
+	c := m.Cfg
+	for l, st := range s.layers {
+		var wantC, wantI int
+		switch c.Kind(l) {
+		case config.CSA:
+			wantC, wantI = 40/c.Ratio(l), 40/c.Ratio(l)
+		case config.HCA:
+			wantC = 40 / c.Ratio(l)
+		}
+		if got := len(st.ckv) / c.HeadDim; got != wantC {
+			t.Errorf("layer %d (%v): %d compressed entries, want %d", l, c.Kind(l), got, wantC)
+		}
+		if got := len(st.ikeys) / c.IndexHeadDim; got != wantI {
+			t.Errorf("layer %d (%v): %d indexer keys, want %d", l, c.Kind(l), got, wantI)
+		}
+	}
+}
+
+func TestNewSequenceContract(t *testing.T) {
+	m := loadTiny(t, newMemSource(config.Tiny(), 4))
+	seq, err := m.NewSequence()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := seq.Append(t.Context(), []int{5, 6, 7})
+	if err != nil || len(l) != m.VocabSize() || seq.Len() != 3 {
+		t.Fatalf("Append: len %d err %v Len %d", len(l), err, seq.Len())
+	}
+	seq.Close()
+	if _, err := seq.Append(t.Context(), []int{1}); err == nil {
+		t.Fatal("Append after Close succeeded")
+	}
+}
+
+func BenchmarkTinyDecode(b *testing.B) {
+	m := loadTiny(b, newMemSource(config.Tiny(), 1))
+	s := m.NewSession()
+	for b.Loop() {
+		if _, err := s.Decode(s.Pos() % m.Cfg.VocabSize); err != nil {
+			b.Fatal(err)
+		}
+	}
+	_ = fmt.Sprint()
+}

@@ -1,0 +1,456 @@
+package dsv4
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"moxie/compute"
+	"moxie/dsv4/config"
+	"moxie/format"
+	"moxie/generate"
+)
+
+// Session is one sequence's state: position, and per layer the window ring,
+// compressor buffers, compressed KV entries and indexer keys
+// (dsv4-flash.md §4.10). Prefill (in any chunking) and token-by-token decode
+// compute the same function. A Session is not safe for concurrent use.
+type Session struct {
+	m      *Model
+	pos    int
+	layers []*layerState
+	failed error
+}
+
+type layerState struct {
+	ring  []float32 // [Window, HeadDim], slot t mod Window
+	comp  *compState
+	icomp *compState
+	ckv   []float32 // compressed KV entries [n, HeadDim]
+	ikeys []float32 // indexer keys [n, IndexHeadDim]
+}
+
+// compState buffers the (κ, z) rows of the current window and, for the
+// overlapping CSA compressor, the previous one.
+type compState struct {
+	c           *compressor
+	cur, curZ   []float32 // [R, c·dw]
+	prev, prevZ []float32 // CSA only
+	hasPrev     bool
+	// scratch for pooling
+	slots, slotZ, out []float32
+}
+
+func newCompState(c *compressor) *compState {
+	w := c.c * c.dw
+	s := &compState{c: c, cur: make([]float32, c.ratio*w), curZ: make([]float32, c.ratio*w)}
+	if c.c == 2 {
+		s.prev, s.prevZ = make([]float32, c.ratio*w), make([]float32, c.ratio*w)
+	}
+	s.slots = make([]float32, c.c*c.ratio*c.dw)
+	s.slotZ = make([]float32, c.c*c.ratio*c.dw)
+	s.out = make([]float32, c.dw)
+	return s
+}
+
+// NewSession starts an empty sequence at position 0.
+func (m *Model) NewSession() *Session {
+	s := &Session{m: m}
+	c := m.Cfg
+	for _, b := range m.layers {
+		ls := &layerState{ring: make([]float32, c.Window*c.HeadDim)}
+		if b.comp != nil {
+			ls.comp = newCompState(b.comp)
+		}
+		if b.idx != nil {
+			ls.icomp = newCompState(b.idx.comp)
+		}
+		s.layers = append(s.layers, ls)
+	}
+	return s
+}
+
+// Pos is the number of tokens processed so far (the next token's position).
+func (s *Session) Pos() int { return s.pos }
+
+// Prefill runs tokens at the next positions and returns the logits [VocabSize]
+// that predict the token after the last one. The slice is owned by the caller.
+func (s *Session) Prefill(tokens []int) ([]float32, error) {
+	return s.forward(tokens, false)
+}
+
+// PrefillAll is Prefill returning the logits of every position, row-major
+// [len(tokens), VocabSize]; row i predicts the token after tokens[i].
+func (s *Session) PrefillAll(tokens []int) ([]float32, error) {
+	return s.forward(tokens, true)
+}
+
+// Decode runs one token and returns its logits [VocabSize].
+func (s *Session) Decode(tok int) ([]float32, error) {
+	return s.forward([]int{tok}, false)
+}
+
+// Append implements generate.Sequence.
+func (s *Session) Append(ctx context.Context, tokens []int) ([]float32, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return s.Prefill(tokens)
+}
+
+// Len implements generate.Sequence.
+func (s *Session) Len() int { return s.pos }
+
+// Close implements generate.Sequence; it drops the caches.
+func (s *Session) Close() error {
+	s.layers = nil
+	s.failed = fmt.Errorf("dsv4: session closed")
+	return nil
+}
+
+// NewSequence implements generate.Model.
+func (m *Model) NewSequence() (generate.Sequence, error) { return m.NewSession(), nil }
+
+// VocabSize implements generate.Model.
+func (m *Model) VocabSize() int { return m.Cfg.VocabSize }
+
+// MaxContext implements generate.Model.
+func (m *Model) MaxContext() int { return m.Cfg.MaxPositions }
+
+var _ generate.Model = (*Model)(nil)
+
+// Logits runs tokens through a fresh session: the first prefill tokens as one
+// prefill, then each remaining token as one decode step, and returns the logits
+// of every position, row-major [len(tokens), VocabSize] (row i predicts token
+// i+1). prefill must be in [1, len(tokens)].
+func Logits(m *Model, tokens []int, prefill int) ([]float32, error) {
+	if prefill < 1 || prefill > len(tokens) {
+		return nil, fmt.Errorf("dsv4: prefill length %d, want 1..%d (the number of tokens)", prefill, len(tokens))
+	}
+	s := m.NewSession()
+	out, err := s.PrefillAll(tokens[:prefill])
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range tokens[prefill:] {
+		l, err := s.Decode(t)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, l...)
+	}
+	return out, nil
+}
+
+func (s *Session) forward(tokens []int, all bool) ([]float32, error) {
+	if s.failed != nil {
+		return nil, s.failed
+	}
+	m := s.m
+	c := m.Cfg
+	if len(tokens) == 0 {
+		return nil, fmt.Errorf("dsv4: no tokens")
+	}
+	for i, t := range tokens {
+		if t < 0 || t >= c.VocabSize {
+			return nil, fmt.Errorf("dsv4: token %d at index %d is outside the vocabulary of %d", t, i, c.VocabSize)
+		}
+	}
+	if s.pos+len(tokens) > c.MaxPositions {
+		return nil, fmt.Errorf("dsv4: %d tokens at position %d exceed max_position_embeddings %d", len(tokens), s.pos, c.MaxPositions)
+	}
+	T, D, hc := len(tokens), c.Dim, c.HCMult
+	pos := make([]int, T)
+	for i := range pos {
+		pos[i] = s.pos + i
+	}
+	// §4.1: every stream starts as the embedding.
+	X := make([]float32, T*hc*D)
+	for i, t := range tokens {
+		row := X[i*hc*D : i*hc*D+D]
+		format.DecodeBF16(row, m.embed[2*t*D:2*(t+1)*D])
+		for j := 1; j < hc; j++ {
+			copy(X[(i*hc+j)*D:(i*hc+j+1)*D], row)
+		}
+	}
+	for l, b := range m.layers {
+		var err error
+		if X, err = s.layer(b, s.layers[l], X, tokens, pos); err != nil {
+			s.failed = err
+			return nil, err
+		}
+	}
+	s.pos += T
+	// §4.8: head collapse, norm, LM head.
+	first := 0
+	if !all {
+		first = T - 1
+	}
+	n := T - first
+	Xs := X[first*hc*D:]
+	be := m.be
+	pre := make([]float32, n*hc)
+	be.HCHeadPre(pre, Xs, &m.hcHead, n)
+	y := make([]float32, n*D)
+	be.HCCollapse(y, Xs, pre, hc, D, n)
+	be.RMSNorm(y, y, m.norm, D, float32(c.NormEps))
+	logits := make([]float32, n*c.VocabSize)
+	be.Linear(m.head, logits, y, n)
+	return logits, nil
+}
+
+// layer runs decoder block b on streams X [T, hc, D] and returns the new streams.
+func (s *Session) layer(b *block, st *layerState, X []float32, tokens, pos []int) ([]float32, error) {
+	m := s.m
+	be := m.be
+	c := m.Cfg
+	T, D, hc := len(tokens), c.Dim, c.HCMult
+	eps := float32(c.NormEps)
+	pre, post, comb := make([]float32, T*hc), make([]float32, T*hc), make([]float32, T*hc*hc)
+
+	be.HCMix(pre, post, comb, X, &b.hcAttn, T)
+	a := make([]float32, T*D)
+	be.HCCollapse(a, X, pre, hc, D, T)
+	be.RMSNorm(a, a, b.attnNorm, D, eps)
+	o := s.attention(b, st, a, pos)
+	Xmid := make([]float32, len(X))
+	be.HCExpand(Xmid, X, o, post, comb, hc, D, T)
+
+	be.HCMix(pre, post, comb, Xmid, &b.hcFFN, T)
+	f := a
+	be.HCCollapse(f, Xmid, pre, hc, D, T)
+	be.RMSNorm(f, f, b.ffnNorm, D, eps)
+	mo, err := s.moe(b, f, tokens)
+	if err != nil {
+		return nil, err
+	}
+	be.HCExpand(X, Xmid, mo, post, comb, hc, D, T)
+	return X, nil
+}
+
+// attention is §4.4 for T consecutive tokens at positions pos; a is [T, D].
+func (s *Session) attention(b *block, st *layerState, a []float32, pos []int) []float32 {
+	m := s.m
+	be := m.be
+	c := m.Cfg
+	T, D, H, hd := len(pos), c.Dim, c.NHeads, c.HeadDim
+	eps := float32(c.NormEps)
+	freq := m.freqPlain
+	if b.ratio > 0 {
+		freq = m.freqCompress
+	}
+	// Query path.
+	qlat := make([]float32, T*c.QLoraRank)
+	be.Linear(b.wqA, qlat, a, T)
+	be.RMSNorm(qlat, qlat, b.qNorm, c.QLoraRank, eps)
+	q := make([]float32, T*H*hd)
+	be.Linear(b.wqB, q, qlat, T)
+	be.RMSNorm(q, q, nil, hd, eps)
+	be.RoPE(q, pos, freq, H*hd, hd, false)
+	// Window KV.
+	kv := make([]float32, T*hd)
+	be.Linear(b.wkv, kv, a, T)
+	be.RMSNorm(kv, kv, b.kvNorm, hd, eps)
+	be.RoPE(kv, pos, freq, hd, hd, false)
+	// Compressor inputs.
+	var ckv, cz []float32
+	if b.comp != nil {
+		ckv, cz = compInputs(be, b.comp, a, T)
+	}
+	var qi, wts, ikv, iz []float32
+	IH, ID := c.IndexNHeads, c.IndexHeadDim
+	if b.idx != nil {
+		qi = make([]float32, T*IH*ID)
+		be.Linear(b.idx.wqB, qi, qlat, T)
+		be.RoPE(qi, pos, freq, IH*ID, ID, false)
+		wts = make([]float32, T*IH)
+		be.Linear(b.idx.wproj, wts, a, T)
+		sc := float32(1 / math.Sqrt(float64(ID)) / math.Sqrt(float64(IH)))
+		for i := range wts {
+			wts[i] *= sc
+		}
+		ikv, iz = compInputs(be, b.idx.comp, a, T)
+	}
+	W := c.Window
+	o := make([]float32, T*H*hd)
+	keys := make([]float32, 0, (W+c.IndexTopK)*hd)
+	var scores []float32
+	var sel []int
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	for i, t := range pos {
+		copy(st.ring[(t%W)*hd:], kv[i*hd:(i+1)*hd])
+		if b.idx != nil {
+			w := b.idx.comp.c * b.idx.comp.dw
+			if e := s.compStep(st.icomp, freq, t, ikv[i*w:(i+1)*w], iz[i*w:(i+1)*w]); e != nil {
+				st.ikeys = append(st.ikeys, e...)
+			}
+		}
+		if b.comp != nil {
+			w := b.comp.c * b.comp.dw
+			if e := s.compStep(st.comp, freq, t, ckv[i*w:(i+1)*w], cz[i*w:(i+1)*w]); e != nil {
+				st.ckv = append(st.ckv, e...)
+			}
+		}
+		keys = keys[:0]
+		for p := max(0, t-W+1); p <= t; p++ {
+			keys = append(keys, st.ring[(p%W)*hd:(p%W+1)*hd]...)
+		}
+		switch b.kind {
+		case config.HCA:
+			n := (t + 1) / b.ratio
+			keys = append(keys, st.ckv[:n*hd]...)
+		case config.CSA:
+			n := (t + 1) / b.ratio
+			if n > 0 {
+				if cap(scores) < n {
+					scores = make([]float32, n)
+				}
+				scores = scores[:n]
+				be.IndexScores(scores, qi[i*IH*ID:(i+1)*IH*ID], wts[i*IH:(i+1)*IH], st.ikeys[:n*ID], n, IH, ID)
+				sel = compute.TopK(sel, scores, min(c.IndexTopK, n))
+				for _, e := range sel {
+					keys = append(keys, st.ckv[e*hd:(e+1)*hd]...)
+				}
+			}
+		}
+		be.Attention(o[i*H*hd:(i+1)*H*hd], q[i*H*hd:(i+1)*H*hd], keys, b.sink, len(keys)/hd, H, hd, scale)
+	}
+	be.RoPE(o, pos, freq, H*hd, hd, true)
+	u := make([]float32, T*c.OGroups*c.OLoraRank)
+	be.GroupedLinear(b.woA, u, o, T, c.OGroups)
+	out := make([]float32, T*D)
+	be.Linear(b.woB, out, u, T)
+	return out
+}
+
+// compInputs returns κ = wkv·a and z = wgate·a (ape is added per position).
+func compInputs(be compute.Backend, cp *compressor, a []float32, T int) (kv, z []float32) {
+	w := cp.c * cp.dw
+	kv, z = make([]float32, T*w), make([]float32, T*w)
+	be.Linear(cp.wkv, kv, a, T)
+	be.Linear(cp.wgate, z, a, T)
+	return kv, z
+}
+
+// compStep feeds token t's (κ, z) rows into a compressor and returns the new
+// entry (normalised and rotated; a fresh slice) when t closes a window.
+func (s *Session) compStep(cs *compState, freq []float32, t int, kv, z []float32) []float32 {
+	cp := cs.c
+	R, w, dw := cp.ratio, cp.c*cp.dw, cp.dw
+	slot := t % R
+	copy(cs.cur[slot*w:(slot+1)*w], kv)
+	zr := cs.curZ[slot*w : (slot+1)*w]
+	ape := cp.ape[slot*w : (slot+1)*w]
+	for i := range zr {
+		zr[i] = z[i] + ape[i]
+	}
+	if (t+1)%R != 0 {
+		return nil
+	}
+	be := s.m.be
+	n := 0
+	if cp.c == 2 {
+		// CSA: previous window's A halves, then this window's B halves.
+		if cs.hasPrev {
+			for r := range R {
+				copy(cs.slots[n*dw:], cs.prev[r*w:r*w+dw])
+				copy(cs.slotZ[n*dw:], cs.prevZ[r*w:r*w+dw])
+				n++
+			}
+		}
+		for r := range R {
+			copy(cs.slots[n*dw:], cs.cur[r*w+dw:(r+1)*w])
+			copy(cs.slotZ[n*dw:], cs.curZ[r*w+dw:(r+1)*w])
+			n++
+		}
+		cs.prev, cs.cur = cs.cur, cs.prev
+		cs.prevZ, cs.curZ = cs.curZ, cs.prevZ
+		cs.hasPrev = true
+	} else {
+		copy(cs.slots, cs.cur)
+		copy(cs.slotZ, cs.curZ)
+		n = R
+	}
+	e := make([]float32, dw)
+	be.CompressPool(e, cs.slots[:n*dw], cs.slotZ[:n*dw], n, dw)
+	be.RMSNorm(e, e, cp.norm, dw, float32(s.m.Cfg.NormEps))
+	wpos := (t / R) * R
+	be.RoPE(e, []int{wpos}, freq, dw, dw, false)
+	return e
+}
+
+// moe is §4.7 for T tokens; f is [T, D]. Experts run in index order, each on
+// the batch of tokens routed to it.
+func (s *Session) moe(b *block, f []float32, tokens []int) ([]float32, error) {
+	m := s.m
+	be := m.be
+	c := m.Cfg
+	T, D, E, K, I := len(tokens), c.Dim, c.NRoutedExperts, c.NActivatedExperts, c.MoEInterDim
+	logits := make([]float32, T*E)
+	be.Linear(b.gate, logits, f, T)
+	ids := make([]int, T*K)
+	wts := make([]float32, T*K)
+	for i, tok := range tokens {
+		var hash []int
+		if b.hash {
+			hash = b.tid2eid[tok*K : (tok+1)*K]
+		}
+		be.Route(ids[i*K:(i+1)*K], wts[i*K:(i+1)*K], logits[i*E:(i+1)*E], b.bias, hash, float32(c.RouteScale))
+	}
+	// Group (token, weight) pairs by expert.
+	type use struct {
+		tok int
+		w   float32
+	}
+	byExpert := make([][]use, E)
+	for i := range tokens {
+		for k := range K {
+			e := ids[i*K+k]
+			byExpert[e] = append(byExpert[e], use{i, wts[i*K+k]})
+		}
+	}
+	out := make([]float32, T*D)
+	limit := float32(c.SwigluLimit)
+	for e, us := range byExpert {
+		if len(us) == 0 {
+			continue
+		}
+		ew, err := m.experts.Expert(b.layer, e)
+		if err != nil {
+			return nil, fmt.Errorf("dsv4: layer %d: %w", b.layer, err)
+		}
+		n := len(us)
+		x := make([]float32, n*D)
+		rs := make([]float32, n)
+		for j, u := range us {
+			copy(x[j*D:(j+1)*D], f[u.tok*D:(u.tok+1)*D])
+			rs[j] = u.w
+		}
+		y := ffn(be, ew, x, rs, n, D, I, limit)
+		for j, u := range us {
+			dst := out[u.tok*D : (u.tok+1)*D]
+			for d, v := range y[j*D : (j+1)*D] {
+				dst[d] += v
+			}
+		}
+	}
+	if b.shared != nil {
+		y := ffn(be, *b.shared, f, nil, T, D, I*c.NSharedExperts, 0)
+		for i, v := range y {
+			out[i] += v
+		}
+	}
+	return out, nil
+}
+
+// ffn is a SwiGLU expert on n rows: W2·(silu(W1 x)·(W3 x)·rowScale), with the
+// clamp when limit > 0.
+func ffn(be compute.Backend, w ExpertWeights, x, rowScale []float32, n, D, I int, limit float32) []float32 {
+	g, u := make([]float32, n*I), make([]float32, n*I)
+	be.Linear(w.W1, g, x, n)
+	be.Linear(w.W3, u, x, n)
+	be.SwiGLU(g, g, u, rowScale, I, limit)
+	y := make([]float32, n*D)
+	be.Linear(w.W2, y, g, n)
+	return y
+}

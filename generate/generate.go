@@ -1,0 +1,332 @@
+package generate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Detokenizer turns generated ids into text incrementally. tokenizer.Decoder
+// satisfies it. Implementations must never return part of a UTF-8 character.
+type Detokenizer interface {
+	// Add consumes one id and returns the text it completes (possibly empty).
+	Add(id int) string
+	// Flush returns whatever is still held back at the end of the stream.
+	Flush() string
+}
+
+// Sampler picks the next token from a logits vector.
+type Sampler interface {
+	// Sample returns a token id in [0, len(logits)). history holds the prompt
+	// followed by the tokens generated so far; it is read-only and only valid
+	// during the call. logits may be modified in place.
+	Sample(logits []float32, history []int) int
+}
+
+// EOSModel is implemented by models that know their end-of-sequence token.
+// Generate stops on it unless Options.IgnoreEOS is set.
+type EOSModel interface {
+	EOS() int
+}
+
+// Greedy is the Sampler that picks the largest logit, the lowest id on ties.
+// NaN logits are never picked unless all are NaN (then id 0).
+type Greedy struct{}
+
+// Sample implements Sampler.
+func (Greedy) Sample(logits []float32, _ []int) int {
+	best, bv := 0, float32(math.Inf(-1))
+	found := false
+	for i, v := range logits {
+		if v != v { // NaN
+			continue
+		}
+		if !found || v > bv {
+			best, bv, found = i, v, true
+		}
+	}
+	return best
+}
+
+// FinishReason says why generation ended; the values are OpenAI's.
+type FinishReason string
+
+const (
+	// FinishStop: a stop token or stop string was produced.
+	FinishStop FinishReason = "stop"
+	// FinishLength: MaxTokens were generated or the context is full.
+	FinishLength FinishReason = "length"
+	// FinishCancelled: the context was cancelled or its deadline passed.
+	FinishCancelled FinishReason = "cancelled"
+)
+
+// Options controls one generation. The zero value generates greedily up to
+// the end of the context, with no text, stopping only on the model's EOS.
+type Options struct {
+	// MaxTokens bounds the number of generated tokens (stop token included);
+	// <= 0 means up to the model's MaxContext.
+	MaxTokens int
+	// Sampler chooses each token; nil means Greedy.
+	Sampler Sampler
+	// StopTokens end generation when sampled, in addition to the model's EOS
+	// (see EOSModel). A stop token is counted in Result.Tokens but its text is
+	// never emitted.
+	StopTokens []int
+	// IgnoreEOS disables the implicit stop on the model's EOS.
+	IgnoreEOS bool
+	// StopStrings end generation as soon as one appears in the generated text,
+	// even across token boundaries; neither it nor anything after it is
+	// emitted. Empty strings are rejected. Requires Detokenizer.
+	StopStrings []string
+	// Detokenizer turns generated ids into the text of Event.Text and
+	// Result.Text; nil means no text is produced. Generate owns it for the
+	// duration of the call.
+	Detokenizer Detokenizer
+}
+
+// Event is one step of the stream passed to the emit callback.
+type Event struct {
+	// Token is the sampled id, or NoToken for the final event that carries
+	// the text held back until the end.
+	Token int
+	// Text is text that became final with this event (may be empty while a
+	// UTF-8 character or a possible stop string is incomplete). Concatenating
+	// every Event.Text gives Result.Text.
+	Text string
+}
+
+// NoToken marks an Event that carries text but no new token.
+const NoToken = -1
+
+// Result describes a finished generation.
+type Result struct {
+	// Tokens are the generated ids in order, a final stop token included.
+	Tokens []int
+	// Text is the emitted text (empty without a Detokenizer).
+	Text string
+	// Finish says why generation ended.
+	Finish FinishReason
+	// StopToken is the stop token that ended generation, or NoToken.
+	StopToken int
+	// StopString is the stop string that ended generation, or "".
+	StopString string
+
+	// PromptTokens is len(prompt); GeneratedTokens is len(Tokens).
+	PromptTokens, GeneratedTokens int
+	// Prefill is the time from the call to the prompt's logits; TimeToFirstToken
+	// adds the first sample; Decode is the time from the first token to the end.
+	Prefill, TimeToFirstToken, Decode time.Duration
+}
+
+// PrefillTokensPerSecond is PromptTokens / Prefill (0 when not measurable).
+func (r Result) PrefillTokensPerSecond() float64 {
+	if r.Prefill <= 0 {
+		return 0
+	}
+	return float64(r.PromptTokens) / r.Prefill.Seconds()
+}
+
+// DecodeTokensPerSecond is the rate of the tokens after the first one:
+// (GeneratedTokens-1) / Decode (0 when not measurable).
+func (r Result) DecodeTokensPerSecond() float64 {
+	if r.Decode <= 0 || r.GeneratedTokens < 2 {
+		return 0
+	}
+	return float64(r.GeneratedTokens-1) / r.Decode.Seconds()
+}
+
+// Errors returned by Generate before any token is generated.
+var (
+	ErrEmptyPrompt   = errors.New("generate: empty prompt")
+	ErrPromptTooLong = errors.New("generate: prompt does not fit in the model's context")
+)
+
+// Generate feeds prompt to a new sequence of model, then samples tokens one at
+// a time until a stop token, a stop string, MaxTokens, a full context or
+// cancellation. emit is called once per sampled token that is not a stop
+// token, in order, with the text that token made final, and once more at the
+// end with Token == NoToken when held-back text remains; an error from emit
+// ends generation and is returned.
+//
+// On cancellation Generate returns promptly (between model steps, or as soon
+// as the model honours ctx) with Finish == FinishCancelled, the partial
+// Result, and ctx.Err(). Other errors (model, sampler out of range, emit)
+// return the partial Result and the error. The sequence is always closed.
+func Generate(ctx context.Context, model Model, prompt []int, opts Options, emit func(Event) error) (res Result, err error) {
+	res = Result{StopToken: NoToken, PromptTokens: len(prompt)}
+	start := time.Now()
+	if len(prompt) == 0 {
+		return res, ErrEmptyPrompt
+	}
+	maxCtx := model.MaxContext()
+	if len(prompt) >= maxCtx {
+		return res, fmt.Errorf("%w: %d prompt tokens, context %d", ErrPromptTooLong, len(prompt), maxCtx)
+	}
+	vocab := model.VocabSize()
+	for i, id := range prompt {
+		if id < 0 || id >= vocab {
+			return res, fmt.Errorf("generate: prompt token %d at position %d outside the vocabulary of %d", id, i, vocab)
+		}
+	}
+	for _, s := range opts.StopStrings {
+		if s == "" {
+			return res, errors.New("generate: empty stop string")
+		}
+	}
+	if len(opts.StopStrings) > 0 && opts.Detokenizer == nil {
+		return res, errors.New("generate: stop strings need a Detokenizer")
+	}
+	if emit == nil {
+		emit = func(Event) error { return nil }
+	}
+	sampler := opts.Sampler
+	if sampler == nil {
+		sampler = Greedy{}
+	}
+	stopTok := map[int]bool{}
+	for _, id := range opts.StopTokens {
+		stopTok[id] = true
+	}
+	if m, ok := model.(EOSModel); ok && !opts.IgnoreEOS {
+		stopTok[m.EOS()] = true
+	}
+	limit := maxCtx - len(prompt)
+	if opts.MaxTokens > 0 && opts.MaxTokens < limit {
+		limit = opts.MaxTokens
+	}
+	if err := ctx.Err(); err != nil {
+		res.Finish = FinishCancelled
+		return res, err
+	}
+
+	seq, err := model.NewSequence()
+	if err != nil {
+		return res, fmt.Errorf("generate: new sequence: %w", err)
+	}
+	defer func() {
+		if cerr := seq.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("generate: close sequence: %w", cerr)
+		}
+	}()
+
+	var text []byte
+	var matcher *stopMatcher
+	if len(opts.StopStrings) > 0 {
+		matcher = newStopMatcher(opts.StopStrings)
+	}
+	history := make([]int, len(prompt), len(prompt)+limit)
+	copy(history, prompt)
+
+	var first time.Time
+	finish := func() {
+		if !first.IsZero() {
+			res.Decode = time.Since(first)
+		}
+		res.GeneratedTokens = len(res.Tokens)
+		res.Text = string(text)
+	}
+	// cancelled maps a context error (from ctx or surfaced by the model) to
+	// the cancelled result.
+	cancelled := func(e error) (Result, error) {
+		res.Finish = FinishCancelled
+		finish()
+		if ce := ctx.Err(); ce != nil {
+			return res, ce
+		}
+		return res, e
+	}
+
+	logits, err := seq.Append(ctx, prompt)
+	if err != nil {
+		if ctx.Err() != nil {
+			return cancelled(err)
+		}
+		finish()
+		return res, fmt.Errorf("generate: prefill: %w", err)
+	}
+	res.Prefill = time.Since(start)
+
+	for {
+		if len(logits) != vocab {
+			finish()
+			return res, fmt.Errorf("generate: model returned %d logits, want %d", len(logits), vocab)
+		}
+		id := sampler.Sample(logits, history)
+		if id < 0 || id >= vocab {
+			finish()
+			return res, fmt.Errorf("generate: sampler returned id %d outside the vocabulary of %d", id, vocab)
+		}
+		if first.IsZero() {
+			first = time.Now()
+			res.TimeToFirstToken = first.Sub(start)
+		}
+		res.Tokens = append(res.Tokens, id)
+		history = append(history, id)
+
+		if stopTok[id] {
+			res.Finish, res.StopToken = FinishStop, id
+			break
+		}
+		var piece string
+		stopped := false
+		if opts.Detokenizer != nil {
+			piece = opts.Detokenizer.Add(id)
+			if matcher != nil {
+				var k int
+				piece, k = matcher.push(piece)
+				if k >= 0 {
+					res.Finish, res.StopString = FinishStop, opts.StopStrings[k]
+					stopped = true
+				}
+			}
+		}
+		text = append(text, piece...)
+		if err := emit(Event{Token: id, Text: piece}); err != nil {
+			finish()
+			return res, err
+		}
+		if stopped {
+			break
+		}
+		if len(res.Tokens) >= limit {
+			res.Finish = FinishLength
+			break
+		}
+		if err := ctx.Err(); err != nil {
+			return cancelled(err)
+		}
+		logits, err = seq.Append(ctx, history[len(history)-1:])
+		if err != nil {
+			if ctx.Err() != nil {
+				return cancelled(err)
+			}
+			finish()
+			return res, fmt.Errorf("generate: decode step %d: %w", len(res.Tokens), err)
+		}
+	}
+
+	// Release held-back text unless a stop string cut the stream.
+	if res.StopString == "" && opts.Detokenizer != nil {
+		rest := opts.Detokenizer.Flush()
+		if matcher != nil {
+			var k int
+			rest, k = matcher.push(rest)
+			if k >= 0 {
+				res.Finish, res.StopString = FinishStop, opts.StopStrings[k]
+			} else {
+				rest += matcher.flush()
+			}
+		}
+		if rest != "" {
+			text = append(text, rest...)
+			if err := emit(Event{Token: NoToken, Text: rest}); err != nil {
+				finish()
+				return res, err
+			}
+		}
+	}
+	finish()
+	return res, nil
+}

@@ -1,0 +1,418 @@
+package generate
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// pieces is the test vocabulary: id -> text.
+var pieces = []string{"<s>", "</s>", "He", "llo", " wor", "ld", "!", "o", "\n", "STOP", "a", "b", "c", "d", "e", "f"}
+
+const (
+	tBOS = iota
+	tEOS
+	tHe
+	tLlo
+	tWor
+	tLd
+	tBang
+	tO
+	tNL
+	tSTOP
+	tA
+	tB
+)
+
+var prompt3 = []int{tBOS, tA, tB}
+
+func TestGenerateStops(t *testing.T) {
+	hello := []int{tHe, tLlo, tWor, tLd, tBang, tEOS}
+	cases := []struct {
+		name       string
+		model      func() Model
+		opts       Options
+		wantEvents []Event
+		wantText   string
+		finish     FinishReason
+		stopTok    int
+		stopStr    string
+		nTokens    int
+	}{
+		{
+			name:  "eos",
+			model: func() Model { return &fakeModel{vocab: 16, maxCtx: 64, eos: tEOS, next: script(3, hello...)} },
+			wantEvents: []Event{
+				{tHe, "He"}, {tLlo, "llo"}, {tWor, " wor"}, {tLd, "ld"}, {tBang, "!"},
+			},
+			wantText: "Hello world!", finish: FinishStop, stopTok: tEOS, nTokens: 6,
+		},
+		{
+			name:  "custom stop token",
+			model: func() Model { return &fakeModel{vocab: 16, maxCtx: 64, eos: tEOS, next: script(3, hello...)} },
+			opts:  Options{StopTokens: []int{tLd}},
+			wantEvents: []Event{
+				{tHe, "He"}, {tLlo, "llo"}, {tWor, " wor"},
+			},
+			wantText: "Hello wor", finish: FinishStop, stopTok: tLd, nTokens: 4,
+		},
+		{
+			name:  "ignore eos runs to max tokens",
+			model: func() Model { return &fakeModel{vocab: 16, maxCtx: 64, eos: tEOS, next: script(3, tHe, tEOS, tO)} },
+			opts:  Options{IgnoreEOS: true, MaxTokens: 4},
+			wantEvents: []Event{
+				{tHe, "He"}, {tEOS, "</s>"}, {tO, "o"}, {tO, "o"},
+			},
+			wantText: "He</s>oo", finish: FinishLength, stopTok: NoToken, nTokens: 4,
+		},
+		{
+			name:       "model without EOS is not stopped by id 1",
+			model:      func() Model { return fakeNoEOS{&fakeModel{vocab: 16, maxCtx: 64, next: script(3, tEOS)}} },
+			opts:       Options{MaxTokens: 2},
+			wantEvents: []Event{{tEOS, "</s>"}, {tEOS, "</s>"}},
+			wantText:   "</s></s>", finish: FinishLength, stopTok: NoToken, nTokens: 2,
+		},
+		{
+			name:       "max tokens",
+			model:      func() Model { return &fakeModel{vocab: 16, maxCtx: 64, eos: tEOS, next: script(3, hello...)} },
+			opts:       Options{MaxTokens: 2},
+			wantEvents: []Event{{tHe, "He"}, {tLlo, "llo"}},
+			wantText:   "Hello", finish: FinishLength, stopTok: NoToken, nTokens: 2,
+		},
+		{
+			name:       "context full",
+			model:      func() Model { return &fakeModel{vocab: 16, maxCtx: 5, eos: tEOS, next: script(3, hello...)} },
+			opts:       Options{MaxTokens: 100},
+			wantEvents: []Event{{tHe, "He"}, {tLlo, "llo"}},
+			wantText:   "Hello", finish: FinishLength, stopTok: NoToken, nTokens: 2,
+		},
+		{
+			name:  "stop string spanning tokens",
+			model: func() Model { return &fakeModel{vocab: 16, maxCtx: 64, eos: tEOS, next: script(3, hello...)} },
+			opts:  Options{StopStrings: []string{"o w"}},
+			// "He" is safe; "llo" ends in "o", a prefix of "o w", held back;
+			// " wor" completes "o w": nothing from "o" on is emitted.
+			wantEvents: []Event{{tHe, "He"}, {tLlo, "ll"}, {tWor, ""}},
+			wantText:   "Hell", finish: FinishStop, stopTok: NoToken, stopStr: "o w", nTokens: 3,
+		},
+		{
+			name:  "stop string prefix released at the end",
+			model: func() Model { return &fakeModel{vocab: 16, maxCtx: 64, eos: tEOS, next: script(3, tHe, tLlo, tEOS)} },
+			opts:  Options{StopStrings: []string{"lo!"}},
+			wantEvents: []Event{
+				{tHe, "He"}, {tLlo, "l"}, {NoToken, "lo"},
+			},
+			wantText: "Hello", finish: FinishStop, stopTok: tEOS, nTokens: 3,
+		},
+		{
+			name:  "stop string prefix released at length limit",
+			model: func() Model { return &fakeModel{vocab: 16, maxCtx: 64, eos: tEOS, next: script(3, tHe, tLlo, tEOS)} },
+			opts:  Options{StopStrings: []string{"lo!"}, MaxTokens: 2},
+			wantEvents: []Event{
+				{tHe, "He"}, {tLlo, "l"}, {NoToken, "lo"},
+			},
+			wantText: "Hello", finish: FinishLength, stopTok: NoToken, nTokens: 2,
+		},
+		{
+			name:       "stop string inside one token",
+			model:      func() Model { return &fakeModel{vocab: 16, maxCtx: 64, eos: tEOS, next: script(3, tA, tSTOP, tB)} },
+			opts:       Options{StopStrings: []string{"TO"}},
+			wantEvents: []Event{{tA, "a"}, {tSTOP, "S"}},
+			wantText:   "aS", finish: FinishStop, stopTok: NoToken, stopStr: "TO", nTokens: 2,
+		},
+		{
+			name:  "first completed stop string wins",
+			model: func() Model { return &fakeModel{vocab: 16, maxCtx: 64, eos: tEOS, next: script(3, hello...)} },
+			// "lo w" completes at " wor", before the others; until then
+			// everything is a prefix of "Hello world!" and held back.
+			opts:       Options{StopStrings: []string{"ld!", "lo w", "Hello world!"}},
+			wantEvents: []Event{{tHe, ""}, {tLlo, ""}, {tWor, "Hel"}},
+			wantText:   "Hel", finish: FinishStop, stopTok: NoToken, stopStr: "lo w", nTokens: 3,
+		},
+		{
+			name:  "same completion point: earliest start wins",
+			model: func() Model { return &fakeModel{vocab: 16, maxCtx: 64, eos: tEOS, next: script(3, hello...)} },
+			opts:  Options{StopStrings: []string{"llo", "Hello"}},
+			wantEvents: []Event{
+				{tHe, ""}, {tLlo, ""},
+			},
+			wantText: "", finish: FinishStop, stopTok: NoToken, stopStr: "Hello", nTokens: 2,
+		},
+		{
+			name: "stop string in the detokenizer's final flush",
+			model: func() Model {
+				return &fakeModel{vocab: 16, maxCtx: 64, eos: tEOS, next: script(3, tA, tEOS)}
+			},
+			opts:       Options{StopStrings: []string{"aZ"}},
+			wantEvents: []Event{{tA, ""}},
+			wantText:   "", finish: FinishStop, stopTok: tEOS, stopStr: "aZ", nTokens: 2,
+		},
+		{
+			name:       "no detokenizer: tokens only",
+			model:      func() Model { return &fakeModel{vocab: 16, maxCtx: 64, eos: tEOS, next: script(3, hello...)} },
+			opts:       Options{MaxTokens: 3},
+			wantEvents: []Event{{tHe, ""}, {tLlo, ""}, {tWor, ""}},
+			wantText:   "", finish: FinishLength, stopTok: NoToken, nTokens: 3,
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := tc.model()
+			opts := tc.opts
+			if tc.name != "no detokenizer: tokens only" {
+				d := &tableDetok{pieces: pieces}
+				if tc.name == "stop string in the detokenizer's final flush" {
+					d.tail = "Z"
+				}
+				opts.Detokenizer = d
+			}
+			var got []Event
+			res, err := Generate(context.Background(), m, prompt3, opts, func(e Event) error {
+				got = append(got, e)
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, tc.wantEvents) {
+				t.Errorf("events = %+v, want %+v", got, tc.wantEvents)
+			}
+			if res.Text != tc.wantText {
+				t.Errorf("text = %q, want %q", res.Text, tc.wantText)
+			}
+			var cat strings.Builder
+			for _, e := range got {
+				cat.WriteString(e.Text)
+			}
+			if cat.String() != res.Text {
+				t.Errorf("concatenated events %q != Result.Text %q", cat.String(), res.Text)
+			}
+			if res.Finish != tc.finish || res.StopToken != tc.stopTok || res.StopString != tc.stopStr {
+				t.Errorf("finish=%q stopTok=%d stopStr=%q, want %q %d %q", res.Finish, res.StopToken, res.StopString, tc.finish, tc.stopTok, tc.stopStr)
+			}
+			if res.GeneratedTokens != tc.nTokens || len(res.Tokens) != tc.nTokens {
+				t.Errorf("generated %d tokens (%v), want %d", res.GeneratedTokens, res.Tokens, tc.nTokens)
+			}
+			if res.PromptTokens != len(prompt3) {
+				t.Errorf("prompt tokens %d, want %d", res.PromptTokens, len(prompt3))
+			}
+			var fm *fakeModel
+			switch x := m.(type) {
+			case *fakeModel:
+				fm = x
+			case fakeNoEOS:
+				fm = x.fakeModel
+			}
+			if o, c := fm.stats(); o != 1 || c != 1 {
+				t.Errorf("sequences opened %d closed %d, want 1 1", o, c)
+			}
+		})
+	}
+}
+
+func TestGenerateHistoryAndStats(t *testing.T) {
+	m := &fakeModel{vocab: 16, maxCtx: 64, eos: tEOS, next: script(3, tHe, tLlo, tEOS), step: 3 * time.Millisecond}
+	rec := &recSampler{}
+	res, err := Generate(context.Background(), m, prompt3, Options{Sampler: rec}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := [][]int{
+		{tBOS, tA, tB},
+		{tBOS, tA, tB, tHe},
+		{tBOS, tA, tB, tHe, tLlo},
+	}
+	if !reflect.DeepEqual(rec.hist, want) {
+		t.Errorf("sampler histories %v, want %v", rec.hist, want)
+	}
+	if res.Prefill < m.step {
+		t.Errorf("prefill %v shorter than the model's %v step", res.Prefill, m.step)
+	}
+	if res.TimeToFirstToken < res.Prefill {
+		t.Errorf("TTFT %v < prefill %v", res.TimeToFirstToken, res.Prefill)
+	}
+	if res.Decode < 2*m.step {
+		t.Errorf("decode %v shorter than two %v steps", res.Decode, m.step)
+	}
+	// Rates follow from the durations by definition.
+	if got, want := res.PrefillTokensPerSecond(), 3/res.Prefill.Seconds(); got != want {
+		t.Errorf("prefill rate %v, want %v", got, want)
+	}
+	if got, want := res.DecodeTokensPerSecond(), 2/res.Decode.Seconds(); got != want {
+		t.Errorf("decode rate %v, want %v", got, want)
+	}
+	if (Result{GeneratedTokens: 1, Decode: time.Second}).DecodeTokensPerSecond() != 0 {
+		t.Error("decode rate with one token should be 0")
+	}
+	if (Result{}).PrefillTokensPerSecond() != 0 {
+		t.Error("prefill rate with no duration should be 0")
+	}
+}
+
+func TestGenerateCancel(t *testing.T) {
+	t.Run("cancel between steps", func(t *testing.T) {
+		m := &fakeModel{vocab: 16, maxCtx: 1000, eos: tEOS, next: script(3, tA)}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		n := 0
+		res, err := Generate(ctx, m, prompt3, Options{}, func(e Event) error {
+			n++
+			if n == 5 {
+				cancel()
+			}
+			return nil
+		})
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("err = %v, want context.Canceled", err)
+		}
+		if res.Finish != FinishCancelled || res.GeneratedTokens != 5 {
+			t.Errorf("finish %q after %d tokens, want cancelled after 5", res.Finish, res.GeneratedTokens)
+		}
+		if o, c := m.stats(); o != 1 || c != 1 {
+			t.Errorf("sequences opened %d closed %d", o, c)
+		}
+	})
+	t.Run("cancel while the model blocks", func(t *testing.T) {
+		m := &fakeModel{vocab: 16, maxCtx: 1000, eos: tEOS, next: script(3, tA), blockAt: 6}
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(20*time.Millisecond, cancel)
+		start := time.Now()
+		res, err := Generate(ctx, m, prompt3, Options{}, nil)
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("err = %v, want context.Canceled", err)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("returned after %v", d)
+		}
+		if res.Finish != FinishCancelled || res.GeneratedTokens != 4 {
+			// Len 3 after prefill; the decode Appends of tokens 1-3 reach
+			// Len 6, so the Append of token 4 blocks.
+			t.Errorf("finish %q after %d tokens, want cancelled after 4", res.Finish, res.GeneratedTokens)
+		}
+	})
+	t.Run("deadline during prefill", func(t *testing.T) {
+		m := &fakeModel{vocab: 16, maxCtx: 1000, eos: tEOS, next: script(3, tA), blockAt: 1}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+		defer cancel()
+		res, err := Generate(ctx, m, prompt3, Options{}, nil)
+		if !errors.Is(err, context.DeadlineExceeded) || res.Finish != FinishCancelled {
+			t.Fatalf("err = %v finish %q, want deadline exceeded, cancelled", err, res.Finish)
+		}
+	})
+	t.Run("already cancelled", func(t *testing.T) {
+		m := &fakeModel{vocab: 16, maxCtx: 1000, eos: tEOS, next: script(3, tA)}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		res, err := Generate(ctx, m, prompt3, Options{}, nil)
+		if !errors.Is(err, context.Canceled) || res.Finish != FinishCancelled {
+			t.Fatalf("err = %v finish %q", err, res.Finish)
+		}
+		if o, _ := m.stats(); o != 0 {
+			t.Errorf("opened %d sequences for a cancelled request", o)
+		}
+	})
+}
+
+func TestGenerateSeededReproducible(t *testing.T) {
+	m := &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, next: script(3, tA)}
+	run := func(seed uint64) []int {
+		res, err := Generate(context.Background(), m, prompt3, Options{MaxTokens: 40, IgnoreEOS: true, Sampler: newSeeded(seed)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Tokens
+	}
+	a, b, c := run(1), run(1), run(2)
+	if !reflect.DeepEqual(a, b) {
+		t.Errorf("same seed gave different tokens:\n%v\n%v", a, b)
+	}
+	if reflect.DeepEqual(a, c) {
+		t.Errorf("seeds 1 and 2 gave the same 40 tokens %v", a)
+	}
+}
+
+func TestGenerateErrors(t *testing.T) {
+	emitErr := errors.New("client went away")
+	cases := []struct {
+		name   string
+		fail   string
+		prompt []int
+		opts   Options
+		emit   func(Event) error
+		want   string
+		is     error
+	}{
+		{name: "empty prompt", prompt: nil, is: ErrEmptyPrompt},
+		{name: "prompt fills the context", prompt: make([]int, 8), is: ErrPromptTooLong},
+		{name: "prompt token out of range", prompt: []int{0, 16}, want: "prompt token 16 at position 1"},
+		{name: "negative prompt token", prompt: []int{-1}, want: "prompt token -1 at position 0"},
+		{name: "empty stop string", prompt: prompt3, opts: Options{StopStrings: []string{"a", ""}, Detokenizer: &tableDetok{pieces: pieces}}, want: "empty stop string"},
+		{name: "stop strings without detokenizer", prompt: prompt3, opts: Options{StopStrings: []string{"a"}}, want: "need a Detokenizer"},
+		{name: "sampler out of range", prompt: prompt3, opts: Options{Sampler: badSampler(99)}, want: "sampler returned id 99"},
+		{name: "model fails in prefill", fail: "prefill", prompt: prompt3, is: errFake},
+		{name: "model fails in decode", fail: "decode", prompt: prompt3, is: errFake},
+		{name: "emit error", prompt: prompt3, emit: func(Event) error { return emitErr }, is: emitErr},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &fakeModel{vocab: 16, maxCtx: 8, eos: tEOS, next: script(3, tA)}
+			var model Model = m
+			switch tc.fail {
+			case "prefill":
+				model = failingModel{m}
+			case "decode":
+				m.failAt = 4
+			}
+			_, err := Generate(context.Background(), model, tc.prompt, tc.opts, tc.emit)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if tc.is != nil && !errors.Is(err, tc.is) {
+				t.Errorf("err = %v, want %v", err, tc.is)
+			}
+			if tc.want != "" && !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %v, want it to mention %q", err, tc.want)
+			}
+			if o, c := m.stats(); o != c {
+				t.Errorf("sequences opened %d closed %d", o, c)
+			}
+		})
+	}
+}
+
+// failingModel's sequences fail on the first Append.
+type failingModel struct{ *fakeModel }
+
+func (f failingModel) NewSequence() (Sequence, error) {
+	s, _ := f.fakeModel.NewSequence()
+	return failingSeq{s}, nil
+}
+func (f failingModel) VocabSize() int  { return f.fakeModel.VocabSize() }
+func (f failingModel) MaxContext() int { return f.fakeModel.MaxContext() }
+
+type failingSeq struct{ Sequence }
+
+func (failingSeq) Append(context.Context, []int) ([]float32, error) { return nil, errFake }
+
+func TestGreedy(t *testing.T) {
+	nan := float32(0)
+	nan = nan / nan
+	cases := []struct {
+		logits []float32
+		want   int
+	}{
+		{[]float32{0, 3, 1}, 1},
+		{[]float32{2, 5, 5}, 1},
+		{[]float32{nan, -1, -2}, 1},
+		{[]float32{-100, -200}, 0},
+		{[]float32{nan, nan}, 0},
+	}
+	for _, c := range cases {
+		if got := (Greedy{}).Sample(c.logits, nil); got != c.want {
+			t.Errorf("Greedy(%v) = %d, want %d", c.logits, got, c.want)
+		}
+	}
+}

@@ -20,6 +20,8 @@ type Session struct {
 	pos    int
 	layers []*layerState
 	failed error
+	// layerHook, if set (tests only), sees the streams [T, hc, D] after each layer.
+	layerHook func(layer int, X []float32)
 }
 
 type layerState struct {
@@ -178,6 +180,9 @@ func (s *Session) forward(tokens []int, all bool) ([]float32, error) {
 		if X, err = s.layer(b, s.layers[l], X, tokens, pos); err != nil {
 			s.failed = err
 			return nil, err
+		}
+		if s.layerHook != nil {
+			s.layerHook(l, X)
 		}
 	}
 	s.pos += T

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"moxie/checkpoint"
@@ -132,6 +133,14 @@ func TestGoldenTiny(t *testing.T) {
 			if gc.LayerOutputs != "" {
 				s.layerHook = func(l int, X []float32) { layers = append(layers, append([]float32(nil), X...)) }
 			}
+			sels := map[string]map[string][]int{}
+			s.selHook = func(l, pos int, sel []int) {
+				k := fmt.Sprint(l)
+				if sels[k] == nil {
+					sels[k] = map[string][]int{}
+				}
+				sels[k][fmt.Sprint(pos)] = slices.Sorted(slices.Values(sel))
+			}
 			var got []float32
 			at := 0
 			for _, n := range gc.schedule() {
@@ -147,11 +156,44 @@ func TestGoldenTiny(t *testing.T) {
 				// The engine's cached result against the oracle's uncached pass.
 				compareLogits(t, "vs uncached", got, loadGolden(t, gc.UncachedLogits, T, V), V)
 			}
+			compareSelections(t, gc.Name, sels)
 			if gc.LayerOutputs != "" && t.Failed() {
 				reportLayers(t, gc, layers, m)
 			}
 		})
 	}
+}
+
+// compareSelections checks the indexer's choices against the oracle's record
+// (indexer.json, "uncached" pass), for every CSA layer and position.
+func compareSelections(t *testing.T, name string, got map[string]map[string][]int) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(goldenDir, "indexer.json"))
+	if err != nil {
+		t.Logf("indexer selections not compared: %v", err)
+		return
+	}
+	var all map[string]map[string]map[string]map[string]struct {
+		Selected []int `json:"selected"`
+	}
+	if err := json.Unmarshal(raw, &all); err != nil {
+		t.Fatalf("indexer.json: %v", err)
+	}
+	want := all[name]["uncached"]
+	n := 0
+	for l, byPos := range want {
+		for p, r := range byPos {
+			g := got[l][p]
+			if len(r.Selected) == 0 && len(g) == 0 {
+				continue
+			}
+			n++
+			if !slices.Equal(g, r.Selected) {
+				t.Errorf("layer %s position %s: indexer selected %v, oracle %v", l, p, g, r.Selected)
+			}
+		}
+	}
+	t.Logf("indexer selections compared: %d", n)
 }
 
 func compareLogits(t *testing.T, what string, got, want []float32, V int) {

@@ -22,6 +22,9 @@ type Session struct {
 	failed error
 	// layerHook, if set (tests only), sees the streams [T, hc, D] after each layer.
 	layerHook func(layer int, X []float32)
+	// selHook, if set (tests only), sees the indexer's selection for each CSA
+	// layer and query position (the slice is reused after the call).
+	selHook func(layer, pos int, sel []int)
 }
 
 type layerState struct {
@@ -313,6 +316,9 @@ func (s *Session) attention(b *block, st *layerState, a []float32, pos []int) []
 				scores = scores[:n]
 				be.IndexScores(scores, qi[i*IH*ID:(i+1)*IH*ID], wts[i*IH:(i+1)*IH], st.ikeys[:n*ID], n, IH, ID)
 				sel = compute.TopK(sel, scores, min(c.IndexTopK, n))
+				if s.selHook != nil {
+					s.selHook(b.layer, t, sel)
+				}
 				for _, e := range sel {
 					keys = append(keys, st.ckv[e*hd:(e+1)*hd]...)
 				}

@@ -75,6 +75,7 @@ func RunAll(t *testing.T, b compute.Backend) {
 	t.Run("GroupedLinear", func(t *testing.T) { testGrouped(t, b) })
 	t.Run("RMSNorm", func(t *testing.T) { testRMSNorm(t, b) })
 	t.Run("HCMix", func(t *testing.T) { testHCMix(t, b) })
+	t.Run("HCMixHand", func(t *testing.T) { testHCMixHand(t, b) })
 	t.Run("HCHeadPre", func(t *testing.T) { testHCHead(t, b) })
 	t.Run("HCCollapseExpand", func(t *testing.T) { testHCCollapseExpand(t, b) })
 	t.Run("RoPE", func(t *testing.T) { testRoPE(t, b) })
@@ -375,6 +376,75 @@ func testSwiGLU(t *testing.T, b compute.Backend) {
 					expect(t, fmt.Sprint("row ", r), h[r*width:(r+1)*width], want, TolElemwise)
 				}
 			})
+		}
+	}
+}
+
+// testHCMixHand checks HCMix against values computed by hand, independently of
+// compute/ref: with fn = 0 the mix logits are the bases, so
+// pre = sigmoid(base[0:4]) + eps and post = 2·sigmoid(base[4:8]); equal comb
+// logits give a uniform softmax (1/4 + eps per entry) that every Sinkhorn
+// pass keeps uniform: c ← c/(4c + eps) per pass, 20 column and 19 row passes.
+// A comb base that is a permutation-like 4×4 (one large logit per row and
+// column) must come out (nearly) doubly stochastic: column sums s/(s+eps)
+// after the final column pass.
+func testHCMixHand(t *testing.T, b compute.Backend) {
+	const hc, dim = 4, 8
+	fd := Quantize(compute.F32, make([]float32, (2+hc)*hc*hc*dim), (2+hc)*hc, hc*dim, 128)
+	base := make([]float32, (2+hc)*hc)
+	for j := range 8 {
+		base[j] = float32(j)*0.5 - 2
+	}
+	for i := 8; i < len(base); i++ {
+		base[i] = 0.75
+	}
+	p := &compute.HCParams{Fn: bind(t, b, fd), Base: base, Scale: []float32{1, 1, 1}, HC: hc, Iters: 20, Eps: 1e-6, NormEps: 1e-6}
+	x := make([]float32, hc*dim)
+	for i := range x {
+		x[i] = float32(i%7) - 3
+	}
+	pre, post, comb := make([]float32, hc), make([]float32, hc), make([]float32, hc*hc)
+	b.HCMix(pre, post, comb, x, p, 1)
+	sig := func(v float64) float64 { return 1 / (1 + math.Exp(-v)) }
+	c := 0.25 + 1e-6 // softmax of equal logits, plus eps
+	for pass := 0; pass < 39; pass++ {
+		c /= 4*c + 1e-6
+	}
+	for j := range hc {
+		if want := sig(float64(base[j])) + 1e-6; math.Abs(float64(pre[j])-want) > 1e-6 {
+			t.Errorf("pre[%d] = %.9g, want %.9g", j, pre[j], want)
+		}
+		if want := 2 * sig(float64(base[4+j])); math.Abs(float64(post[j])-want) > 2e-6 {
+			t.Errorf("post[%d] = %.9g, want %.9g", j, post[j], want)
+		}
+	}
+	for i, v := range comb {
+		if math.Abs(float64(v)-c) > 1e-6 {
+			t.Errorf("uniform comb[%d] = %.9g, want %.9g", i, v, c)
+		}
+	}
+	// Strongly peaked logits: Sinkhorn output is doubly stochastic.
+	for j := range hc {
+		for k := range hc {
+			base[8+j*hc+k] = 0
+			if k == (j+1)%hc {
+				base[8+j*hc+k] = 2
+			}
+		}
+	}
+	base[8+5] = 1 // break the symmetry
+	b.HCMix(pre, post, comb, x, p, 1)
+	for k := range hc {
+		var col, row float64
+		for j := range hc {
+			col += float64(comb[j*hc+k])
+			row += float64(comb[k*hc+j])
+		}
+		if math.Abs(col-1) > 1e-5 {
+			t.Errorf("column %d sums to %.9g, want 1", k, col)
+		}
+		if math.Abs(row-1) > 1e-3 {
+			t.Errorf("row %d sums to %.9g, want ~1 after 20 Sinkhorn rounds", k, row)
 		}
 	}
 }

@@ -53,6 +53,8 @@ type Options struct {
 	Experts Experts
 	// Target is the numeric target (only Exact is implemented).
 	Target Target
+	// Routes, if set, receives every routing decision (route traces).
+	Routes RouteRecorder
 }
 
 // ExpertWeights are the three projections of one routed expert, bound to the
@@ -90,6 +92,7 @@ type Model struct {
 
 	experts Experts
 	target  Target
+	routes  RouteRecorder
 
 	freqPlain, freqCompress []float32
 }
@@ -160,7 +163,7 @@ func Load(src checkpoint.Source, opts Options) (*Model, error) {
 	if be == nil {
 		be = cpu.New(0)
 	}
-	m := &Model{Cfg: cfg, be: be, src: src, target: opts.Target}
+	m := &Model{Cfg: cfg, be: be, src: src, target: opts.Target, routes: opts.Routes}
 	b := &binder{src: src, be: be, cfg: cfg}
 	m.embed = b.bytes("embed.weight")
 	m.head = b.weight("head.weight")

@@ -178,6 +178,7 @@ func (s *Session) forward(tokens []int, all bool) ([]float32, error) {
 			copy(X[(i*hc+j)*D:(i*hc+j+1)*D], row)
 		}
 	}
+	s.prefetchHashLayers(tokens)
 	for l, b := range m.layers {
 		var err error
 		if X, err = s.layer(b, s.layers[l], X, tokens, pos); err != nil {
@@ -228,7 +229,7 @@ func (s *Session) layer(b *block, st *layerState, X []float32, tokens, pos []int
 	f := a
 	be.HCCollapse(f, Xmid, pre, hc, D, T)
 	be.RMSNorm(f, f, b.ffnNorm, D, eps)
-	mo, err := s.moe(b, f, tokens)
+	mo, err := s.moe(b, f, tokens, pos)
 	if err != nil {
 		return nil, err
 	}
@@ -392,7 +393,7 @@ func (s *Session) compStep(cs *compState, freq []float32, t int, kv, z []float32
 
 // moe is §4.7 for T tokens; f is [T, D]. Experts run in index order, each on
 // the batch of tokens routed to it.
-func (s *Session) moe(b *block, f []float32, tokens []int) ([]float32, error) {
+func (s *Session) moe(b *block, f []float32, tokens, pos []int) ([]float32, error) {
 	m := s.m
 	be := m.be
 	c := m.Cfg
@@ -407,6 +408,12 @@ func (s *Session) moe(b *block, f []float32, tokens []int) ([]float32, error) {
 			hash = b.tid2eid[tok*K : (tok+1)*K]
 		}
 		be.Route(ids[i*K:(i+1)*K], wts[i*K:(i+1)*K], logits[i*E:(i+1)*E], b.bias, hash, float32(c.RouteScale))
+		if m.routes != nil {
+			m.routes.RecordRoute(pos[i], b.layer, ids[i*K:(i+1)*K], wts[i*K:(i+1)*K])
+		}
+	}
+	if p, ok := m.experts.(ExpertPrefetcher); ok && !b.hash {
+		p.Prefetch(b.layer, uniqueExperts(tokens, func(i int) []int { return ids[i*K : (i+1)*K] }))
 	}
 	// Group (token, weight) pairs by expert.
 	type use struct {

@@ -1,0 +1,516 @@
+//go:build amd64 && goexperiment.simd
+
+package kern
+
+import (
+	"math"
+	"simd/archsimd"
+)
+
+// AVX-512 kernels. Every one has a portable twin in scalar.go that is used
+// on CPUs without the features and for column tails.
+
+var (
+	hasAVX512 = archsimd.X86.AVX512()
+	// FP8 decode looks codes up in 128-entry byte tables (VPERMI2B).
+	hasVBMI = hasAVX512 && archsimd.X86.AVX512VBMI()
+)
+
+// accLanes: gemmRows keeps one Float32x16 of partial sums per (row, batch).
+const accLanes = 16
+
+// fp8Tables holds, for each 7-bit E4M3 magnitude, the high and low byte of
+// its bfloat16 (= float32 >> 16) bit pattern; every E4M3 value is exact in
+// bfloat16. The sign bit is copied from the code.
+var fp8Hi, fp8Lo = func() (hi, lo [128]uint8) {
+	for m := range 128 {
+		b := math.Float32bits(e4m3Value[m]) >> 16
+		hi[m], lo[m] = uint8(b>>8), uint8(b)
+	}
+	return
+}()
+
+// Interleave indices for ConcatPermute: bytes (lo[i], hi[i]) for i in
+// [0,32) and [32,64).
+var fp8Zip0, fp8Zip1 = func() (a, b [64]uint8) {
+	for i := range 32 {
+		a[2*i], a[2*i+1] = uint8(i), uint8(64+i)
+		b[2*i], b[2*i+1] = uint8(32+i), uint8(96+i)
+	}
+	return
+}()
+
+// mxZip interleaves two Float32x16 (even, odd columns) into natural order.
+var mxZip0, mxZip1 = func() (a, b [16]uint32) {
+	for i := range 8 {
+		a[2*i], a[2*i+1] = uint32(i), uint32(16+i)
+		b[2*i], b[2*i+1] = uint32(8+i), uint32(24+i)
+	}
+	return
+}()
+
+// mxScaleIdx[g] picks, for lane k of the g-th 128-column group of a 512-column
+// super-group, the scale of its 32-column block: 4g + k/4.
+var mxScaleIdx = func() (t [4][16]uint32) {
+	for g := range 4 {
+		for k := range 16 {
+			t[g][k] = uint32(4*g + k/4)
+		}
+	}
+	return
+}()
+
+func (k fp8Kernel) matvec(y, x []float32, lo, hi int) {
+	if hasVBMI && k.w.Block == 128 {
+		fp8MatvecAVX512(k.w, y, x, lo, hi)
+		return
+	}
+	fp8MatvecScalar(k.w, y, x, lo, hi)
+}
+
+func (k fp8Kernel) decode(dst []float32, ld, r0, nr, c0, c1 int) {
+	if hasVBMI && k.w.Block == 128 {
+		fp8DecodeAVX512(k.w, dst, ld, r0, nr, c0, c1)
+		return
+	}
+	fp8DecodeScalar(k.w, dst, ld, r0, nr, c0, c1)
+}
+
+func (k mxfp4Kernel) matvec(y, x []float32, lo, hi int) {
+	if hasAVX512 {
+		mxfp4MatvecAVX512(k.w, y, x, lo, hi)
+		return
+	}
+	mxfp4MatvecScalar(k.w, y, x, lo, hi)
+}
+
+func (k mxfp4Kernel) decode(dst []float32, ld, r0, nr, c0, c1 int) {
+	if hasAVX512 {
+		mxfp4DecodeAVX512(k.w, dst, ld, r0, nr, c0, c1)
+		return
+	}
+	mxfp4DecodeScalar(k.w, dst, ld, r0, nr, c0, c1)
+}
+
+func (k bf16Kernel) matvec(y, x []float32, lo, hi int) {
+	if hasAVX512 {
+		bf16MatvecAVX512(k.w, y, x, lo, hi)
+		return
+	}
+	bf16MatvecScalar(k.w, y, x, lo, hi)
+}
+
+func (k bf16Kernel) decode(dst []float32, ld, r0, nr, c0, c1 int) {
+	if hasAVX512 {
+		bf16DecodeAVX512(k.w, dst, ld, r0, nr, c0, c1)
+		return
+	}
+	bf16DecodeScalar(k.w, dst, ld, r0, nr, c0, c1)
+}
+
+func (k f32Kernel) matvec(y, x []float32, lo, hi int) {
+	if hasAVX512 {
+		n := k.w.Cols
+		for r := lo; r < hi; r++ {
+			y[r-lo] = dotF32AVX512(k.w.W[r*n:(r+1)*n], x[:n])
+		}
+		return
+	}
+	f32MatvecScalar(k.w, y, x, lo, hi)
+}
+
+func (k f32Kernel) decode(dst []float32, ld, r0, nr, c0, c1 int) {
+	f32DecodeScalar(k.w, dst, ld, r0, nr, c0, c1)
+}
+
+func hsum(v archsimd.Float32x16) float32 {
+	var t [16]float32
+	v.Store(&t)
+	return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7])) +
+		((t[8] + t[9]) + (t[10] + t[11])) + ((t[12] + t[13]) + (t[14] + t[15]))
+}
+
+// ---- FP8 ----
+
+// fp8ChunkCols is how many columns of permuted, scaled input the FP8 matvec
+// keeps on the stack (a multiple of 128).
+const fp8ChunkCols = 4096
+
+// fp8MatvecAVX512 streams rows [lo,hi) of an FP8 weight with Block 128. Each
+// 64 codes are turned into four Float32x16 whose lane j holds column 4j+t
+// (t = 0..3); the input is permuted to match and pre-multiplied by each
+// block's scale (exact: a power of two), once per 128-row block.
+func fp8MatvecAVX512(w FP8Block, y, x []float32, lo, hi int) {
+	cols := w.Cols
+	nbc := ceilDiv(cols, 128)
+	cmain := cols &^ 63
+	var xp, xs [fp8ChunkCols]float32
+	for i := range y[:hi-lo] {
+		y[i] = 0
+	}
+	for c0 := 0; c0 < cmain; c0 += fp8ChunkCols {
+		c1 := min(c0+fp8ChunkCols, cmain)
+		n := c1 - c0
+		// Permute: xp[g*64 + t*16 + j] = x[c0 + g*64 + 4j + t].
+		for g := 0; g < n; g += 64 {
+			src := (*[64]float32)(x[c0+g : c0+g+64])
+			dst := (*[64]float32)(xp[g : g+64])
+			for j := range 16 {
+				dst[j] = src[4*j]
+				dst[16+j] = src[4*j+1]
+				dst[32+j] = src[4*j+2]
+				dst[48+j] = src[4*j+3]
+			}
+		}
+		for r := lo; r < hi; {
+			rb := r / 128
+			rEnd := min(hi, (rb+1)*128)
+			srow := w.Scale[rb*nbc : (rb+1)*nbc]
+			for g := 0; g < n; g += 64 {
+				s := archsimd.BroadcastFloat32x16(e8m0Value[srow[(c0+g)/128]])
+				src := (*[64]float32)(xp[g : g+64])
+				dst := (*[64]float32)(xs[g : g+64])
+				archsimd.LoadFloat32x16((*[16]float32)(src[0:16])).Mul(s).Store((*[16]float32)(dst[0:16]))
+				archsimd.LoadFloat32x16((*[16]float32)(src[16:32])).Mul(s).Store((*[16]float32)(dst[16:32]))
+				archsimd.LoadFloat32x16((*[16]float32)(src[32:48])).Mul(s).Store((*[16]float32)(dst[32:48]))
+				archsimd.LoadFloat32x16((*[16]float32)(src[48:64])).Mul(s).Store((*[16]float32)(dst[48:64]))
+			}
+			for ; r < rEnd; r++ {
+				y[r-lo] += fp8Dot(w.Q[r*cols+c0:r*cols+c1], xs[:n])
+			}
+		}
+	}
+	if cmain < cols {
+		for r := lo; r < hi; r++ {
+			y[r-lo] += fp8RowScalar(w, r, cmain, cols, x)
+		}
+	}
+}
+
+// fp8Dot returns Σ e4m3(q)·xs over len(q) (a multiple of 64) codes, xs in
+// the permuted order of fp8MatvecAVX512.
+func fp8Dot(q []byte, xs []float32) float32 {
+	th0 := archsimd.LoadUint8x64((*[64]uint8)(fp8Hi[0:64]))
+	th1 := archsimd.LoadUint8x64((*[64]uint8)(fp8Hi[64:128]))
+	tl0 := archsimd.LoadUint8x64((*[64]uint8)(fp8Lo[0:64]))
+	tl1 := archsimd.LoadUint8x64((*[64]uint8)(fp8Lo[64:128]))
+	sign := archsimd.BroadcastUint8x64(0x80)
+	lo8 := archsimd.BroadcastUint16x32(0x00FF)
+	hi8 := archsimd.BroadcastUint16x32(0xFF00)
+	hi16 := archsimd.BroadcastUint32x16(0xFFFF0000)
+	var a0, a1, a2, a3 archsimd.Float32x16
+	xs = xs[:len(q)]
+	for i := 0; i+64 <= len(q); i += 64 {
+		c := archsimd.LoadUint8x64((*[64]uint8)(q[i : i+64]))
+		xx := (*[64]float32)(xs[i : i+64])
+		h := th0.ConcatPermute(th1, c).Or(c.And(sign)).AsUint16x32()
+		l := tl0.ConcatPermute(tl1, c).AsUint16x32()
+		e := h.ShiftAllLeft(8).Or(l.And(lo8)).AsUint32x16()
+		o := h.And(hi8).Or(l.ShiftAllRight(8)).AsUint32x16()
+		a0 = e.ShiftAllLeft(16).AsFloat32x16().MulAdd(archsimd.LoadFloat32x16((*[16]float32)(xx[0:16])), a0)
+		a1 = o.ShiftAllLeft(16).AsFloat32x16().MulAdd(archsimd.LoadFloat32x16((*[16]float32)(xx[16:32])), a1)
+		a2 = e.And(hi16).AsFloat32x16().MulAdd(archsimd.LoadFloat32x16((*[16]float32)(xx[32:48])), a2)
+		a3 = o.And(hi16).AsFloat32x16().MulAdd(archsimd.LoadFloat32x16((*[16]float32)(xx[48:64])), a3)
+	}
+	return hsum(a0.Add(a1).Add(a2.Add(a3)))
+}
+
+// fp8DecodeAVX512 writes exact weights in natural column order.
+func fp8DecodeAVX512(w FP8Block, dst []float32, ld, r0, nr, c0, c1 int) {
+	th0 := archsimd.LoadUint8x64((*[64]uint8)(fp8Hi[0:64]))
+	th1 := archsimd.LoadUint8x64((*[64]uint8)(fp8Hi[64:128]))
+	tl0 := archsimd.LoadUint8x64((*[64]uint8)(fp8Lo[0:64]))
+	tl1 := archsimd.LoadUint8x64((*[64]uint8)(fp8Lo[64:128]))
+	z0 := archsimd.LoadUint8x64(&fp8Zip0)
+	z1 := archsimd.LoadUint8x64(&fp8Zip1)
+	sign := archsimd.BroadcastUint8x64(0x80)
+	nbc := ceilDiv(w.Cols, 128)
+	n := c1 - c0
+	nmain := n &^ 63
+	for i := range nr {
+		r := r0 + i
+		q := w.Q[r*w.Cols+c0 : r*w.Cols+c1]
+		d := dst[i*ld : i*ld+n]
+		srow := w.Scale[(r/128)*nbc : (r/128+1)*nbc]
+		for j := 0; j < nmain; j += 64 {
+			s := archsimd.BroadcastFloat32x16(e8m0Value[srow[(c0+j)/128]])
+			c := archsimd.LoadUint8x64((*[64]uint8)(q[j : j+64]))
+			h := th0.ConcatPermute(th1, c).Or(c.And(sign))
+			l := tl0.ConcatPermute(tl1, c)
+			wa := l.ConcatPermute(h, z0).AsUint16x32() // bf16 of codes 0..31
+			wb := l.ConcatPermute(h, z1).AsUint16x32() // codes 32..63
+			dd := (*[64]float32)(d[j : j+64])
+			wa.GetLo().ExtendToUint32().ShiftAllLeft(16).AsFloat32x16().Mul(s).Store((*[16]float32)(dd[0:16]))
+			wa.GetHi().ExtendToUint32().ShiftAllLeft(16).AsFloat32x16().Mul(s).Store((*[16]float32)(dd[16:32]))
+			wb.GetLo().ExtendToUint32().ShiftAllLeft(16).AsFloat32x16().Mul(s).Store((*[16]float32)(dd[32:48]))
+			wb.GetHi().ExtendToUint32().ShiftAllLeft(16).AsFloat32x16().Mul(s).Store((*[16]float32)(dd[48:64]))
+		}
+		for j := nmain; j < n; j++ {
+			d[j] = e4m3Value[q[j]] * e8m0Value[srow[(c0+j)/128]]
+		}
+	}
+}
+
+// ---- MXFP4 ----
+
+// e8m0x16 converts 16 E8M0 bytes to float32 2^(b-127), exactly as
+// e8m0Value (b = 0 gives 2^-127, b = 255 NaN).
+func e8m0x16(s *[16]uint8) archsimd.Float32x16 {
+	b := archsimd.LoadUint8x16(s).ExtendToUint32()
+	bits := b.ShiftAllLeft(23)
+	// b = 0 and b = 255 need mantissa bit 22: 2^-127 (subnormal) and NaN.
+	edge := b.Add(archsimd.BroadcastUint32x16(1)).And(archsimd.BroadcastUint32x16(0xFE)).Equal(archsimd.BroadcastUint32x16(0))
+	bits = bits.Or(archsimd.BroadcastUint32x16(1 << 22).Masked(edge))
+	return bits.AsFloat32x16()
+}
+
+// mxfp4MatvecAVX512: each 128 columns (64 bytes, 4 scales) are read as 16
+// uint32 lanes of 8 codes; shifting by 4t and looking up the low 4 bits
+// (VPERMPS) gives the values of columns 8k+t in lane k. The input is permuted
+// to match once per call; lane k's scale is that of block k/4, so one FMA per
+// 128 columns applies all four scales.
+func mxfp4MatvecAVX512(w MXFP4, y, x []float32, lo, hi int) {
+	const chunk = 4096
+	var xp [chunk]float32
+	cols := w.Cols
+	for i := range y[:hi-lo] {
+		y[i] = 0
+	}
+	for c0 := 0; c0 < cols; c0 += chunk {
+		c1 := min(c0+chunk, cols)
+		n := c1 - c0
+		nsup := n &^ 511 // columns in whole 512-column super-groups
+		// Permute: xp[g*128 + t*16 + k] = x[c0 + g*128 + 8k + t].
+		for g := 0; g+128 <= n; g += 128 {
+			src := (*[128]float32)(x[c0+g : c0+g+128])
+			dst := (*[128]float32)(xp[g : g+128])
+			for k := range 16 {
+				for t := range 8 {
+					dst[t*16+k] = src[8*k+t]
+				}
+			}
+		}
+		for r := lo; r < hi; r++ {
+			p := w.Packed[(r*cols+c0)/2 : (r*cols+c1)/2]
+			s := w.Scale[(r*cols+c0)/32 : (r*cols+c1)/32]
+			acc := mxfp4Dot(p[:nsup/2], s[:nsup/32], xp[:nsup])
+			for g := nsup; g < n; g += 32 { // tail blocks
+				acc += dotMXFP4(p[g/2:g/2+16], x[c0+g:c0+g+32]) * e8m0Value[s[g/32]]
+			}
+			y[r-lo] += acc
+		}
+	}
+}
+
+// mxfp4Dot returns Σ W·x over whole 512-column super-groups: p (packed
+// codes), s (scales) and xp (permuted input) cover the same columns.
+func mxfp4Dot(p, s []byte, xp []float32) float32 {
+	tab := archsimd.LoadFloat32x16(&e2m1Value)
+	i0 := archsimd.LoadUint32x16(&mxScaleIdx[0])
+	i1 := archsimd.LoadUint32x16(&mxScaleIdx[1])
+	i2 := archsimd.LoadUint32x16(&mxScaleIdx[2])
+	i3 := archsimd.LoadUint32x16(&mxScaleIdx[3])
+	var acc0, acc1 archsimd.Float32x16
+	xp = xp[:2*len(p)]
+	s = s[:len(p)/16]
+	for i := 0; i+256 <= len(p); i += 256 {
+		sv := e8m0x16((*[16]uint8)(s[i/16 : i/16+16]))
+		pp := (*[256]byte)(p[i : i+256])
+		xx := (*[512]float32)(xp[2*i : 2*i+512])
+		acc0 = mxGroup(tab, (*[64]uint8)(pp[0:64]), (*[128]float32)(xx[0:128])).MulAdd(sv.Permute(i0), acc0)
+		acc1 = mxGroup(tab, (*[64]uint8)(pp[64:128]), (*[128]float32)(xx[128:256])).MulAdd(sv.Permute(i1), acc1)
+		acc0 = mxGroup(tab, (*[64]uint8)(pp[128:192]), (*[128]float32)(xx[256:384])).MulAdd(sv.Permute(i2), acc0)
+		acc1 = mxGroup(tab, (*[64]uint8)(pp[192:256]), (*[128]float32)(xx[384:512])).MulAdd(sv.Permute(i3), acc1)
+	}
+	return hsum(acc0.Add(acc1))
+}
+
+// mxGroup returns the unscaled partial sums of one 128-column group: lane k
+// sums columns 8k..8k+7.
+func mxGroup(tab archsimd.Float32x16, p *[64]uint8, x *[128]float32) archsimd.Float32x16 {
+	v := archsimd.LoadUint8x64(p).AsUint32x16()
+	a := tab.Permute(v).Mul(archsimd.LoadFloat32x16((*[16]float32)(x[0:16])))
+	b := tab.Permute(v.ShiftAllRight(4)).Mul(archsimd.LoadFloat32x16((*[16]float32)(x[16:32])))
+	a = tab.Permute(v.ShiftAllRight(8)).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(x[32:48])), a)
+	b = tab.Permute(v.ShiftAllRight(12)).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(x[48:64])), b)
+	a = tab.Permute(v.ShiftAllRight(16)).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(x[64:80])), a)
+	b = tab.Permute(v.ShiftAllRight(20)).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(x[80:96])), b)
+	a = tab.Permute(v.ShiftAllRight(24)).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(x[96:112])), a)
+	b = tab.Permute(v.ShiftAllRight(28)).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(x[112:128])), b)
+	return a.Add(b)
+}
+
+// mxfp4DecodeAVX512 writes exact weights in natural column order (c0, c1
+// multiples of 32).
+func mxfp4DecodeAVX512(w MXFP4, dst []float32, ld, r0, nr, c0, c1 int) {
+	tab := archsimd.LoadFloat32x16(&e2m1Value)
+	z0 := archsimd.LoadUint32x16(&mxZip0)
+	z1 := archsimd.LoadUint32x16(&mxZip1)
+	n := c1 - c0
+	for i := range nr {
+		r := r0 + i
+		p := w.Packed[(r*w.Cols+c0)/2 : (r*w.Cols+c1)/2]
+		s := w.Scale[(r*w.Cols+c0)/32 : (r*w.Cols+c1)/32]
+		d := dst[i*ld : i*ld+n]
+		for j := 0; j+32 <= n; j += 32 {
+			ts := tab.Mul(archsimd.BroadcastFloat32x16(e8m0Value[s[j/32]]))
+			v := archsimd.LoadUint8x16((*[16]uint8)(p[j/2 : j/2+16])).ExtendToUint32()
+			ev := ts.Permute(v)
+			od := ts.Permute(v.ShiftAllRight(4))
+			dd := (*[32]float32)(d[j : j+32])
+			ev.ConcatPermute(od, z0).Store((*[16]float32)(dd[0:16]))
+			ev.ConcatPermute(od, z1).Store((*[16]float32)(dd[16:32]))
+		}
+	}
+}
+
+// ---- BF16 and F32 ----
+
+func bf16MatvecAVX512(w BF16, y, x []float32, lo, hi int) {
+	n := w.Cols
+	nmain := n &^ 63
+	for r := lo; r < hi; r++ {
+		row := w.W[2*r*n : 2*(r+1)*n]
+		var a0, a1, a2, a3 archsimd.Float32x16
+		for c := 0; c < nmain; c += 64 {
+			b := (*[128]byte)(row[2*c : 2*c+128])
+			xx := (*[64]float32)(x[c : c+64])
+			a0 = bf16x16((*[32]byte)(b[0:32])).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(xx[0:16])), a0)
+			a1 = bf16x16((*[32]byte)(b[32:64])).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(xx[16:32])), a1)
+			a2 = bf16x16((*[32]byte)(b[64:96])).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(xx[32:48])), a2)
+			a3 = bf16x16((*[32]byte)(b[96:128])).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(xx[48:64])), a3)
+		}
+		acc := hsum(a0.Add(a1).Add(a2.Add(a3)))
+		if nmain < n {
+			acc += dotBF16(row[2*nmain:], x[nmain:n])
+		}
+		y[r-lo] = acc
+	}
+}
+
+// bf16x16 widens 16 little-endian bfloat16 values.
+func bf16x16(b *[32]byte) archsimd.Float32x16 {
+	return archsimd.LoadUint8x32(b).AsUint16x16().ExtendToUint32().ShiftAllLeft(16).AsFloat32x16()
+}
+
+func bf16DecodeAVX512(w BF16, dst []float32, ld, r0, nr, c0, c1 int) {
+	n := c1 - c0
+	nmain := n &^ 15
+	for i := range nr {
+		r := r0 + i
+		src := w.W[2*(r*w.Cols+c0) : 2*(r*w.Cols+c1)]
+		d := dst[i*ld : i*ld+n]
+		for j := 0; j < nmain; j += 16 {
+			bf16x16((*[32]byte)(src[2*j : 2*j+32])).Store((*[16]float32)(d[j : j+16]))
+		}
+		for j := nmain; j < n; j++ {
+			d[j] = bf16ToFloat32(uint16(src[2*j]) | uint16(src[2*j+1])<<8)
+		}
+	}
+}
+
+func dotF32AVX512(a, b []float32) float32 {
+	b = b[:len(a)]
+	n := len(a) &^ 63
+	var a0, a1, a2, a3 archsimd.Float32x16
+	for i := 0; i < n; i += 64 {
+		aa := (*[64]float32)(a[i : i+64])
+		bb := (*[64]float32)(b[i : i+64])
+		a0 = archsimd.LoadFloat32x16((*[16]float32)(aa[0:16])).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(bb[0:16])), a0)
+		a1 = archsimd.LoadFloat32x16((*[16]float32)(aa[16:32])).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(bb[16:32])), a1)
+		a2 = archsimd.LoadFloat32x16((*[16]float32)(aa[32:48])).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(bb[32:48])), a2)
+		a3 = archsimd.LoadFloat32x16((*[16]float32)(aa[48:64])).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(bb[48:64])), a3)
+	}
+	return hsum(a0.Add(a1).Add(a2.Add(a3))) + dotF32(a[n:], b[n:])
+}
+
+// ---- batch > 1 ----
+
+// gemmTile adds, for i < tileRows and b < batch, Σ_{j<n} w[i*tileCols+j]·
+// x[b*ldx+j] into the 16 lanes of acc[(i*batch+b)*16:].
+func gemmTile(w *[tileRows * tileCols]float32, n int, x []float32, ldx, batch int, acc []float32) {
+	if !hasAVX512 {
+		gemmTileScalar(w, n, x, ldx, batch, acc)
+		return
+	}
+	n16 := n &^ 15
+	b := 0
+	for ; b+4 <= batch; b += 4 {
+		gemm4x4(w, n16, x[b*ldx:], ldx, acc, batch, b)
+	}
+	for ; b < batch; b++ {
+		gemm4x1(w, n16, x[b*ldx:], acc, batch, b)
+	}
+	if n16 < n {
+		for i := range tileRows {
+			wr := w[i*tileCols+n16 : i*tileCols+n]
+			for b := range batch {
+				acc[(i*batch+b)*16] += dotF32(wr, x[b*ldx+n16:b*ldx+n])
+			}
+		}
+	}
+}
+
+func accAt(acc []float32, batch, i, b int) *[16]float32 {
+	k := (i*batch + b) * 16
+	return (*[16]float32)(acc[k : k+16])
+}
+
+func gemm4x4(w *[tileRows * tileCols]float32, n int, x []float32, ldx int, acc []float32, batch, b0 int) {
+	x0, x1, x2, x3 := x[:n], x[ldx:ldx+n], x[2*ldx:2*ldx+n], x[3*ldx:3*ldx+n]
+	w0, w1, w2, w3 := w[0:n], w[tileCols:tileCols+n], w[2*tileCols:2*tileCols+n], w[3*tileCols:3*tileCols+n]
+	c00, c01, c02, c03 := archsimd.LoadFloat32x16(accAt(acc, batch, 0, b0)), archsimd.LoadFloat32x16(accAt(acc, batch, 0, b0+1)), archsimd.LoadFloat32x16(accAt(acc, batch, 0, b0+2)), archsimd.LoadFloat32x16(accAt(acc, batch, 0, b0+3))
+	c10, c11, c12, c13 := archsimd.LoadFloat32x16(accAt(acc, batch, 1, b0)), archsimd.LoadFloat32x16(accAt(acc, batch, 1, b0+1)), archsimd.LoadFloat32x16(accAt(acc, batch, 1, b0+2)), archsimd.LoadFloat32x16(accAt(acc, batch, 1, b0+3))
+	c20, c21, c22, c23 := archsimd.LoadFloat32x16(accAt(acc, batch, 2, b0)), archsimd.LoadFloat32x16(accAt(acc, batch, 2, b0+1)), archsimd.LoadFloat32x16(accAt(acc, batch, 2, b0+2)), archsimd.LoadFloat32x16(accAt(acc, batch, 2, b0+3))
+	c30, c31, c32, c33 := archsimd.LoadFloat32x16(accAt(acc, batch, 3, b0)), archsimd.LoadFloat32x16(accAt(acc, batch, 3, b0+1)), archsimd.LoadFloat32x16(accAt(acc, batch, 3, b0+2)), archsimd.LoadFloat32x16(accAt(acc, batch, 3, b0+3))
+	for j := 0; j < n; j += 16 {
+		v0 := archsimd.LoadFloat32x16((*[16]float32)(w0[j : j+16]))
+		v1 := archsimd.LoadFloat32x16((*[16]float32)(w1[j : j+16]))
+		v2 := archsimd.LoadFloat32x16((*[16]float32)(w2[j : j+16]))
+		v3 := archsimd.LoadFloat32x16((*[16]float32)(w3[j : j+16]))
+		u := archsimd.LoadFloat32x16((*[16]float32)(x0[j : j+16]))
+		c00, c10, c20, c30 = v0.MulAdd(u, c00), v1.MulAdd(u, c10), v2.MulAdd(u, c20), v3.MulAdd(u, c30)
+		u = archsimd.LoadFloat32x16((*[16]float32)(x1[j : j+16]))
+		c01, c11, c21, c31 = v0.MulAdd(u, c01), v1.MulAdd(u, c11), v2.MulAdd(u, c21), v3.MulAdd(u, c31)
+		u = archsimd.LoadFloat32x16((*[16]float32)(x2[j : j+16]))
+		c02, c12, c22, c32 = v0.MulAdd(u, c02), v1.MulAdd(u, c12), v2.MulAdd(u, c22), v3.MulAdd(u, c32)
+		u = archsimd.LoadFloat32x16((*[16]float32)(x3[j : j+16]))
+		c03, c13, c23, c33 = v0.MulAdd(u, c03), v1.MulAdd(u, c13), v2.MulAdd(u, c23), v3.MulAdd(u, c33)
+	}
+	c00.Store(accAt(acc, batch, 0, b0))
+	c01.Store(accAt(acc, batch, 0, b0+1))
+	c02.Store(accAt(acc, batch, 0, b0+2))
+	c03.Store(accAt(acc, batch, 0, b0+3))
+	c10.Store(accAt(acc, batch, 1, b0))
+	c11.Store(accAt(acc, batch, 1, b0+1))
+	c12.Store(accAt(acc, batch, 1, b0+2))
+	c13.Store(accAt(acc, batch, 1, b0+3))
+	c20.Store(accAt(acc, batch, 2, b0))
+	c21.Store(accAt(acc, batch, 2, b0+1))
+	c22.Store(accAt(acc, batch, 2, b0+2))
+	c23.Store(accAt(acc, batch, 2, b0+3))
+	c30.Store(accAt(acc, batch, 3, b0))
+	c31.Store(accAt(acc, batch, 3, b0+1))
+	c32.Store(accAt(acc, batch, 3, b0+2))
+	c33.Store(accAt(acc, batch, 3, b0+3))
+}
+
+func gemm4x1(w *[tileRows * tileCols]float32, n int, x []float32, acc []float32, batch, b int) {
+	x0 := x[:n]
+	w0, w1, w2, w3 := w[0:n], w[tileCols:tileCols+n], w[2*tileCols:2*tileCols+n], w[3*tileCols:3*tileCols+n]
+	c0 := archsimd.LoadFloat32x16(accAt(acc, batch, 0, b))
+	c1 := archsimd.LoadFloat32x16(accAt(acc, batch, 1, b))
+	c2 := archsimd.LoadFloat32x16(accAt(acc, batch, 2, b))
+	c3 := archsimd.LoadFloat32x16(accAt(acc, batch, 3, b))
+	for j := 0; j < n; j += 16 {
+		u := archsimd.LoadFloat32x16((*[16]float32)(x0[j : j+16]))
+		c0 = archsimd.LoadFloat32x16((*[16]float32)(w0[j : j+16])).MulAdd(u, c0)
+		c1 = archsimd.LoadFloat32x16((*[16]float32)(w1[j : j+16])).MulAdd(u, c1)
+		c2 = archsimd.LoadFloat32x16((*[16]float32)(w2[j : j+16])).MulAdd(u, c2)
+		c3 = archsimd.LoadFloat32x16((*[16]float32)(w3[j : j+16])).MulAdd(u, c3)
+	}
+	c0.Store(accAt(acc, batch, 0, b))
+	c1.Store(accAt(acc, batch, 1, b))
+	c2.Store(accAt(acc, batch, 2, b))
+	c3.Store(accAt(acc, batch, 3, b))
+}

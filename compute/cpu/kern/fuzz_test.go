@@ -105,4 +105,3 @@ func FuzzMatMulMXFP4(f *testing.F) {
 		fuzzCheck(t, m, refMX(m), x, batch, r0, r1, !hostile)
 	})
 }
-

@@ -42,7 +42,7 @@ func TestPool(t *testing.T) {
 			cover(t, p, n)
 		}
 		p.Close()
-		p.Close() // idempotent
+		p.Close()       // idempotent
 		cover(t, p, 17) // after Close: runs on the caller
 	}
 	var nilPool *Pool

@@ -504,10 +504,10 @@ func gemm4x1(w *[tileRows * tileCols]float32, n int, x []float32, acc []float32,
 	c3 := archsimd.LoadFloat32x16(accAt(acc, batch, 3, b))
 	for j := 0; j < n; j += 16 {
 		u := archsimd.LoadFloat32x16((*[16]float32)(x0[j : j+16]))
-		c0 = archsimd.LoadFloat32x16((*[16]float32)(w0[j : j+16])).MulAdd(u, c0)
-		c1 = archsimd.LoadFloat32x16((*[16]float32)(w1[j : j+16])).MulAdd(u, c1)
-		c2 = archsimd.LoadFloat32x16((*[16]float32)(w2[j : j+16])).MulAdd(u, c2)
-		c3 = archsimd.LoadFloat32x16((*[16]float32)(w3[j : j+16])).MulAdd(u, c3)
+		c0 = archsimd.LoadFloat32x16((*[16]float32)(w0[j:j+16])).MulAdd(u, c0)
+		c1 = archsimd.LoadFloat32x16((*[16]float32)(w1[j:j+16])).MulAdd(u, c1)
+		c2 = archsimd.LoadFloat32x16((*[16]float32)(w2[j:j+16])).MulAdd(u, c2)
+		c3 = archsimd.LoadFloat32x16((*[16]float32)(w3[j:j+16])).MulAdd(u, c3)
 	}
 	c0.Store(accAt(acc, batch, 0, b))
 	c1.Store(accAt(acc, batch, 1, b))

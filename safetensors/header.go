@@ -87,53 +87,82 @@ func headerLen(path string, prefix []byte, size int64) (int64, error) {
 
 // parseHeader validates the JSON header hdr of a file whose data section starts
 // at absolute offset dataStart and is dataLen bytes long. It returns the tensors
-// sorted by offset (ties by name) and the metadata (nil if absent).
-func parseHeader(path string, hdr []byte, dataStart, dataLen int64) ([]TensorInfo, map[string]string, error) {
-	s := &scanner{b: hdr}
-	var (
-		tensors []TensorInfo
-		meta    map[string]string
-		sawMeta bool
-		names   = make(map[string]struct{})
-	)
+// sorted by offset (ties by name), the metadata (nil if absent) and, if wantIndex,
+// a map from name to position in the returned slice.
+func parseHeader(path string, hdr []byte, dataStart, dataLen int64, wantIndex bool) ([]TensorInfo, map[string]string, map[string]int, error) {
+	p := &headerParser{
+		s:         scanner{b: hdr},
+		path:      path,
+		dataStart: dataStart,
+		dataLen:   dataLen,
+	}
+	s := &p.s
+	// Capacity hints from the header length: an entry takes at least ~50 bytes.
+	est := min(len(hdr)/96+1, 1<<16)
+	p.tensors = make([]TensorInfo, 0, est)
+	p.names = make(map[string]int, est)
+	p.slab = make([]int64, 0, 2*est)
 	if s.peek() != '{' {
-		return nil, nil, &FormatError{Path: path, Field: "json",
+		return nil, nil, nil, &FormatError{Path: path, Field: "json",
 			Msg: fmt.Sprintf("header must be one JSON object starting with '{', found %s", s.found())}
 	}
-	err := s.object("the header", func(key string) error {
-		if key == metadataKey {
-			if sawMeta {
-				return &FormatError{Path: path, Field: metadataKey, Msg: "appears twice, want at most once"}
-			}
-			sawMeta = true
-			m, err := parseMetadata(s, path)
-			meta = m
-			return err
-		}
-		if key == "" {
-			return &FormatError{Path: path, Field: "name", Msg: "empty tensor name, want a non-empty string"}
-		}
-		if _, dup := names[key]; dup {
-			return &FormatError{Path: path, Tensor: key, Field: "name", Msg: "duplicate tensor name, want each name once"}
-		}
-		names[key] = struct{}{}
-		t, err := parseTensor(s, path, key, dataStart, dataLen)
-		if err != nil {
-			return err
-		}
-		tensors = append(tensors, t)
-		return nil
-	})
+	err := s.object("the header", p.member)
 	if err == nil {
 		err = s.end()
 	}
 	if err != nil {
-		return nil, nil, wrap(err, path, "", "json")
+		return nil, nil, nil, wrap(err, path, "", "json")
 	}
-	if err := checkOverlap(path, tensors); err != nil {
-		return nil, nil, err
+	if err := checkOverlap(path, p.tensors); err != nil {
+		return nil, nil, nil, err
 	}
-	return tensors, meta, nil
+	if !wantIndex {
+		return p.tensors, p.meta, nil, nil
+	}
+	for i, t := range p.tensors {
+		p.names[t.Name] = i
+	}
+	return p.tensors, p.meta, p.names, nil
+}
+
+type headerParser struct {
+	s                  scanner
+	path               string
+	dataStart, dataLen int64
+	tensors            []TensorInfo
+	names              map[string]int
+	slab               []int64 // backing store for all shapes
+	meta               map[string]string
+	sawMeta            bool
+	cur                entry              // the tensor entry being parsed
+	entryFn            func([]byte) error // p.entryMember, bound once
+}
+
+// member parses one top-level member: __metadata__ or a tensor entry.
+func (p *headerParser) member(key []byte) error {
+	if string(key) == metadataKey {
+		if p.sawMeta {
+			return &FormatError{Path: p.path, Field: metadataKey, Msg: "appears twice, want at most once"}
+		}
+		p.sawMeta = true
+		m, err := parseMetadata(&p.s, p.path)
+		p.meta = m
+		return err
+	}
+	if len(key) == 0 {
+		return &FormatError{Path: p.path, Field: "name", Msg: "empty tensor name, want a non-empty string"}
+	}
+	if _, dup := p.names[string(key)]; dup {
+		return &FormatError{Path: p.path, Tensor: string(key), Field: "name", Msg: "duplicate tensor name, want each name once"}
+	}
+	name := string(key)
+	p.names[name] = len(p.tensors)
+	t, err := p.tensor(name)
+	if err != nil {
+		return err
+	}
+	p.tensors = append(p.tensors, t)
+	return nil
 }
 
 func parseMetadata(s *scanner, path string) (map[string]string, error) {
@@ -141,7 +170,8 @@ func parseMetadata(s *scanner, path string) (map[string]string, error) {
 		return nil, wrap(s.literal("null"), path, "", metadataKey)
 	}
 	meta := make(map[string]string)
-	err := s.object("__metadata__", func(k string) error {
+	err := s.object("__metadata__", func(kb []byte) error {
+		k := string(kb)
 		if _, dup := meta[k]; dup {
 			return &FormatError{Path: path, Field: metadataKey, Msg: fmt.Sprintf("key %q appears twice, want each key once", k)}
 		}
@@ -159,60 +189,88 @@ func parseMetadata(s *scanner, path string) (map[string]string, error) {
 	return meta, wrap(err, path, "", metadataKey)
 }
 
-func parseTensor(s *scanner, path, name string, dataStart, dataLen int64) (TensorInfo, error) {
-	t := TensorInfo{Name: name}
-	var (
-		haveDT, haveShape, haveOff bool
-		begin, end                 int64
-	)
-	field := "entry"
-	err := s.object("a tensor entry", func(key string) error {
-		field = key
-		switch key {
-		case "dtype":
-			if haveDT {
-				return s.errf("key appears twice")
-			}
-			haveDT = true
-			v, err := s.str()
-			if err != nil {
-				return err
-			}
-			dt, err := format.ParseDType(v)
-			if err != nil {
-				return err
-			}
-			t.DType = dt
-		case "shape":
-			if haveShape {
-				return s.errf("key appears twice")
-			}
-			haveShape = true
-			sh, err := s.uintArray(maxRank)
-			if err != nil {
-				return err
-			}
-			t.Shape = sh
-		case "data_offsets":
-			if haveOff {
-				return s.errf("key appears twice")
-			}
-			haveOff = true
-			off, err := s.uintArray(2)
-			if err != nil {
-				return err
-			}
-			if len(off) != 2 {
-				return fmt.Errorf("has %d entries, want exactly 2 [begin, end]", len(off))
-			}
-			begin, end = off[0], off[1]
-		default:
-			field = "entry"
-			return fmt.Errorf("unknown key %q, want only dtype, shape, data_offsets", key)
+// parseDType maps a dtype spelling to a DType without allocating.
+func parseDType(b []byte) (format.DType, error) {
+	for d := format.DType(1); d.Size() != 0; d++ {
+		if string(b) == d.String() {
+			return d, nil
 		}
-		field = "entry"
-		return nil
-	})
+	}
+	d, err := format.ParseDType(string(b))
+	if err == nil && d.Size() == 0 {
+		err = fmt.Errorf("dtype %q has no fixed element size", b)
+	}
+	return d, err
+}
+
+// entryMember parses one member of a tensor entry into p.cur.
+func (p *headerParser) entryMember(key []byte) error {
+	s, e := &p.s, &p.cur
+	switch string(key) {
+	case "dtype":
+		e.field = "dtype"
+		if e.haveDT {
+			return s.errf("key appears twice")
+		}
+		e.haveDT = true
+		v, err := s.strBytes()
+		if err != nil {
+			return err
+		}
+		if e.t.DType, err = parseDType(v); err != nil {
+			return err
+		}
+	case "shape":
+		e.field = "shape"
+		if e.haveShape {
+			return s.errf("key appears twice")
+		}
+		e.haveShape = true
+		start := len(p.slab)
+		var err error
+		if p.slab, err = s.uintArray(p.slab, maxRank); err != nil {
+			return err
+		}
+		e.t.Shape = p.slab[start:len(p.slab):len(p.slab)]
+	case "data_offsets":
+		e.field = "data_offsets"
+		if e.haveOff {
+			return s.errf("key appears twice")
+		}
+		e.haveOff = true
+		var buf [2]int64
+		off, err := s.uintArray(buf[:0], 2)
+		if err != nil {
+			return err
+		}
+		if len(off) != 2 {
+			return fmt.Errorf("has %d entries, want exactly 2 [begin, end]", len(off))
+		}
+		e.begin, e.end = off[0], off[1]
+	default:
+		return fmt.Errorf("unknown key %q, want only dtype, shape, data_offsets", key)
+	}
+	e.field = "entry"
+	return nil
+}
+
+// entry is the state of the tensor entry being parsed.
+type entry struct {
+	t                          TensorInfo
+	haveDT, haveShape, haveOff bool
+	begin, end                 int64
+	field                      string
+}
+
+func (p *headerParser) tensor(name string) (TensorInfo, error) {
+	p.cur = entry{t: TensorInfo{Name: name}, field: "entry"}
+	if p.entryFn == nil {
+		p.entryFn = p.entryMember
+	}
+	err := p.s.object("a tensor entry", p.entryFn)
+	e := &p.cur
+	t, haveDT, haveShape, haveOff, begin, end, field := e.t, e.haveDT, e.haveShape, e.haveOff, e.begin, e.end, e.field
+	path := p.path
 	if err != nil {
 		return t, wrap(err, path, name, field)
 	}
@@ -226,9 +284,9 @@ func parseTensor(s *scanner, path, name string, dataStart, dataLen int64) (Tenso
 	case begin > end:
 		return t, &FormatError{Path: path, Tensor: name, Field: "data_offsets",
 			Msg: fmt.Sprintf("[%d, %d] has begin > end, want begin <= end", begin, end)}
-	case end > dataLen:
+	case end > p.dataLen:
 		return t, &FormatError{Path: path, Tensor: name, Field: "data_offsets",
-			Msg: fmt.Sprintf("[%d, %d] ends past the data section (%d bytes)", begin, end, dataLen)}
+			Msg: fmt.Sprintf("[%d, %d] ends past the data section (%d bytes)", begin, end, p.dataLen)}
 	}
 	size, ok := byteSize(t.DType, t.Shape)
 	if !ok {
@@ -239,7 +297,7 @@ func parseTensor(s *scanner, path, name string, dataStart, dataLen int64) (Tenso
 		return t, &FormatError{Path: path, Tensor: name, Field: "data_offsets",
 			Msg: fmt.Sprintf("[%d, %d] spans %d bytes, want %d (shape %v of %s)", begin, end, end-begin, size, t.Shape, t.DType)}
 	}
-	t.Offset = dataStart + begin
+	t.Offset = p.dataStart + begin
 	t.Size = size
 	return t, nil
 }

@@ -93,16 +93,16 @@ func parseIndex(path string, data []byte) (*Index, error) {
 			Msg: fmt.Sprintf("index must be one JSON object starting with '{', found %s", s.found())}
 	}
 	field := "json"
-	err := s.object("the index", func(key string) error {
-		switch key {
+	err := s.object("the index", func(key []byte) error {
+		switch string(key) {
 		case "metadata":
 			field = "metadata"
 			if haveMeta {
 				return s.errf("key appears twice")
 			}
 			haveMeta = true
-			err := s.object("metadata", func(k string) error {
-				if k != "total_size" {
+			err := s.object("metadata", func(k []byte) error {
+				if string(k) != "total_size" {
 					return s.skipValue(3, maxIndexDepth)
 				}
 				field = "metadata.total_size"
@@ -130,7 +130,8 @@ func parseIndex(path string, data []byte) (*Index, error) {
 			}
 			haveMap = true
 			ix.WeightMap = make(map[string]string)
-			err := s.object("weight_map", func(name string) error {
+			err := s.object("weight_map", func(key []byte) error {
+				name := string(key)
 				if name == "" {
 					return &FormatError{Path: path, Field: "weight_map", Msg: "empty tensor name, want a non-empty string"}
 				}

@@ -63,11 +63,13 @@ func (s *scanner) consume(c byte, what string) error {
 }
 
 // object parses a JSON object, calling fn for each member with the scanner
-// positioned at the member's value; fn must consume the value.
-func (s *scanner) object(what string, fn func(key string) error) error {
-	if err := s.consume('{', "'{' starting "+what); err != nil {
-		return err
+// positioned at the member's value; fn must consume the value. The key is the
+// decoded key; it may alias the input and is valid only during the call.
+func (s *scanner) object(what string, fn func(key []byte) error) error {
+	if s.peek() != '{' || s.i >= len(s.b) {
+		return s.errf("expected '{' starting %s, found %s", what, s.found())
 	}
+	s.i++
 	if s.peek() == '}' {
 		s.i++
 		return nil
@@ -76,7 +78,7 @@ func (s *scanner) object(what string, fn func(key string) error) error {
 		if s.peek() != '"' {
 			return s.errf("expected '\"' starting a key in %s, found %s", what, s.found())
 		}
-		k, err := s.str()
+		k, err := s.strBytes()
 		if err != nil {
 			return err
 		}
@@ -101,28 +103,35 @@ func (s *scanner) object(what string, fn func(key string) error) error {
 // str parses a JSON string. Invalid UTF-8, raw control characters, bad escapes
 // and unpaired surrogate escapes are errors.
 func (s *scanner) str() (string, error) {
+	b, err := s.strBytes()
+	return string(b), err
+}
+
+// strBytes is str returning the decoded bytes, which alias the input when the
+// string has no escapes.
+func (s *scanner) strBytes() ([]byte, error) {
 	if err := s.consume('"', "a string"); err != nil {
-		return "", err
+		return nil, err
 	}
 	start := s.i
 	for s.i < len(s.b) {
 		c := s.b[s.i]
 		switch {
 		case c == '"':
-			v := string(s.b[start:s.i])
+			v := s.b[start:s.i:s.i]
 			s.i++
 			return v, nil
 		case c == '\\' || c >= 0x80:
 			return s.strSlow(start)
 		case c < 0x20:
-			return "", s.errf("control character 0x%02x in string (must be escaped)", c)
+			return nil, s.errf("control character 0x%02x in string (must be escaped)", c)
 		}
 		s.i++
 	}
-	return "", s.errf("unterminated string starting at JSON byte %d", start-1)
+	return nil, s.errf("unterminated string starting at JSON byte %d", start-1)
 }
 
-func (s *scanner) strSlow(start int) (string, error) {
+func (s *scanner) strSlow(start int) ([]byte, error) {
 	buf := make([]byte, 0, s.i-start+16)
 	buf = append(buf, s.b[start:s.i]...)
 	for s.i < len(s.b) {
@@ -130,13 +139,13 @@ func (s *scanner) strSlow(start int) (string, error) {
 		switch {
 		case c == '"':
 			s.i++
-			return string(buf), nil
+			return buf, nil
 		case c < 0x20:
-			return "", s.errf("control character 0x%02x in string (must be escaped)", c)
+			return nil, s.errf("control character 0x%02x in string (must be escaped)", c)
 		case c >= 0x80:
 			r, n := utf8.DecodeRune(s.b[s.i:])
 			if r == utf8.RuneError && n == 1 {
-				return "", s.errf("invalid UTF-8 in string")
+				return nil, s.errf("invalid UTF-8 in string")
 			}
 			buf = append(buf, s.b[s.i:s.i+n]...)
 			s.i += n
@@ -145,7 +154,7 @@ func (s *scanner) strSlow(start int) (string, error) {
 			s.i++
 		default:
 			if s.i+1 >= len(s.b) {
-				return "", s.errf("unterminated escape in string")
+				return nil, s.errf("unterminated escape in string")
 			}
 			e := s.b[s.i+1]
 			switch e {
@@ -165,34 +174,34 @@ func (s *scanner) strSlow(start int) (string, error) {
 				s.i += 2
 				r, err := s.hex4()
 				if err != nil {
-					return "", err
+					return nil, err
 				}
 				if utf16.IsSurrogate(r) {
 					if r >= 0xDC00 {
-						return "", s.errf("unpaired low surrogate \\u%04X in string", r)
+						return nil, s.errf("unpaired low surrogate \\u%04X in string", r)
 					}
 					if s.i+1 >= len(s.b) || s.b[s.i] != '\\' || s.b[s.i+1] != 'u' {
-						return "", s.errf("unpaired high surrogate \\u%04X in string", r)
+						return nil, s.errf("unpaired high surrogate \\u%04X in string", r)
 					}
 					s.i += 2
 					r2, err := s.hex4()
 					if err != nil {
-						return "", err
+						return nil, err
 					}
 					if r2 < 0xDC00 || r2 > 0xDFFF {
-						return "", s.errf("high surrogate \\u%04X followed by \\u%04X, want a low surrogate", r, r2)
+						return nil, s.errf("high surrogate \\u%04X followed by \\u%04X, want a low surrogate", r, r2)
 					}
 					r = utf16.DecodeRune(r, r2)
 				}
 				buf = utf8.AppendRune(buf, r)
 				continue
 			default:
-				return "", s.errf("invalid escape \\%c in string", e)
+				return nil, s.errf("invalid escape \\%c in string", e)
 			}
 			s.i += 2
 		}
 	}
-	return "", s.errf("unterminated string starting at JSON byte %d", start-1)
+	return nil, s.errf("unterminated string starting at JSON byte %d", start-1)
 }
 
 func (s *scanner) hex4() (rune, error) {
@@ -246,33 +255,33 @@ func (s *scanner) uint() (int64, error) {
 	return v, nil
 }
 
-// uintArray parses an array of non-negative integers with at most max entries.
-func (s *scanner) uintArray(max int) ([]int64, error) {
+// uintArray parses an array of at most max non-negative integers, appending
+// them to dst.
+func (s *scanner) uintArray(dst []int64, max int) ([]int64, error) {
 	if err := s.consume('[', "'[' starting an array of integers"); err != nil {
-		return nil, err
+		return dst, err
 	}
 	if s.peek() == ']' {
 		s.i++
-		return []int64{}, nil
+		return dst, nil
 	}
-	var out []int64
-	for {
-		if len(out) == max {
-			return nil, s.errf("array has more than %d entries", max)
+	for n := 0; ; n++ {
+		if n == max {
+			return dst, s.errf("array has more than %d entries", max)
 		}
 		v, err := s.uint()
 		if err != nil {
-			return nil, err
+			return dst, err
 		}
-		out = append(out, v)
+		dst = append(dst, v)
 		switch s.peek() {
 		case ',':
 			s.i++
 		case ']':
 			s.i++
-			return out, nil
+			return dst, nil
 		default:
-			return nil, s.errf("expected ',' or ']' in array, found %s", s.found())
+			return dst, s.errf("expected ',' or ']' in array, found %s", s.found())
 		}
 	}
 }
@@ -339,7 +348,7 @@ func (s *scanner) skipValue(depth, maxDepth int) error {
 		_, err := s.str()
 		return err
 	case '{':
-		return s.object("an object", func(string) error { return s.skipValue(depth+1, maxDepth) })
+		return s.object("an object", func([]byte) error { return s.skipValue(depth+1, maxDepth) })
 	case '[':
 		s.i++
 		if s.peek() == ']' {

@@ -128,7 +128,8 @@ func ReadHeader(path string) ([]TensorInfo, map[string]string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	return parseHeader(path, hdr, 8+int64(len(hdr)), st.Size()-8-int64(len(hdr)))
+	ts, meta, _, err := parseHeader(path, hdr, 8+int64(len(hdr)), st.Size()-8-int64(len(hdr)), false)
+	return ts, meta, err
 }
 
 // readHeaderBytes reads the JSON header through r after validating its length.
@@ -152,15 +153,11 @@ func readHeaderBytes(path string, r io.ReaderAt, size int64) ([]byte, error) {
 
 func (f *File) init(hdr []byte) error {
 	dataStart := 8 + int64(len(hdr))
-	ts, meta, err := parseHeader(f.path, hdr, dataStart, f.size-dataStart)
+	ts, meta, byName, err := parseHeader(f.path, hdr, dataStart, f.size-dataStart, true)
 	if err != nil {
 		return err
 	}
-	f.tensors, f.meta = ts, meta
-	f.byName = make(map[string]int, len(ts))
-	for i, t := range ts {
-		f.byName[t.Name] = i
-	}
+	f.tensors, f.meta, f.byName = ts, meta, byName
 	return nil
 }
 

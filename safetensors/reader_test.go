@@ -68,14 +68,16 @@ func deep(open, close string, n int) string {
 	return strings.Repeat(open, n) + strings.Repeat(close, n)
 }
 
-func TestHostileHeaders(t *testing.T) {
-	type tc struct {
-		name   string
-		file   []byte
-		field  string // expected FormatError.Field
-		tensor string // expected FormatError.Tensor
-		msg    string // substring of the message
-	}
+// hostileCase is a malformed file and the FormatError it must produce.
+type hostileCase struct {
+	name   string
+	file   []byte
+	field  string // expected FormatError.Field
+	tensor string // expected FormatError.Tensor
+	msg    string // substring of the message
+}
+
+func hostileCases() []hostileCase {
 	f := func(hdr string, data int) []byte { return fileBytes(hdr, data) }
 	lenOnly := func(n uint64, total int) []byte {
 		b := make([]byte, total)
@@ -83,7 +85,7 @@ func TestHostileHeaders(t *testing.T) {
 		return b
 	}
 	ok1 := `"dtype":"F32","shape":[2],"data_offsets":[0,8]`
-	cases := []tc{
+	return []hostileCase{
 		{"empty file", nil, "header length", "", "want at least 8"},
 		{"7 bytes", []byte{2, 0, 0, 0, 0, 0, 0}, "header length", "", "file is 7 bytes"},
 		{"header length 0", lenOnly(0, 16), "header length", "", "is 0"},
@@ -149,6 +151,10 @@ func TestHostileHeaders(t *testing.T) {
 		{"single quotes", f(`{'a':{}}`, 0), "json", "", "starting a key"},
 		{"trailing comma", f(`{"a":{`+ok1+`},}`, 8), "json", "", "starting a key"},
 	}
+}
+
+func TestHostileHeaders(t *testing.T) {
+	cases := hostileCases()
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			check := func(how string, err error) {

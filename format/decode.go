@@ -159,6 +159,14 @@ func DecodeMXFP8Row(dst []float32, q []byte, scales []byte) {
 	}
 }
 
+// scaledE2M1 returns the 16 E2M1 code values multiplied by s (float32 products).
+func scaledE2M1(s float32) (ts [16]float32) {
+	for c := range ts {
+		ts[c] = e2m1Table[c] * s
+	}
+	return ts
+}
+
 // fp4PairTable maps a packed MXFP4 byte to its (even, odd) element values: low
 // nibble first. Read-only after init.
 var fp4PairTable = func() (t [256][2]float32) {
@@ -176,30 +184,30 @@ func DecodeMXFP4Row(dst []float32, packed []byte, scales []byte) {
 		lenPanic("DecodeMXFP4Row", "len(dst)=%d len(packed)=%d len(scales)=%d, want len(dst)=2*len(packed) and len(scales)=ceil(len(dst)/32)=%d",
 			len(dst), len(packed), len(scales), (len(dst)+31)/32)
 	}
-	t := &fp4PairTable
-	i := 0 // index into packed
-	for j := 0; i+16 <= len(packed); j, i = j+1, i+16 {
-		s := E8M0ToFloat32(scales[j])
+	i := decodeMXFP4Groups(dst, packed, scales) // packed bytes done by SIMD, if any
+	for j := i / 16; i+16 <= len(packed); j, i = j+1, i+16 {
+		// Scale the 16-entry code table once per 32-element group; the per-element
+		// work is then two lookups and two stores per packed byte.
+		ts := scaledE2M1(E8M0ToFloat32(scales[j]))
 		b := (*[16]byte)(packed[i:])
 		d := (*[32]float32)(dst[2*i:])
 		for k := 0; k < 16; k += 4 {
-			p0, p1, p2, p3 := &t[b[k]], &t[b[k+1]], &t[b[k+2]], &t[b[k+3]]
-			d[2*k+0] = p0[0] * s
-			d[2*k+1] = p0[1] * s
-			d[2*k+2] = p1[0] * s
-			d[2*k+3] = p1[1] * s
-			d[2*k+4] = p2[0] * s
-			d[2*k+5] = p2[1] * s
-			d[2*k+6] = p3[0] * s
-			d[2*k+7] = p3[1] * s
+			b0, b1, b2, b3 := b[k], b[k+1], b[k+2], b[k+3]
+			d[2*k+0] = ts[b0&15]
+			d[2*k+1] = ts[b0>>4]
+			d[2*k+2] = ts[b1&15]
+			d[2*k+3] = ts[b1>>4]
+			d[2*k+4] = ts[b2&15]
+			d[2*k+5] = ts[b2>>4]
+			d[2*k+6] = ts[b3&15]
+			d[2*k+7] = ts[b3>>4]
 		}
 	}
 	if i < len(packed) {
-		s := E8M0ToFloat32(scales[len(scales)-1])
+		ts := scaledE2M1(E8M0ToFloat32(scales[len(scales)-1]))
 		for ; i < len(packed); i++ {
-			p := &t[packed[i]]
-			dst[2*i] = p[0] * s
-			dst[2*i+1] = p[1] * s
+			dst[2*i] = ts[packed[i]&15]
+			dst[2*i+1] = ts[packed[i]>>4]
 		}
 	}
 }

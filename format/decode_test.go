@@ -2,6 +2,7 @@ package format
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -37,7 +38,7 @@ func refProduct(a, b float64) float32 { return float32(a * b) }
 
 func TestRowDecodersMatchScalar(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	for _, n := range []int{0, 1, 7, 8, 9, 31, 32, 33, 64, 100, 2048, 4096} {
+	for _, n := range []int{0, 1, 7, 8, 9, 31, 32, 33, 64, 100, 256, 275, 528, 2048, 4096} {
 		t.Run("BF16", func(t *testing.T) {
 			src := randBytes(rng, 2*n)
 			dst := make([]float32, n)
@@ -111,6 +112,33 @@ func TestRowDecodersMatchScalar(t *testing.T) {
 				s, _ := refE8M0(sc[i/32])
 				return refProduct(refE2M1(code(i)), s)
 			})
+		})
+	}
+}
+
+// TestMXFP4AllScales runs every scale byte (including 0 = 2^-127 and 255 = NaN)
+// and every packed byte through DecodeMXFP4Row, in the chunked (SIMD where
+// built) and the scalar tail paths.
+func TestMXFP4AllScales(t *testing.T) {
+	for _, extra := range []int{0, 16 * 3, 16*5 + 7} {
+		n := 256*16 + extra // packed bytes: 256 groups, then a tail
+		packed := make([]byte, n)
+		for i := range packed {
+			packed[i] = byte(i * 7)
+		}
+		sc := make([]byte, (2*n+31)/32)
+		for g := range sc {
+			sc[g] = byte(g*37 + 11) // a permutation of 0..255 over the first 256 groups
+		}
+		dst := make([]float32, 2*n)
+		DecodeMXFP4Row(dst, packed, sc)
+		checkSame(t, fmt.Sprintf("DecodeMXFP4Row n=%d", n), dst, func(i int) float32 {
+			c := packed[i/2] & 15
+			if i%2 == 1 {
+				c = packed[i/2] >> 4
+			}
+			s, _ := refE8M0(sc[i/32])
+			return refProduct(refE2M1(c), s)
 		})
 	}
 }

@@ -1,0 +1,138 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"slices"
+	"time"
+
+	"moxie/dsv4"
+	"moxie/internal/membw"
+	"moxie/internal/progress"
+)
+
+// benchReport is what `moxie bench` measures; --json writes it as evidence.
+type benchReport struct {
+	Model           string  `json:"model"`
+	Synthetic       bool    `json:"synthetic"`
+	Backend         string  `json:"backend"`
+	Threads         int     `json:"threads"`
+	GoVersion       string  `json:"go_version"`
+	Date            string  `json:"date"`
+	PromptTokens    int     `json:"prompt_tokens"`
+	DecodeTokens    int     `json:"decode_tokens"`
+	Runs            int     `json:"runs"`
+	PrefillTokPerS  float64 `json:"prefill_tok_per_s"` // median over runs
+	DecodeTokPerS   float64 `json:"decode_tok_per_s"`  // median step time over all runs
+	DecodeStepMs    float64 `json:"decode_step_ms"`    // median
+	BytesPerToken   int64   `json:"weight_bytes_per_token"`
+	MemReadGBps     float64 `json:"mem_read_gbps"`          // measured in the same run
+	DecodeBoundTokS float64 `json:"decode_bound_tok_per_s"` // MemReadGBps / BytesPerToken
+	Efficiency      float64 `json:"decode_efficiency"`      // DecodeTokPerS / DecodeBoundTokS
+}
+
+func runBench(args []string, _ io.Reader, stdout, stderr io.Writer) error {
+	fs := newFlags("bench", "[MODEL]", `
+Measure prefill and decode speed at batch 1 on the CPU: a random prompt of
+--prompt tokens is prefilled, then --decode tokens are decoded one at a time,
+--runs times. Reports median prefill tokens/s, median decode step, the weight
+bytes a decoded token reads, and the efficiency against the memory read
+bandwidth measured in the same run (bound = bandwidth / bytes per token).
+MODEL defaults to synth:tiny; use synth:flash?layers=2 for V4-Flash shapes.`, stderr)
+	prompt := fs.Int("prompt", 64, "prompt tokens to prefill")
+	decode := fs.Int("decode", 16, "tokens to decode after the prompt")
+	runs := fs.Int("runs", 3, "repetitions (medians are reported)")
+	bwSize := fs.String("bw-size", "1GiB", "buffer size for the bandwidth probe (several times the last-level cache)")
+	seed := fs.Uint64("seed", 1, "seed for the random prompt")
+	jsonOut := fs.String("json", "", "also write the report as JSON to this file")
+	if err := parseFlags(fs, reorderArgs(args, map[string]bool{"prompt": true, "decode": true, "runs": true, "bw-size": true, "seed": true, "json": true})); err != nil {
+		return err
+	}
+	if fs.NArg() > 1 {
+		return usagef("want at most one MODEL")
+	}
+	if *prompt < 1 || *decode < 1 || *runs < 1 {
+		return usagef("--prompt, --decode and --runs must be at least 1")
+	}
+	bw, err := parseBytes(*bwSize)
+	if err != nil {
+		return usagef("--bw-size: %v", err)
+	}
+	spec := defaultModel
+	if fs.NArg() == 1 {
+		spec = fs.Arg(0)
+	}
+	t0 := time.Now()
+	lm, err := loadModel(spec, dsv4.Options{}, stderr)
+	if err != nil {
+		return err
+	}
+	defer lm.Close()
+	m := lm.m
+	fmt.Fprintf(stderr, "loaded %s in %s\n", lm.src.Name(), time.Since(t0).Round(time.Millisecond))
+	if *prompt+*decode > m.Cfg.MaxPositions {
+		return usagef("--prompt + --decode = %d exceeds the model's context of %d", *prompt+*decode, m.Cfg.MaxPositions)
+	}
+	rep := &benchReport{Model: lm.src.Name(), Synthetic: lm.src.Synthetic(), Backend: "cpu", Threads: runtime.NumCPU(),
+		GoVersion: runtime.Version(), Date: time.Now().UTC().Format(time.RFC3339), PromptTokens: *prompt,
+		DecodeTokens: *decode, Runs: *runs, BytesPerToken: BytesPerToken(m.Cfg)}
+	r := rand.New(rand.NewPCG(*seed, 0))
+	var prefillRates []float64
+	var steps []time.Duration
+	bar := progress.New(stderr, "bench", int64(*runs*(*decode+1)), false)
+	for range *runs {
+		toks := make([]int, *prompt+*decode)
+		for i := range toks {
+			toks[i] = r.IntN(m.Cfg.VocabSize)
+		}
+		s := m.NewSession()
+		start := time.Now()
+		if _, err := s.Prefill(toks[:*prompt]); err != nil {
+			return err
+		}
+		prefillRates = append(prefillRates, float64(*prompt)/time.Since(start).Seconds())
+		bar.Add(1)
+		for _, t := range toks[*prompt:] {
+			st := time.Now()
+			if _, err := s.Decode(t); err != nil {
+				return err
+			}
+			steps = append(steps, time.Since(st))
+			bar.Add(1)
+		}
+		s.Close()
+	}
+	bar.Done()
+	mbw := membw.Measure(bw, 0, 5)
+	slices.Sort(prefillRates)
+	slices.Sort(steps)
+	step := steps[len(steps)/2]
+	rep.PrefillTokPerS = prefillRates[len(prefillRates)/2]
+	rep.DecodeStepMs = float64(step.Microseconds()) / 1000
+	rep.DecodeTokPerS = 1 / step.Seconds()
+	rep.MemReadGBps = mbw.GBps()
+	rep.DecodeBoundTokS = rep.MemReadGBps * 1e9 / float64(rep.BytesPerToken)
+	rep.Efficiency = rep.DecodeTokPerS / rep.DecodeBoundTokS
+	fmt.Fprintf(stdout, "model              %s%s\n", rep.Model, map[bool]string{true: " (synthetic)", false: ""}[rep.Synthetic])
+	fmt.Fprintf(stdout, "backend            cpu, %d threads, %s\n", rep.Threads, rep.GoVersion)
+	fmt.Fprintf(stdout, "prefill            %.1f tok/s (median of %d runs, %d-token prompt)\n", rep.PrefillTokPerS, rep.Runs, rep.PromptTokens)
+	fmt.Fprintf(stdout, "decode             %.2f tok/s (median step %.2f ms over %d steps)\n", rep.DecodeTokPerS, rep.DecodeStepMs, len(steps))
+	fmt.Fprintf(stdout, "weights per token  %s (%s)\n", commas(rep.BytesPerToken), progress.FormatBytes(rep.BytesPerToken))
+	fmt.Fprintf(stdout, "memory read        %.1f GB/s (measured now, %d workers) -> decode bound %.2f tok/s\n", rep.MemReadGBps, mbw.Workers, rep.DecodeBoundTokS)
+	fmt.Fprintf(stdout, "efficiency         %.1f%% of the bandwidth bound\n", rep.Efficiency*100)
+	if *jsonOut != "" {
+		b, _ := json.MarshalIndent(rep, "", "  ")
+		tmp := *jsonOut + ".tmp"
+		if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+		if err := os.Rename(tmp, *jsonOut); err != nil {
+			return err
+		}
+	}
+	return nil
+}

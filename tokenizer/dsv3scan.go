@@ -201,3 +201,138 @@ func (m dsv3Main) matchAt(s string, i int) (end, width int) {
 		return last, n0
 	}
 }
+
+// dsv3PreTokenizer is the whole DeepSeek-V3 pre-tokenizer (the three Splits
+// and a plain ByteLevel) fused into nested loops without closures. It emits
+// the same pieces as the generic sequence of the same steps.
+type dsv3PreTokenizer struct {
+	main dsv3Main
+}
+
+// fuseDSV3 returns the fused pre-tokenizer when p is exactly the DeepSeek-V3
+// sequence, and p otherwise.
+func fuseDSV3(p preTokenizer) preTokenizer {
+	seq, ok := p.(sequence)
+	if !ok || len(seq) != 4 {
+		return p
+	}
+	isSplit := func(i int, want func(matcher) bool) bool {
+		s, ok := seq[i].(*splitStep)
+		return ok && s.behavior == behIsolated && !s.invert && want(s.m)
+	}
+	digits := func(m matcher) bool { r, ok := m.(runMatcher); return ok && r.max == 3 && r.pred(0x0663) && !r.pred('a') }
+	cjk := func(m matcher) bool { r, ok := m.(runMatcher); return ok && r.max == 0 && r.pred(0x4e2d) && !r.pred('1') }
+	main := func(m matcher) bool { _, ok := m.(dsv3Main); return ok }
+	bl, ok := seq[3].(*byteLevelStep)
+	if !ok || bl.addPrefixSpace || bl.re != nil || !isSplit(0, digits) || !isSplit(1, cjk) || !isSplit(2, main) {
+		return p
+	}
+	return &dsv3PreTokenizer{main: dsv3Main{tab: bmpClasses()}}
+}
+
+// split applies \p{N}{1,3} (Isolated), then the CJK run split, then the main
+// pattern.
+func (p *dsv3PreTokenizer) split(s string, emit func(string)) {
+	prev, i, count, start := 0, 0, 0, -1
+	for i < len(s) {
+		c := s[i]
+		n := 1
+		isNum := false
+		if c < utf8.RuneSelf {
+			isNum = c-'0' < 10
+		} else {
+			var r rune
+			r, n = utf8.DecodeRuneInString(s[i:])
+			isNum = unicode.IsNumber(r)
+		}
+		if isNum {
+			if start < 0 {
+				start, count = i, 0
+			}
+			count++
+			i += n
+			if count == 3 {
+				p.digitsGap(s, prev, start, i, emit)
+				prev, start = i, -1
+			}
+			continue
+		}
+		if start >= 0 {
+			p.digitsGap(s, prev, start, i, emit)
+			prev, start = i, -1
+		}
+		i += n
+	}
+	if start >= 0 {
+		p.digitsGap(s, prev, start, len(s), emit)
+		prev = len(s)
+	}
+	if prev < len(s) {
+		p.cjk(s[prev:], emit)
+	}
+}
+
+// digitsGap handles the gap s[prev:start] and the digit match s[start:end].
+func (p *dsv3PreTokenizer) digitsGap(s string, prev, start, end int, emit func(string)) {
+	if start > prev {
+		p.cjk(s[prev:start], emit)
+	}
+	p.cjk(s[start:end], emit)
+}
+
+func (p *dsv3PreTokenizer) cjk(s string, emit func(string)) {
+	prev, start := 0, -1
+	for i := 0; i < len(s); {
+		if s[i] < utf8.RuneSelf {
+			if start >= 0 {
+				p.emitCJK(s, prev, start, i, emit)
+				prev, start = i, -1
+			}
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if isDSV3CJK(r) {
+			if start < 0 {
+				start = i
+			}
+		} else if start >= 0 {
+			p.emitCJK(s, prev, start, i, emit)
+			prev, start = i, -1
+		}
+		i += n
+	}
+	if start >= 0 {
+		p.emitCJK(s, prev, start, len(s), emit)
+		prev = len(s)
+	}
+	if prev < len(s) {
+		p.mainSplit(s[prev:], emit)
+	}
+}
+
+func (p *dsv3PreTokenizer) emitCJK(s string, prev, start, end int, emit func(string)) {
+	if start > prev {
+		p.mainSplit(s[prev:start], emit)
+	}
+	p.mainSplit(s[start:end], emit)
+}
+
+func (p *dsv3PreTokenizer) mainSplit(s string, emit func(string)) {
+	prev := 0
+	for i := 0; i < len(s); {
+		end, n := p.main.matchAt(s, i)
+		if end > i {
+			if i > prev {
+				emit(s[prev:i])
+			}
+			emit(s[i:end])
+			i, prev = end, end
+		} else {
+			i += n
+		}
+	}
+	if prev < len(s) {
+		emit(s[prev:])
+	}
+}

@@ -109,7 +109,7 @@ func Load(tokenizerJSON, tokenizerConfigJSON []byte, extra ...AddedToken) (*Toke
 	_, dec := byteLevelAlphabet()
 	t := &Tokenizer{
 		normalize: norm,
-		pretok:    pre,
+		pretok:    fuseDSV3(pre),
 		byStr:     make(map[string]int, len(m.Vocab)+len(f.AddedTokens)),
 		bos:       -1,
 		eos:       -1,

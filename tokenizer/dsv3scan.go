@@ -220,8 +220,14 @@ func fuseDSV3(p preTokenizer) preTokenizer {
 		s, ok := seq[i].(*splitStep)
 		return ok && s.behavior == behIsolated && !s.invert && want(s.m)
 	}
-	digits := func(m matcher) bool { r, ok := m.(runMatcher); return ok && r.max == 3 && r.pred(0x0663) && !r.pred('a') }
-	cjk := func(m matcher) bool { r, ok := m.(runMatcher); return ok && r.max == 0 && r.pred(0x4e2d) && !r.pred('1') }
+	digits := func(m matcher) bool {
+		r, ok := m.(runMatcher)
+		return ok && r.max == 3 && r.pred(0x0663) && !r.pred('a')
+	}
+	cjk := func(m matcher) bool {
+		r, ok := m.(runMatcher)
+		return ok && r.max == 0 && r.pred(0x4e2d) && !r.pred('1')
+	}
 	main := func(m matcher) bool { _, ok := m.(dsv3Main); return ok }
 	bl, ok := seq[3].(*byteLevelStep)
 	if !ok || bl.addPrefixSpace || bl.re != nil || !isSplit(0, digits) || !isSplit(1, cjk) || !isSplit(2, main) {

@@ -81,7 +81,7 @@ func tinyTokenizerJSON() []byte {
 	}
 	return mustJSON(map[string]any{
 		"version": "1.0", "truncation": nil, "padding": nil, "added_tokens": added, "normalizer": nil,
-		"pre_tokenizer": map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false},
+		"pre_tokenizer":  map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false},
 		"post_processor": nil,
 		"decoder":        map[string]any{"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
 		"model": map[string]any{"type": "BPE", "dropout": nil, "unk_token": nil, "continuing_subword_prefix": nil,

@@ -141,9 +141,9 @@ type DecayParams struct {
 // when no slot is free, installs a miss only if its count exceeds
 // Ratio·count(victim) + Margin; otherwise the miss bypasses the cache.
 type Decay struct {
-	p    DecayParams
-	lg   []float64 // log2 c + t/H; -Inf before the first use
-	lru  *LRU
+	p   DecayParams
+	lg  []float64 // log2 c + t/H; -Inf before the first use
+	lru *LRU
 }
 
 // NewDecay makes a decayed-count policy for a layer of n experts.

@@ -15,7 +15,11 @@
 // tensor covers, including trailing bytes) are allowed. Zero-size tensors and
 // scalars (shape []) are valid. Every failure is a *FormatError naming the file,
 // the tensor and the field. Nothing is allocated in proportion to a claimed size
-// before that claim has been checked against the real file size.
+// before that claim has been checked against the real file size; parsing memory
+// is proportional to the header length, itself at most MaxHeaderSize.
+//
+// Files are assumed immutable while open: Open maps the whole file, and if the
+// file is truncated underneath the mapping, touching a view faults (SIGBUS).
 package safetensors
 
 import (

@@ -441,3 +441,59 @@ func TestOpenErrors(t *testing.T) {
 		t.Errorf("Data from truncated reader = %v, want an error naming the tensor", err)
 	}
 }
+
+func TestConcurrentReads(t *testing.T) {
+	specs := []TensorSpec{{"a", format.F32, []int64{64}}, {"b", format.BF16, []int64{8, 8}}, {"c", format.U8, []int64{3}}}
+	p := filepath.Join(t.TempDir(), "c.safetensors")
+	w, err := Create(p, specs, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]byte{}
+	for i, s := range specs {
+		want[s.Name] = bytes.Repeat([]byte{byte(i + 1)}, int(specBytes(s)))
+		if err := w.Write(s.Name, want[s.Name]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := os.ReadFile(p)
+	mm, err := Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mm.Close()
+	ra, err := OpenReaderAt(p, bytes.NewReader(raw), int64(len(raw)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for how, f := range map[string]*File{"Open": mm, "OpenReaderAt": ra} {
+		errs := make(chan error, 8)
+		for g := range 8 {
+			go func() {
+				for i := range 200 {
+					s := specs[(g+i)%len(specs)]
+					d, err := f.Data(s.Name)
+					if err != nil || !bytes.Equal(d, want[s.Name]) {
+						errs <- errors.New(how + ": Data(" + s.Name + ") wrong")
+						return
+					}
+					ti, _ := f.Lookup(s.Name)
+					buf := make([]byte, ti.Size)
+					if _, err := f.ReadAt(buf, ti.Offset); err != nil || !bytes.Equal(buf, want[s.Name]) {
+						errs <- errors.New(how + ": ReadAt(" + s.Name + ") wrong")
+						return
+					}
+				}
+				errs <- nil
+			}()
+		}
+		for range 8 {
+			if err := <-errs; err != nil {
+				t.Error(err)
+			}
+		}
+	}
+}

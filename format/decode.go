@@ -89,28 +89,6 @@ func DecodeE4M3(dst []float32, src []byte) {
 	}
 }
 
-// scaledE4M3 writes dst[i] = e4m3(q[i]) * s; len(q) == len(dst).
-func scaledE4M3(dst []float32, q []byte, s float32) {
-	t := &e4m3Table
-	q = q[:len(dst)]
-	i := 0
-	for ; i+8 <= len(dst); i += 8 {
-		b := (*[8]byte)(q[i:])
-		d := (*[8]float32)(dst[i:])
-		d[0] = t[b[0]] * s
-		d[1] = t[b[1]] * s
-		d[2] = t[b[2]] * s
-		d[3] = t[b[3]] * s
-		d[4] = t[b[4]] * s
-		d[5] = t[b[5]] * s
-		d[6] = t[b[6]] * s
-		d[7] = t[b[7]] * s
-	}
-	for ; i < len(dst); i++ {
-		dst[i] = t[q[i]] * s
-	}
-}
-
 // DecodeFP8BlockRow decodes one row of an FP8-block tensor:
 // dst[i] = e4m3(q[i]) · e8m0(scales[i/block]), computed as one float32 product
 // (exact unless it leaves float32's range). scales holds this row's block scales.
@@ -123,10 +101,28 @@ func DecodeFP8BlockRow(dst []float32, q []byte, scales []byte, block int) {
 		lenPanic("DecodeFP8BlockRow", "len(dst)=%d len(q)=%d len(scales)=%d block=%d, want len(q)=len(dst) and len(scales)=ceil(len(dst)/block)=%d",
 			len(dst), len(q), len(scales), block, (len(dst)+block-1)/block)
 	}
-	for j, sb := range scales {
-		lo := j * block
-		hi := min(lo+block, len(dst))
-		scaledE4M3(dst[lo:hi], q[lo:hi], E8M0ToFloat32(sb))
+	t := &e4m3Table
+	done := decodeE4M3Blocks(dst, q, scales, block) // whole blocks done by SIMD, if any
+	for j := done / block; j < len(scales); j++ {
+		s := E8M0ToFloat32(scales[j])
+		i, end := j*block, min(j*block+block, len(dst))
+		for ; i+32 <= end; i += 32 {
+			b := (*[32]byte)(q[i:])
+			d := (*[32]float32)(dst[i:])
+			for k := 0; k < 32; k += 8 {
+				d[k+0] = t[b[k+0]] * s
+				d[k+1] = t[b[k+1]] * s
+				d[k+2] = t[b[k+2]] * s
+				d[k+3] = t[b[k+3]] * s
+				d[k+4] = t[b[k+4]] * s
+				d[k+5] = t[b[k+5]] * s
+				d[k+6] = t[b[k+6]] * s
+				d[k+7] = t[b[k+7]] * s
+			}
+		}
+		for ; i < end; i++ {
+			dst[i] = t[q[i]] * s
+		}
 	}
 }
 
@@ -138,8 +134,8 @@ func DecodeMXFP8Row(dst []float32, q []byte, scales []byte) {
 			len(dst), len(q), len(scales), (len(dst)+31)/32)
 	}
 	t := &e4m3Table
-	i := 0
-	for j := 0; i+32 <= len(dst); j, i = j+1, i+32 {
+	i := decodeE4M3Blocks(dst, q, scales, 32) // whole groups done by SIMD, if any
+	for j := i / 32; i+32 <= len(dst); j, i = j+1, i+32 {
 		s := E8M0ToFloat32(scales[j])
 		b := (*[32]byte)(q[i:])
 		d := (*[32]float32)(dst[i:])
@@ -155,7 +151,10 @@ func DecodeMXFP8Row(dst []float32, q []byte, scales []byte) {
 		}
 	}
 	if i < len(dst) {
-		scaledE4M3(dst[i:], q[i:], E8M0ToFloat32(scales[len(scales)-1]))
+		s := E8M0ToFloat32(scales[len(scales)-1])
+		for ; i < len(dst); i++ {
+			dst[i] = t[q[i]] * s
+		}
 	}
 }
 

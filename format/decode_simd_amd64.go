@@ -65,3 +65,78 @@ func decodeMXFP4Groups(dst []float32, packed []byte, scales []byte) int {
 	archsimd.ClearAVXUpperBits()
 	return 16 * n
 }
+
+var (
+	vec7F   = [16]uint32{0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f}
+	vec80   = [16]uint32{0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80}
+	vec8    = [16]uint32{8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8}
+	vec20   = [16]uint32{20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20}
+	vec24   = [16]uint32{24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 24}
+	vecBias = [16]uint32{120 << 23, 120 << 23, 120 << 23, 120 << 23, 120 << 23, 120 << 23, 120 << 23, 120 << 23, 120 << 23, 120 << 23, 120 << 23, 120 << 23, 120 << 23, 120 << 23, 120 << 23, 120 << 23}
+	// E4M3 magnitudes 0..7 (exponent field 0: m/8·2^-6); lanes 8..15 unused.
+	e4m3Sub = [16]float32{0, 1.0 / 512, 2.0 / 512, 3.0 / 512, 4.0 / 512, 5.0 / 512, 6.0 / 512, 7.0 / 512}
+	vecNaN  = [16]uint32{0x7fc00000, 0x7fc00000, 0x7fc00000, 0x7fc00000, 0x7fc00000, 0x7fc00000, 0x7fc00000, 0x7fc00000, 0x7fc00000, 0x7fc00000, 0x7fc00000, 0x7fc00000, 0x7fc00000, 0x7fc00000, 0x7fc00000, 0x7fc00000}
+)
+
+// e4m3Consts holds the loaded constant vectors of the E4M3 decoder.
+type e4m3Consts struct {
+	m7F, m80, c8, c20, c24, bias, nan archsimd.Uint32x16
+	sub                               archsimd.Float32x16
+}
+
+func loadE4M3Consts() e4m3Consts {
+	return e4m3Consts{
+		m7F: archsimd.LoadUint32x16(&vec7F), m80: archsimd.LoadUint32x16(&vec80),
+		c8: archsimd.LoadUint32x16(&vec8), c20: archsimd.LoadUint32x16(&vec20),
+		c24: archsimd.LoadUint32x16(&vec24), bias: archsimd.LoadUint32x16(&vecBias),
+		nan: archsimd.LoadUint32x16(&vecNaN), sub: archsimd.LoadFloat32x16(&e4m3Sub),
+	}
+}
+
+// e4m3x16 decodes 16 E4M3fn bytes exactly (the values of e4m3Table): a normal
+// magnitude m (exponent field >= 1) has float32 bits (m<<20) + (120<<23); the 8
+// subnormal magnitudes come from a table; magnitude 0x7F is NaN; the sign is
+// bit 7 moved to bit 31.
+func e4m3x16(k *e4m3Consts, src *[16]byte) archsimd.Float32x16 {
+	v := archsimd.LoadUint8x16(src).ExtendToUint32()
+	m := v.And(k.m7F)
+	normal := m.ShiftLeft(k.c20).Add(k.bias).AsFloat32x16()
+	f := k.sub.Permute(m).Merge(normal, m.Less(k.c8)).AsUint32x16()
+	f = k.nan.Merge(f, m.Equal(k.m7F))
+	return f.Or(v.And(k.m80).ShiftLeft(k.c24)).AsFloat32x16()
+}
+
+// decodeE4M3Blocks decodes whole chunks of 16 scale blocks with AVX-512:
+// dst[i] = e4m3(q[i]) * e8m0(scales[i/block]) as one float32 product (bit-identical
+// to the scalar path). It returns the number of elements done (0 without AVX-512
+// or when block is not a multiple of 32); the caller decodes the rest.
+// Preconditions (checked by the caller): len(q) == len(dst),
+// len(scales) == ceil(len(dst)/block).
+func decodeE4M3Blocks(dst []float32, q []byte, scales []byte, block int) int {
+	if !hasAVX512 || block%32 != 0 || block <= 0 {
+		return 0
+	}
+	// Whole chunks of 16 blocks that lie entirely inside the row.
+	n := min(len(scales), len(dst)/block) &^ 15
+	if n == 0 {
+		return 0
+	}
+	k := loadE4M3Consts()
+	var sf [16]float32
+	for c := 0; c < n; c += 16 {
+		e8m0x16(&sf, (*[16]byte)(scales[c:]))
+		for j := range 16 {
+			s := archsimd.BroadcastFloat32x16(sf[j])
+			for i := (c + j) * block; i < (c+j+1)*block; i += 32 {
+				qq := (*[32]byte)(q[i:])
+				dd := (*[32]float32)(dst[i:])
+				a := e4m3x16(&k, (*[16]byte)(qq[:16]))
+				b := e4m3x16(&k, (*[16]byte)(qq[16:]))
+				a.Mul(s).Store((*[16]float32)(dd[:16]))
+				b.Mul(s).Store((*[16]float32)(dd[16:]))
+			}
+		}
+	}
+	archsimd.ClearAVXUpperBits()
+	return n * block
+}

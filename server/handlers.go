@@ -1,0 +1,443 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"moxie/generate"
+)
+
+// job is a validated generation request.
+type job struct {
+	chat     bool // chat.completion vs text_completion
+	model    string
+	prompt   []int
+	p        params
+	thinking bool
+	sampler  generate.Sampler
+}
+
+func (s *Server) checkModel(model string) *apiError {
+	if model == "" {
+		return badRequest("model", "missing_required_parameter", "model: required (this server serves %q)", s.b.Name)
+	}
+	if model != s.b.Name {
+		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error",
+			Message: fmt.Sprintf("model: %q is not served here (this server serves %q)", model, s.b.Name),
+			Param:   strp("model"), Code: strp("model_not_found")}
+	}
+	return nil
+}
+
+// checkContext rejects prompts that, with the requested max tokens, do not fit
+// the model's context; maxField names the field max tokens came from.
+func (s *Server) checkContext(j *job, promptField, maxField string) *apiError {
+	ctxLen := s.b.Model.MaxContext()
+	n := len(j.prompt)
+	if n == 0 {
+		return badRequest(promptField, "invalid_value", "%s: the prompt encodes to no tokens", promptField)
+	}
+	if n >= ctxLen {
+		return badRequest(promptField, "context_length_exceeded",
+			"%s: the prompt is %d tokens; this model's context is %d tokens, leaving no room for output", promptField, n, ctxLen)
+	}
+	if j.p.maxTokens > 0 && n+j.p.maxTokens > ctxLen {
+		return badRequest(maxField, "context_length_exceeded",
+			"%s: %d prompt tokens + %d requested exceed this model's context of %d tokens (at most %d can be requested)",
+			maxField, n, j.p.maxTokens, ctxLen, ctxLen-n)
+	}
+	return nil
+}
+
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+	if s.b.Chat == nil {
+		writeError(w, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error",
+			Message: "this server has no chat template: use /v1/completions", Code: strp("unknown_url")})
+		return
+	}
+	var req chatRequest
+	if e := decodeJSON(r.Body, &req); e != nil {
+		writeError(w, e)
+		return
+	}
+	j, e := s.chatJob(&req)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	s.run(w, r, j)
+}
+
+func (s *Server) chatJob(req *chatRequest) (*job, *apiError) {
+	if e := s.checkModel(req.Model); e != nil {
+		return nil, e
+	}
+	msgs, e := parseMessages(req.Messages)
+	if e != nil {
+		return nil, e
+	}
+	p, e := req.validate(req.MaxCompletion)
+	if e != nil {
+		return nil, e
+	}
+	th, e := parseThinking(req.Thinking, req.ReasoningEffort, s.cfg.DefaultThinking)
+	if e != nil {
+		return nil, e
+	}
+	if !isNull(req.Tools) && string(req.Tools) != "[]" {
+		return nil, badRequest("tools", "unsupported_value", "tools: tool calling is not supported yet")
+	}
+	if !isNull(req.ToolChoice) && string(req.ToolChoice) != `"none"` {
+		return nil, badRequest("tool_choice", "unsupported_value", "tool_choice: tool calling is not supported yet")
+	}
+	if !isNull(req.ResponseFormat) {
+		var rf struct {
+			Type string `json:"type"`
+		}
+		if err := json.Unmarshal(req.ResponseFormat, &rf); err != nil || rf.Type != "text" {
+			return nil, badRequest("response_format", "unsupported_value", "response_format: only {\"type\": \"text\"} is supported")
+		}
+	}
+	if req.Logprobs != nil && *req.Logprobs || req.TopLogprobs != nil {
+		return nil, badRequest("logprobs", "unsupported_value", "logprobs: not supported")
+	}
+	prompt, err := s.b.Chat.Prompt(msgs, th)
+	if err != nil {
+		return nil, badRequest("messages", "invalid_value", "messages: %v", err)
+	}
+	j := &job{chat: true, model: req.Model, prompt: prompt, p: p, thinking: th.Enabled}
+	maxField := "max_tokens"
+	if req.MaxCompletion != nil {
+		maxField = "max_completion_tokens"
+	}
+	if e := s.checkContext(j, "messages", maxField); e != nil {
+		return nil, e
+	}
+	if e := s.makeSampler(j); e != nil {
+		return nil, e
+	}
+	return j, nil
+}
+
+func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
+	var req completionRequest
+	if e := decodeJSON(r.Body, &req); e != nil {
+		writeError(w, e)
+		return
+	}
+	j, e := s.completionJob(&req)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	s.run(w, r, j)
+}
+
+func (s *Server) completionJob(req *completionRequest) (*job, *apiError) {
+	if e := s.checkModel(req.Model); e != nil {
+		return nil, e
+	}
+	prompt, e := parsePrompt(req.Prompt)
+	if e != nil {
+		return nil, e
+	}
+	p, e := req.validate(nil)
+	if e != nil {
+		return nil, e
+	}
+	switch {
+	case req.Echo != nil && *req.Echo:
+		return nil, badRequest("echo", "unsupported_value", "echo: not supported")
+	case req.Suffix != nil && *req.Suffix != "":
+		return nil, badRequest("suffix", "unsupported_value", "suffix: not supported")
+	case !isNull(req.Logprobs):
+		return nil, badRequest("logprobs", "unsupported_value", "logprobs: not supported")
+	case req.BestOf != nil && *req.BestOf != 1:
+		return nil, badRequest("best_of", "unsupported_value", "best_of: only 1 is supported")
+	}
+	j := &job{model: req.Model, prompt: s.b.Tokenizer.Encode(prompt), p: p}
+	if e := s.checkContext(j, "prompt", "max_tokens"); e != nil {
+		return nil, e
+	}
+	if e := s.makeSampler(j); e != nil {
+		return nil, e
+	}
+	return j, nil
+}
+
+func (s *Server) makeSampler(j *job) *apiError {
+	sp, err := s.b.NewSampler(j.p.sampling)
+	if err != nil {
+		return badRequest("", "invalid_value", "sampling parameters: %v", err)
+	}
+	j.sampler = sp
+	return nil
+}
+
+// Wire types of responses.
+type (
+	usage struct {
+		PromptTokens      int `json:"prompt_tokens"`
+		CompletionTokens  int `json:"completion_tokens"`
+		TotalTokens       int `json:"total_tokens"`
+		CompletionDetails *struct {
+			ReasoningTokens int `json:"reasoning_tokens"`
+		} `json:"completion_tokens_details,omitempty"`
+	}
+	chatMessage struct {
+		Role             string  `json:"role,omitempty"`
+		Content          *string `json:"content,omitempty"`
+		ReasoningContent *string `json:"reasoning_content,omitempty"`
+	}
+	chatChoice struct {
+		Index        int          `json:"index"`
+		Message      *chatMessage `json:"message,omitempty"`
+		Delta        *chatMessage `json:"delta,omitempty"`
+		Text         *string      `json:"text,omitempty"`
+		Logprobs     *struct{}    `json:"logprobs"`
+		FinishReason *string      `json:"finish_reason"`
+	}
+	response struct {
+		ID      string       `json:"id"`
+		Object  string       `json:"object"`
+		Created int64        `json:"created"`
+		Model   string       `json:"model"`
+		Choices []chatChoice `json:"choices"`
+		Usage   *usage       `json:"usage,omitempty"`
+	}
+	// streamChunk is response with usage always present (null until the
+	// last chunk) when include_usage is set.
+	streamChunk struct {
+		ID      string       `json:"id"`
+		Object  string       `json:"object"`
+		Created int64        `json:"created"`
+		Model   string       `json:"model"`
+		Choices []chatChoice `json:"choices"`
+		Usage   *usage       `json:"usage"`
+	}
+)
+
+// run admits j, generates, and writes the response.
+func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
+	ctx := r.Context()
+	if !s.acquire(ctx, w) {
+		return
+	}
+	defer s.release()
+
+	id, object := newID("cmpl-"), "text_completion"
+	if j.chat {
+		id, object = newID("chatcmpl-"), "chat.completion"
+	}
+	created := time.Now().Unix()
+	split := &thinkSplitter{reasoning: j.thinking}
+	var reasoningTokens int
+	var content, reasoning []byte
+
+	var st *sseWriter
+	if j.p.stream {
+		st = newSSE(w)
+		object += ".chunk"
+		if j.chat {
+			st.event(s.chunk(id, object, created, j, chatChoice{Delta: &chatMessage{Role: "assistant", Content: new(string)}}))
+		}
+	}
+	// deliver sends final reasoning/content text on its way.
+	deliver := func(rs, cs string) error {
+		content = append(content, cs...)
+		reasoning = append(reasoning, rs...)
+		if st == nil || rs == "" && cs == "" {
+			return nil
+		}
+		c := chatChoice{}
+		switch {
+		case !j.chat:
+			c.Text = &cs
+		case rs != "" && cs != "":
+			c.Delta = &chatMessage{ReasoningContent: &rs, Content: &cs}
+		case rs != "":
+			c.Delta = &chatMessage{ReasoningContent: &rs}
+		default:
+			c.Delta = &chatMessage{Content: &cs}
+		}
+		return st.event(s.chunk(id, object, created, j, c))
+	}
+	opts := generate.Options{
+		MaxTokens:   j.p.maxTokens,
+		Sampler:     j.sampler,
+		StopTokens:  s.b.StopTokens,
+		StopStrings: j.p.stop,
+		Detokenizer: s.b.Tokenizer.NewDetokenizer(),
+	}
+	res, err := generate.Generate(ctx, s.b.Model, j.prompt, opts, func(e generate.Event) error {
+		if split.reasoning && e.Token != generate.NoToken {
+			reasoningTokens++
+		}
+		return deliver(split.push(e.Text))
+	})
+	if err == nil {
+		err = deliver(split.flush())
+	}
+	if err != nil {
+		var e *apiError
+		switch {
+		case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+			s.m.generation(res, string(generate.FinishCancelled))
+			if r.Context().Err() != nil && s.base.Err() == nil {
+				// The client went away: nobody to answer.
+				s.m.clientGone.Add(1)
+				return
+			}
+			e = &apiError{Status: http.StatusServiceUnavailable, Type: "server_error",
+				Message: "generation cancelled: server shutting down", Code: strp("shutting_down")}
+		case st != nil && st.err != nil:
+			// A write failed: the client went away.
+			s.m.generation(res, string(generate.FinishCancelled))
+			s.m.clientGone.Add(1)
+			return
+		default:
+			s.m.generation(res, "error")
+			s.log.Error("generation failed", "err", err)
+			e = &apiError{Status: http.StatusInternalServerError, Type: "server_error",
+				Message: "generation failed: " + err.Error(), Code: strp("generation_failed")}
+		}
+		if st != nil {
+			st.event(struct {
+				Error *apiError `json:"error"`
+			}{e})
+			return
+		}
+		writeError(w, e)
+		return
+	}
+
+	finish := string(res.Finish)
+	s.m.generation(res, finish)
+	u := &usage{PromptTokens: res.PromptTokens, CompletionTokens: res.GeneratedTokens, TotalTokens: res.PromptTokens + res.GeneratedTokens}
+	if j.thinking {
+		u.CompletionDetails = &struct {
+			ReasoningTokens int `json:"reasoning_tokens"`
+		}{reasoningTokens}
+	}
+	if st != nil {
+		c := chatChoice{FinishReason: &finish}
+		if j.chat {
+			c.Delta = &chatMessage{}
+		} else {
+			c.Text = new(string)
+		}
+		st.event(s.chunk(id, object, created, j, c))
+		if j.p.includeUsage {
+			st.event(streamChunk{ID: id, Object: object, Created: created, Model: j.model, Choices: []chatChoice{}, Usage: u})
+		}
+		st.done()
+		return
+	}
+	c := chatChoice{FinishReason: &finish}
+	cs := string(content)
+	if j.chat {
+		c.Message = &chatMessage{Role: "assistant", Content: &cs}
+		if j.thinking {
+			rs := string(reasoning)
+			c.Message.ReasoningContent = &rs
+		}
+	} else {
+		c.Text = &cs
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(response{ID: id, Object: object, Created: created, Model: j.model, Choices: []chatChoice{c}, Usage: u})
+}
+
+// chunk builds one streamed chunk; usage is null in every chunk when the
+// client asked for usage (it comes in an extra final chunk), absent otherwise.
+func (s *Server) chunk(id, object string, created int64, j *job, c chatChoice) any {
+	if j.p.includeUsage {
+		return streamChunk{ID: id, Object: object, Created: created, Model: j.model, Choices: []chatChoice{c}}
+	}
+	return response{ID: id, Object: object, Created: created, Model: j.model, Choices: []chatChoice{c}}
+}
+
+// sseWriter writes server-sent events. After the first write error it writes
+// nothing more and reports that error from every event.
+type sseWriter struct {
+	w   http.ResponseWriter
+	rc  *http.ResponseController
+	err error
+}
+
+func newSSE(w http.ResponseWriter) *sseWriter {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	return &sseWriter{w: w, rc: http.NewResponseController(w)}
+}
+
+func (s *sseWriter) write(data []byte) error {
+	if s.err != nil {
+		return s.err
+	}
+	buf := make([]byte, 0, len(data)+8)
+	buf = append(buf, "data: "...)
+	buf = append(buf, data...)
+	buf = append(buf, "\n\n"...)
+	if _, err := s.w.Write(buf); err != nil {
+		s.err = err
+		return err
+	}
+	if err := s.rc.Flush(); err != nil {
+		s.err = err
+	}
+	return s.err
+}
+
+func (s *sseWriter) event(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return s.write(b)
+}
+
+func (s *sseWriter) done() { _ = s.write([]byte("[DONE]")) }
+
+func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"object": "list",
+		"data":   []any{s.modelObject()},
+	})
+}
+
+func (s *Server) handleModel(w http.ResponseWriter, r *http.Request) {
+	if id := r.PathValue("id"); id != s.b.Name {
+		writeError(w, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error",
+			Message: fmt.Sprintf("model %q is not served here (this server serves %q)", id, s.b.Name),
+			Param:   strp("model"), Code: strp("model_not_found")})
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(s.modelObject())
+}
+
+func (s *Server) modelObject() map[string]any {
+	return map[string]any{
+		"id": s.b.Name, "object": "model", "created": s.created, "owned_by": "moxie",
+		"context_length": s.b.Model.MaxContext(),
+	}
+}
+
+func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	if s.draining.Load() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintln(w, `{"status":"shutting_down"}`)
+		return
+	}
+	fmt.Fprintln(w, `{"status":"ok"}`)
+}

@@ -125,6 +125,7 @@ func hostileCases() []hostileCase {
 		{"shape huge int", f(`{"a":{"dtype":"U8","shape":[9223372036854775808],"data_offsets":[0,8]}}`, 8), "shape", "a", "does not fit in int64"},
 		{"shape bytes overflow", f(`{"a":{"dtype":"F32","shape":[4611686018427387904,2],"data_offsets":[0,8]}}`, 8), "shape", "a", "overflows"},
 		{"shape elems overflow past zero", f(`{"a":{"dtype":"U8","shape":[4294967296,4294967296,0],"data_offsets":[0,0]}}`, 8), "shape", "a", "overflows"},
+		{"shape overflow after zero dim", f(`{"a":{"dtype":"F32","shape":[0,4611686018427387904,4],"data_offsets":[0,0]}}`, 8), "shape", "a", "overflows"},
 		{"rank too large", f(`{"a":{"dtype":"U8","shape":[`+strings.Repeat("1,", 64)+`1],"data_offsets":[0,1]}}`, 8), "shape", "a", "more than 64"},
 		{"size mismatch", f(`{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}`, 16), "data_offsets", "a", "want 12"},
 		{"begin after end", f(`{"a":{"dtype":"F32","shape":[0],"data_offsets":[8,4]}}`, 16), "data_offsets", "a", "begin > end"},

@@ -1,0 +1,392 @@
+// Package chat renders conversations in the DeepSeek-V4 chat format (the
+// format of DeepSeek's encoding_dsv4, described in dsv4-flash.md §6) and
+// parses the model's output back into reasoning, content and tool calls.
+//
+// Render produces text that contains control tokens (`<｜User｜>`, `<think>`,
+// ...); encode it with tokenizer.EncodeOptions{AllowSpecial: true}. User text
+// is inserted verbatim, so a server that must stop users from writing control
+// tokens should encode message contents separately.
+package chat
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Control tokens of the DeepSeek-V4 chat format.
+const (
+	BOS            = "<｜begin▁of▁sentence｜>"
+	EOS            = "<｜end▁of▁sentence｜>"
+	UserToken      = "<｜User｜>"
+	AssistantToken = "<｜Assistant｜>"
+	ThinkStart     = "<think>"
+	ThinkEnd       = "</think>"
+	DSML           = "｜DSML｜"
+	ReminderToken  = "<｜latest_reminder｜>"
+)
+
+// taskTokens are the quick-instruction task markers.
+var taskTokens = map[string]string{
+	"action":    "<｜action｜>",
+	"query":     "<｜query｜>",
+	"authority": "<｜authority｜>",
+	"domain":    "<｜domain｜>",
+	"title":     "<｜title｜>",
+	"read_url":  "<｜read_url｜>",
+}
+
+// Message is one conversation turn. JSON field names follow the OpenAI chat
+// API (plus DeepSeek's reasoning_content, task and wo_eos), so a request body
+// decodes into []Message directly.
+type Message struct {
+	// Role is system, user, assistant, tool, developer or latest_reminder.
+	Role             string `json:"role"`
+	Content          string `json:"content"`
+	ReasoningContent string `json:"reasoning_content,omitempty"`
+	// ToolCalls are the calls an assistant turn made.
+	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
+	// ToolCallID ties a tool message (a result) to the call it answers; tool
+	// results are rendered in the order of the calls.
+	ToolCallID string `json:"tool_call_id,omitempty"`
+	// Tools declared on a system or developer message are described in the
+	// prompt. Declaring tools anywhere keeps all reasoning (no drop).
+	Tools []Tool `json:"tools,omitempty"`
+	// Task names a quick-instruction task (action, query, authority, domain,
+	// title, read_url) answered by the next assistant turn.
+	Task string `json:"task,omitempty"`
+	// WoEOS renders an assistant turn without the closing EOS (a prefix for
+	// the model to continue).
+	WoEOS bool `json:"wo_eos,omitempty"`
+}
+
+// ToolCall is an OpenAI-style function call.
+type ToolCall struct {
+	ID       string       `json:"id,omitempty"`
+	Type     string       `json:"type,omitempty"`
+	Function FunctionCall `json:"function"`
+}
+
+// FunctionCall names a function and carries its arguments as JSON text (an
+// object).
+type FunctionCall struct {
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+}
+
+// Tool is an OpenAI-style tool declaration. Function (the object with name,
+// description and parameters) is rendered into the prompt verbatim, in its
+// key order.
+type Tool struct {
+	Type     string          `json:"type"`
+	Function json.RawMessage `json:"function"`
+}
+
+// Options selects the rendering mode.
+type Options struct {
+	// Thinking selects thinking mode: the assistant opener is `<think>` and
+	// finished turns carry their reasoning. Otherwise (chat mode) the opener
+	// is `</think>` and no reasoning is rendered.
+	Thinking bool
+	// KeepThinking keeps the reasoning of assistant turns before the last user
+	// message (drop_thinking=False). It is implied when any message declares
+	// tools.
+	KeepThinking bool
+	// NoBOS leaves out the leading BOS (for a continuation of a prompt).
+	NoBOS bool
+}
+
+// toolResult is a tool result merged into a user turn.
+type block struct {
+	text     string
+	isResult bool
+	callID   string
+}
+
+// turn is a message after tool results are merged into user turns.
+type turn struct {
+	Message
+	blocks    []block
+	hasBlocks bool
+}
+
+// Render returns the prompt for msgs. When the last message is a user (or
+// developer) turn, the assistant opener for the next turn is appended, so the
+// result is ready for generation. Errors name the message index at fault.
+func Render(msgs []Message, opts Options) (string, error) {
+	turns := mergeToolResults(msgs)
+	sortToolResults(turns)
+
+	drop := !opts.KeepThinking
+	for _, t := range turns {
+		if len(t.Tools) > 0 && t.Role != "user" { // merged user turns keep no tools
+			drop = false
+		}
+	}
+	if opts.Thinking && drop {
+		turns = dropEarlyThinking(turns)
+	}
+	var b strings.Builder
+	if !opts.NoBOS {
+		b.WriteString(BOS)
+	}
+	for i := range turns {
+		if err := renderTurn(&b, i, turns, opts.Thinking, drop); err != nil {
+			return "", err
+		}
+	}
+	return b.String(), nil
+}
+
+// mergeToolResults turns tool messages into tool-result blocks of a user
+// turn, and merges consecutive user messages (joined by a blank line), as
+// DeepSeek-V4 has no tool role.
+func mergeToolResults(msgs []Message) []turn {
+	var out []turn
+	for _, m := range msgs {
+		last := len(out) - 1
+		switch m.Role {
+		case "tool":
+			bl := block{text: m.Content, isResult: true, callID: m.ToolCallID}
+			if last >= 0 && out[last].Role == "user" && out[last].hasBlocks {
+				out[last].blocks = append(out[last].blocks, bl)
+			} else {
+				out = append(out, turn{Message: Message{Role: "user"}, blocks: []block{bl}, hasBlocks: true})
+			}
+		case "user":
+			bl := block{text: m.Content}
+			if last >= 0 && out[last].Role == "user" && out[last].hasBlocks && out[last].Task == "" {
+				out[last].blocks = append(out[last].blocks, bl)
+			} else {
+				out = append(out, turn{Message: m, blocks: []block{bl}, hasBlocks: true})
+			}
+		default:
+			out = append(out, turn{Message: m})
+		}
+	}
+	return out
+}
+
+// sortToolResults orders the results in each user turn by the order of the
+// calls of the latest assistant turn with calls (results with unknown ids
+// sort as the first call).
+func sortToolResults(turns []turn) {
+	order := map[string]int{}
+	for i := range turns {
+		t := &turns[i]
+		if t.Role == "assistant" && len(t.ToolCalls) > 0 {
+			order = map[string]int{}
+			for k, c := range t.ToolCalls {
+				if c.ID != "" {
+					order[c.ID] = k
+				}
+			}
+			continue
+		}
+		if t.Role != "user" || len(order) == 0 {
+			continue
+		}
+		var results []block
+		for _, bl := range t.blocks {
+			if bl.isResult {
+				results = append(results, bl)
+			}
+		}
+		if len(results) < 2 {
+			continue
+		}
+		sort.SliceStable(results, func(a, b int) bool { return order[results[a].callID] < order[results[b].callID] })
+		k := 0
+		for j := range t.blocks {
+			if t.blocks[j].isResult {
+				t.blocks[j] = results[k]
+				k++
+			}
+		}
+	}
+}
+
+func lastUserIndex(turns []turn) int {
+	for i := len(turns) - 1; i >= 0; i-- {
+		if r := turns[i].Role; r == "user" || r == "developer" {
+			return i
+		}
+	}
+	return -1
+}
+
+// dropEarlyThinking removes the reasoning of assistant turns before the last
+// user turn and drops developer (and unknown-role) turns there.
+func dropEarlyThinking(turns []turn) []turn {
+	last := lastUserIndex(turns)
+	var out []turn
+	for i, t := range turns {
+		switch {
+		case i >= last || t.Role == "user" || t.Role == "system" || t.Role == "tool" || t.Role == "latest_reminder":
+			out = append(out, t)
+		case t.Role == "assistant":
+			t.ReasoningContent = ""
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+func renderTurn(b *strings.Builder, i int, turns []turn, thinking, drop bool) error {
+	t := &turns[i]
+	lastUser := lastUserIndex(turns)
+	switch t.Role {
+	case "system":
+		b.WriteString(t.Content)
+		if err := writeTools(b, t.Tools, i); err != nil {
+			return err
+		}
+	case "developer":
+		if t.Content == "" {
+			return fmt.Errorf("chat: message %d: developer message has no content", i)
+		}
+		b.WriteString(UserToken)
+		b.WriteString(t.Content)
+		if err := writeTools(b, t.Tools, i); err != nil {
+			return err
+		}
+	case "user":
+		b.WriteString(UserToken)
+		for k, bl := range t.blocks {
+			if k > 0 {
+				b.WriteString("\n\n")
+			}
+			if bl.isResult {
+				b.WriteString("<tool_result>" + bl.text + "</tool_result>")
+			} else {
+				b.WriteString(bl.text)
+			}
+		}
+	case "latest_reminder":
+		b.WriteString(ReminderToken)
+		b.WriteString(t.Content)
+	case "assistant":
+		prevTask := i > 0 && turns[i-1].Task != ""
+		if thinking && !prevTask && (!drop || i > lastUser) {
+			b.WriteString(t.ReasoningContent)
+			b.WriteString(ThinkEnd)
+		}
+		b.WriteString(t.Content)
+		if len(t.ToolCalls) > 0 {
+			if err := writeToolCalls(b, t.ToolCalls, i); err != nil {
+				return err
+			}
+		}
+		if !t.WoEOS {
+			b.WriteString(EOS)
+		}
+	default:
+		return fmt.Errorf("chat: message %d: unknown role %q", i, t.Role)
+	}
+
+	if i+1 < len(turns) && turns[i+1].Role != "assistant" && turns[i+1].Role != "latest_reminder" {
+		return nil
+	}
+	if t.Task != "" {
+		tok, ok := taskTokens[t.Task]
+		if !ok {
+			return fmt.Errorf("chat: message %d: unknown task %q", i, t.Task)
+		}
+		if t.Task == "action" {
+			b.WriteString(AssistantToken)
+			if thinking {
+				b.WriteString(ThinkStart)
+			} else {
+				b.WriteString(ThinkEnd)
+			}
+		}
+		b.WriteString(tok)
+		return nil
+	}
+	if t.Role == "user" || t.Role == "developer" {
+		b.WriteString(AssistantToken)
+		if thinking && (!drop || i >= lastUser) {
+			b.WriteString(ThinkStart)
+		} else {
+			b.WriteString(ThinkEnd)
+		}
+	}
+	return nil
+}
+
+// toolsPrompt is DeepSeek-V4's tool-use instruction, as it appears in the
+// official encoding test vectors (chat/testdata/test_output_1.txt); %s is the
+// list of tool schemas, one JSON object per line.
+const toolsPrompt = "## Tools\n\n" +
+	"You have access to a set of tools to help answer the user's question. You can invoke tools by writing a \"<｜DSML｜tool_calls>\" block like the following:\n\n" +
+	"<｜DSML｜tool_calls>\n" +
+	"<｜DSML｜invoke name=\"$TOOL_NAME\">\n" +
+	"<｜DSML｜parameter name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE</｜DSML｜parameter>\n" +
+	"...\n" +
+	"</｜DSML｜invoke>\n" +
+	"<｜DSML｜invoke name=\"$TOOL_NAME2\">\n" +
+	"...\n" +
+	"</｜DSML｜invoke>\n" +
+	"</｜DSML｜tool_calls>\n\n" +
+	"String parameters should be specified as is and set `string=\"true\"`. For all other types (numbers, booleans, arrays, objects), pass the value in JSON format and set `string=\"false\"`.\n\n" +
+	"If thinking_mode is enabled (triggered by <think>), you MUST output your complete reasoning inside <think>...</think> BEFORE any tool calls or final response.\n\n" +
+	"Otherwise, output directly after </think> with tool calls or final response.\n\n" +
+	"### Available Tool Schemas\n\n" +
+	"%s\n\n" +
+	"You MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n"
+
+func writeTools(b *strings.Builder, tools []Tool, i int) error {
+	if len(tools) == 0 {
+		return nil
+	}
+	schemas := make([]string, len(tools))
+	for k, tl := range tools {
+		s, err := pyJSON(tl.Function)
+		if err != nil {
+			return fmt.Errorf("chat: message %d: tools[%d].function: %v", i, k, err)
+		}
+		schemas[k] = s
+	}
+	b.WriteString("\n\n")
+	fmt.Fprintf(b, toolsPrompt, strings.Join(schemas, "\n"))
+	return nil
+}
+
+// writeToolCalls renders calls as a DSML tool_calls block. Arguments that are
+// not valid JSON are passed as one string parameter named "arguments".
+func writeToolCalls(b *strings.Builder, calls []ToolCall, i int) error {
+	b.WriteString("\n\n<" + DSML + "tool_calls>\n")
+	for k, c := range calls {
+		if k > 0 {
+			b.WriteString("\n")
+		}
+		fmt.Fprintf(b, "<%sinvoke name=\"%s\">\n", DSML, c.Function.Name)
+		var fields []field
+		if json.Valid([]byte(c.Function.Arguments)) {
+			var err error
+			if fields, err = orderedObject([]byte(c.Function.Arguments)); err != nil {
+				return fmt.Errorf("chat: message %d: tool_calls[%d].function.arguments: want a JSON object: %v", i, k, err)
+			}
+		} else {
+			q, _ := json.Marshal(c.Function.Arguments)
+			fields = []field{{"arguments", q}}
+		}
+		for j, f := range fields {
+			if j > 0 {
+				b.WriteString("\n")
+			}
+			var s string
+			isStr := "false"
+			if err := json.Unmarshal(f.raw, &s); err == nil {
+				isStr = "true"
+			} else if s, err = pyJSON(f.raw); err != nil {
+				return fmt.Errorf("chat: message %d: tool_calls[%d].function.arguments[%q]: %v", i, k, f.key, err)
+			}
+			fmt.Fprintf(b, "<%sparameter name=\"%s\" string=\"%s\">%s</%sparameter>", DSML, f.key, isStr, s, DSML)
+		}
+		fmt.Fprintf(b, "\n</%sinvoke>", DSML)
+	}
+	b.WriteString("\n</" + DSML + "tool_calls>")
+	return nil
+}

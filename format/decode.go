@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"unsafe"
 )
 
 // The bulk decoders below are hot paths with no error result. Their length
@@ -158,14 +159,6 @@ func DecodeMXFP8Row(dst []float32, q []byte, scales []byte) {
 	}
 }
 
-// scaledE2M1 returns the 16 E2M1 code values multiplied by s (float32 products).
-func scaledE2M1(s float32) (ts [16]float32) {
-	for c := range ts {
-		ts[c] = e2m1Table[c] * s
-	}
-	return ts
-}
-
 // fp4PairTable maps a packed MXFP4 byte to its (even, odd) element values: low
 // nibble first. Read-only after init.
 var fp4PairTable = func() (t [256][2]float32) {
@@ -175,38 +168,91 @@ var fp4PairTable = func() (t [256][2]float32) {
 	return t
 }()
 
+// fp4Pair holds, per packed MXFP4 byte, the memory image of its two decoded
+// float32 values read as one uint64 (so it is right for either byte order), and a
+// mask selecting the exponent-carrying half of each nonzero value. Read-only.
+var fp4Pair = func() (t [256]fp4PairEntry) {
+	for i := range t {
+		pair := fp4PairTable[i]
+		t[i].bits = *(*uint64)(unsafe.Pointer(&pair))
+		var m [2]uint32
+		for h, v := range pair {
+			if v != 0 {
+				m[h] = 0xffffffff
+			}
+		}
+		t[i].mask = *(*uint64)(unsafe.Pointer(&m))
+	}
+	return t
+}()
+
+type fp4PairEntry struct{ bits, mask uint64 }
+
 // DecodeMXFP4Row decodes one MXFP4 row: element 2j is the low nibble of
-// packed[j], element 2j+1 the high nibble; dst[i] = e2m1(code_i) · e8m0(scales[i/32]).
-// Preconditions: len(dst) == 2*len(packed), len(scales) == ceil(len(dst)/32).
+// packed[j], element 2j+1 the high nibble; dst[i] = e2m1(code_i) · e8m0(scales[i/32])
+// (the float32 product). Preconditions: len(dst) == 2*len(packed),
+// len(scales) == ceil(len(dst)/32).
 func DecodeMXFP4Row(dst []float32, packed []byte, scales []byte) {
 	if len(dst) != 2*len(packed) || len(scales) != (len(dst)+31)/32 {
 		lenPanic("DecodeMXFP4Row", "len(dst)=%d len(packed)=%d len(scales)=%d, want len(dst)=2*len(packed) and len(scales)=ceil(len(dst)/32)=%d",
 			len(dst), len(packed), len(scales), (len(dst)+31)/32)
 	}
+	t := &fp4PairTable
+	pt := &fp4Pair
 	i := decodeMXFP4Groups(dst, packed, scales) // packed bytes done by SIMD, if any
 	for j := i / 16; i+16 <= len(packed); j, i = j+1, i+16 {
-		// Scale the 16-entry code table once per 32-element group; the per-element
-		// work is then two lookups and two stores per packed byte.
-		ts := scaledE2M1(E8M0ToFloat32(scales[j]))
+		sb := scales[j]
 		b := (*[16]byte)(packed[i:])
 		d := (*[32]float32)(dst[2*i:])
-		for k := 0; k < 16; k += 4 {
-			b0, b1, b2, b3 := b[k], b[k+1], b[k+2], b[k+3]
-			d[2*k+0] = ts[b0&15]
-			d[2*k+1] = ts[b0>>4]
-			d[2*k+2] = ts[b1&15]
-			d[2*k+3] = ts[b1>>4]
-			d[2*k+4] = ts[b2&15]
-			d[2*k+5] = ts[b2>>4]
-			d[2*k+6] = ts[b3&15]
-			d[2*k+7] = ts[b3>>4]
+		if sb >= 2 && sb <= 252 {
+			// Scale 2^k with |k| <= 125: every product of an E2M1 value
+			// (2^-1 .. 1.5·2^2) and 2^k is a normal float32, so the product is
+			// exactly the value with k added to its exponent field. Zeros are
+			// masked out. Both halves of a uint64 are adjusted at once; the
+			// exponent never carries or borrows into the sign bit.
+			w := (*[16]uint64)(unsafe.Pointer(d))
+			if k := int(sb) - 127; k >= 0 {
+				delta := uint64(k)<<23 | uint64(k)<<55
+				for m := 0; m < 16; m += 4 {
+					e0 := &pt[b[m]]
+					w[m] = e0.bits + delta&e0.mask
+					e1 := &pt[b[m+1]]
+					w[m+1] = e1.bits + delta&e1.mask
+					e2 := &pt[b[m+2]]
+					w[m+2] = e2.bits + delta&e2.mask
+					e3 := &pt[b[m+3]]
+					w[m+3] = e3.bits + delta&e3.mask
+				}
+			} else {
+				delta := uint64(-k)<<23 | uint64(-k)<<55
+				for m := 0; m < 16; m += 4 {
+					e0 := &pt[b[m]]
+					w[m] = e0.bits - delta&e0.mask
+					e1 := &pt[b[m+1]]
+					w[m+1] = e1.bits - delta&e1.mask
+					e2 := &pt[b[m+2]]
+					w[m+2] = e2.bits - delta&e2.mask
+					e3 := &pt[b[m+3]]
+					w[m+3] = e3.bits - delta&e3.mask
+				}
+			}
+			continue
+		}
+		s := E8M0ToFloat32(sb) // extreme or NaN scale: float32 products
+		for m := 0; m < 16; m += 2 {
+			p0, p1 := &t[b[m]], &t[b[m+1]]
+			d[2*m+0] = p0[0] * s
+			d[2*m+1] = p0[1] * s
+			d[2*m+2] = p1[0] * s
+			d[2*m+3] = p1[1] * s
 		}
 	}
 	if i < len(packed) {
-		ts := scaledE2M1(E8M0ToFloat32(scales[len(scales)-1]))
+		s := E8M0ToFloat32(scales[len(scales)-1])
 		for ; i < len(packed); i++ {
-			dst[2*i] = ts[packed[i]&15]
-			dst[2*i+1] = ts[packed[i]>>4]
+			p := &t[packed[i]]
+			dst[2*i] = p[0] * s
+			dst[2*i+1] = p[1] * s
 		}
 	}
 }

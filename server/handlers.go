@@ -45,6 +45,10 @@ func (s *Server) checkContext(j *job, promptField, maxField string) *apiError {
 		return badRequest(promptField, "context_length_exceeded",
 			"%s: the prompt is %d tokens; this model's context is %d tokens, leaving no room for output", promptField, n, ctxLen)
 	}
+	if j.p.maxTokens == 0 && s.cfg.DefaultMaxTokens > 0 {
+		j.p.maxTokens = min(s.cfg.DefaultMaxTokens, ctxLen-n)
+		return nil
+	}
 	if j.p.maxTokens > 0 && n+j.p.maxTokens > ctxLen {
 		return badRequest(maxField, "context_length_exceeded",
 			"%s: %d prompt tokens + %d requested exceed this model's context of %d tokens (at most %d can be requested)",

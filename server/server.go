@@ -139,6 +139,10 @@ type Config struct {
 	APIKey string
 	// MaxBodyBytes bounds a request body (default 8 MiB; 413 beyond).
 	MaxBodyBytes int64
+	// DefaultMaxTokens caps generation for requests that set neither
+	// max_tokens nor max_completion_tokens (clamped to the room left in the
+	// context); 0 means up to the end of the context.
+	DefaultMaxTokens int
 	// DefaultThinking is the thinking mode of chat requests that do not say.
 	DefaultThinking bool
 	// ShutdownGrace is how long Serve lets in-flight requests finish after

@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"moxie/checkpoint"
+	"moxie/dsv4"
+	"moxie/server"
+	"moxie/tokenizer"
+)
+
+const serveAbout = `
+Serve MODEL over an OpenAI-compatible HTTP API:
+
+  POST /v1/chat/completions   chat (set "stream": true for server-sent events)
+  POST /v1/completions        raw prompt -> text
+  GET  /v1/models             the served model
+  GET  /health                liveness (503 while shutting down)
+  GET  /metrics               Prometheus metrics
+
+Thinking mode: send "thinking": {"type": "enabled"} or "reasoning_effort":
+"high" (or "max"); the reasoning comes back in reasoning_content, apart from
+content. Requests beyond --concurrency wait in a queue of --queue; when it is
+full the server answers 503 with Retry-After. SIGINT or SIGTERM stop accepting
+requests, let running ones finish for --grace, then cancel them and exit.
+
+The server binds to loopback by default. Before binding to another address set
+--api-key (or MOXIE_API_KEY): clients then send "Authorization: Bearer KEY".
+
+Example:
+  moxie serve --model synth:tiny
+  curl -s localhost:8080/v1/completions -d '{"model":"synth:tiny","prompt":"Hi","max_tokens":8}'`
+
+func runServe(args []string, _ io.Reader, stdout, stderr io.Writer) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return serve(ctx, args, stdout, stderr, nil)
+}
+
+// serve is runServe with the stop signal as ctx; ready, if set, is called
+// with the listening address once the server accepts connections.
+func serve(ctx context.Context, args []string, stdout, stderr io.Writer, ready func(addr string)) error {
+	fs := newFlags("serve", "[--model MODEL] [--addr HOST:PORT] [flags]", serveAbout, stderr)
+	model := fs.String("model", defaultModel, "the `MODEL` to serve: a checkpoint directory or synth:PRESET")
+	addr := fs.String("addr", "127.0.0.1:8080", "listen address (`HOST:PORT`; port 0 picks a free one)")
+	concurrency := fs.Int("concurrency", 1, "generations run at once")
+	queue := fs.Int("queue", 16, "requests that may wait for a generation slot (0: none)")
+	apiKey := fs.String("api-key", "", "require \"Authorization: Bearer `KEY`\" on every request (default $MOXIE_API_KEY)")
+	name := fs.String("name", "", "model id clients must send (default: the MODEL spec, or the directory's base name)")
+	maxTokens := fs.Int("max-tokens", 0, "default cap on generated tokens when a request sets none (0: up to the context)")
+	thinking := fs.Bool("thinking", false, "use thinking mode for chat requests that do not choose")
+	maxBody := fs.Int64("max-body", 8<<20, "largest request body in `BYTES`")
+	grace := fs.Duration("grace", 30*time.Second, "how long running requests may finish after SIGINT/SIGTERM")
+	quiet := fs.Bool("quiet", false, "do not log each request")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return usagef("unexpected arguments %q (the model is given with --model)", fs.Args())
+	}
+	switch {
+	case *concurrency < 1:
+		return usagef("--concurrency must be at least 1, got %d", *concurrency)
+	case *queue < 0:
+		return usagef("--queue must be >= 0, got %d", *queue)
+	case *maxTokens < 0:
+		return usagef("--max-tokens must be >= 0, got %d", *maxTokens)
+	case *maxBody < 1:
+		return usagef("--max-body must be positive, got %d", *maxBody)
+	case *grace <= 0:
+		return usagef("--grace must be positive, got %v", *grace)
+	}
+	key := *apiKey
+	if key == "" {
+		key = os.Getenv("MOXIE_API_KEY")
+	}
+	host, _, err := net.SplitHostPort(*addr)
+	if err != nil {
+		return usagef("--addr %q: %v", *addr, err)
+	}
+	if !isLoopback(host) && key == "" {
+		fmt.Fprintf(stderr, "moxie serve: warning: listening on %s without --api-key: anyone who can reach it can use it\n", *addr)
+	}
+
+	backend, closeModel, err := loadServeModel(*model, stderr)
+	if err != nil {
+		return err
+	}
+	defer closeModel()
+	if *name != "" {
+		backend.Name = *name
+	}
+	logLevel := slog.LevelInfo
+	if *quiet {
+		logLevel = slog.LevelWarn
+	}
+	s, err := server.New(server.Config{
+		Concurrency: *concurrency, QueueSize: *queue, APIKey: key, MaxBodyBytes: *maxBody,
+		DefaultMaxTokens: *maxTokens, DefaultThinking: *thinking, ShutdownGrace: *grace,
+		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: logLevel})),
+	}, backend)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "moxie serve: model %q on http://%s (concurrency %d, queue %d)\n",
+		backend.Name, ln.Addr(), *concurrency, *queue)
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
+	if err := s.Serve(ctx, ln); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "moxie serve: stopped")
+	return nil
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// loadServeModel opens MODEL (noting on stderr when it is synthetic) and
+// builds what the server needs: the dsv4 model, its tokenizer (tokenizer.json
+// and tokenizer_config.json from the checkpoint) and EOS as the stop token.
+// The returned function releases the checkpoint.
+func loadServeModel(spec string, stderr io.Writer) (server.Backend, func() error, error) {
+	lm, err := loadModel(spec, dsv4.Options{}, stderr)
+	if err != nil {
+		return server.Backend{}, nil, err
+	}
+	fail := func(err error) (server.Backend, func() error, error) {
+		lm.Close()
+		return server.Backend{}, nil, err
+	}
+	tj, err := lm.src.File("tokenizer.json")
+	if err != nil {
+		return fail(fmt.Errorf("%s has no tokenizer.json: %w", spec, err))
+	}
+	cj, err := lm.src.File("tokenizer_config.json")
+	if err != nil {
+		return fail(fmt.Errorf("%s has no tokenizer_config.json: %w", spec, err))
+	}
+	tok, err := tokenizer.Load(tj, cj)
+	if err != nil {
+		return fail(fmt.Errorf("%s: %w", spec, err))
+	}
+	eos, ok := tok.EOS()
+	if !ok {
+		eos = lm.m.Cfg.EOS
+	}
+	if eos < 0 || eos >= lm.m.VocabSize() {
+		return fail(errors.New("no end-of-sequence token inside the vocabulary"))
+	}
+	name := spec
+	if !strings.HasPrefix(spec, checkpoint.SynthPrefix) {
+		name = filepath.Base(filepath.Clean(spec))
+	}
+	return server.Backend{
+		Name:       name,
+		Model:      lm.m,
+		Tokenizer:  server.FromTokenizer(tok),
+		StopTokens: []int{eos},
+		// Chat: wired when the chat package lands; until then
+		// /v1/chat/completions answers 404 and /v1/completions works.
+	}, lm.Close, nil
+}

@@ -1,0 +1,110 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// TestOpenAINodeClient runs the official openai npm client (pinned in
+// testdata/npm, installed by scripts/setup-openai.sh) against a live server
+// on loopback serving the fake model, and checks what the client parsed.
+func TestOpenAINodeClient(t *testing.T) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("node not found in PATH: this test runs the official openai npm client")
+	}
+	if _, err := os.Stat(filepath.Join("testdata", "npm", "node_modules", "openai", "package.json")); err != nil {
+		t.Skip("the openai npm package is not installed (run scripts/setup-openai.sh, needs npm)")
+	}
+	s := newServer(t, Config{APIKey: "test-key", Concurrency: 2, QueueSize: 4}, newFake())
+	url, stop := serveOn(t, s)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, "client.mjs", url+"/v1", "test-key", "moxie-test")
+	cmd.Dir = filepath.Join("testdata", "npm")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("node client.mjs: %v\nstderr:\n%s", err, stderr.String())
+	}
+	type usage struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+		TotalTokens      int `json:"total_tokens"`
+	}
+	var got struct {
+		Models []string `json:"models"`
+		Chat   struct {
+			Object, Content, Role, Finish string
+			Usage                         usage
+		} `json:"chat"`
+		Thinking struct {
+			Content         string
+			Reasoning       *string
+			ReasoningTokens *int
+		} `json:"thinking"`
+		Stream struct {
+			Content string
+			Chunks  int
+			Finish  string
+			Usage   *usage
+		} `json:"stream"`
+		Completion struct {
+			Object, Text, Finish string
+			Usage                usage
+		} `json:"completion"`
+		CompletionStream struct{ Text string } `json:"completionStream"`
+		Error            *struct {
+			Status                     int
+			Code, Param, Type, Message string
+		} `json:"error"`
+		AuthError *struct {
+			Status int
+			Code   string
+		} `json:"authError"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
+		t.Fatalf("client output is not JSON: %v\n%s", err, stdout.String())
+	}
+	t.Logf("client saw: %s", stdout.String())
+
+	if len(got.Models) != 1 || got.Models[0] != "moxie-test" {
+		t.Errorf("models %v", got.Models)
+	}
+	c := got.Chat
+	if c.Object != "chat.completion" || c.Role != "assistant" || c.Content != "Hello, world!" || c.Finish != "stop" ||
+		c.Usage != (usage{userPromptLen(2), 14, userPromptLen(2) + 14}) {
+		t.Errorf("chat %+v", c)
+	}
+	if th := got.Thinking; th.Content != "Hello, world!" || th.Reasoning == nil || *th.Reasoning != "Let me think." ||
+		th.ReasoningTokens == nil || *th.ReasoningTokens != 14 {
+		t.Errorf("thinking %+v", th)
+	}
+	// stop "world": the content ends before it; "Hello, world" is 12 tokens.
+	if st := got.Stream; st.Content != "Hello, " || st.Finish != "stop" || st.Chunks < 8 ||
+		st.Usage == nil || *st.Usage != (usage{userPromptLen(2), 12, userPromptLen(2) + 12}) {
+		t.Errorf("stream %+v (usage %+v)", st, st.Usage)
+	}
+	if cp := got.Completion; cp.Object != "text_completion" || cp.Text != "Hello" || cp.Finish != "length" || cp.Usage != (usage{9, 5, 14}) {
+		t.Errorf("completion %+v", cp)
+	}
+	if got.CompletionStream.Text != "Hel" {
+		t.Errorf("completion stream %+v", got.CompletionStream)
+	}
+	if e := got.Error; e == nil || e.Status != 404 || e.Code != "model_not_found" || e.Param != "model" || e.Type != "invalid_request_error" {
+		t.Errorf("error %+v", e)
+	}
+	if e := got.AuthError; e == nil || e.Status != 401 || e.Code != "invalid_api_key" {
+		t.Errorf("auth error %+v", e)
+	}
+	if err := stop(); err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+}

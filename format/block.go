@@ -64,8 +64,13 @@ const (
 	e2m1LimFrac, e2m1LimExp = 0.75, 3
 )
 
+// validShape reports whether rows, cols >= 0 and rows*cols does not overflow int.
+func validShape(rows, cols int) bool {
+	return rows >= 0 && cols >= 0 && (cols == 0 || rows <= math.MaxInt/cols)
+}
+
 func checkQuantArgs(fn string, n, rows, cols int) {
-	if rows < 0 || cols < 0 || n != rows*cols {
+	if !validShape(rows, cols) || n != rows*cols {
 		panic(fmt.Sprintf("format.%s: len(w)=%d rows=%d cols=%d, want len(w)=rows*cols with rows, cols >= 0", fn, n, rows, cols))
 	}
 }
@@ -110,7 +115,7 @@ func QuantizeFP8Block(w []float32, rows, cols, block int) (q, scale []byte) {
 // It returns an error if rows, cols < 0, block <= 0, len(q) != rows*cols or
 // len(scale) != ceil(rows/block)*ceil(cols/block).
 func DequantFP8Block(q, scale []byte, rows, cols, block int) ([]float32, error) {
-	if rows < 0 || cols < 0 || block <= 0 {
+	if !validShape(rows, cols) || block <= 0 {
 		return nil, fmt.Errorf("format.DequantFP8Block: bad shape rows=%d cols=%d block=%d", rows, cols, block)
 	}
 	if len(q) != rows*cols {
@@ -161,8 +166,8 @@ func QuantizeMXFP8(w []float32, rows, cols int) (q, scale []byte) {
 // returns an error unless rows, cols >= 0, cols%32 == 0, len(q) == rows*cols and
 // len(scale) == rows*cols/32.
 func DequantMXFP8(q, scale []byte, rows, cols int) ([]float32, error) {
-	if rows < 0 || cols < 0 || cols%MXGroup != 0 {
-		return nil, fmt.Errorf("format.DequantMXFP8: bad shape rows=%d cols=%d (cols must be a multiple of %d)", rows, cols, MXGroup)
+	if !validShape(rows, cols) || cols%MXGroup != 0 {
+		return nil, fmt.Errorf("format.DequantMXFP8: bad shape rows=%d cols=%d (rows, cols >= 0, rows*cols within int, cols a multiple of %d)", rows, cols, MXGroup)
 	}
 	if len(q) != rows*cols {
 		return nil, fmt.Errorf("format.DequantMXFP8: len(q)=%d, want rows*cols=%d", len(q), rows*cols)
@@ -205,8 +210,8 @@ func QuantizeMXFP4(w []float32, rows, cols int) (packed, scale []byte) {
 // returns an error unless rows, cols >= 0, cols%32 == 0, len(packed) == rows*cols/2
 // and len(scale) == rows*cols/32.
 func DequantMXFP4(packed, scale []byte, rows, cols int) ([]float32, error) {
-	if rows < 0 || cols < 0 || cols%MXGroup != 0 {
-		return nil, fmt.Errorf("format.DequantMXFP4: bad shape rows=%d cols=%d (cols must be a multiple of %d)", rows, cols, MXGroup)
+	if !validShape(rows, cols) || cols%MXGroup != 0 {
+		return nil, fmt.Errorf("format.DequantMXFP4: bad shape rows=%d cols=%d (rows, cols >= 0, rows*cols within int, cols a multiple of %d)", rows, cols, MXGroup)
 	}
 	if len(packed) != rows*cols/2 {
 		return nil, fmt.Errorf("format.DequantMXFP4: len(packed)=%d, want rows*cols/2=%d", len(packed), rows*cols/2)

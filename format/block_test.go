@@ -153,6 +153,16 @@ func TestQuantizeHandExamples(t *testing.T) {
 	if sc[0] != 128 || q[0] != 0x76 || q[1] != 0x30 || q[2] != 0xF6 || q[3] != 0 {
 		t.Errorf("MXFP8: scale %d q[0:4] % x, want 128, 76 30 f6 00", sc[0], q[:4])
 	}
+	// Boundary: amax exactly 448 -> 2^0; the next float32 above 448 -> 2^1.
+	w = make([]float32, 32)
+	w[5] = 448
+	if _, sc = QuantizeMXFP8(w, 1, 32); sc[0] != 127 {
+		t.Errorf("amax 448: scale %d, want 127", sc[0])
+	}
+	w[5] = math.Nextafter32(448, 1000)
+	if _, sc = QuantizeMXFP8(w, 1, 32); sc[0] != 128 {
+		t.Errorf("amax just above 448: scale %d, want 128", sc[0])
+	}
 	// All-zero group -> exponent 0 (byte 127).
 	q, sc = QuantizeMXFP8(make([]float32, 32), 1, 32)
 	if sc[0] != 127 || q[0] != 0 {
@@ -226,6 +236,9 @@ func TestDequantErrors(t *testing.T) {
 		{"fp8 q short", func() ([]float32, error) { return DequantFP8Block(make([]byte, 5), make([]byte, 1), 2, 3, 128) }, "len(q)=5"},
 		{"fp8 scale short", func() ([]float32, error) { return DequantFP8Block(make([]byte, 130*2), make([]byte, 1), 130, 2, 128) }, "len(scale)=1"},
 		{"fp8 block 0", func() ([]float32, error) { return DequantFP8Block(nil, nil, 0, 0, 0) }, "block=0"},
+		{"fp8 overflow", func() ([]float32, error) { return DequantFP8Block(nil, nil, 1<<40, 1<<40, 128) }, "bad shape"},
+		{"mxfp8 overflow", func() ([]float32, error) { return DequantMXFP8(nil, nil, 1<<40, 1<<40) }, "bad shape"},
+		{"mxfp4 overflow", func() ([]float32, error) { return DequantMXFP4(nil, nil, 1<<40, 1<<40) }, "bad shape"},
 		{"fp8 neg rows", func() ([]float32, error) { return DequantFP8Block(nil, nil, -1, 0, 128) }, "rows=-1"},
 		{"mxfp8 cols", func() ([]float32, error) { return DequantMXFP8(make([]byte, 40), make([]byte, 1), 1, 40) }, "cols=40"},
 		{"mxfp8 q", func() ([]float32, error) { return DequantMXFP8(make([]byte, 31), make([]byte, 1), 1, 32) }, "len(q)=31"},
@@ -245,4 +258,31 @@ func TestDequantErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzDequantShapes feeds arbitrary sizes and buffer lengths to the Dequant*
+// functions: they must return an error or a slice of exactly rows*cols values,
+// never panic.
+func FuzzDequantShapes(f *testing.F) {
+	f.Add(int16(2), int16(64), int16(32), uint16(128), uint16(4), uint8(2))
+	f.Fuzz(func(t *testing.T, rows, cols, block int16, nq, ns uint16, which uint8) {
+		r, c, b := int(rows), int(cols), int(block)
+		q, sc := make([]byte, nq), make([]byte, ns)
+		var out []float32
+		var err error
+		switch which % 3 {
+		case 0:
+			out, err = DequantFP8Block(q, sc, r, c, b)
+		case 1:
+			out, err = DequantMXFP8(q, sc, r, c)
+		default:
+			out, err = DequantMXFP4(q, sc, r, c)
+		}
+		if err == nil && len(out) != r*c {
+			t.Fatalf("rows=%d cols=%d: %d values", r, c, len(out))
+		}
+		if err != nil && out != nil {
+			t.Fatalf("error %v with non-nil result", err)
+		}
+	})
 }

@@ -143,6 +143,39 @@ func TestMXFP4AllScales(t *testing.T) {
 	}
 }
 
+// TestE4M3BlocksAllScales runs every E4M3 code under every scale byte (including
+// 0 = 2^-127, whose products go subnormal, 254, whose products overflow, and 255 =
+// NaN) through DecodeFP8BlockRow and DecodeMXFP8Row, with whole chunks (SIMD
+// where built) and partial tails.
+func TestE4M3BlocksAllScales(t *testing.T) {
+	for _, block := range []int{32, 48, 128} {
+		for _, extra := range []int{0, 5 * block, 3*block + 17} {
+			n := 256*block + extra
+			q := make([]byte, n)
+			for i := range q {
+				q[i] = byte(i*5 + i/256)
+			}
+			sc := make([]byte, (n+block-1)/block)
+			for j := range sc {
+				sc[j] = byte(j*37 + 11)
+			}
+			want := func(i int) float32 {
+				v, _ := refE4M3(q[i])
+				s, _ := refE8M0(sc[i/block])
+				return refProduct(v, s)
+			}
+			dst := make([]float32, n)
+			DecodeFP8BlockRow(dst, q, sc, block)
+			checkSame(t, fmt.Sprintf("DecodeFP8BlockRow block=%d n=%d", block, n), dst, want)
+			if block == 32 {
+				clear(dst)
+				DecodeMXFP8Row(dst, q, sc)
+				checkSame(t, fmt.Sprintf("DecodeMXFP8Row n=%d", n), dst, want)
+			}
+		}
+	}
+}
+
 func TestMXFP4NibbleOrder(t *testing.T) {
 	// packed byte 0xD2: low nibble 2 (=1.0) is element 0, high nibble 13 (=-3) is
 	// element 1; scale byte 128 = 2.

@@ -27,7 +27,7 @@ type FP8BlockTensor struct {
 // with mxScale equals DequantFP8Block with t's scales).
 //
 // It refuses, with an error naming t.Name and the reason: a shape with Rows or Cols
-// < 0 or Block <= 0; Cols or Block not a multiple of 32 (a 32-group would straddle
+// < 0, Rows*Cols overflowing int, or Block <= 0; Cols or Block not a multiple of 32 (a 32-group would straddle
 // two source blocks or run past the row); len(Q) != Rows*Cols; a Scale length that
 // does not match the block grid and ScaleDType; a ScaleDType other than F8E8M0 or
 // F32; an E8M0 scale byte 0xFF (NaN); a float32 scale that is not exactly 2^e with
@@ -37,7 +37,7 @@ func RepackFP8BlockToMXFP8(t FP8BlockTensor) (mxScale []byte, err error) {
 	fail := func(format string, args ...any) ([]byte, error) {
 		return nil, fmt.Errorf("repack FP8-block tensor %q to MXFP8: "+format, append([]any{t.Name}, args...)...)
 	}
-	if t.Rows < 0 || t.Cols < 0 || t.Block <= 0 {
+	if !validShape(t.Rows, t.Cols) || t.Block <= 0 {
 		return fail("bad shape rows=%d cols=%d block=%d", t.Rows, t.Cols, t.Block)
 	}
 	if t.Cols%MXGroup != 0 {

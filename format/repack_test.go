@@ -134,6 +134,7 @@ func TestRepackFP8BlockToMXFP8Refusals(t *testing.T) {
 		{"block not multiple of 32", func(t *FP8BlockTensor) { t.Block, t.Scale = 48, make([]byte, 3*6) }, "straddle"},
 		{"block zero", func(t *FP8BlockTensor) { t.Block = 0 }, "bad shape"},
 		{"negative rows", func(t *FP8BlockTensor) { t.Rows = -1 }, "bad shape"},
+		{"rows*cols overflows", func(t *FP8BlockTensor) { t.Rows, t.Cols = 1<<40, 1<<40 }, "bad shape"},
 		{"Q short", func(t *FP8BlockTensor) { t.Q = t.Q[:100] }, "len(Q)=100"},
 		{"Q long", func(t *FP8BlockTensor) { t.Q = make([]byte, 130*256+1) }, "len(Q)=33281"},
 		{"E8M0 scale short", func(t *FP8BlockTensor) { t.Scale = t.Scale[:3] }, "scale size mismatch"},

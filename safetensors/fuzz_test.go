@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"maps"
 	"math/big"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // FuzzParseHeader feeds arbitrary bytes as a whole file. It must never panic, and
@@ -236,6 +238,36 @@ func FuzzReadIndex(f *testing.F) {
 		back, err := ReadIndex(p)
 		if err != nil || back.TotalSize != ix.TotalSize || !maps.Equal(back.WeightMap, ix.WeightMap) {
 			t.Fatalf("round trip: %+v, %v", back, err)
+		}
+	})
+}
+
+// FuzzIndexNames builds an index around arbitrary tensor and shard names (JSON
+// escaped by encoding/json, independently of this package) and checks the
+// accept/reject decision against the documented rule and the decoded values.
+func FuzzIndexNames(f *testing.F) {
+	f.Add("layers.0.ffn.experts.1.w1.weight", "model-00002-of-00046.safetensors", int64(5))
+	f.Add("a", "../model.safetensors", int64(1))
+	f.Add("a", "sub\\x", int64(1))
+	f.Add("", "s", int64(0))
+	f.Add("é\u2028<>&", "x..y", int64(-3))
+	f.Add("a", "\x00", int64(1))
+	f.Add("a\xff", "s", int64(1))
+	f.Fuzz(func(t *testing.T, name, shard string, total int64) {
+		if !utf8.ValidString(name) || !utf8.ValidString(shard) {
+			t.Skip("JSON text cannot carry invalid UTF-8 (encoding/json would substitute U+FFFD)")
+		}
+		nb, _ := json.Marshal(name)
+		sb, _ := json.Marshal(shard)
+		text := fmt.Sprintf(`{"metadata": {"total_size": %d}, "weight_map": {%s: %s}}`, total, nb, sb)
+		ix, err := parseIndex("names.json", []byte(text))
+		valid := total >= 0 && name != "" &&
+			shard != "" && shard != "." && !strings.ContainsAny(shard, "/\\\x00") && !strings.Contains(shard, "..")
+		if (err == nil) != valid {
+			t.Fatalf("%s: error %v, want valid=%v", text, err, valid)
+		}
+		if err == nil && (ix.TotalSize != total || len(ix.WeightMap) != 1 || ix.WeightMap[name] != shard) {
+			t.Fatalf("%s: decoded %+v", text, ix)
 		}
 	})
 }

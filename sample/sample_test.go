@@ -1,0 +1,317 @@
+package sample
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"testing"
+)
+
+// softmax64 is the reference distribution, computed independently in float64.
+func softmax64(logits []float64, temp float64) []float64 {
+	m := math.Inf(-1)
+	for _, l := range logits {
+		m = math.Max(m, l/temp)
+	}
+	out := make([]float64, len(logits))
+	var z float64
+	for i, l := range logits {
+		out[i] = math.Exp(l/temp - m)
+		z += out[i]
+	}
+	for i := range out {
+		out[i] /= z
+	}
+	return out
+}
+
+func f32(xs ...float64) []float32 {
+	out := make([]float32, len(xs))
+	for i, x := range xs {
+		out[i] = float32(x)
+	}
+	return out
+}
+
+// chiSquare draws n samples and returns Pearson's statistic against want
+// (cells with want 0 must never be drawn) and the degrees of freedom.
+func chiSquare(t *testing.T, s *Sampler, logits []float32, want []float64, n int) (float64, int) {
+	t.Helper()
+	counts := make([]int, len(logits))
+	for range n {
+		id, err := s.Sample(logits, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts[id]++
+	}
+	var chi float64
+	df := -1
+	for i, p := range want {
+		if p == 0 {
+			if counts[i] != 0 {
+				t.Fatalf("token %d has probability 0 but was drawn %d times", i, counts[i])
+			}
+			continue
+		}
+		e := p * float64(n)
+		chi += (float64(counts[i]) - e) * (float64(counts[i]) - e) / e
+		df++
+	}
+	return chi, df
+}
+
+// chiCritical999 holds the 0.999 quantiles of the chi-square distribution
+// (standard tables) by degrees of freedom.
+var chiCritical999 = map[int]float64{1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515, 6: 22.458, 7: 24.322}
+
+func renorm(p []float64, keep []int) []float64 {
+	out := make([]float64, len(p))
+	var z float64
+	for _, i := range keep {
+		z += p[i]
+	}
+	for _, i := range keep {
+		out[i] = p[i] / z
+	}
+	return out
+}
+
+func TestDistributions(t *testing.T) {
+	raw := []float64{2.0, 1.5, 0.3, -0.5, 1.0, -2.0}
+	logits := f32(raw...)
+	for i := range raw {
+		raw[i] = float64(logits[i]) // the reference uses the same float32 inputs
+	}
+	p07 := softmax64(raw, 0.7)
+	p10 := softmax64(raw, 1.0)
+	// p10 sorted: ids 0 (.41), 1 (.25), 4 (.15), 2 (.08), 3 (.03), 5 (.01)
+	tests := []struct {
+		name   string
+		params Params
+		want   []float64
+	}{
+		{"temperature 0.7", Params{Temperature: 0.7}, p07},
+		{"temperature 1", Params{Temperature: 1}, p10},
+		{"top-k 2", Params{Temperature: 1, TopK: 2}, renorm(p10, []int{0, 1})},
+		{"top-k 3 at T=0.7", Params{Temperature: 0.7, TopK: 3}, renorm(p07, []int{0, 1, 4})},
+		{"top-p 0.75", Params{Temperature: 1, TopP: 0.75}, renorm(p10, []int{0, 1, 4})},
+		{"top-p 0.3", Params{Temperature: 1, TopP: 0.3}, renorm(p10, []int{0})},
+		{"min-p 0.3", Params{Temperature: 1, MinP: 0.3}, renorm(p10, []int{0, 1, 4})},
+		{"top-k 4 + top-p 0.9 + min-p 0.1", Params{Temperature: 1, TopK: 4, TopP: 0.9, MinP: 0.1}, renorm(p10, []int{0, 1, 4})},
+		{"top-k 4 + top-p 0.95 + min-p 0.1", Params{Temperature: 1, TopK: 4, TopP: 0.95, MinP: 0.1}, renorm(p10, []int{0, 1, 4, 2})},
+		{"top-k 4 + top-p 0.95 + min-p 0.2", Params{Temperature: 1, TopK: 4, TopP: 0.95, MinP: 0.2}, renorm(p10, []int{0, 1, 4})},
+		{"top-p 1 is off", Params{Temperature: 1, TopP: 1}, p10},
+		{"k larger than vocab", Params{Temperature: 1, TopK: 1000}, p10},
+	}
+	for _, c := range tests {
+		t.Run(c.name, func(t *testing.T) {
+			c.params.Seed = 12345
+			s, err := New(c.params)
+			if err != nil {
+				t.Fatal(err)
+			}
+			chi, df := chiSquare(t, s, logits, c.want, 200_000)
+			if df == 0 {
+				return // a single possible outcome, checked by chiSquare
+			}
+			if chi > chiCritical999[df] {
+				t.Errorf("chi-square %.2f with %d df exceeds %.2f (p=0.001)", chi, df, chiCritical999[df])
+			}
+		})
+	}
+}
+
+func TestTopPCheckSums(t *testing.T) {
+	// The keep sets in TestDistributions were worked out from these float64
+	// probabilities; check the premises so that a wrong premise fails here.
+	raw := []float64{2.0, 1.5, 0.3, -0.5, 1.0, -2.0}
+	p := softmax64(raw, 1)
+	// Descending: ids 0, 1, 4, 2, 3, 5.
+	if !(p[0] > p[1] && p[1] > p[4] && p[4] > p[2] && p[2] > p[3] && p[3] > p[5]) {
+		t.Fatalf("order premise broken: %v", p)
+	}
+	if !(p[0] < 0.75 && p[0]+p[1] < 0.75 && p[0]+p[1]+p[4] >= 0.75 && p[0] >= 0.3) {
+		t.Errorf("top-p premise broken: %v", p)
+	}
+	z4 := p[0] + p[1] + p[4] + p[2] // top-4 mass
+	if c := (p[0] + p[1] + p[4]) / z4; !(c >= 0.9 && c < 0.95) {
+		t.Errorf("top-k 4 + top-p premise broken: %v", c)
+	}
+	if !(p[4] >= 0.3*p[0] && p[2] < 0.3*p[0] && p[2] >= 0.1*p[0] && p[2] < 0.2*p[0]) {
+		t.Errorf("min-p premise broken: %v", p)
+	}
+}
+
+func TestGreedy(t *testing.T) {
+	inf := math.Inf(-1)
+	tests := []struct {
+		name    string
+		logits  []float32
+		history []int
+		params  Params
+		want    int
+	}{
+		{"argmax", f32(0.1, 3, 2), nil, Params{}, 1},
+		{"tie takes lowest id", f32(1, 5, 5), nil, Params{}, 1},
+		{"masked", f32(inf, inf, -100), nil, Params{}, 2},
+		{"penalty divides positive", f32(2, 1.9, -1), []int{0}, Params{RepetitionPenalty: 1.5}, 1},
+		{"penalty multiplies negative", f32(-1, -1.2, -5), []int{0}, Params{RepetitionPenalty: 1.5}, 1},
+		{"penalty window excludes old ids", f32(2, 1.9, -1), []int{0, 2, 2}, Params{RepetitionPenalty: 1.5, RepetitionWindow: 2}, 0},
+		{"penalty 1 is off", f32(2, 1.9), []int{0}, Params{RepetitionPenalty: 1}, 0},
+		{"history ids out of range ignored", f32(2, 1.9), []int{-1, 99}, Params{RepetitionPenalty: 2}, 0},
+	}
+	for _, c := range tests {
+		t.Run(c.name, func(t *testing.T) {
+			s, err := New(c.params)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, err := s.Sample(c.logits, c.history); err != nil || got != c.want {
+				t.Errorf("Sample = %d, %v; want %d", got, err, c.want)
+			}
+		})
+	}
+}
+
+func TestOnlyOneFinite(t *testing.T) {
+	inf := math.Inf(-1)
+	logits := f32(inf, inf, inf, 0.5, inf)
+	for _, p := range []Params{{Temperature: 1}, {Temperature: 2, TopP: 0.5}, {Temperature: 0.5, TopK: 3, MinP: 0.9}} {
+		s, _ := New(p)
+		for range 100 {
+			if id, err := s.Sample(logits, nil); err != nil || id != 3 {
+				t.Fatalf("%+v: Sample = %d, %v", p, id, err)
+			}
+		}
+	}
+}
+
+func TestSampleErrors(t *testing.T) {
+	inf := math.Inf(-1)
+	for _, c := range []struct {
+		name   string
+		logits []float32
+		want   error
+	}{
+		{"empty", nil, ErrEmpty},
+		{"nan", f32(1, math.NaN()), ErrNaN},
+		{"+inf", f32(1, math.Inf(1)), ErrNaN},
+		{"all masked", f32(inf, inf), ErrAllMasked},
+	} {
+		for _, temp := range []float64{0, 1} {
+			t.Run(fmt.Sprintf("%s/T=%v", c.name, temp), func(t *testing.T) {
+				s, _ := New(Params{Temperature: temp, TopP: 0.9})
+				if _, err := s.Sample(c.logits, nil); !errors.Is(err, c.want) {
+					t.Errorf("err = %v, want %v", err, c.want)
+				}
+			})
+		}
+	}
+}
+
+func TestNewRejectsBadParams(t *testing.T) {
+	for _, p := range []Params{
+		{Temperature: -1}, {Temperature: math.NaN()}, {Temperature: math.Inf(1)}, {TopK: -1},
+		{TopP: 1.5}, {TopP: -0.1}, {TopP: math.NaN()}, {MinP: 2}, {RepetitionPenalty: -1},
+		{RepetitionPenalty: math.NaN()}, {RepetitionWindow: -3},
+	} {
+		if _, err := New(p); err == nil {
+			t.Errorf("New(%+v) accepted", p)
+		}
+	}
+}
+
+func TestReproducible(t *testing.T) {
+	logits := f32(1, 2, 3, 2.5, 0, -1, 1.7)
+	draw := func(seed uint64) []int {
+		s, _ := New(Params{Temperature: 1.3, TopP: 0.95, Seed: seed})
+		var out []int
+		for range 64 {
+			id, _ := s.Sample(logits, nil)
+			out = append(out, id)
+		}
+		return out
+	}
+	if a, b := draw(7), draw(7); !slices.Equal(a, b) {
+		t.Errorf("same seed, different draws:\n%v\n%v", a, b)
+	}
+	if a, b := draw(7), draw(8); slices.Equal(a, b) {
+		t.Errorf("different seeds gave identical draws %v", a)
+	}
+}
+
+func TestStopTokens(t *testing.T) {
+	s, _ := New(Params{StopTokens: []int{1, 128822}})
+	for id, want := range map[int]bool{1: true, 128822: true, 0: false, 2: false} {
+		if s.IsStop(id) != want {
+			t.Errorf("IsStop(%d) = %v", id, !want)
+		}
+	}
+}
+
+func FuzzSample(f *testing.F) {
+	f.Add([]byte{0, 0, 128, 63, 0, 0, 0, 64}, float64(1), 0, 0.9, 0.05, 1.1, uint64(1))
+	f.Add([]byte{0, 0, 128, 255, 0, 0, 192, 127}, float64(0), 5, 0.0, 0.0, 0.0, uint64(2))
+	f.Fuzz(func(t *testing.T, raw []byte, temp float64, topK int, topP, minP, pen float64, seed uint64) {
+		s, err := New(Params{Temperature: temp, TopK: topK, TopP: topP, MinP: minP, RepetitionPenalty: pen, Seed: seed})
+		if err != nil {
+			return
+		}
+		var logits []float32
+		finite := false
+		for i := 0; i+4 <= len(raw); i += 4 {
+			v := math.Float32frombits(uint32(raw[i]) | uint32(raw[i+1])<<8 | uint32(raw[i+2])<<16 | uint32(raw[i+3])<<24)
+			logits = append(logits, v)
+			if !math.IsNaN(float64(v)) && !math.IsInf(float64(v), 0) {
+				finite = true
+			}
+		}
+		allFinite := true
+		for _, v := range logits {
+			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+				allFinite = false
+			}
+		}
+		id, err := s.Sample(logits, []int{0, 1, 2})
+		if err == nil && (id < 0 || id >= len(logits)) {
+			t.Fatalf("id %d outside [0, %d)", id, len(logits))
+		}
+		if allFinite && finite && err != nil {
+			t.Fatalf("finite logits rejected: %v", err)
+		}
+	})
+}
+
+func BenchmarkSample(b *testing.B) {
+	const vocab = 129280
+	logits := make([]float32, vocab)
+	var x uint64 = 1
+	for i := range logits { // a peaked, reproducible spread of logits
+		x = x*6364136223846793005 + 1442695040888963407
+		logits[i] = float32(x>>40)/float32(1<<24)*8 - 4
+		if i%997 == 0 {
+			logits[i] += 8
+		}
+	}
+	for _, c := range []struct {
+		name string
+		p    Params
+	}{
+		{"greedy", Params{}},
+		{"temperature", Params{Temperature: 0.8}},
+		{"top-p-0.95", Params{Temperature: 0.8, TopP: 0.95}},
+		{"top-k-40", Params{Temperature: 0.8, TopK: 40}},
+		{"min-p-0.05", Params{Temperature: 0.8, MinP: 0.05}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			s, _ := New(c.p)
+			for b.Loop() {
+				if _, err := s.Sample(logits, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

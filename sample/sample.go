@@ -121,7 +121,8 @@ func (s *Sampler) Sample(logits []float32, history []int) (int, error) {
 			if v := float64(s.work[id]); v > 0 {
 				s.work[id] = float32(v / pen)
 			} else {
-				s.work[id] = float32(v * pen)
+				// Clamp: a finite logit must stay finite (not masked).
+				s.work[id] = float32(max(v*pen, -math.MaxFloat32))
 			}
 		}
 	}

@@ -1,0 +1,404 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"unsafe"
+
+	"moxie/compute"
+	"moxie/compute/computetest"
+	"moxie/compute/ref"
+)
+
+// openOnce shares one Device among the tests of this binary.
+var (
+	devOnce sync.Once
+	devOpen *Device
+	devErr  error
+)
+
+func testDevice(t testing.TB) *Device {
+	t.Helper()
+	devOnce.Do(func() { devOpen, devErr = Open(0) })
+	if devErr != nil {
+		t.Skipf("no GPU: %v", devErr)
+	}
+	return devOpen
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if devOpen != nil {
+		devOpen.Close()
+	}
+	os.Exit(code)
+}
+
+func TestOpenErrorNamesCause(t *testing.T) {
+	d, err := Open(0)
+	if err == nil {
+		d.Close()
+		t.Skip("a GPU is present; the no-GPU error path is not reachable here")
+	}
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Open error %v does not wrap ErrUnavailable", err)
+	}
+	if err.Error() == ErrUnavailable.Error() {
+		t.Fatalf("Open error %q does not say why", err)
+	}
+}
+
+func TestArena(t *testing.T) {
+	const base = DevicePtr(1 << 20)
+	a := NewArenaAt(base, 4096+100) // the tail that is not a whole alignment unit is unusable
+	p1, err := a.Alloc(1)
+	if err != nil || p1 != base {
+		t.Fatalf("first Alloc = %#x, %v; want base", p1, err)
+	}
+	p2, _ := a.Alloc(300) // 512 bytes
+	p3, _ := a.Alloc(256)
+	if p2 != base+256 || p3 != base+768 {
+		t.Fatalf("bump order: %#x %#x, want %#x %#x", p2, p3, base+256, base+768)
+	}
+	if a.Live() != 1024 {
+		t.Fatalf("Live = %d, want 1024", a.Live())
+	}
+	if _, err := a.Alloc(4096); err == nil {
+		t.Fatal("over-allocation succeeded")
+	}
+	// Free the middle then the first: they merge into one 768-byte hole.
+	if err := a.Free(p2); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Free(p1); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := a.Alloc(700); p != base {
+		t.Fatalf("merged hole not reused: got %#x", p)
+	}
+	if err := a.Free(p2); err == nil {
+		t.Fatal("double free accepted")
+	}
+	if err := a.Free(base + 8); err == nil {
+		t.Fatal("free of an interior pointer accepted")
+	}
+	if err := a.Free(base + 1<<30); err == nil {
+		t.Fatal("free outside the arena accepted")
+	}
+	if _, err := a.Alloc(0); err == nil {
+		t.Fatal("zero-size allocation accepted")
+	}
+	// Free everything: one span covering the usable size again.
+	a.Free(base)
+	a.Free(p3)
+	if p, err := a.Alloc(4096); err != nil || p != base {
+		t.Fatalf("after freeing all, Alloc(4096) = %#x, %v", p, err)
+	}
+	if a.Peak() < 4096 {
+		t.Fatalf("Peak = %d", a.Peak())
+	}
+}
+
+func TestArenaRandom(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	const size = 1 << 20
+	a := NewArenaAt(0x1000, size)
+	live := map[DevicePtr]int{}
+	for range 5000 {
+		if len(live) > 0 && rng.IntN(2) == 0 {
+			for p := range live {
+				if err := a.Free(p); err != nil {
+					t.Fatal(err)
+				}
+				delete(live, p)
+				break
+			}
+			continue
+		}
+		n := 1 + rng.IntN(20000)
+		p, err := a.Alloc(n)
+		if err != nil {
+			continue
+		}
+		if uint64(p)%ArenaAlign != 0 || p < 0x1000 || int(p-0x1000)+n > size {
+			t.Fatalf("allocation %#x of %d out of bounds or misaligned", p, n)
+		}
+		for q, m := range live { // no overlap with any live allocation
+			if p < q+DevicePtr(m) && q < p+DevicePtr(n) {
+				t.Fatalf("allocation [%#x,+%d) overlaps [%#x,+%d)", p, n, q, m)
+			}
+		}
+		live[p] = n
+	}
+	for p := range live {
+		a.Free(p)
+	}
+	if a.Live() != 0 || a.largest() != size {
+		t.Fatalf("after freeing all: live %d, largest free %d", a.Live(), a.largest())
+	}
+}
+
+func TestCacheKey(t *testing.T) {
+	base := CacheKey("src", []string{"-a", "-b"}, 13, 0, 9, 0)
+	if base != CacheKey("src", []string{"-a", "-b"}, 13, 0, 9, 0) {
+		t.Fatal("key not deterministic")
+	}
+	variants := map[string]string{
+		"source":    CacheKey("src2", []string{"-a", "-b"}, 13, 0, 9, 0),
+		"options":   CacheKey("src", []string{"-a"}, 13, 0, 9, 0),
+		"opt order": CacheKey("src", []string{"-b", "-a"}, 13, 0, 9, 0),
+		"opt split": CacheKey("src", []string{"-a-b"}, 13, 0, 9, 0),
+		"nvrtc":     CacheKey("src", []string{"-a", "-b"}, 13, 1, 9, 0),
+		"cc":        CacheKey("src", []string{"-a", "-b"}, 13, 0, 8, 9),
+	}
+	for name, k := range variants {
+		if k == base {
+			t.Errorf("changing the %s does not change the key", name)
+		}
+		if len(k) != 64 {
+			t.Errorf("key %q is not a hex sha256", k)
+		}
+	}
+}
+
+func TestCacheReadWrite(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "sub")
+	key := CacheKey("x", nil, 1, 2, 3, 4)
+	if _, ok := readCache(dir, key); ok {
+		t.Fatal("hit in an empty cache")
+	}
+	img := append([]byte("\x7fELF"), 1, 2, 3)
+	if err := writeCache(dir, key, img); err != nil {
+		t.Fatal(err)
+	}
+	got, ok := readCache(dir, key)
+	if !ok || string(got) != string(img) {
+		t.Fatalf("read back %q, %v", got, ok)
+	}
+	// A corrupt entry (not ELF) is a miss, not an error.
+	os.WriteFile(filepath.Join(dir, key+".cubin"), []byte("junk"), 0o644)
+	if _, ok := readCache(dir, key); ok {
+		t.Fatal("corrupt entry returned as a hit")
+	}
+	if err := writeCache(dir, "../evil", img); err == nil {
+		t.Fatal("a key with a path separator was accepted")
+	}
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if filepath.Ext(e.Name()) == ".tmp" {
+			t.Fatalf("temporary file %s left behind", e.Name())
+		}
+	}
+	t.Setenv("MOXIE_CUDA_CACHE", dir)
+	if d, _ := CacheDir(); d != dir {
+		t.Fatalf("CacheDir ignores MOXIE_CUDA_CACHE: %s", d)
+	}
+}
+
+func TestCompliance(t *testing.T) {
+	dev := testDevice(t)
+	t.Logf("device: %s", dev.Info())
+	b, err := NewBackend(dev, 256<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	computetest.RunAll(t, b)
+}
+
+// TestLinearShapes checks the fast kernels (and the generic one) at shapes
+// that cross chunk, block and batch-tile edges, against the float64 reference
+// of compute/ref, with the output poisoned first.
+func TestLinearShapes(t *testing.T) {
+	dev := testDevice(t)
+	cases := []struct {
+		f          compute.Format
+		rows, cols int
+		groups     int
+	}{
+		{compute.FP8Block, 300, 1024, 1}, {compute.FP8Block, 257, 2176, 1}, {compute.FP8Block, 256, 640, 4},
+		{compute.MXFP4, 200, 4096, 1}, {compute.MXFP4, 129, 2056, 1}, {compute.MXFP4, 64, 512, 2},
+		{compute.BF16, 130, 4100, 1}, {compute.BF16, 64, 768, 1}, {compute.BF16, 33, 50, 1},
+		{compute.F32, 48, 1028, 1}, {compute.MXFP8, 96, 1056, 1}, {compute.FP8Block, 40, 130, 1},
+	}
+	var maxErr = map[string]float64{}
+	err := dev.Do(func(c *Ctx) error {
+		a, err := c.NewArena(512 << 20)
+		if err != nil {
+			return err
+		}
+		defer c.ReleaseArena(a)
+		for i, tc := range cases {
+			for _, batch := range []int{1, 2, 3, 5, 16, 19} {
+				for _, generic := range []bool{false, true} {
+					name := fmt.Sprintf("%s_%dx%d_g%d_b%d_generic=%v", tc.f, tc.rows, tc.cols, tc.groups, batch, generic)
+					rng := rand.New(rand.NewPCG(uint64(i), uint64(batch)))
+					d := computetest.RandomWeight(rng, tc.f, tc.rows, tc.cols, 0.05)
+					w, err := c.UploadWeight(a, d)
+					if err != nil {
+						return err
+					}
+					x := computetest.Normal(rng, batch*tc.groups*tc.cols, 1)
+					dx, _ := a.Alloc(4 * len(x))
+					dy, _ := a.Alloc(4 * batch * tc.rows)
+					if err := c.Memset(dy, 0xff, 4*batch*tc.rows, c.Stream()); err != nil { // NaN poison
+						return err
+					}
+					if err := c.CopyFloatsToDevice(dx, x); err != nil {
+						return err
+					}
+					if err := c.LinearWith(w, dy, dx, batch, tc.groups, LinearVariant{Generic: generic}, c.Stream()); err != nil {
+						return fmt.Errorf("%s: %w", name, err)
+					}
+					y := make([]float32, batch*tc.rows)
+					if err := c.CopyFloatsFromDevice(y, dy); err != nil {
+						return err
+					}
+					x64 := make([]float64, len(x))
+					for j, v := range x {
+						x64[j] = float64(v)
+					}
+					var want []float64
+					if tc.groups == 1 {
+						want = ref.Linear(ref.Dequant(d), tc.rows, tc.cols, x64, batch)
+					} else {
+						want = ref.GroupedLinear(ref.Dequant(d), tc.rows, tc.cols, x64, batch, tc.groups)
+					}
+					e := computetest.MaxRel(y, want)
+					key := fmt.Sprintf("%s generic=%v", tc.f, generic)
+					maxErr[key] = math.Max(maxErr[key], e)
+					if !(e <= computetest.TolLinear) {
+						t.Errorf("%s: max relative error %.3g > %.3g", name, e, computetest.TolLinear)
+					}
+					FreeWeight(a, w)
+					a.Free(dx)
+					a.Free(dy)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range maxErr {
+		t.Logf("max relative error %-26s %.3g", k, v)
+	}
+}
+
+// TestGraph captures 300 launches that each add 1 to every element and checks
+// that replaying the graph (three times) and plain launches give the counts.
+func TestGraph(t *testing.T) {
+	dev := testDevice(t)
+	err := dev.Do(func(c *Ctx) error {
+		m, err := c.Module("linear", linearSrc)
+		if err != nil {
+			return err
+		}
+		k, err := m.Kernel("tiny_add")
+		if err != nil {
+			return err
+		}
+		p, err := c.MemAlloc(4 * 32)
+		if err != nil {
+			return err
+		}
+		defer c.MemFree(p)
+		if err := c.Memset(p, 0, 128, c.Stream()); err != nil {
+			return err
+		}
+		one := float32(1)
+		s := c.Stream()
+		if err := c.BeginCapture(s); err != nil {
+			return err
+		}
+		for range 300 {
+			if err := c.Launch(k, Dim3{X: 1}, Dim3{X: 32}, 0, s, unsafe.Pointer(&p), unsafe.Pointer(&one)); err != nil {
+				return err
+			}
+		}
+		g, err := c.EndCapture(s)
+		if err != nil {
+			return err
+		}
+		defer c.DestroyGraph(g)
+		for range 3 {
+			if err := c.LaunchGraph(g, s); err != nil {
+				return err
+			}
+		}
+		for range 7 {
+			if err := c.Launch(k, Dim3{X: 1}, Dim3{X: 32}, 0, s, unsafe.Pointer(&p), unsafe.Pointer(&one)); err != nil {
+				return err
+			}
+		}
+		got := make([]float32, 32)
+		if err := c.CopyFloatsFromDevice(got, p); err != nil {
+			return err
+		}
+		for i, v := range got {
+			if v != 907 {
+				return fmt.Errorf("element %d = %g after 3 graph replays of 300 adds and 7 plain adds, want 907", i, v)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPinnedRoundTrip copies random bytes host→device→host through pinned
+// buffers asynchronously.
+func TestPinnedRoundTrip(t *testing.T) {
+	dev := testDevice(t)
+	err := dev.Do(func(c *Ctx) error {
+		const n = 3<<20 + 5
+		h, err := c.NewHostBuffer(n)
+		if err != nil {
+			return err
+		}
+		defer c.FreeHost(h)
+		h2, err := c.NewHostBuffer(n)
+		if err != nil {
+			return err
+		}
+		defer c.FreeHost(h2)
+		rng := rand.New(rand.NewPCG(3, 3))
+		src := h.Bytes()
+		for i := range src {
+			src[i] = byte(rng.Uint32())
+		}
+		p, err := c.MemAlloc(n)
+		if err != nil {
+			return err
+		}
+		defer c.MemFree(p)
+		s := c.Stream()
+		if err := c.UploadAsync(p, h, 0, n, s); err != nil {
+			return err
+		}
+		if err := c.DownloadAsync(h2, 0, p, n, s); err != nil {
+			return err
+		}
+		if err := c.Sync(s); err != nil {
+			return err
+		}
+		if string(h2.Bytes()) != string(src) {
+			return errors.New("pinned round trip changed the bytes")
+		}
+		if err := c.UploadAsync(p, h, n-1, 2, s); err == nil {
+			return errors.New("an upload past the host buffer's end was accepted")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,286 @@
+// Quantized linear kernels for moxie: y[b, r] = sum_c W[r, c] * x[b, c].
+// Weights are read in their stored formats straight from device memory and
+// decoded in registers; accumulation is float32. No headers: NVRTC needs none.
+//
+// Layout of the fast kernels: a block of KW warps owns RB consecutive rows;
+// the row's words (4 or 8 columns each) are split over the KW warps in chunks
+// of 32*U words; every lane issues U*RB weight loads before using any (bytes
+// in flight), then reads x (float4, coalesced across the warp, L1-resident)
+// and accumulates. Partial sums are reduced by shuffles and shared memory.
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define FMT_FP8 1
+#define FMT_MXFP4 2
+#define FMT_BF16 3
+#define FMT_F32 4
+#define FMT_MXFP8 5
+
+__device__ __forceinline__ float e8m0(u32 s) {
+  return s == 0u ? __int_as_float(0x00400000) : (s == 255u ? __int_as_float(0x7fc00000) : __int_as_float(s << 23));
+}
+
+__device__ __forceinline__ void h2x2(u32 h, float &a, float &b) {
+  asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }" : "=f"(a), "=f"(b) : "r"(h));
+}
+
+// Four E4M3 bytes (byte i = element i) to floats, via the sm_89+ hardware
+// conversion to f16 (exact: every E4M3 value is an f16 value).
+__device__ __forceinline__ void e4m3x4(u32 w, float *f) {
+  u32 h01, h23;
+  asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %2; cvt.rn.f16x2.e4m3x2 %0, lo; cvt.rn.f16x2.e4m3x2 %1, hi; }"
+      : "=r"(h01), "=r"(h23) : "r"(w));
+  h2x2(h01, f[0], f[1]);
+  h2x2(h23, f[2], f[3]);
+}
+
+// Eight E2M1 codes (nibble i = element i) to floats: each magnitude is looked
+// up as an E4M3 byte (0, .5, 1, 1.5, 2, 3, 4, 6 are exact in E4M3) with PRMT,
+// the sign bit is moved to bit 7 by a second PRMT, then e4m3x4.
+__device__ __forceinline__ void e2m1x8(u32 w, float *f) {
+  const u32 lutLo = 0x3C383000u, lutHi = 0x4C484440u;
+  u32 m = w & 0x77777777u;
+  u32 sg = (w >> 3) & 0x11111111u;
+  u32 e0 = __byte_perm(lutLo, lutHi, m) | __byte_perm(0x8000u, 0u, sg);
+  u32 e1 = __byte_perm(lutLo, lutHi, m >> 16) | __byte_perm(0x8000u, 0u, sg >> 16);
+  e4m3x4(e0, f);
+  e4m3x4(e1, f + 4);
+}
+
+template <int FMT> struct Fmt;
+template <> struct Fmt<FMT_FP8>   { typedef u32 W; enum { CPW = 4, SCALED = 1 }; };
+template <> struct Fmt<FMT_MXFP8> { typedef u32 W; enum { CPW = 4, SCALED = 1 }; };
+template <> struct Fmt<FMT_MXFP4> { typedef u32 W; enum { CPW = 8, SCALED = 1 }; };
+template <> struct Fmt<FMT_BF16>  { typedef uint2 W; enum { CPW = 4, SCALED = 0 }; };
+template <> struct Fmt<FMT_F32>   { typedef uint4 W; enum { CPW = 4, SCALED = 0 }; };
+
+template <int FMT> __device__ __forceinline__ void decode(typename Fmt<FMT>::W w, float *f);
+template <> __device__ __forceinline__ void decode<FMT_FP8>(u32 w, float *f) { e4m3x4(w, f); }
+template <> __device__ __forceinline__ void decode<FMT_MXFP8>(u32 w, float *f) { e4m3x4(w, f); }
+template <> __device__ __forceinline__ void decode<FMT_MXFP4>(u32 w, float *f) { e2m1x8(w, f); }
+template <> __device__ __forceinline__ void decode<FMT_BF16>(uint2 w, float *f) {
+  f[0] = __int_as_float(w.x << 16); f[1] = __int_as_float(w.x & 0xffff0000u);
+  f[2] = __int_as_float(w.y << 16); f[3] = __int_as_float(w.y & 0xffff0000u);
+}
+template <> __device__ __forceinline__ void decode<FMT_F32>(uint4 w, float *f) {
+  f[0] = __int_as_float(w.x); f[1] = __int_as_float(w.y); f[2] = __int_as_float(w.z); f[3] = __int_as_float(w.w);
+}
+
+template <typename W> __device__ __forceinline__ W zero();
+template <> __device__ __forceinline__ u32 zero<u32>() { return 0u; }
+template <> __device__ __forceinline__ uint2 zero<uint2>() { return make_uint2(0u, 0u); }
+template <> __device__ __forceinline__ uint4 zero<uint4>() { return make_uint4(0u, 0u, 0u, 0u); }
+
+#define MAXW 8
+
+// Parameters shared by every linear kernel.
+struct LinArgs {
+  const u8 *W;      // weight data, rows x rowBytes
+  const u8 *S;      // scales (unused for BF16/F32)
+  const float *x;   // [batch, xstride]
+  float *y;         // [batch, ystride]
+  int rows, cols;
+  int sdivr;        // scale row divisor (block edge for FP8Block, 1 for MX)
+  int sdivc;        // scale column divisor (block edge or 32)
+  int sstride;      // scale bytes per scale row
+  int rpg;          // rows per group (GroupedLinear); x offset = (r / rpg) * cols
+  int xstride;      // floats between batch rows of x
+  int ystride;      // floats between batch rows of y
+  int batch;        // <= NB
+};
+
+template <int FMT, int NB, int RB, int U>
+__device__ __forceinline__ void linear_fast(const LinArgs &a) {
+  typedef typename Fmt<FMT>::W WT;
+  const int CPW = Fmt<FMT>::CPW;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int r0 = blockIdx.x * RB;
+  const int nw = a.cols / CPW;
+  const WT *Wp = reinterpret_cast<const WT *>(a.W);
+  const float *xg = a.x + (long long)(r0 / a.rpg) * a.cols;
+  int rowc[RB];
+#pragma unroll
+  for (int r = 0; r < RB; r++) rowc[r] = min(r0 + r, a.rows - 1);
+
+  float acc[RB][NB];
+#pragma unroll
+  for (int r = 0; r < RB; r++)
+#pragma unroll
+    for (int b = 0; b < NB; b++) acc[r][b] = 0.f;
+
+  for (int k0 = warp * 32 * U; k0 < nw; k0 += nwarps * 32 * U) {
+    WT w[U][RB];
+    float sc[U][RB];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int kw = k0 + u * 32 + lane;
+#pragma unroll
+      for (int r = 0; r < RB; r++) {
+        if (kw < nw) {
+          w[u][r] = __ldg(Wp + (long long)rowc[r] * nw + kw);
+          if (Fmt<FMT>::SCALED)
+            sc[u][r] = e8m0(__ldg(a.S + (long long)(rowc[r] / a.sdivr) * a.sstride + (kw * CPW) / a.sdivc));
+        } else {
+          w[u][r] = zero<WT>();
+          sc[u][r] = 0.f;
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int kw = k0 + u * 32 + lane;
+      if (kw < nw) {
+        float f[RB][CPW];
+#pragma unroll
+        for (int r = 0; r < RB; r++) decode<FMT>(w[u][r], f[r]);
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+          if (b < a.batch) {
+            const float4 *xp = reinterpret_cast<const float4 *>(xg + (long long)b * a.xstride + kw * CPW);
+            float xv[CPW];
+#pragma unroll
+            for (int q = 0; q < CPW / 4; q++) {
+              float4 t = __ldg(xp + q);
+              xv[4 * q] = t.x; xv[4 * q + 1] = t.y; xv[4 * q + 2] = t.z; xv[4 * q + 3] = t.w;
+            }
+#pragma unroll
+            for (int r = 0; r < RB; r++) {
+              float p = 0.f;
+#pragma unroll
+              for (int c = 0; c < CPW; c++) p = fmaf(f[r][c], xv[c], p);
+              if (Fmt<FMT>::SCALED) acc[r][b] = fmaf(p, sc[u][r], acc[r][b]);
+              else acc[r][b] += p;
+            }
+          }
+        }
+      }
+    }
+  }
+
+  __shared__ float red[MAXW][RB * NB];
+#pragma unroll
+  for (int r = 0; r < RB; r++)
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+      float v = acc[r][b];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) red[warp][r * NB + b] = v;
+    }
+  __syncthreads();
+  for (int i = threadIdx.x; i < RB * NB; i += blockDim.x) {
+    const int r = i / NB, b = i % NB;
+    if (b < a.batch && r0 + r < a.rows) {
+      float s = 0.f;
+      for (int q = 0; q < nwarps; q++) s += red[q][i];
+      a.y[(long long)b * a.ystride + r0 + r] = s;
+    }
+  }
+}
+
+#define LIN(FMTN, FMT, NB, RB, U) \
+  extern "C" __global__ void __launch_bounds__(256) linear_##FMTN##_b##NB##_r##RB##_u##U(LinArgs a) { \
+    linear_fast<FMT, NB, RB, U>(a); }
+
+#define LIN_NB(FMTN, FMT, RB, U) \
+  LIN(FMTN, FMT, 1, RB, U) LIN(FMTN, FMT, 2, RB, U) LIN(FMTN, FMT, 4, RB, U) \
+  LIN(FMTN, FMT, 8, RB, U) LIN(FMTN, FMT, 16, RB, U)
+
+LIN_NB(fp8, FMT_FP8, 1, 4)
+LIN_NB(fp8, FMT_FP8, 2, 4)
+LIN_NB(mxfp8, FMT_MXFP8, 1, 4)
+LIN_NB(mxfp8, FMT_MXFP8, 2, 4)
+LIN_NB(mxfp4, FMT_MXFP4, 1, 4)
+LIN_NB(mxfp4, FMT_MXFP4, 2, 4)
+LIN_NB(bf16, FMT_BF16, 1, 4)
+LIN_NB(bf16, FMT_BF16, 2, 4)
+LIN_NB(f32, FMT_F32, 1, 4)
+LIN_NB(f32, FMT_F32, 2, 4)
+// Variants for the benchmark's comparison of loads in flight.
+LIN(fp8, FMT_FP8, 1, 2, 8)
+LIN(fp8, FMT_FP8, 1, 4, 4)
+LIN(mxfp4, FMT_MXFP4, 1, 2, 8)
+LIN(mxfp4, FMT_MXFP4, 1, 4, 4)
+LIN(bf16, FMT_BF16, 1, 2, 8)
+LIN(bf16, FMT_BF16, 1, 4, 4)
+
+// Generic element-wise path for shapes the fast kernels do not take (columns
+// not a multiple of the word width). One warp per row, scalar decode.
+__device__ __forceinline__ float e4m3f(u32 b) {
+  const u32 s = b >> 7, e = (b >> 3) & 15u, m = b & 7u;
+  float v;
+  if (e == 15u && m == 7u) v = __int_as_float(0x7fc00000);
+  else if (e == 0u) v = (float)m * 0.001953125f;  // m/8 * 2^-6
+  else v = __int_as_float(((e + 120u) << 23) | (m << 20));
+  return s ? -v : v;
+}
+
+__device__ __forceinline__ float e2m1f(u32 c) {
+  const u32 e = (c >> 1) & 3u, m = c & 1u;
+  float v = e == 0u ? 0.5f * (float)m : __int_as_float(((e + 126u) << 23) | (m << 22));
+  return (c & 8u) ? -v : v;
+}
+
+__device__ __forceinline__ float weight_at(int fmt, const LinArgs &a, int r, int c) {
+  switch (fmt) {
+  case FMT_FP8:
+  case FMT_MXFP8:
+    return e4m3f(a.W[(long long)r * a.cols + c]) * e8m0(a.S[(long long)(r / a.sdivr) * a.sstride + c / a.sdivc]);
+  case FMT_MXFP4: {
+    const u32 byte = a.W[(long long)r * (a.cols / 2) + c / 2];
+    return e2m1f((c & 1) ? byte >> 4 : byte & 15u) * e8m0(a.S[(long long)r * a.sstride + c / 32]);
+  }
+  case FMT_BF16: {
+    const u16 h = reinterpret_cast<const u16 *>(a.W)[(long long)r * a.cols + c];
+    return __int_as_float((u32)h << 16);
+  }
+  default:
+    return reinterpret_cast<const float *>(a.W)[(long long)r * a.cols + c];
+  }
+}
+
+extern "C" __global__ void linear_generic(LinArgs a, int fmt) {
+  const int lane = threadIdx.x & 31;
+  const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (r >= a.rows) return;
+  const float *xg = a.x + (long long)(r / a.rpg) * a.cols;
+  for (int b = 0; b < a.batch; b++) {
+    float s = 0.f;
+    for (int c = lane; c < a.cols; c += 32) s = fmaf(weight_at(fmt, a, r, c), xg[(long long)b * a.xstride + c], s);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) a.y[(long long)b * a.ystride + r] = s;
+  }
+}
+
+// Launch/graph overhead probe: adds v to p[threadIdx.x].
+extern "C" __global__ void tiny_add(float *p, float v) {
+  p[threadIdx.x] += v;
+}
+
+// Busy-waits ns nanoseconds (by the global timer) so that the host can queue
+// the launches to be timed behind it: the events then time back-to-back
+// kernels, not the host's launch rate.
+extern "C" __global__ void spin(long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while ((long long)(t - t0) < ns);
+}
+
+// Reads n float4 once each (4 per thread, coalesced): the HBM read ceiling.
+extern "C" __global__ void read_bw4(const float4 *__restrict__ p, long long n, float *out) {
+  float s = 0.f;
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    long long i = ((long long)blockIdx.x * 4 + k) * blockDim.x + threadIdx.x;
+    if (i < n) {
+      float4 v = __ldg(p + i);
+      s += v.x + v.y + v.z + v.w;
+    }
+  }
+  if (s == 1234.5678f) out[0] = s;
+}

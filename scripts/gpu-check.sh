@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# gpu-check.sh BIN_DIR OUT_DIR
+#
+# Runs moxie's GPU checks on a machine with an NVIDIA GPU and no Go toolchain,
+# from test binaries built elsewhere, in one go:
+#   CGO_ENABLED=0 go test -c -o BIN_DIR/cuda.test ./compute/cuda
+# For every BIN_DIR/*.test it runs the tests verbosely (GPU compliance suite
+# included); for cuda.test it then runs the benchmarks (-test.benchtime=1x:
+# each times itself with CUDA events). If nvcc is present it also records the
+# register/spill report of the embedded kernels (ptxas -v) for sm_90.
+#
+# Writes to OUT_DIR: summary.json, tests.log, bench.log, bench.json,
+# ptxas.txt, nvidia-smi.txt. Exit status: 0 if every test binary passed.
+set -u -o pipefail
+bin=${1:?usage: gpu-check.sh BIN_DIR OUT_DIR}
+out=${2:?usage: gpu-check.sh BIN_DIR OUT_DIR}
+mkdir -p "$out"
+here=$(cd "$(dirname "$0")/.." && pwd)
+export MOXIE_CUDA_CACHE=${MOXIE_CUDA_CACHE:-$(mktemp -d)/moxie-cuda}
+
+{ nvidia-smi 2>&1; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,clocks.max.sm --format=csv 2>&1; } >"$out/nvidia-smi.txt"
+
+status=0
+results=()
+: >"$out/tests.log"
+for t in "$bin"/*.test; do
+  [ -x "$t" ] || continue
+  name=$(basename "$t" .test)
+  echo "=== $name: tests" | tee -a "$out/tests.log"
+  start=$(date +%s)
+  (cd "$here" && "$t" -test.v -test.count=1 -test.timeout=8m) >>"$out/tests.log" 2>&1
+  rc=$?
+  secs=$(( $(date +%s) - start ))
+  [ $rc -eq 0 ] || status=1
+  results+=("$name $rc $secs")
+  echo "=== $name: exit $rc in ${secs}s" | tee -a "$out/tests.log"
+done
+
+bench_rc=-1
+if [ -x "$bin/cuda.test" ]; then
+  echo "=== cuda: benchmarks" | tee "$out/bench.log"
+  MOXIE_BENCH_JSON="$out/bench.json" "$bin/cuda.test" -test.run '^$' -test.bench . -test.benchtime 1x -test.v -test.timeout=8m >>"$out/bench.log" 2>&1
+  bench_rc=$?
+  echo "=== cuda: benchmarks exit $bench_rc" | tee -a "$out/bench.log"
+fi
+
+if command -v nvcc >/dev/null && [ -f "$here/compute/cuda/kernels/linear.cu" ]; then
+  (cd "$(mktemp -d)" && timeout 180 nvcc -arch=sm_90 -cubin -Xptxas -v -o k.cubin "$here/compute/cuda/kernels/linear.cu") >"$out/ptxas.txt" 2>&1 || true
+fi
+
+python3 - "$out" "$bench_rc" "${results[@]}" <<'PY'
+import json, os, re, sys
+out, bench_rc, rows = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+log = open(os.path.join(out, "tests.log"), errors="replace").read()
+def count(word):
+    return len(re.findall(r"^\s*--- %s: " % word, log, re.M))
+s = {
+    "tests": [dict(zip(("binary", "exit", "seconds"), (r.split()[0], int(r.split()[1]), int(r.split()[2])))) for r in rows],
+    "passed": count("PASS"), "failed": count("FAIL"), "skipped": count("SKIP"),
+    "failures": re.findall(r"^\s*--- FAIL: (\S+)", log, re.M),
+    "max_relative_errors": re.findall(r"max relative error .*", log),
+    "bench_exit": bench_rc,
+}
+p = os.path.join(out, "bench.json")
+if os.path.exists(p):
+    s["bench"] = json.load(open(p))
+json.dump(s, open(os.path.join(out, "summary.json"), "w"), indent=2)
+print("summary: %d passed, %d failed, %d skipped; bench exit %d" % (s["passed"], s["failed"], s["skipped"], bench_rc))
+PY
+grep -E "bench_test.go" "$out/bench.log" 2>/dev/null | sed "s/^[[:space:]]*bench_test.go:[0-9]*: //" | tail -n 70
+exit $status

@@ -113,14 +113,17 @@ func parseHeader(path string, hdr []byte, dataStart, dataLen int64, wantIndex bo
 	if err != nil {
 		return nil, nil, nil, wrap(err, path, "", "json")
 	}
-	if err := checkOverlap(path, p.tensors); err != nil {
+	moved, err := checkOverlap(path, p.tensors)
+	if err != nil {
 		return nil, nil, nil, err
 	}
 	if !wantIndex {
 		return p.tensors, p.meta, nil, nil
 	}
-	for i, t := range p.tensors {
-		p.names[t.Name] = i
+	if moved {
+		for i, t := range p.tensors {
+			p.names[t.Name] = i
+		}
 	}
 	return p.tensors, p.meta, p.names, nil
 }
@@ -326,15 +329,20 @@ func byteSize(dt format.DType, shape []int64) (int64, bool) {
 	return n, true
 }
 
-// checkOverlap sorts tensors by (Offset, Name) and rejects two tensors whose
-// non-empty byte ranges intersect. Empty tensors occupy no bytes.
-func checkOverlap(path string, ts []TensorInfo) error {
-	slices.SortFunc(ts, func(a, b TensorInfo) int {
+// checkOverlap sorts tensors by (Offset, Name), reporting whether that moved
+// any, and rejects two tensors whose non-empty byte ranges intersect. Empty
+// tensors occupy no bytes.
+func checkOverlap(path string, ts []TensorInfo) (moved bool, err error) {
+	byOffset := func(a, b TensorInfo) int {
 		if c := cmp.Compare(a.Offset, b.Offset); c != 0 {
 			return c
 		}
 		return strings.Compare(a.Name, b.Name)
-	})
+	}
+	if !slices.IsSortedFunc(ts, byOffset) {
+		slices.SortFunc(ts, byOffset)
+		moved = true
+	}
 	var maxEnd int64
 	owner := -1
 	for i, t := range ts {
@@ -343,7 +351,7 @@ func checkOverlap(path string, ts []TensorInfo) error {
 		}
 		if owner >= 0 && t.Offset < maxEnd {
 			o := ts[owner]
-			return &FormatError{Path: path, Tensor: t.Name, Field: "data_offsets",
+			return moved, &FormatError{Path: path, Tensor: t.Name, Field: "data_offsets",
 				Msg: fmt.Sprintf("bytes [%d, %d) overlap tensor %q at [%d, %d), want disjoint ranges",
 					t.Offset, t.Offset+t.Size, o.Name, o.Offset, o.Offset+o.Size)}
 		}
@@ -351,7 +359,7 @@ func checkOverlap(path string, ts []TensorInfo) error {
 			maxEnd, owner = e, i
 		}
 	}
-	return nil
+	return moved, nil
 }
 
 // checkSpec validates one tensor spec for writing and returns its byte size.

@@ -45,7 +45,7 @@ if [ -x "$bin/cuda.test" ]; then
 fi
 
 if command -v nvcc >/dev/null && [ -f "$here/compute/cuda/kernels/linear.cu" ]; then
-  (cd "$(mktemp -d)" && timeout 180 nvcc -arch=sm_90 -cubin -Xptxas -v -o k.cubin "$here/compute/cuda/kernels/linear.cu") >"$out/ptxas.txt" 2>&1 || true
+  (cd "$(mktemp -d)" && timeout 100 nvcc -arch=sm_90 -cubin -Xptxas -v -o k.cubin "$here/compute/cuda/kernels/linear.cu") >"$out/ptxas.txt" 2>&1 || true
 fi
 
 python3 - "$out" "$bench_rc" "${results[@]}" <<'PY'

@@ -71,8 +71,8 @@ template <> __device__ __forceinline__ void decode<FMT_F32>(uint4 w, float *f) {
 
 template <typename W> __device__ __forceinline__ W zero();
 template <> __device__ __forceinline__ u32 zero<u32>() { return 0u; }
-template <> __device__ __forceinline__ uint2 zero<uint2>() { return make_uint2(0u, 0u); }
-template <> __device__ __forceinline__ uint4 zero<uint4>() { return make_uint4(0u, 0u, 0u, 0u); }
+template <> __device__ __forceinline__ uint2 zero<uint2>() { uint2 z; z.x = z.y = 0u; return z; }
+template <> __device__ __forceinline__ uint4 zero<uint4>() { uint4 z; z.x = z.y = z.z = z.w = 0u; return z; }
 
 #define MAXW 8
 

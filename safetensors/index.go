@@ -66,8 +66,8 @@ func checkShardName(s string) string {
 // integer; other metadata entries are skipped, nesting at most 4 levels deep) and
 // "weight_map" (an object of tensor name -> shard file name). Duplicate keys,
 // empty tensor names, and shard names that are not plain file names (empty,
-// containing '/', '\\', "..", or NUL) are errors naming the file, the tensor and
-// the field.
+// containing a slash, a backslash, "..", or NUL) are errors naming the file,
+// the tensor and the field.
 func ReadIndex(path string) (*Index, error) {
 	f, err := os.Open(path)
 	if err != nil {

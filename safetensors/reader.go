@@ -9,7 +9,8 @@
 // Readers validate the whole header before trusting any of it: the length prefix
 // (non-zero, within the file, at most MaxHeaderSize), strict JSON (one object,
 // no duplicate keys at any level, no unknown keys in a tensor entry, valid UTF-8,
-// nesting fixed by the grammar), known dtypes, non-negative shapes whose byte
+// nesting at most 3 levels: the parser follows the fixed grammar, without
+// recursion, and rejects the first unexpected '[' or '{'), known dtypes, non-negative shapes whose byte
 // size fits int64 and equals end-begin, begin <= end, ranges inside the data
 // section, and no two tensors sharing a byte. Gaps in the data section (bytes no
 // tensor covers, including trailing bytes) are allowed. Zero-size tensors and

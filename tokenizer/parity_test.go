@@ -79,9 +79,15 @@ func TestParityWithTransformersJS(t *testing.T) {
 	if len(want) != len(corpus) {
 		t.Fatalf("oracle gave %d lines for %d strings", len(want), len(corpus))
 	}
+	// The same vocabulary with the generic regexp2 pre-tokenizer must agree too.
+	slow := *tok
+	slow.pretok = regexp2Sequence()
 	mismatches := 0
 	for i, s := range corpus {
 		got := tok.Encode(s, EncodeOptions{AllowSpecial: true})
+		if g := slow.Encode(s, EncodeOptions{AllowSpecial: true}); !slices.Equal(g, got) {
+			t.Errorf("corpus[%d] %q: regexp2 path %v, fast path %v", i, s, g, got)
+		}
 		if !slices.Equal(got, want[i]) {
 			mismatches++
 			if mismatches <= 10 {

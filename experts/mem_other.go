@@ -1,0 +1,8 @@
+//go:build !linux
+
+package experts
+
+// allocBuf returns n zeroed bytes (Go heap on systems without the mmap path).
+func allocBuf(n int) ([]byte, error) { return make([]byte, n), nil }
+
+func freeBuf([]byte) error { return nil }

@@ -46,39 +46,6 @@ func byteIDs(s string) []int {
 	return out
 }
 
-// testTemplate is a minimal DeepSeek-style chat template written for the
-// tests: BOS, system text, <｜User｜>text, <｜Assistant｜> + </think> or
-// <think>. Message text is spelled byte by byte, so it can never produce a
-// control token.
-type testTemplate struct{}
-
-func (testTemplate) Prompt(msgs []Message, th Thinking) ([]int, error) {
-	ids := []int{idBOS}
-	for _, m := range msgs {
-		switch m.Role {
-		case "system", "developer":
-			ids = append(ids, byteIDs(m.Content)...)
-		case "user":
-			ids = append(ids, idUser)
-			ids = append(ids, byteIDs(m.Content)...)
-		case "assistant":
-			ids = append(ids, idAssistant, idEndThink)
-			ids = append(ids, byteIDs(m.Content)...)
-			ids = append(ids, idEOS)
-		}
-		if m.Content == "reject me" {
-			return nil, errors.New("template refuses this conversation")
-		}
-	}
-	ids = append(ids, idAssistant)
-	if th.Enabled {
-		ids = append(ids, idThink)
-	} else {
-		ids = append(ids, idEndThink)
-	}
-	return ids, nil
-}
-
 // fakeModel answers every prompt with a script: in thinking mode (prompt
 // ending in <think>) reasoning, </think>, answer, EOS; otherwise answer, EOS.
 // After the script it repeats the last token (the answer's last byte when
@@ -87,17 +54,19 @@ type fakeModel struct {
 	vocab, maxCtx int
 	reasoning     string
 	answer        string
+	toolAnswer    string // if set, the answer to prompts that declare tools ("## Tools")
 	noEOS         bool
 	step          time.Duration // per Append, interrupted by ctx
 	block         chan struct{} // if set, every Append after prefill waits for it (or ctx)
 	blockPrefill  bool          // block applies to the prefill too
 	panicOnAppend bool
 
-	appends   atomic.Int64
-	cancelled atomic.Int64  // Appends that saw ctx done
-	seen      chan struct{} // closed-once signal: an Append observed cancellation
-	seenOnce  sync.Once
-	started   chan struct{} // receives once per prefill (buffered)
+	appends    atomic.Int64
+	cancelled  atomic.Int64  // Appends that saw ctx done
+	lastPrompt atomic.Value  // string: the latest prompt as text (bytes only)
+	seen       chan struct{} // closed-once signal: an Append observed cancellation
+	seenOnce   sync.Once
+	started    chan struct{} // receives once per prefill (buffered)
 }
 
 func newFake() *fakeModel {
@@ -133,10 +102,21 @@ func (s *fakeSeq) Append(ctx context.Context, tokens []int) ([]float32, error) {
 	}
 	if len(s.h) == 0 {
 		s.prompt = len(tokens)
+		var text []byte
+		for _, id := range tokens {
+			if id >= 3 && id < 259 {
+				text = append(text, byte(id-3))
+			}
+		}
+		m.lastPrompt.Store(string(text))
 		if tokens[len(tokens)-1] == idThink {
 			s.script = append(byteIDs(m.reasoning), idEndThink)
 		}
-		s.script = append(s.script, byteIDs(m.answer)...)
+		answer := m.answer
+		if m.toolAnswer != "" && strings.Contains(string(text), "## Tools") {
+			answer = m.toolAnswer
+		}
+		s.script = append(s.script, byteIDs(answer)...)
 		if !m.noEOS {
 			s.script = append(s.script, idEOS)
 		}
@@ -182,7 +162,7 @@ func testServer(t testing.TB, cfg Config, fake *fakeModel) (*Server, *httptest.S
 	t.Helper()
 	s, err := New(cfg, Backend{
 		Name: "moxie-test", Model: fake, Tokenizer: FromTokenizer(tinyTokenizer(t)),
-		Chat: testTemplate{}, StopTokens: []int{idEOS},
+		Chat: DeepSeekV4Chat(tinyTokenizer(t)), StopTokens: []int{idEOS},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -1,13 +1,16 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
+	"moxie/chat"
 	"moxie/generate"
 )
 
@@ -88,16 +91,15 @@ func (s *Server) chatJob(req *chatRequest) (*job, *apiError) {
 	if e != nil {
 		return nil, e
 	}
-	th, e := parseThinking(req.Thinking, req.ReasoningEffort, s.cfg.DefaultThinking)
+	thinking, e := parseThinking(req.Thinking, req.ReasoningEffort, s.cfg.DefaultThinking)
 	if e != nil {
 		return nil, e
 	}
-	if !isNull(req.Tools) && string(req.Tools) != "[]" {
-		return nil, badRequest("tools", "unsupported_value", "tools: tool calling is not supported yet")
+	tools, e := parseTools(req.Tools, req.ToolChoice)
+	if e != nil {
+		return nil, e
 	}
-	if !isNull(req.ToolChoice) && string(req.ToolChoice) != `"none"` {
-		return nil, badRequest("tool_choice", "unsupported_value", "tool_choice: tool calling is not supported yet")
-	}
+	msgs = withTools(msgs, tools)
 	if !isNull(req.ResponseFormat) {
 		var rf struct {
 			Type string `json:"type"`
@@ -109,11 +111,11 @@ func (s *Server) chatJob(req *chatRequest) (*job, *apiError) {
 	if req.Logprobs != nil && *req.Logprobs || req.TopLogprobs != nil {
 		return nil, badRequest("logprobs", "unsupported_value", "logprobs: not supported")
 	}
-	prompt, err := s.b.Chat.Prompt(msgs, th)
+	prompt, err := s.b.Chat.Prompt(msgs, chat.Options{Thinking: thinking})
 	if err != nil {
 		return nil, badRequest("messages", "invalid_value", "messages: %v", err)
 	}
-	j := &job{chat: true, model: req.Model, prompt: prompt, p: p, thinking: th.Enabled}
+	j := &job{chat: true, model: req.Model, prompt: prompt, p: p, thinking: thinking}
 	maxField := "max_tokens"
 	if req.MaxCompletion != nil {
 		maxField = "max_completion_tokens"
@@ -192,14 +194,33 @@ type (
 			ReasoningTokens int `json:"reasoning_tokens"`
 		} `json:"completion_tokens_details,omitempty"`
 	}
+	toolCallOut struct {
+		Index    *int   `json:"index,omitempty"` // streaming only
+		ID       string `json:"id"`
+		Type     string `json:"type"`
+		Function struct {
+			Name      string `json:"name"`
+			Arguments string `json:"arguments"`
+		} `json:"function"`
+	}
+	// chatMessage is a streamed delta: absent fields are left out.
 	chatMessage struct {
-		Role             string  `json:"role,omitempty"`
-		Content          *string `json:"content,omitempty"`
-		ReasoningContent *string `json:"reasoning_content,omitempty"`
+		Role             string        `json:"role,omitempty"`
+		Content          *string       `json:"content,omitempty"`
+		ReasoningContent *string       `json:"reasoning_content,omitempty"`
+		ToolCalls        []toolCallOut `json:"tool_calls,omitempty"`
+	}
+	// fullMessage is a non-streamed message: content is null when empty
+	// beside tool calls.
+	fullMessage struct {
+		Role             string        `json:"role"`
+		Content          *string       `json:"content"`
+		ReasoningContent *string       `json:"reasoning_content,omitempty"`
+		ToolCalls        []toolCallOut `json:"tool_calls,omitempty"`
 	}
 	chatChoice struct {
 		Index        int          `json:"index"`
-		Message      *chatMessage `json:"message,omitempty"`
+		Message      *fullMessage `json:"message,omitempty"`
 		Delta        *chatMessage `json:"delta,omitempty"`
 		Text         *string      `json:"text,omitempty"`
 		Logprobs     *struct{}    `json:"logprobs"`
@@ -225,6 +246,17 @@ type (
 	}
 )
 
+// output routes generated text: raw for completions; for chat, through a
+// chat.Parser into reasoning, content and DSML tool calls.
+type output struct {
+	parser          *chat.Parser // nil for completions
+	raw             []byte       // everything generated, as text
+	reasoning       []byte
+	content         []byte
+	reasoningTokens int
+	inReasoning     bool
+}
+
 // run admits j, generates, and writes the response.
 func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 	ctx := r.Context()
@@ -238,9 +270,11 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 		id, object = newID("chatcmpl-"), "chat.completion"
 	}
 	created := time.Now().Unix()
-	split := &thinkSplitter{reasoning: j.thinking}
-	var reasoningTokens int
-	var content, reasoning []byte
+	out := &output{}
+	if j.chat {
+		out.parser = chat.NewParser(j.thinking)
+		out.inReasoning = j.thinking
+	}
 
 	var st *sseWriter
 	if j.p.stream {
@@ -250,10 +284,10 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 			st.event(s.chunk(id, object, created, j, chatChoice{Delta: &chatMessage{Role: "assistant", Content: new(string)}}))
 		}
 	}
-	// deliver sends final reasoning/content text on its way.
+	// deliver records final reasoning/content text and streams it.
 	deliver := func(rs, cs string) error {
-		content = append(content, cs...)
-		reasoning = append(reasoning, rs...)
+		out.content = append(out.content, cs...)
+		out.reasoning = append(out.reasoning, rs...)
 		if st == nil || rs == "" && cs == "" {
 			return nil
 		}
@@ -278,14 +312,47 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 		Detokenizer: s.b.Tokenizer.NewDetokenizer(),
 	}
 	res, err := generate.Generate(ctx, s.b.Model, j.prompt, opts, func(e generate.Event) error {
-		if split.reasoning && e.Token != generate.NoToken {
-			reasoningTokens++
+		out.raw = append(out.raw, e.Text...)
+		if out.parser == nil {
+			return deliver("", e.Text)
 		}
-		return deliver(split.push(e.Text))
+		if out.inReasoning {
+			if e.Token != generate.NoToken {
+				out.reasoningTokens++
+			}
+			// The token that completes </think> still counts as reasoning.
+			tail := out.raw[max(0, len(out.raw)-len(e.Text)-len(chat.ThinkEnd)):]
+			if bytes.Contains(tail, []byte(chat.ThinkEnd)) {
+				out.inReasoning = false
+			}
+		}
+		d := out.parser.Add(e.Text)
+		return deliver(d.Reasoning, d.Content)
 	})
-	if err == nil {
-		err = deliver(split.flush())
+	var calls []toolCallOut
+	if err == nil && out.parser != nil {
+		d, tc, perr := out.parser.Finish()
+		if perr != nil && !errors.Is(perr, chat.ErrNoThinkEnd) {
+			// A tool-call block that does not parse (or text after EOS):
+			// nothing is dropped; whatever the parser withheld from the
+			// content comes back as content.
+			s.log.Warn("unparsed model output returned as content", "err", perr)
+			d = chat.Delta{Reasoning: d.Reasoning, Content: d.Content + rawContentRest(out, j.thinking, d.Content)}
+			tc = nil
+		}
+		err = deliver(d.Reasoning, d.Content)
+		for k, c := range tc {
+			t := toolCallOut{ID: newID("call_"), Type: "function"}
+			t.Function.Name, t.Function.Arguments = c.Function.Name, c.Function.Arguments
+			if st != nil {
+				t.Index = &k
+			}
+			calls = append(calls, t)
+		}
+	} else if err == nil {
+		err = deliver("", "")
 	}
+
 	if err != nil {
 		var e *apiError
 		switch {
@@ -320,14 +387,20 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 	}
 
 	finish := string(res.Finish)
+	if len(calls) > 0 {
+		finish = "tool_calls"
+	}
 	s.m.generation(res, finish)
 	u := &usage{PromptTokens: res.PromptTokens, CompletionTokens: res.GeneratedTokens, TotalTokens: res.PromptTokens + res.GeneratedTokens}
 	if j.thinking {
 		u.CompletionDetails = &struct {
 			ReasoningTokens int `json:"reasoning_tokens"`
-		}{reasoningTokens}
+		}{out.reasoningTokens}
 	}
 	if st != nil {
+		if len(calls) > 0 {
+			st.event(s.chunk(id, object, created, j, chatChoice{Delta: &chatMessage{ToolCalls: calls}}))
+		}
 		c := chatChoice{FinishReason: &finish}
 		if j.chat {
 			c.Delta = &chatMessage{}
@@ -342,11 +415,14 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 		return
 	}
 	c := chatChoice{FinishReason: &finish}
-	cs := string(content)
+	cs := string(out.content)
 	if j.chat {
-		c.Message = &chatMessage{Role: "assistant", Content: &cs}
+		c.Message = &fullMessage{Role: "assistant", Content: &cs, ToolCalls: calls}
+		if cs == "" && len(calls) > 0 {
+			c.Message.Content = nil
+		}
 		if j.thinking {
-			rs := string(reasoning)
+			rs := string(out.reasoning)
 			c.Message.ReasoningContent = &rs
 		}
 	} else {
@@ -354,6 +430,24 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(response{ID: id, Object: object, Created: created, Model: j.model, Choices: []chatChoice{c}, Usage: u})
+}
+
+// rawContentRest is the generated text after the reasoning that has not been
+// delivered as content yet (plus final, the parser's last content delta).
+func rawContentRest(out *output, thinking bool, final string) string {
+	raw := string(out.raw)
+	if thinking {
+		i := strings.Index(raw, chat.ThinkEnd)
+		if i < 0 {
+			return ""
+		}
+		raw = raw[i+len(chat.ThinkEnd):]
+	}
+	done := len(out.content) + len(final)
+	if done > len(raw) {
+		return ""
+	}
+	return raw[done:]
 }
 
 // chunk builds one streamed chunk; usage is null in every chunk when the

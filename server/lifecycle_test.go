@@ -310,7 +310,7 @@ func serveOn(t *testing.T, s *Server) (url string, stop func() error) {
 func newServer(t *testing.T, cfg Config, fake *fakeModel) *Server {
 	t.Helper()
 	s, err := New(cfg, Backend{Name: "moxie-test", Model: fake, Tokenizer: FromTokenizer(tinyTokenizer(t)),
-		Chat: testTemplate{}, StopTokens: []int{idEOS}})
+		Chat: DeepSeekV4Chat(tinyTokenizer(t)), StopTokens: []int{idEOS}})
 	if err != nil {
 		t.Fatal(err)
 	}

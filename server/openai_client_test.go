@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 )
@@ -22,7 +24,10 @@ func TestOpenAINodeClient(t *testing.T) {
 	if _, err := os.Stat(filepath.Join("testdata", "npm", "node_modules", "openai", "package.json")); err != nil {
 		t.Skip("the openai npm package is not installed (run scripts/setup-openai.sh, needs npm)")
 	}
-	s := newServer(t, Config{APIKey: "test-key", Concurrency: 2, QueueSize: 4}, newFake())
+	fake := newFake()
+	fake.maxCtx = 4096
+	fake.toolAnswer = "Checking." + dsml
+	s := newServer(t, Config{APIKey: "test-key", Concurrency: 2, QueueSize: 4}, fake)
 	url, stop := serveOn(t, s)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -61,7 +66,24 @@ func TestOpenAINodeClient(t *testing.T) {
 			Usage                usage
 		} `json:"completion"`
 		CompletionStream struct{ Text string } `json:"completionStream"`
-		Error            *struct {
+		Tools            struct {
+			Finish  string
+			Content *string
+			Calls   []struct {
+				ID, Type, Name string
+				Arguments      map[string]any
+			}
+		} `json:"tools"`
+		ToolsStream struct {
+			Finish  string
+			Content *string
+			Calls   []struct {
+				Name      string
+				Arguments map[string]any
+			}
+		} `json:"toolsStream"`
+		ToolsSecondTurn struct{ Finish string } `json:"toolsSecondTurn"`
+		Error           *struct {
 			Status                     int
 			Code, Param, Type, Message string
 		} `json:"error"`
@@ -97,6 +119,23 @@ func TestOpenAINodeClient(t *testing.T) {
 	}
 	if got.CompletionStream.Text != "Hel" {
 		t.Errorf("completion stream %+v", got.CompletionStream)
+	}
+	weather := map[string]any{"city": "Paris", "days": float64(3)}
+	if tl := got.Tools; tl.Finish != "tool_calls" || tl.Content == nil || *tl.Content != "Checking." || len(tl.Calls) != 1 ||
+		tl.Calls[0].Name != "get_weather" || tl.Calls[0].Type != "function" || !strings.HasPrefix(tl.Calls[0].ID, "call_") ||
+		!reflect.DeepEqual(tl.Calls[0].Arguments, weather) {
+		t.Errorf("tools %+v", tl)
+	}
+	if tl := got.ToolsStream; tl.Finish != "tool_calls" || tl.Content == nil || *tl.Content != "Checking." || len(tl.Calls) != 1 ||
+		tl.Calls[0].Name != "get_weather" || !reflect.DeepEqual(tl.Calls[0].Arguments, weather) {
+		t.Errorf("tools stream %+v", tl)
+	}
+	// The second turn still declares the tools, so the fake answers with a call again.
+	if got.ToolsSecondTurn.Finish != "tool_calls" {
+		t.Errorf("second tool turn %+v", got.ToolsSecondTurn)
+	}
+	if p, _ := fake.lastPrompt.Load().(string); !strings.Contains(p, "<tool_result>sunny</tool_result>") {
+		t.Errorf("the last prompt lacks the tool result: %q", p)
 	}
 	if e := got.Error; e == nil || e.Status != 404 || e.Code != "model_not_found" || e.Param != "model" || e.Type != "invalid_request_error" {
 		t.Errorf("error %+v", e)

@@ -3,8 +3,11 @@ package server
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
+
+	"moxie/chat"
 )
 
 // MaxStopStrings bounds the number of stop strings in one request.
@@ -208,11 +211,13 @@ type wireMessage struct {
 	ReasoningContent *string         `json:"reasoning_content"`
 	Name             *string         `json:"name"`
 	ToolCalls        json.RawMessage `json:"tool_calls"`
+	ToolCallID       *string         `json:"tool_call_id"`
 }
 
 // parseMessages validates "messages": a non-empty array of objects with a
-// known role and text content (a string or an array of text parts).
-func parseMessages(raw json.RawMessage) ([]Message, *apiError) {
+// known role and text content (a string or an array of text parts);
+// assistant messages may carry tool_calls, tool messages answer them.
+func parseMessages(raw json.RawMessage) ([]chat.Message, *apiError) {
 	if isNull(raw) {
 		return nil, badRequest("messages", "missing_required_parameter", "messages: required")
 	}
@@ -223,11 +228,15 @@ func parseMessages(raw json.RawMessage) ([]Message, *apiError) {
 	if len(wire) == 0 {
 		return nil, badRequest("messages", "invalid_value", "messages: must hold at least one message")
 	}
-	out := make([]Message, 0, len(wire))
+	out := make([]chat.Message, 0, len(wire))
 	for i, w := range wire {
 		field := fmt.Sprintf("messages[%d]", i)
 		var m wireMessage
 		if err := json.Unmarshal(w, &m); err != nil {
+			var te *json.UnmarshalTypeError
+			if errors.As(err, &te) && te.Field != "" {
+				return nil, badRequest(field+"."+te.Field, "invalid_type", "%s.%s: expected %s, got %s", field, te.Field, jsonTypeName(te.Type.String()), te.Value)
+			}
 			return nil, badRequest(field, "invalid_type", "%s: expected an object with role and content, got %s", field, jsonKind(w))
 		}
 		if m.Role == nil {
@@ -235,26 +244,138 @@ func parseMessages(raw json.RawMessage) ([]Message, *apiError) {
 		}
 		role := *m.Role
 		switch role {
-		case "system", "developer", "user", "assistant":
-		case "tool", "function":
-			return nil, badRequest(field+".role", "unsupported_value", "%s.role: %q messages are not supported (no tool calling yet)", field, role)
+		case "system", "developer", "user", "assistant", "tool":
+		case "function":
+			return nil, badRequest(field+".role", "unsupported_value", "%s.role: the legacy \"function\" role is not supported; use \"tool\"", field)
 		default:
-			return nil, badRequest(field+".role", "invalid_value", "%s.role: unknown role %q (want system, developer, user or assistant)", field, role)
+			return nil, badRequest(field+".role", "invalid_value", "%s.role: unknown role %q (want system, developer, user, assistant or tool)", field, role)
 		}
+		msg := chat.Message{Role: role}
 		if !isNull(m.ToolCalls) {
-			return nil, badRequest(field+".tool_calls", "unsupported_value", "%s.tool_calls: tool calling is not supported yet", field)
+			if role != "assistant" {
+				return nil, badRequest(field+".tool_calls", "invalid_value", "%s.tool_calls: only assistant messages carry tool calls", field)
+			}
+			calls, e := parseToolCalls(m.ToolCalls, field+".tool_calls")
+			if e != nil {
+				return nil, e
+			}
+			msg.ToolCalls = calls
 		}
-		content, err := parseContent(m.Content, field+".content", role == "assistant")
-		if err != nil {
-			return nil, err
+		content, e := parseContent(m.Content, field+".content", role == "assistant")
+		if e != nil {
+			return nil, e
 		}
-		msg := Message{Role: role, Content: content}
+		msg.Content = content
 		if m.ReasoningContent != nil {
 			msg.ReasoningContent = *m.ReasoningContent
+		}
+		if m.ToolCallID != nil {
+			if role != "tool" {
+				return nil, badRequest(field+".tool_call_id", "invalid_value", "%s.tool_call_id: only tool messages answer tool calls", field)
+			}
+			msg.ToolCallID = *m.ToolCallID
 		}
 		out = append(out, msg)
 	}
 	return out, nil
+}
+
+// parseToolCalls reads an assistant message's tool_calls.
+func parseToolCalls(raw json.RawMessage, field string) ([]chat.ToolCall, *apiError) {
+	var calls []struct {
+		ID       *string `json:"id"`
+		Type     *string `json:"type"`
+		Function *struct {
+			Name      *string `json:"name"`
+			Arguments *string `json:"arguments"`
+		} `json:"function"`
+	}
+	if err := json.Unmarshal(raw, &calls); err != nil {
+		return nil, badRequest(field, "invalid_type", "%s: expected an array of {id, type, function: {name, arguments}} objects", field)
+	}
+	out := make([]chat.ToolCall, len(calls))
+	for k, c := range calls {
+		f := fmt.Sprintf("%s[%d]", field, k)
+		if c.Type != nil && *c.Type != "function" {
+			return nil, badRequest(f+".type", "invalid_value", "%s.type: only \"function\" is supported, got %q", f, *c.Type)
+		}
+		if c.Function == nil || c.Function.Name == nil || *c.Function.Name == "" {
+			return nil, badRequest(f+".function.name", "missing_required_parameter", "%s.function.name: required", f)
+		}
+		args := "{}"
+		if c.Function.Arguments != nil {
+			args = *c.Function.Arguments
+		}
+		out[k] = chat.ToolCall{Type: "function", Function: chat.FunctionCall{Name: *c.Function.Name, Arguments: args}}
+		if c.ID != nil {
+			out[k].ID = *c.ID
+		}
+	}
+	return out, nil
+}
+
+// parseTools validates "tools" and "tool_choice": tools is an array of
+// {"type": "function", "function": {"name", ...}}; tool_choice may be
+// "auto" (the default) or "none" (the tools are not shown to the model).
+func parseTools(raw, choice json.RawMessage) ([]chat.Tool, *apiError) {
+	none := false
+	if !isNull(choice) {
+		var c string
+		if err := json.Unmarshal(choice, &c); err != nil {
+			return nil, badRequest("tool_choice", "unsupported_value", "tool_choice: only \"auto\" and \"none\" are supported, got %s", jsonKind(choice))
+		}
+		switch c {
+		case "auto":
+		case "none":
+			none = true
+		default:
+			return nil, badRequest("tool_choice", "unsupported_value", "tool_choice: only \"auto\" and \"none\" are supported, got %q", c)
+		}
+	}
+	if isNull(raw) {
+		return nil, nil
+	}
+	var tools []struct {
+		Type     *string         `json:"type"`
+		Function json.RawMessage `json:"function"`
+	}
+	if err := json.Unmarshal(raw, &tools); err != nil {
+		return nil, badRequest("tools", "invalid_type", "tools: expected an array of {type: \"function\", function: {...}} objects, got %s", jsonKind(raw))
+	}
+	out := make([]chat.Tool, len(tools))
+	for k, t := range tools {
+		f := fmt.Sprintf("tools[%d]", k)
+		if t.Type == nil || *t.Type != "function" {
+			return nil, badRequest(f+".type", "invalid_value", "%s.type: must be \"function\"", f)
+		}
+		var fn struct {
+			Name *string `json:"name"`
+		}
+		if err := json.Unmarshal(t.Function, &fn); err != nil || fn.Name == nil || *fn.Name == "" {
+			return nil, badRequest(f+".function.name", "missing_required_parameter", "%s.function: an object with a non-empty name is required", f)
+		}
+		out[k] = chat.Tool{Type: "function", Function: t.Function}
+	}
+	if none {
+		return nil, nil
+	}
+	return out, nil
+}
+
+// withTools declares tools on the first system message, adding an empty one
+// at the start when there is none (the DeepSeek-V4 format describes tools in
+// the system prompt).
+func withTools(msgs []chat.Message, tools []chat.Tool) []chat.Message {
+	if len(tools) == 0 {
+		return msgs
+	}
+	for i := range msgs {
+		if msgs[i].Role == "system" {
+			msgs[i].Tools = tools
+			return msgs
+		}
+	}
+	return append([]chat.Message{{Role: "system", Tools: tools}}, msgs...)
 }
 
 // parseContent accepts a string or an array of {"type":"text","text":...}
@@ -297,48 +418,41 @@ func parseContent(raw json.RawMessage, field string, nullOK bool) (string, *apiE
 
 // parseThinking decides the thinking mode of a chat request. Precedence:
 // "thinking" ({"type": "enabled"|"disabled"} or a boolean), then
-// "reasoning_effort" ("none"/"minimal" off; "low"/"medium"/"high" on; "max" on
-// with DeepSeek's maximum-effort instruction), then the server default.
-func parseThinking(raw json.RawMessage, effort *string, def bool) (Thinking, *apiError) {
-	t := Thinking{Enabled: def}
+// "reasoning_effort" ("none"/"minimal" off; "low"/"medium"/"high"/"max" on),
+// then the server default.
+func parseThinking(raw json.RawMessage, effort *string, def bool) (bool, *apiError) {
+	on := def
 	if effort != nil {
 		switch *effort {
 		case "none", "minimal":
-			t = Thinking{}
-		case "low", "medium", "high":
-			t = Thinking{Enabled: true, Effort: *effort}
-		case "max":
-			t = Thinking{Enabled: true, Effort: "max"}
+			on = false
+		case "low", "medium", "high", "max":
+			on = true
 		default:
-			return t, badRequest("reasoning_effort", "invalid_value", "reasoning_effort: want none, minimal, low, medium, high or max, got %q", *effort)
+			return false, badRequest("reasoning_effort", "invalid_value", "reasoning_effort: want none, minimal, low, medium, high or max, got %q", *effort)
 		}
 	}
 	if isNull(raw) {
-		return t, nil
+		return on, nil
 	}
 	var b bool
 	if err := json.Unmarshal(raw, &b); err == nil {
-		t.Enabled = b
-		if !b {
-			t.Effort = ""
-		}
-		return t, nil
+		return b, nil
 	}
 	var obj struct {
 		Type *string `json:"type"`
 	}
 	if err := json.Unmarshal(raw, &obj); err != nil || obj.Type == nil {
-		return t, badRequest("thinking", "invalid_type", "thinking: expected {\"type\": \"enabled\"|\"disabled\"} or a boolean, got %s", jsonKind(raw))
+		return false, badRequest("thinking", "invalid_type", "thinking: expected {\"type\": \"enabled\"|\"disabled\"} or a boolean, got %s", jsonKind(raw))
 	}
 	switch *obj.Type {
 	case "enabled":
-		t.Enabled = true
+		return true, nil
 	case "disabled":
-		t = Thinking{}
+		return false, nil
 	default:
-		return t, badRequest("thinking.type", "invalid_value", "thinking.type: want \"enabled\" or \"disabled\", got %q", *obj.Type)
+		return false, badRequest("thinking.type", "invalid_value", "thinking.type: want \"enabled\" or \"disabled\", got %q", *obj.Type)
 	}
-	return t, nil
 }
 
 // parsePrompt accepts a string or an array holding exactly one string.

@@ -10,13 +10,22 @@
 //
 // Thinking mode. A chat request asks for DeepSeek-V4's thinking mode with
 // "thinking": {"type": "enabled"} (DeepSeek's API; a boolean is accepted too)
-// or with "reasoning_effort": "low" | "medium" | "high" (thinking on), "max"
-// (thinking on, with DeepSeek's maximum-effort instruction), "none" |
-// "minimal" (off). "thinking" wins over "reasoning_effort"; without either the
-// server default applies (Config.DefaultThinking). In thinking mode the text
-// the model writes before </think> is returned as message.reasoning_content
-// (delta.reasoning_content when streaming) and the rest as content. Stop
+// or with "reasoning_effort": "low" | "medium" | "high" | "max" (thinking on;
+// the levels do not differ yet) or "none" | "minimal" (off). "thinking" wins
+// over "reasoning_effort"; without either the server default applies
+// (Config.DefaultThinking). In thinking mode the text the model writes before
+// </think> is returned as message.reasoning_content (delta.reasoning_content
+// when streaming) and the rest as content; usage.completion_tokens_details.
+// reasoning_tokens counts the tokens up to and including </think>. Stop
 // strings are matched on the whole generated text, reasoning included.
+//
+// Tool calling. "tools" (type "function") are described to the model in the
+// system prompt, assistant "tool_calls" and "tool" results in the history are
+// rendered in DeepSeek's DSML format, and DSML tool calls in the output come
+// back as message.tool_calls with finish_reason "tool_calls" (streamed as one
+// delta.tool_calls chunk once the block is complete). tool_choice may be
+// "auto" or "none". A tool-call block that does not parse is returned as
+// content.
 //
 // Extensions beyond OpenAI's request fields: top_k, min_p and
 // repetition_penalty (vLLM's meanings).
@@ -41,33 +50,17 @@ import (
 	"sync/atomic"
 	"time"
 
+	"moxie/chat"
 	"moxie/generate"
 )
 
-// Message is one chat message after validation. Role is "system",
-// "developer", "user" or "assistant".
-type Message struct {
-	Role             string
-	Content          string
-	ReasoningContent string // an assistant turn's reasoning, if the client sent it back
-}
-
-// Thinking is the requested reasoning mode of a chat request.
-type Thinking struct {
-	Enabled bool
-	// Effort is "", "low", "medium", "high" or "max" (DeepSeek's
-	// maximum-effort instruction); only "max" changes the prompt.
-	Effort string
-}
-
 // ChatTemplate turns chat messages into prompt token ids. Implementations must
-// be safe for concurrent use, and should encode message text so that it can
-// never produce control tokens.
+// be safe for concurrent use.
 type ChatTemplate interface {
-	// Prompt returns the ids of the prompt that ends with the assistant
-	// opener for the given thinking mode. An error is reported to the client
-	// as a 400 naming "messages".
-	Prompt(msgs []Message, thinking Thinking) ([]int, error)
+	// Prompt returns the ids of the prompt for msgs, ending with the
+	// assistant opener of the mode in opts. An error is reported to the
+	// client as a 400 naming "messages".
+	Prompt(msgs []chat.Message, opts chat.Options) ([]int, error)
 }
 
 // Tokenizer is what the server needs from a tokenizer. It must be safe for

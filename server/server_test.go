@@ -41,8 +41,10 @@ type chatResp struct {
 	} `json:"usage"`
 }
 
-// userPromptLen is the prompt length of one user message of n bytes under
-// testTemplate: BOS, <｜User｜>, n bytes, <｜Assistant｜>, </think> or <think>.
+// userPromptLen is the prompt length of one user message of n ASCII bytes in
+// the DeepSeek-V4 format with the tiny tokenizer (one token per byte, the
+// markers one token each): BOS, <｜User｜>, n bytes, <｜Assistant｜>, then
+// </think> or <think>.
 func userPromptLen(n int) int { return 4 + n }
 
 func TestChatNonStreaming(t *testing.T) {
@@ -473,11 +475,11 @@ func TestBadRequests(t *testing.T) {
 		{"message not an object", chat, `{"model":"moxie-test","messages":[3]}`, 400, "messages[0]", "invalid_type", "object"},
 		{"missing role", chat, `{"model":"moxie-test","messages":[{"content":"Hi"}]}`, 400, "messages[0].role", "missing_required_parameter", "role"},
 		{"bad role", chat, `{"model":"moxie-test","messages":[{"role":"user","content":"a"},{"role":"wizard","content":"Hi"}]}`, 400, "messages[1].role", "invalid_value", "wizard"},
-		{"tool role", chat, `{"model":"moxie-test","messages":[{"role":"tool","content":"Hi"}]}`, 400, "messages[0].role", "unsupported_value", "tool"},
+		{"function role", chat, `{"model":"moxie-test","messages":[{"role":"function","content":"Hi"}]}`, 400, "messages[0].role", "unsupported_value", "tool"},
 		{"missing content", chat, `{"model":"moxie-test","messages":[{"role":"user"}]}`, 400, "messages[0].content", "missing_required_parameter", "content"},
 		{"content wrong type", chat, `{"model":"moxie-test","messages":[{"role":"user","content":7}]}`, 400, "messages[0].content", "invalid_type", "string"},
 		{"image part", chat, `{"model":"moxie-test","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, 400, "messages[0].content[0].type", "unsupported_value", "image_url"},
-		{"template refuses", chat, `{"model":"moxie-test","messages":[{"role":"user","content":"reject me"}]}`, 400, "messages", "invalid_value", "refuses"},
+		{"template refuses", chat, `{"model":"moxie-test","messages":[{"role":"developer","content":""}]}`, 400, "messages", "invalid_value", "developer message has no content"},
 		{"n > 1", chat, `{"model":"moxie-test",` + hi + `,"n":2}`, 400, "n", "unsupported_value", "n"},
 		{"temperature too high", chat, `{"model":"moxie-test",` + hi + `,"temperature":3}`, 400, "temperature", "invalid_value", "[0, 2]"},
 		{"top_p zero", chat, `{"model":"moxie-test",` + hi + `,"top_p":0}`, 400, "top_p", "invalid_value", "top_p"},
@@ -496,7 +498,15 @@ func TestBadRequests(t *testing.T) {
 		{"bad reasoning_effort", chat, `{"model":"moxie-test",` + hi + `,"reasoning_effort":"extreme"}`, 400, "reasoning_effort", "invalid_value", "extreme"},
 		{"bad thinking type", chat, `{"model":"moxie-test",` + hi + `,"thinking":{"type":"sometimes"}}`, 400, "thinking.type", "invalid_value", "sometimes"},
 		{"thinking wrong type", chat, `{"model":"moxie-test",` + hi + `,"thinking":"yes"}`, 400, "thinking", "invalid_type", "a string"},
-		{"tools", chat, `{"model":"moxie-test",` + hi + `,"tools":[{"type":"function","function":{"name":"f"}}]}`, 400, "tools", "unsupported_value", "tool"},
+		{"tools wrong type", chat, `{"model":"moxie-test",` + hi + `,"tools":{"type":"function"}}`, 400, "tools", "invalid_type", "array"},
+		{"tool without name", chat, `{"model":"moxie-test",` + hi + `,"tools":[{"type":"function","function":{"description":"f"}}]}`, 400, "tools[0].function.name", "missing_required_parameter", "name"},
+		{"tool of another type", chat, `{"model":"moxie-test",` + hi + `,"tools":[{"type":"retrieval"}]}`, 400, "tools[0].type", "invalid_value", "function"},
+		{"tool_choice required", chat, `{"model":"moxie-test",` + hi + `,"tool_choice":"required"}`, 400, "tool_choice", "unsupported_value", "required"},
+		{"tool_choice object", chat, `{"model":"moxie-test",` + hi + `,"tool_choice":{"type":"function","function":{"name":"f"}}}`, 400, "tool_choice", "unsupported_value", "auto"},
+		{"tool_calls on a user message", chat, `{"model":"moxie-test","messages":[{"role":"user","content":"a","tool_calls":[]}]}`, 400, "messages[0].tool_calls", "invalid_value", "assistant"},
+		{"tool call without name", chat, `{"model":"moxie-test","messages":[{"role":"user","content":"a"},{"role":"assistant","content":null,"tool_calls":[{"id":"1","type":"function","function":{"arguments":"{}"}}]},{"role":"tool","tool_call_id":"1","content":"x"}]}`, 400, "messages[1].tool_calls[0].function.name", "missing_required_parameter", "name"},
+		{"tool_call_id on a user message", chat, `{"model":"moxie-test","messages":[{"role":"user","content":"a","tool_call_id":"1"}]}`, 400, "messages[0].tool_call_id", "invalid_value", "tool"},
+		{"tool_call_id wrong type", chat, `{"model":"moxie-test","messages":[{"role":"tool","content":"a","tool_call_id":1}]}`, 400, "messages[0].tool_call_id", "invalid_type", "string"},
 		{"response_format json", chat, `{"model":"moxie-test",` + hi + `,"response_format":{"type":"json_object"}}`, 400, "response_format", "unsupported_value", "text"},
 		{"logprobs", chat, `{"model":"moxie-test",` + hi + `,"logprobs":true}`, 400, "logprobs", "unsupported_value", "logprobs"},
 		{"completion missing prompt", comp, `{"model":"moxie-test"}`, 400, "prompt", "missing_required_parameter", "prompt"},

@@ -30,8 +30,9 @@ Serve MODEL over an OpenAI-compatible HTTP API:
   GET  /metrics               Prometheus metrics
 
 Thinking mode: send "thinking": {"type": "enabled"} or "reasoning_effort":
-"high" (or "max"); the reasoning comes back in reasoning_content, apart from
-content. Requests beyond --concurrency wait in a queue of --queue; when it is
+"high"; the reasoning comes back in reasoning_content, apart from content.
+Tool calling: "tools" are described to the model in DeepSeek's DSML format and
+its calls come back as tool_calls. Requests beyond --concurrency wait in a queue of --queue; when it is
 full the server answers 503 with Retry-After. SIGINT or SIGTERM stop accepting
 requests, let running ones finish for --grace, then cancel them and exit.
 
@@ -177,8 +178,7 @@ func loadServeModel(spec string, stderr io.Writer) (server.Backend, func() error
 		Name:       name,
 		Model:      lm.m,
 		Tokenizer:  server.FromTokenizer(tok),
+		Chat:       server.DeepSeekV4Chat(tok),
 		StopTokens: []int{eos},
-		// Chat: wired when the chat package lands; until then
-		// /v1/chat/completions answers 404 and /v1/completions works.
 	}, lm.Close, nil
 }

@@ -114,6 +114,20 @@ func TestServeTinyModel(t *testing.T) {
 	if r.Usage.PromptTokens != 2 {
 		t.Errorf("usage: %s", body)
 	}
+	// Chat goes through the DeepSeek-V4 template: "Hi" from the user is
+	// BOS, <｜User｜>, H, i, <｜Assistant｜>, </think>.
+	req, _ = http.NewRequest("POST", "http://"+addr+"/v1/chat/completions",
+		strings.NewReader(`{"model":"synth:tiny","messages":[{"role":"user","content":"Hi"}],"max_tokens":3,"temperature":0}`))
+	req.Header.Set("Authorization", "Bearer k")
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || json.Unmarshal(body, &r) != nil || r.Usage.PromptTokens != 6 {
+		t.Errorf("chat: status %d: %s", resp.StatusCode, body)
+	}
 	if !strings.Contains(errb.String(), "synthetic model") {
 		t.Errorf("no synthetic-model note on stderr: %q", errb.String())
 	}

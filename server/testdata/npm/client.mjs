@@ -52,6 +52,37 @@ let ctext = '';
 for await (const c of cstream) ctext += c.choices[0]?.text ?? '';
 out.completionStream = { text: ctext };
 
+const tools = [{
+  type: 'function',
+  function: {
+    name: 'get_weather', description: 'Weather forecast',
+    parameters: { type: 'object', properties: { city: { type: 'string' }, days: { type: 'integer' } }, required: ['city'] },
+  },
+}];
+const toolMessages = [{ role: 'user', content: 'Weather in Paris?' }];
+const tc = await client.chat.completions.create({ model, messages: toolMessages, tools });
+const toolMsg = tc.choices[0].message;
+out.tools = {
+  finish: tc.choices[0].finish_reason,
+  content: toolMsg.content,
+  calls: (toolMsg.tool_calls ?? []).map((c) => ({ id: c.id, type: c.type, name: c.function.name, arguments: JSON.parse(c.function.arguments) })),
+};
+// The client's stream helper accumulates tool-call deltas into a message.
+const ts = client.chat.completions.stream({ model, messages: toolMessages, tools });
+const final = await ts.finalChatCompletion();
+const fm = final.choices[0].message;
+out.toolsStream = {
+  finish: final.choices[0].finish_reason,
+  content: fm.content,
+  calls: (fm.tool_calls ?? []).map((c) => ({ name: c.function.name, arguments: JSON.parse(c.function.arguments) })),
+};
+// Send the result back: the second turn renders the call and its result.
+const second = await client.chat.completions.create({
+  model, tools,
+  messages: [...toolMessages, toolMsg, { role: 'tool', tool_call_id: toolMsg.tool_calls[0].id, content: 'sunny' }],
+});
+out.toolsSecondTurn = { finish: second.choices[0].finish_reason };
+
 try {
   await client.chat.completions.create({ model: 'no-such-model', messages });
   out.error = null;

@@ -117,6 +117,7 @@ func parseHeader(path string, hdr []byte, dataStart, dataLen int64, wantIndex bo
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	p.tensors = slices.Clip(p.tensors) // callers' appends must not share our array
 	if !wantIndex {
 		return p.tensors, p.meta, nil, nil
 	}

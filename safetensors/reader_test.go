@@ -294,6 +294,15 @@ func TestValidHeaders(t *testing.T) {
 				if len(ts) != len(c.want) {
 					t.Fatalf("%s: %d tensors, want %d", how, len(ts), len(c.want))
 				}
+				// Shared slices are clipped, so a caller's append cannot write into them.
+				if cap(ts) != len(ts) {
+					t.Errorf("%s: Tensors has cap %d > len %d", how, cap(ts), len(ts))
+				}
+				for _, ti := range ts {
+					if cap(ti.Shape) != len(ti.Shape) {
+						t.Errorf("%s: %q Shape has cap %d > len %d", how, ti.Name, cap(ti.Shape), len(ti.Shape))
+					}
+				}
 				for i, w := range c.want {
 					g := ts[i]
 					if g.Name != w.name || g.DType != w.dt || !equalShape(g.Shape, w.shape) || g.Offset != dataStart+w.begin || g.Size != w.size {

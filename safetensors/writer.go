@@ -152,8 +152,10 @@ func (w *Writer) WriteFrom(name string, r io.Reader) error {
 
 // Close finishes the file: if every tensor was written it flushes and fsyncs the
 // temporary file, renames it over path (mode 0644) and fsyncs the directory.
-// Otherwise, or on any error, it removes the temporary file, leaves path
-// untouched and returns an error. Close after a successful Close returns nil.
+// Otherwise, or on any error before the rename, it removes the temporary file,
+// leaves path untouched and returns an error (if only the directory fsync after
+// the rename fails, the file is in place and the error says so). Close after a
+// successful Close returns nil.
 func (w *Writer) Close() error {
 	switch w.state {
 	case writerClosed:
@@ -196,7 +198,10 @@ func (w *Writer) finish() error {
 	if err := os.Rename(w.tmp, w.path); err != nil {
 		return wrapErr(err)
 	}
-	return syncDir(filepath.Dir(w.path))
+	if err := syncDir(filepath.Dir(w.path)); err != nil {
+		return wrapErr(fmt.Errorf("file renamed into place, but %w", err))
+	}
+	return nil
 }
 
 // Abort discards the file: it removes the temporary file and leaves path

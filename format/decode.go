@@ -200,11 +200,13 @@ func DecodeMXFP4Row(dst []float32, packed []byte, scales []byte) {
 	t := &fp4PairTable
 	pt := &fp4Pair
 	i := decodeMXFP4Groups(dst, packed, scales) // packed bytes done by SIMD, if any
+	// The exponent-add path stores uint64 words, so it needs 8-byte alignment.
+	aligned := len(dst) > 0 && uintptr(unsafe.Pointer(&dst[0]))%8 == 0
 	for j := i / 16; i+16 <= len(packed); j, i = j+1, i+16 {
 		sb := scales[j]
 		b := (*[16]byte)(packed[i:])
 		d := (*[32]float32)(dst[2*i:])
-		if sb >= 2 && sb <= 252 {
+		if aligned && sb >= 2 && sb <= 252 {
 			// Scale 2^k with |k| <= 125: every product of an E2M1 value
 			// (2^-1 .. 1.5·2^2) and 2^k is a normal float32, so the product is
 			// exactly the value with k added to its exponent field. Zeros are

@@ -130,16 +130,19 @@ func TestMXFP4AllScales(t *testing.T) {
 		for g := range sc {
 			sc[g] = byte(g*37 + 11) // a permutation of 0..255 over the first 256 groups
 		}
-		dst := make([]float32, 2*n)
-		DecodeMXFP4Row(dst, packed, sc)
-		checkSame(t, fmt.Sprintf("DecodeMXFP4Row n=%d", n), dst, func(i int) float32 {
-			c := packed[i/2] & 15
-			if i%2 == 1 {
-				c = packed[i/2] >> 4
-			}
-			s, _ := refE8M0(sc[i/32])
-			return refProduct(refE2M1(c), s)
-		})
+		// Offset 1 makes dst only 4-byte aligned (the word-store path must not run).
+		for _, off := range []int{0, 1} {
+			dst := make([]float32, 2*n+off)[off:]
+			DecodeMXFP4Row(dst, packed, sc)
+			checkSame(t, fmt.Sprintf("DecodeMXFP4Row n=%d offset=%d", n, off), dst, func(i int) float32 {
+				c := packed[i/2] & 15
+				if i%2 == 1 {
+					c = packed[i/2] >> 4
+				}
+				s, _ := refE8M0(sc[i/32])
+				return refProduct(refE2M1(c), s)
+			})
+		}
 	}
 }
 

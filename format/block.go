@@ -163,7 +163,8 @@ func QuantizeMXFP8(w []float32, rows, cols int) (q, scale []byte) {
 }
 
 // DequantMXFP8 expands an MXFP8 tensor to float32 [rows*cols] (fresh slice). It
-// returns an error unless rows, cols >= 0, cols%32 == 0, len(q) == rows*cols and
+// returns an error unless rows, cols >= 0 (product within int), cols%32 == 0,
+// len(q) == rows*cols and
 // len(scale) == rows*cols/32.
 func DequantMXFP8(q, scale []byte, rows, cols int) ([]float32, error) {
 	if !validShape(rows, cols) || cols%MXGroup != 0 {
@@ -207,7 +208,8 @@ func QuantizeMXFP4(w []float32, rows, cols int) (packed, scale []byte) {
 }
 
 // DequantMXFP4 expands an MXFP4 tensor to float32 [rows*cols] (fresh slice). It
-// returns an error unless rows, cols >= 0, cols%32 == 0, len(packed) == rows*cols/2
+// returns an error unless rows, cols >= 0 (product within int), cols%32 == 0,
+// len(packed) == rows*cols/2
 // and len(scale) == rows*cols/32.
 func DequantMXFP4(packed, scale []byte, rows, cols int) ([]float32, error) {
 	if !validShape(rows, cols) || cols%MXGroup != 0 {

@@ -23,7 +23,17 @@ type bpeModel struct {
 	ignoreMerges bool
 
 	mu    sync.Mutex
-	cache map[string][]int32
+	cache map[string][]int32 // pieces of 8..cacheMaxWordLen bytes
+	small map[uint64][]int32 // pieces of 2..7 bytes, keyed by smallKey
+}
+
+// smallKey packs a piece of at most 7 bytes and its length into a uint64.
+func smallKey(w string) uint64 {
+	k := uint64(len(w)) << 56
+	for i := 0; i < len(w); i++ {
+		k |= uint64(w[i]) << (8 * i)
+	}
+	return k
 }
 
 const (
@@ -49,8 +59,14 @@ func (m *bpeModel) encodeWord(word string, out []int) []int {
 	}
 	cacheable := len(word) <= cacheMaxWordLen
 	if cacheable {
+		var ids []int32
+		var ok bool
 		m.mu.Lock()
-		ids, ok := m.cache[word]
+		if len(word) < 8 {
+			ids, ok = m.small[smallKey(word)]
+		} else {
+			ids, ok = m.cache[word]
+		}
 		m.mu.Unlock()
 		if ok {
 			for _, id := range ids {
@@ -74,10 +90,17 @@ func (m *bpeModel) encodeWord(word string, out []int) []int {
 	}
 	if cacheable {
 		m.mu.Lock()
-		if len(m.cache) >= cacheMaxEntries {
-			clear(m.cache)
+		if len(word) < 8 {
+			if len(m.small) >= cacheMaxEntries {
+				clear(m.small)
+			}
+			m.small[smallKey(word)] = syms
+		} else {
+			if len(m.cache) >= cacheMaxEntries {
+				clear(m.cache)
+			}
+			m.cache[word] = syms
 		}
-		m.cache[word] = syms
 		m.mu.Unlock()
 	}
 	for _, id := range syms {

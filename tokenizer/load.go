@@ -120,6 +120,7 @@ func Load(tokenizerJSON, tokenizerConfigJSON []byte, extra ...AddedToken) (*Toke
 		unk:          -1,
 		ignoreMerges: m.IgnoreMerges,
 		cache:        make(map[string][]int32),
+		small:        make(map[uint64][]int32),
 	}
 	for i := range b.byteID {
 		b.byteID[i] = -1
@@ -289,26 +290,46 @@ func parseMerges(raw json.RawMessage, vocab map[string]int, dec map[rune]byte, b
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil
 	}
-	var items []json.RawMessage
-	if err := json.Unmarshal(raw, &items); err != nil {
-		return fmt.Errorf("model.merges: want an array: %w", err)
-	}
-	for i, it := range items {
-		var l, r string
-		var s string
-		if err := json.Unmarshal(it, &s); err == nil {
-			var ok bool
-			l, r, ok = strings.Cut(s, " ")
+	// Either every entry is "a b" or every entry is ["a", "b"]; decode the
+	// whole array at once in the first form, then the second, and only fall
+	// back to entry-by-entry decoding to report which entry is bad.
+	var pairs [][2]string
+	var strs []string
+	if err := json.Unmarshal(raw, &strs); err == nil {
+		pairs = make([][2]string, len(strs))
+		for i, s := range strs {
+			l, r, ok := strings.Cut(s, " ")
 			if !ok || strings.Contains(r, " ") {
 				return fmt.Errorf("model.merges[%d]: %q is not two tokens separated by one space", i, s)
 			}
-		} else {
-			var pair []string
-			if err := json.Unmarshal(it, &pair); err != nil || len(pair) != 2 {
-				return fmt.Errorf("model.merges[%d]: want \"a b\" or [\"a\", \"b\"]", i)
-			}
-			l, r = pair[0], pair[1]
+			pairs[i] = [2]string{l, r}
 		}
+	} else {
+		var lists [][]string
+		if err := json.Unmarshal(raw, &lists); err != nil {
+			var items []json.RawMessage
+			if err := json.Unmarshal(raw, &items); err != nil {
+				return fmt.Errorf("model.merges: want an array: %w", err)
+			}
+			for i, it := range items {
+				var s string
+				var l []string
+				if json.Unmarshal(it, &s) != nil && (json.Unmarshal(it, &l) != nil || len(l) != 2) {
+					return fmt.Errorf("model.merges[%d]: want \"a b\" or [\"a\", \"b\"]", i)
+				}
+			}
+			return fmt.Errorf("model.merges: mixes \"a b\" strings and [\"a\", \"b\"] pairs")
+		}
+		pairs = make([][2]string, len(lists))
+		for i, l := range lists {
+			if len(l) != 2 {
+				return fmt.Errorf("model.merges[%d]: want [\"a\", \"b\"], got %d strings", i, len(l))
+			}
+			pairs[i] = [2]string{l[0], l[1]}
+		}
+	}
+	for i, pr := range pairs {
+		l, r := pr[0], pr[1]
 		li, ok1 := vocab[l]
 		ri, ok2 := vocab[r]
 		mi, ok3 := vocab[l+r]

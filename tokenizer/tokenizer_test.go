@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -450,6 +451,7 @@ func BenchmarkEncodeEnglishCold(b *testing.B) {
 	for b.Loop() {
 		tok.bpe.mu.Lock()
 		clear(tok.bpe.cache)
+		clear(tok.bpe.small)
 		tok.bpe.mu.Unlock()
 		tok.Encode(text, EncodeOptions{})
 		n++
@@ -476,5 +478,53 @@ func BenchmarkPreTokenizeDSV3(b *testing.B) {
 			}
 			reportCPUThroughput(b, cpu0, k*len(text))
 		})
+	}
+}
+
+func BenchmarkLoadV3(b *testing.B) {
+	tj, err := os.ReadFile(filepath.Join(npmModelDir, "tokenizer.json"))
+	if err != nil {
+		b.Skipf("DeepSeek-V3 tokenizer.json not installed (run scripts/test-setup.sh): %v", err)
+	}
+	b.SetBytes(int64(len(tj)))
+	for b.Loop() {
+		if _, err := Load(tj, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func TestMergesPairForm(t *testing.T) {
+	str := string(mergeTokenizerJSON(englishMerges, dsv3PreTokJSON()))
+	// Rewrite every "a b" merge as ["a", "b"] (no token contains a space in
+	// the byte-level alphabet).
+	i := strings.Index(str, `"merges":[`) + len(`"merges":[`)
+	j := i + strings.Index(str[i:], "]")
+	var merges []string
+	if err := json.Unmarshal([]byte("["+str[i:j]+"]"), &merges); err != nil {
+		t.Fatal(err)
+	}
+	var pairs [][]string
+	for _, m := range merges {
+		pairs = append(pairs, strings.SplitN(m, " ", 2))
+	}
+	pj, _ := json.Marshal(pairs)
+	pairForm := str[:i-1] + string(pj) + str[j+1:]
+	a, err := Load([]byte(str), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Load([]byte(pairForm), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range append(dsv3Cases, "the theater and thing", strings.Repeat("a", 70)) {
+		if x, y := a.Encode(s, EncodeOptions{}), b.Encode(s, EncodeOptions{}); !slices.Equal(x, y) {
+			t.Errorf("%q: string form %v, pair form %v", s, x, y)
+		}
+	}
+	mixed := str[:i] + `["t","h"],` + str[i:]
+	if _, err := Load([]byte(mixed), nil); err == nil || !strings.Contains(err.Error(), "model.merges") {
+		t.Errorf("mixed merges: err = %v", err)
 	}
 }

@@ -23,7 +23,7 @@ func DecodeBF16(dst []float32, src []byte) {
 	if len(src) != 2*len(dst) {
 		lenPanic("DecodeBF16", "len(src)=%d, want 2*len(dst)=%d", len(src), 2*len(dst))
 	}
-	i := 0
+	i := decodeBF16Vec(dst, src) // values done by SIMD, if any
 	for ; i+8 <= len(dst); i += 8 {
 		s := (*[16]byte)(src[2*i:])
 		d := (*[8]float32)(dst[i:])

@@ -140,3 +140,24 @@ func decodeE4M3Blocks(dst []float32, q []byte, scales []byte, block int) int {
 	archsimd.ClearAVXUpperBits()
 	return n * block
 }
+
+var vec16 = [16]uint32{16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16}
+
+// decodeBF16Vec decodes whole runs of 32 little-endian bfloat16 values with
+// AVX-512 (zero-extend to 32 bits, shift left 16) and returns the number of
+// values done (0 without AVX-512). Precondition: len(src) == 2*len(dst).
+func decodeBF16Vec(dst []float32, src []byte) int {
+	n := len(dst) &^ 31
+	if !hasAVX512 || n == 0 {
+		return 0
+	}
+	sh := archsimd.LoadUint32x16(&vec16)
+	for i := 0; i < n; i += 32 {
+		v := archsimd.LoadUint8x64((*[64]byte)(src[2*i:])).AsUint16x32()
+		d := (*[32]float32)(dst[i:])
+		v.GetLo().ExtendToUint32().ShiftLeft(sh).AsFloat32x16().Store((*[16]float32)(d[:16]))
+		v.GetHi().ExtendToUint32().ShiftLeft(sh).AsFloat32x16().Store((*[16]float32)(d[16:]))
+	}
+	archsimd.ClearAVXUpperBits()
+	return n
+}

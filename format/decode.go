@@ -72,7 +72,7 @@ func DecodeE4M3(dst []float32, src []byte) {
 		lenPanic("DecodeE4M3", "len(src)=%d, want len(dst)=%d", len(src), len(dst))
 	}
 	t := &e4m3Table
-	i := 0
+	i := decodeE4M3Vec(dst, src) // values done by SIMD, if any
 	for ; i+8 <= len(dst); i += 8 {
 		s := (*[8]byte)(src[i:])
 		d := (*[8]float32)(dst[i:])

@@ -13,3 +13,7 @@ func decodeE4M3Blocks(dst []float32, q []byte, scales []byte, block int) int { r
 // decodeBF16Vec is the portable stand-in for the AVX-512 kernel: it decodes
 // nothing and leaves every value to the scalar loop.
 func decodeBF16Vec(dst []float32, src []byte) int { return 0 }
+
+// decodeE4M3Vec is the portable stand-in for the AVX-512 kernel: it decodes
+// nothing and leaves every value to the scalar loop.
+func decodeE4M3Vec(dst []float32, src []byte) int { return 0 }

@@ -161,3 +161,21 @@ func decodeBF16Vec(dst []float32, src []byte) int {
 	archsimd.ClearAVXUpperBits()
 	return n
 }
+
+// decodeE4M3Vec decodes whole runs of 32 E4M3fn bytes with AVX-512 and returns
+// the number of values done (0 without AVX-512). Precondition: len(src) == len(dst).
+func decodeE4M3Vec(dst []float32, src []byte) int {
+	n := len(dst) &^ 31
+	if !hasAVX512 || n == 0 {
+		return 0
+	}
+	k := loadE4M3Consts()
+	for i := 0; i < n; i += 32 {
+		s := (*[32]byte)(src[i:])
+		d := (*[32]float32)(dst[i:])
+		e4m3x16(&k, (*[16]byte)(s[:16])).Store((*[16]float32)(d[:16]))
+		e4m3x16(&k, (*[16]byte)(s[16:])).Store((*[16]float32)(d[16:]))
+	}
+	archsimd.ClearAVXUpperBits()
+	return n
+}

@@ -10,7 +10,7 @@
 # register/spill report of the embedded kernels (ptxas -v) for sm_90.
 #
 # Writes to OUT_DIR: summary.json, tests.log, bench.log, bench.json,
-# ptxas.txt, nvidia-smi.txt. Exit status: 0 if every test binary passed.
+# ptxas.txt, sass.txt (opcode histograms and SASS of a few kernels), nvidia-smi.txt. Exit status: 0 if every test binary passed.
 set -u -o pipefail
 bin=${1:?usage: gpu-check.sh BIN_DIR OUT_DIR}
 out=${2:?usage: gpu-check.sh BIN_DIR OUT_DIR}
@@ -45,7 +45,17 @@ if [ -x "$bin/cuda.test" ]; then
 fi
 
 if command -v nvcc >/dev/null && [ -f "$here/compute/cuda/kernels/linear.cu" ]; then
-  (cd "$(mktemp -d)" && timeout 100 nvcc -arch=sm_90 -cubin -Xptxas -v -o k.cubin "$here/compute/cuda/kernels/linear.cu") >"$out/ptxas.txt" 2>&1 || true
+  kdir=$(mktemp -d)
+  (cd "$kdir" && timeout 100 nvcc -arch=sm_90 -cubin -Xptxas -v -o k.cubin "$here/compute/cuda/kernels/linear.cu") >"$out/ptxas.txt" 2>&1 || true
+  if command -v cuobjdump >/dev/null && [ -f "$kdir/k.cubin" ]; then
+    : >"$out/sass.txt"
+    for fn in ${SASS_KERNELS:-linear_fp8_b1_r2_u4_d0 linear_fp8_b1_r2_u4_d1 linear_mxfp4_b1_r2_u4_d0 linear_mxfp4_b1_r2_u4_d1 linear_bf16_b1_r2_u4_d0}; do
+      echo "===== $fn: opcode histogram" >>"$out/sass.txt"
+      cuobjdump -sass -fun "$fn" "$kdir/k.cubin" 2>&1 | grep -oE '^\s+/\*[0-9a-f]+\*/\s+(@!?U?P[0-9T]+\s+)?[A-Z0-9_.]+' | awk '{print $NF}' | sed 's/\..*//' | sort | uniq -c | sort -rn >>"$out/sass.txt"
+      echo "===== $fn: SASS" >>"$out/sass.txt"
+      cuobjdump -sass -fun "$fn" "$kdir/k.cubin" >>"$out/sass.txt" 2>&1
+    done
+  fi
 fi
 
 python3 - "$out" "$bench_rc" "${results[@]}" <<'PY'

@@ -214,9 +214,12 @@ func BenchmarkV4(b *testing.B) {
 		v    LinearVariant
 	}
 	b1Variants := []variant{
-		{"auto", LinearVariant{}}, {"r1u4", LinearVariant{RB: 1, U: 4}}, {"r2u8", LinearVariant{RB: 2, U: 8}},
-		{"r4u4", LinearVariant{RB: 4, U: 4}}, {"kw1", LinearVariant{KW: 1}}, {"kw2", LinearVariant{KW: 2}},
-		{"kw4", LinearVariant{KW: 4}}, {"kw8", LinearVariant{KW: 8}},
+		{"auto", LinearVariant{}}, {"bits", LinearVariant{Decode: DecodeBits}},
+		{"r1u4", LinearVariant{RB: 1, U: 4}}, {"r2u8", LinearVariant{RB: 2, U: 8}}, {"r4u4", LinearVariant{RB: 4, U: 4}},
+		{"bits_r2u8", LinearVariant{RB: 2, U: 8, Decode: DecodeBits}}, {"bits_r4u4", LinearVariant{RB: 4, U: 4, Decode: DecodeBits}},
+		{"kw1", LinearVariant{KW: 1}}, {"kw2", LinearVariant{KW: 2}}, {"kw4", LinearVariant{KW: 4}}, {"kw8", LinearVariant{KW: 8}},
+		{"bits_kw2", LinearVariant{KW: 2, Decode: DecodeBits}}, {"bits_kw4", LinearVariant{KW: 4, Decode: DecodeBits}},
+		{"bits_kw8", LinearVariant{KW: 8, Decode: DecodeBits}},
 	}
 	rng := rand.New(rand.NewPCG(42, 7))
 	for _, sh := range v4Shapes {
@@ -226,9 +229,12 @@ func BenchmarkV4(b *testing.B) {
 		for _, batch := range []int{1, 4, 16} {
 			vs := b1Variants
 			if batch > 1 {
-				vs = vs[:1]
+				vs = append(vs[:2:2], variant{"r4u4", LinearVariant{RB: 4, U: 4}})
 			}
 			for _, v := range vs {
+				if sh.f == compute.BF16 && v.v.Decode == DecodeBits {
+					continue // one decoder only
+				}
 				name := fmt.Sprintf("%s_%s_%dx%d_b%d_%s", sh.name, sh.f, sh.rows, sh.cols, batch, v.name)
 				b.Run(name, func(b *testing.B) {
 					err := dev.Do(func(c *Ctx) error {
@@ -289,6 +295,106 @@ func BenchmarkV4(b *testing.B) {
 						row := benchRow{Name: sh.name, Format: sh.f.String(), Rows: sh.rows, Cols: sh.cols, Batch: batch,
 							Variant: v.name, Copies: copies, Bytes: bytes, US: us, USMin: slices.Min(ts),
 							GBps: float64(bytes) / (us * 1e3)}
+						if rep.HBMReadGBps > 0 {
+							row.PctHBM = 100 * row.GBps / rep.HBMReadGBps
+						}
+						rep.Linear = append(rep.Linear, row)
+						b.ReportMetric(row.GBps, "GB/s")
+						b.ReportMetric(row.PctHBM, "%HBM")
+						b.ReportMetric(us, "us/op")
+						return nil
+					})
+					if err != nil {
+						b.Fatal(err)
+					}
+				})
+			}
+		}
+	}
+
+	// The active experts of one token in one launch: w1 and w3 of 6 experts
+	// (12 matrices, one shared x) and w2 of 6 experts (6 inputs).
+	multis := []struct {
+		name       string
+		n          int
+		rows, cols int
+		sharedX    bool
+	}{
+		{"experts6_w1w3", 12, 2048, 4096, true},
+		{"experts6_w2", 6, 4096, 2048, false},
+	}
+	for _, mu := range multis {
+		d := randomWeight(rng, compute.MXFP4, mu.rows, mu.cols)
+		bytes := len(d.Data) + len(d.Scale)
+		sets := max(2, (5*dev.Info().L2Bytes+mu.n*bytes-1)/(mu.n*bytes))
+		for _, batch := range []int{1, 4} {
+			for _, v := range []variant{{"auto", LinearVariant{}}, {"bits", LinearVariant{Decode: DecodeBits}}} {
+				name := fmt.Sprintf("%s_mxfp4_%dx%dx%d_b%d_%s", mu.name, mu.n, mu.rows, mu.cols, batch, v.name)
+				b.Run(name, func(b *testing.B) {
+					err := dev.Do(func(c *Ctx) error {
+						a, err := c.NewArena(sets*mu.n*(bytes+1024) + sets*mu.n*8*batch*(mu.rows+mu.cols) + 16<<20)
+						if err != nil {
+							return err
+						}
+						defer c.ReleaseArena(a)
+						w0, err := c.UploadWeight(a, d)
+						if err != nil {
+							return err
+						}
+						x := make([]float32, batch*mu.cols)
+						for i := range x {
+							x[i] = float32(rng.NormFloat64())
+						}
+						var ms []*MultiLinear
+						for range sets {
+							ws := make([]*DeviceWeight, mu.n)
+							ys := make([]DevicePtr, mu.n)
+							xs := make([]DevicePtr, mu.n)
+							for i := range mu.n {
+								w := *w0
+								if w.Data, err = a.Alloc(len(d.Data)); err != nil {
+									return err
+								}
+								if w.Scale, err = a.Alloc(len(d.Scale)); err != nil {
+									return err
+								}
+								c.CopyAsync(w.Data, w0.Data, len(d.Data), c.Stream())
+								c.CopyAsync(w.Scale, w0.Scale, len(d.Scale), c.Stream())
+								ws[i] = &w
+								if ys[i], err = a.Alloc(4 * batch * mu.rows); err != nil {
+									return err
+								}
+								if i == 0 || !mu.sharedX {
+									if xs[i], err = a.Alloc(4 * len(x)); err != nil {
+										return err
+									}
+									if err := c.CopyFloatsToDevice(xs[i], x); err != nil {
+										return err
+									}
+								} else {
+									xs[i] = xs[0]
+								}
+							}
+							m, err := c.PrepareMultiLinear(a, ws, ys, xs, batch, v.v)
+							if err != nil {
+								return err
+							}
+							ms = append(ms, m)
+						}
+						launch := func(i int) error { return c.LaunchMultiLinear(ms[i%sets], c.Stream()) }
+						for i := range 2 * sets {
+							if err := launch(i); err != nil {
+								return err
+							}
+						}
+						ts, err := timed(c, spin, max(sets, 40), 15, launch)
+						if err != nil {
+							return err
+						}
+						us := median(ts)
+						row := benchRow{Name: mu.name, Format: "mxfp4", Rows: mu.rows, Cols: mu.cols, Batch: batch,
+							Variant: fmt.Sprintf("x%d_%s", mu.n, v.name), Copies: sets, Bytes: ms[0].Bytes(), US: us, USMin: slices.Min(ts),
+							GBps: float64(ms[0].Bytes()) / (us * 1e3)}
 						if rep.HBMReadGBps > 0 {
 							row.PctHBM = 100 * row.GBps / rep.HBMReadGBps
 						}

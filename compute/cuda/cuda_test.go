@@ -221,12 +221,15 @@ func TestLinearShapes(t *testing.T) {
 		f          compute.Format
 		rows, cols int
 		groups     int
+		block      int // FP8Block tile edge; 0 means 128
 	}{
-		{compute.FP8Block, 300, 1024, 1}, {compute.FP8Block, 257, 2176, 1}, {compute.FP8Block, 256, 640, 4},
-		{compute.MXFP4, 200, 4096, 1}, {compute.MXFP4, 129, 2056, 1}, {compute.MXFP4, 64, 512, 2},
-		{compute.BF16, 130, 4100, 1}, {compute.BF16, 64, 768, 1}, {compute.BF16, 33, 50, 1},
-		{compute.F32, 48, 1028, 1}, {compute.MXFP8, 96, 1056, 1}, {compute.FP8Block, 40, 130, 1},
+		{compute.FP8Block, 300, 1024, 1, 0}, {compute.FP8Block, 257, 2176, 1, 0}, {compute.FP8Block, 256, 640, 4, 0},
+		{compute.MXFP4, 200, 4096, 1, 0}, {compute.MXFP4, 129, 2056, 1, 0}, {compute.MXFP4, 64, 512, 2, 0},
+		{compute.BF16, 130, 4100, 1, 0}, {compute.BF16, 64, 768, 1, 0}, {compute.BF16, 33, 50, 1, 0},
+		{compute.F32, 48, 1028, 1, 0}, {compute.MXFP8, 96, 1056, 1, 0}, {compute.FP8Block, 40, 130, 1, 0},
+		{compute.FP8Block, 100, 512, 1, 64}, {compute.FP8Block, 100, 480, 1, 96}, // fast / generic (non-power-of-two block)
 	}
+	variants := map[string]LinearVariant{"cvt": {Decode: DecodeCvt}, "bits": {Decode: DecodeBits}, "generic": {Generic: true}}
 	var maxErr = map[string]float64{}
 	err := dev.Do(func(c *Ctx) error {
 		a, err := c.NewArena(512 << 20)
@@ -236,10 +239,14 @@ func TestLinearShapes(t *testing.T) {
 		defer c.ReleaseArena(a)
 		for i, tc := range cases {
 			for _, batch := range []int{1, 2, 3, 5, 16, 19} {
-				for _, generic := range []bool{false, true} {
-					name := fmt.Sprintf("%s_%dx%d_g%d_b%d_generic=%v", tc.f, tc.rows, tc.cols, tc.groups, batch, generic)
+				for vname, v := range variants {
+					name := fmt.Sprintf("%s_%dx%d_g%d_blk%d_b%d_%s", tc.f, tc.rows, tc.cols, tc.groups, tc.block, batch, vname)
 					rng := rand.New(rand.NewPCG(uint64(i), uint64(batch)))
-					d := computetest.RandomWeight(rng, tc.f, tc.rows, tc.cols, 0.05)
+					block := tc.block
+					if block == 0 {
+						block = 128
+					}
+					d := computetest.Quantize(tc.f, computetest.Normal(rng, tc.rows*tc.cols, 0.05), tc.rows, tc.cols, block)
 					w, err := c.UploadWeight(a, d)
 					if err != nil {
 						return err
@@ -253,7 +260,7 @@ func TestLinearShapes(t *testing.T) {
 					if err := c.CopyFloatsToDevice(dx, x); err != nil {
 						return err
 					}
-					if err := c.LinearWith(w, dy, dx, batch, tc.groups, LinearVariant{Generic: generic}, c.Stream()); err != nil {
+					if err := c.LinearWith(w, dy, dx, batch, tc.groups, v, c.Stream()); err != nil {
 						return fmt.Errorf("%s: %w", name, err)
 					}
 					y := make([]float32, batch*tc.rows)
@@ -271,7 +278,7 @@ func TestLinearShapes(t *testing.T) {
 						want = ref.GroupedLinear(ref.Dequant(d), tc.rows, tc.cols, x64, batch, tc.groups)
 					}
 					e := computetest.MaxRel(y, want)
-					key := fmt.Sprintf("%s generic=%v", tc.f, generic)
+					key := fmt.Sprintf("%s %s", tc.f, vname)
 					maxErr[key] = math.Max(maxErr[key], e)
 					if !(e <= computetest.TolLinear) {
 						t.Errorf("%s: max relative error %.3g > %.3g", name, e, computetest.TolLinear)
@@ -395,6 +402,86 @@ func TestPinnedRoundTrip(t *testing.T) {
 		}
 		if err := c.UploadAsync(p, h, n-1, 2, s); err == nil {
 			return errors.New("an upload past the host buffer's end was accepted")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMultiLinear checks one launch of several projections (different shapes,
+// inputs and outputs) against the float64 reference, per decoder.
+func TestMultiLinear(t *testing.T) {
+	dev := testDevice(t)
+	sets := []struct {
+		f     compute.Format
+		shape [][2]int
+	}{
+		{compute.MXFP4, [][2]int{{64, 4096}, {130, 512}, {2, 1032}, {64, 4096}}},
+		{compute.FP8Block, [][2]int{{256, 1024}, {40, 2048}, {130, 132}}},
+		{compute.BF16, [][2]int{{100, 516}, {32, 64}}},
+	}
+	err := dev.Do(func(c *Ctx) error {
+		a, err := c.NewArena(256 << 20)
+		if err != nil {
+			return err
+		}
+		defer c.ReleaseArena(a)
+		for si, set := range sets {
+			for _, batch := range []int{1, 3, 16} {
+				for _, dec := range []int{DecodeCvt, DecodeBits} {
+					rng := rand.New(rand.NewPCG(uint64(si), uint64(batch)))
+					var ws []*DeviceWeight
+					var ys, xs []DevicePtr
+					var ds []compute.WeightData
+					var x64s [][]float64
+					for _, sh := range set.shape {
+						d := computetest.RandomWeight(rng, set.f, sh[0], sh[1], 0.05)
+						w, err := c.UploadWeight(a, d)
+						if err != nil {
+							return err
+						}
+						x := computetest.Normal(rng, batch*sh[1], 1)
+						dx, _ := a.Alloc(4 * len(x))
+						dy, _ := a.Alloc(4 * batch * sh[0])
+						c.Memset(dy, 0xff, 4*batch*sh[0], c.Stream())
+						if err := c.CopyFloatsToDevice(dx, x); err != nil {
+							return err
+						}
+						x64 := make([]float64, len(x))
+						for j, v := range x {
+							x64[j] = float64(v)
+						}
+						ws, ys, xs, ds, x64s = append(ws, w), append(ys, dy), append(xs, dx), append(ds, d), append(x64s, x64)
+					}
+					m, err := c.PrepareMultiLinear(a, ws, ys, xs, batch, LinearVariant{Decode: dec})
+					if err != nil {
+						return err
+					}
+					if err := c.LaunchMultiLinear(m, c.Stream()); err != nil {
+						return err
+					}
+					for i, d := range ds {
+						y := make([]float32, batch*d.Rows)
+						if err := c.CopyFloatsFromDevice(y, ys[i]); err != nil {
+							return err
+						}
+						want := ref.Linear(ref.Dequant(d), d.Rows, d.Cols, x64s[i], batch)
+						if e := computetest.MaxRel(y, want); !(e <= computetest.TolLinear) {
+							t.Errorf("%s set, matrix %d [%d, %d], batch %d, decoder %d: max relative error %.3g", set.f, i, d.Rows, d.Cols, batch, dec, e)
+						}
+					}
+				}
+			}
+		}
+		// A set that mixes formats is refused.
+		d1 := computetest.RandomWeight(rand.New(rand.NewPCG(9, 9)), compute.MXFP4, 8, 64, 1)
+		d2 := computetest.RandomWeight(rand.New(rand.NewPCG(9, 9)), compute.BF16, 8, 64, 1)
+		w1, _ := c.UploadWeight(a, d1)
+		w2, _ := c.UploadWeight(a, d2)
+		if _, err := c.PrepareMultiLinear(a, []*DeviceWeight{w1, w2}, make([]DevicePtr, 2), make([]DevicePtr, 2), 1, LinearVariant{}); err == nil {
+			t.Error("a mixed-format set was accepted")
 		}
 		return nil
 	})

@@ -3,6 +3,7 @@ package cuda
 import (
 	_ "embed"
 	"fmt"
+	"math/bits"
 	"structs"
 	"unsafe"
 
@@ -65,10 +66,10 @@ func FreeWeight(a *Arena, w *DeviceWeight) error {
 
 // linArgs mirrors struct LinArgs in kernels/linear.cu.
 type linArgs struct {
-	_                                                        structs.HostLayout
-	W, S, X, Y                                               uint64
-	Rows, Cols, Sdivr, Sdivc, Sstride, Rpg, Xstride, Ystride int32
-	Batch                                                    int32
+	_                                          structs.HostLayout
+	W, S, X, Y                                 uint64
+	Rows, Cols, Sdivr, Sdivc, Srshift, Scshift int32
+	Sstride, Rpg, Xstride, Ystride, Batch      int32
 }
 
 func fmtInfo(f compute.Format) (name string, code int32, cpw int) {
@@ -92,14 +93,29 @@ type LinearVariant struct {
 	RB int // rows per block: 1 or 2 (2 when the row count allows)
 	U  int // 32-word chunks each lane loads before use: 4 (8 for RB 1 in the benchmark set)
 	KW int // warps per block splitting a row's columns (1..8)
+	// Decode picks the E4M3 decoder of FP8Block, MXFP8 and MXFP4 weights:
+	// DecodeAuto, DecodeCvt (hardware f16x2 conversion) or DecodeBits
+	// (integer operations; maps the E4M3 NaN code to ±480 instead of NaN).
+	Decode int
 	// Generic forces the element-wise kernel.
 	Generic bool
 }
+
+// E4M3 decoders of the fast linear kernels.
+const (
+	DecodeAuto = iota
+	DecodeCvt
+	DecodeBits
+)
+
+// defaultDecode is the decoder DecodeAuto selects.
+const defaultDecode = DecodeCvt
 
 // linKey names one instantiated fast linear kernel.
 type linKey struct {
 	format    int32
 	nb, rb, u int
+	suffix    string
 }
 
 // maxNB is the largest batch one launch of the fast kernels takes.
@@ -137,14 +153,26 @@ func (c *Ctx) LinearWith(w *DeviceWeight, y, x DevicePtr, batch, groups int, v L
 	a := linArgs{W: uint64(w.Data), S: uint64(w.Scale), X: uint64(x), Y: uint64(y),
 		Rows: int32(w.Rows), Cols: int32(w.Cols), Sdivr: 1, Sdivc: 1,
 		Rpg: int32(w.Rows / groups), Xstride: int32(groups * w.Cols), Ystride: int32(w.Rows)}
+	pow2 := true
 	switch w.Format {
 	case compute.FP8Block:
 		a.Sdivr, a.Sdivc, a.Sstride = int32(w.Block), int32(w.Block), int32((w.Cols+w.Block-1)/w.Block)
+		pow2 = w.Block&(w.Block-1) == 0
+		a.Srshift = int32(bits.TrailingZeros(uint(w.Block)))
+		a.Scshift = a.Srshift
 	case compute.MXFP4, compute.MXFP8:
-		a.Sdivc, a.Sstride = 32, int32((w.Cols+31)/32)
+		a.Sdivc, a.Sstride, a.Scshift = 32, int32((w.Cols+31)/32), 5
 	}
 	rpg := w.Rows / groups
-	generic := v.Generic || w.Cols%cpw != 0
+	generic := v.Generic || w.Cols%cpw != 0 || !pow2
+	dec := v.Decode
+	if dec == DecodeAuto {
+		dec = defaultDecode
+	}
+	suffix := "_d0"
+	if dec == DecodeBits && (w.Format == compute.FP8Block || w.Format == compute.MXFP8 || w.Format == compute.MXFP4) {
+		suffix = "_d1"
+	}
 	for b0 := 0; b0 < batch; b0 += maxNB {
 		nb := min(batch-b0, maxNB)
 		a.Batch = int32(nb)
@@ -186,11 +214,11 @@ func (c *Ctx) LinearWith(w *DeviceWeight, y, x DevicePtr, batch, groups int, v L
 			nw := w.Cols / cpw
 			kw = min(kw, max((nw+32*u-1)/(32*u), 1))
 		}
-		key := linKey{code, NB, rb, u}
+		key := linKey{code, NB, rb, u, suffix}
 		k := c.d.linKernels[key]
 		if k == nil {
 			var err error
-			if k, err = m.Kernel(fmt.Sprintf("linear_%s_b%d_r%d_u%d", name, NB, rb, u)); err != nil {
+			if k, err = m.Kernel(fmt.Sprintf("linear_%s_b%d_r%d_u%d%s", name, NB, rb, u, suffix)); err != nil {
 				return fmt.Errorf("no %s kernel for batch tile %d, RB %d, U %d: %w", name, NB, rb, u, err)
 			}
 			c.d.linKernels[key] = k
@@ -200,4 +228,103 @@ func (c *Ctx) LinearWith(w *DeviceWeight, y, x DevicePtr, batch, groups int, v L
 		}
 	}
 	return nil
+}
+
+// MultiLinear is a prepared launch of several projections of one format, each
+// with its own weight, input and output (y_i = W_i·x_i, batch rows each), as
+// one kernel: e.g. the w1 and w3 of a token's active experts. Its argument
+// table lives in device memory, so the launch can be captured in a graph.
+type MultiLinear struct {
+	args    DevicePtr
+	n       int
+	kernel  *Kernel
+	grid    Dim3
+	block   Dim3
+	weights int // bytes of all weights (for bandwidth figures)
+}
+
+// Bytes returns the stored bytes of all the launch's weights.
+func (m *MultiLinear) Bytes() int { return m.weights }
+
+// PrepareMultiLinear validates the set (same format, even row counts, columns
+// a multiple of the decode width, batch <= 16) and uploads the argument table
+// into a. ys[i] and xs[i] are device buffers [batch, Rows_i] and [batch, Cols_i].
+func (c *Ctx) PrepareMultiLinear(a *Arena, ws []*DeviceWeight, ys, xs []DevicePtr, batch int, v LinearVariant) (*MultiLinear, error) {
+	if len(ws) == 0 || len(ys) != len(ws) || len(xs) != len(ws) {
+		return nil, fmt.Errorf("cuda multi-linear: %d weights, %d outputs, %d inputs", len(ws), len(ys), len(xs))
+	}
+	if batch <= 0 || batch > maxNB {
+		return nil, fmt.Errorf("cuda multi-linear: batch %d, want 1..%d", batch, maxNB)
+	}
+	f := ws[0].Format
+	name, _, cpw := fmtInfo(f)
+	if name == "" || f == compute.F32 || f == compute.MXFP8 {
+		return nil, fmt.Errorf("cuda multi-linear: no multi kernel for %v weights", f)
+	}
+	args := make([]linArgs, len(ws))
+	maxRows, totalRows, bytes := 0, 0, 0
+	for i, w := range ws {
+		if w.Format != f || w.Rows%2 != 0 || w.Cols%cpw != 0 || (f == compute.FP8Block && w.Block&(w.Block-1) != 0) {
+			return nil, fmt.Errorf("cuda multi-linear: weight %d (%v [%d, %d]) does not fit a %v set (even rows, columns a multiple of %d)", i, w.Format, w.Rows, w.Cols, f, cpw)
+		}
+		la := linArgs{W: uint64(w.Data), S: uint64(w.Scale), X: uint64(xs[i]), Y: uint64(ys[i]),
+			Rows: int32(w.Rows), Cols: int32(w.Cols), Sdivr: 1, Sdivc: 1, Rpg: int32(w.Rows),
+			Xstride: int32(w.Cols), Ystride: int32(w.Rows), Batch: int32(batch)}
+		switch f {
+		case compute.FP8Block:
+			la.Sdivr, la.Sdivc, la.Sstride = int32(w.Block), int32(w.Block), int32((w.Cols+w.Block-1)/w.Block)
+			la.Srshift = int32(bits.TrailingZeros(uint(w.Block)))
+			la.Scshift = la.Srshift
+		case compute.MXFP4:
+			la.Sdivc, la.Sstride, la.Scshift = 32, int32((w.Cols+31)/32), 5
+		}
+		args[i] = la
+		maxRows = max(maxRows, w.Rows)
+		totalRows += w.Rows
+		bytes += w.Bytes
+	}
+	NB := 1
+	for NB < batch {
+		NB *= 2
+	}
+	dec := v.Decode
+	if dec == DecodeAuto {
+		dec = defaultDecode
+	}
+	suffix := "_d0"
+	if dec == DecodeBits && f != compute.BF16 {
+		suffix = "_d1"
+	}
+	mod := c.d.linear
+	if mod == nil {
+		var err error
+		if mod, err = c.Module("linear", linearSrc); err != nil {
+			return nil, err
+		}
+		c.d.linear = mod
+	}
+	k, err := mod.Kernel(fmt.Sprintf("linmulti_%s_b%d_r2_u4%s", name, NB, suffix))
+	if err != nil {
+		return nil, err
+	}
+	kw := v.KW
+	if kw == 0 {
+		blocks := totalRows / 2
+		kw = min(max((c.d.info.SMs*48+blocks-1)/blocks, 1), 8)
+		kw = min(kw, max((ws[0].Cols/cpw+127)/128, 1))
+	}
+	m := &MultiLinear{n: len(ws), kernel: k, grid: Dim3{X: uint32(maxRows / 2), Y: uint32(len(ws))}, block: Dim3{X: uint32(32 * kw)}, weights: bytes}
+	size := len(args) * int(unsafe.Sizeof(linArgs{}))
+	if m.args, err = a.Alloc(size); err != nil {
+		return nil, err
+	}
+	if err := c.CopyToDevice(m.args, unsafe.Slice((*byte)(unsafe.Pointer(&args[0])), size)); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// LaunchMultiLinear enqueues a prepared set on s.
+func (c *Ctx) LaunchMultiLinear(m *MultiLinear, s Stream) error {
+	return c.Launch(m.kernel, m.grid, m.block, 0, s, unsafe.Pointer(&m.args))
 }

@@ -50,6 +50,27 @@ __device__ __forceinline__ void e2m1x8(u32 w, float *f) {
   e4m3x4(e1, f + 4);
 }
 
+// The same with integer operations only: each byte moved to the top, shifted
+// arithmetically so that E4M3's exponent and mantissa land in f32's (value ×
+// 2^-120, subnormals included, as f32 bits), then scaled back exactly.
+__device__ __forceinline__ void e4m3x4_bits(u32 w, float *f) {
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const int t = (int)(w << (24 - 8 * i));
+    f[i] = __int_as_float((u32)(t >> 4) & 0x87F00000u) * 1.329227995784916e+36f;  // 2^120
+  }
+}
+
+__device__ __forceinline__ void e2m1x8_bits(u32 w, float *f) {
+  const u32 lutLo = 0x3C383000u, lutHi = 0x4C484440u;
+  u32 m = w & 0x77777777u;
+  u32 sg = (w >> 3) & 0x11111111u;
+  u32 e0 = __byte_perm(lutLo, lutHi, m) | __byte_perm(0x8000u, 0u, sg);
+  u32 e1 = __byte_perm(lutLo, lutHi, m >> 16) | __byte_perm(0x8000u, 0u, sg >> 16);
+  e4m3x4_bits(e0, f);
+  e4m3x4_bits(e1, f + 4);
+}
+
 template <int FMT> struct Fmt;
 template <> struct Fmt<FMT_FP8>   { typedef u32 W; enum { CPW = 4, SCALED = 1 }; };
 template <> struct Fmt<FMT_MXFP8> { typedef u32 W; enum { CPW = 4, SCALED = 1 }; };
@@ -57,17 +78,27 @@ template <> struct Fmt<FMT_MXFP4> { typedef u32 W; enum { CPW = 8, SCALED = 1 };
 template <> struct Fmt<FMT_BF16>  { typedef uint2 W; enum { CPW = 4, SCALED = 0 }; };
 template <> struct Fmt<FMT_F32>   { typedef uint4 W; enum { CPW = 4, SCALED = 0 }; };
 
-template <int FMT> __device__ __forceinline__ void decode(typename Fmt<FMT>::W w, float *f);
-template <> __device__ __forceinline__ void decode<FMT_FP8>(u32 w, float *f) { e4m3x4(w, f); }
-template <> __device__ __forceinline__ void decode<FMT_MXFP8>(u32 w, float *f) { e4m3x4(w, f); }
-template <> __device__ __forceinline__ void decode<FMT_MXFP4>(u32 w, float *f) { e2m1x8(w, f); }
-template <> __device__ __forceinline__ void decode<FMT_BF16>(uint2 w, float *f) {
-  f[0] = __int_as_float(w.x << 16); f[1] = __int_as_float(w.x & 0xffff0000u);
-  f[2] = __int_as_float(w.y << 16); f[3] = __int_as_float(w.y & 0xffff0000u);
-}
-template <> __device__ __forceinline__ void decode<FMT_F32>(uint4 w, float *f) {
-  f[0] = __int_as_float(w.x); f[1] = __int_as_float(w.y); f[2] = __int_as_float(w.z); f[3] = __int_as_float(w.w);
-}
+template <int FMT, int DEC> struct Dec;
+template <int DEC> struct Dec<FMT_FP8, DEC> {
+  static __device__ __forceinline__ void run(u32 w, float *f) { if (DEC) e4m3x4_bits(w, f); else e4m3x4(w, f); }
+};
+template <int DEC> struct Dec<FMT_MXFP8, DEC> {
+  static __device__ __forceinline__ void run(u32 w, float *f) { if (DEC) e4m3x4_bits(w, f); else e4m3x4(w, f); }
+};
+template <int DEC> struct Dec<FMT_MXFP4, DEC> {
+  static __device__ __forceinline__ void run(u32 w, float *f) { if (DEC) e2m1x8_bits(w, f); else e2m1x8(w, f); }
+};
+template <int DEC> struct Dec<FMT_BF16, DEC> {
+  static __device__ __forceinline__ void run(uint2 w, float *f) {
+    f[0] = __int_as_float(w.x << 16); f[1] = __int_as_float(w.x & 0xffff0000u);
+    f[2] = __int_as_float(w.y << 16); f[3] = __int_as_float(w.y & 0xffff0000u);
+  }
+};
+template <int DEC> struct Dec<FMT_F32, DEC> {
+  static __device__ __forceinline__ void run(uint4 w, float *f) {
+    f[0] = __int_as_float(w.x); f[1] = __int_as_float(w.y); f[2] = __int_as_float(w.z); f[3] = __int_as_float(w.w);
+  }
+};
 
 template <typename W> __device__ __forceinline__ W zero();
 template <> __device__ __forceinline__ u32 zero<u32>() { return 0u; }
@@ -85,6 +116,8 @@ struct LinArgs {
   int rows, cols;
   int sdivr;        // scale row divisor (block edge for FP8Block, 1 for MX)
   int sdivc;        // scale column divisor (block edge or 32)
+  int srshift;      // log2(sdivr) (fast kernels: power-of-two blocks only)
+  int scshift;      // log2(sdivc)
   int sstride;      // scale bytes per scale row
   int rpg;          // rows per group (GroupedLinear); x offset = (r / rpg) * cols
   int xstride;      // floats between batch rows of x
@@ -92,7 +125,7 @@ struct LinArgs {
   int batch;        // <= NB
 };
 
-template <int FMT, int NB, int RB, int U>
+template <int FMT, int NB, int RB, int U, int DEC>
 __device__ __forceinline__ void linear_fast(const LinArgs &a) {
   typedef typename Fmt<FMT>::W WT;
   const int CPW = Fmt<FMT>::CPW;
@@ -102,8 +135,12 @@ __device__ __forceinline__ void linear_fast(const LinArgs &a) {
   const WT *Wp = reinterpret_cast<const WT *>(a.W);
   const float *xg = a.x + (long long)(r0 / a.rpg) * a.cols;
   int rowc[RB];
+  const u8 *srow[RB];  // this row's scales (hoisted: no division in the loop)
 #pragma unroll
-  for (int r = 0; r < RB; r++) rowc[r] = min(r0 + r, a.rows - 1);
+  for (int r = 0; r < RB; r++) {
+    rowc[r] = min(r0 + r, a.rows - 1);
+    srow[r] = a.S + (long long)(rowc[r] >> a.srshift) * a.sstride;
+  }
 
   float acc[RB][NB];
 #pragma unroll
@@ -122,7 +159,7 @@ __device__ __forceinline__ void linear_fast(const LinArgs &a) {
         if (kw < nw) {
           w[u][r] = __ldg(Wp + (long long)rowc[r] * nw + kw);
           if (Fmt<FMT>::SCALED)
-            sc[u][r] = e8m0(__ldg(a.S + (long long)(rowc[r] / a.sdivr) * a.sstride + (kw * CPW) / a.sdivc));
+            sc[u][r] = e8m0(__ldg(srow[r] + ((kw * CPW) >> a.scshift)));
         } else {
           w[u][r] = zero<WT>();
           sc[u][r] = 0.f;
@@ -135,7 +172,7 @@ __device__ __forceinline__ void linear_fast(const LinArgs &a) {
       if (kw < nw) {
         float f[RB][CPW];
 #pragma unroll
-        for (int r = 0; r < RB; r++) decode<FMT>(w[u][r], f[r]);
+        for (int r = 0; r < RB; r++) Dec<FMT, DEC>::run(w[u][r], f[r]);
 #pragma unroll
         for (int b = 0; b < NB; b++) {
           if (b < a.batch) {
@@ -181,31 +218,69 @@ __device__ __forceinline__ void linear_fast(const LinArgs &a) {
   }
 }
 
-#define LIN(FMTN, FMT, NB, RB, U) \
-  extern "C" __global__ void __launch_bounds__(256) linear_##FMTN##_b##NB##_r##RB##_u##U(LinArgs a) { \
-    linear_fast<FMT, NB, RB, U>(a); }
+#define LIN(FMTN, FMT, NB, RB, U, DEC, SUF) \
+  extern "C" __global__ void __launch_bounds__(256) linear_##FMTN##_b##NB##_r##RB##_u##U##SUF(LinArgs a) { \
+    linear_fast<FMT, NB, RB, U, DEC>(a); }
 
-#define LIN_NB(FMTN, FMT, RB, U) \
-  LIN(FMTN, FMT, 1, RB, U) LIN(FMTN, FMT, 2, RB, U) LIN(FMTN, FMT, 4, RB, U) \
-  LIN(FMTN, FMT, 8, RB, U) LIN(FMTN, FMT, 16, RB, U)
+#define LIN_NB(FMTN, FMT, RB, U, DEC, SUF) \
+  LIN(FMTN, FMT, 1, RB, U, DEC, SUF) LIN(FMTN, FMT, 2, RB, U, DEC, SUF) LIN(FMTN, FMT, 4, RB, U, DEC, SUF) \
+  LIN(FMTN, FMT, 8, RB, U, DEC, SUF) LIN(FMTN, FMT, 16, RB, U, DEC, SUF)
 
-LIN_NB(fp8, FMT_FP8, 1, 4)
-LIN_NB(fp8, FMT_FP8, 2, 4)
-LIN_NB(mxfp8, FMT_MXFP8, 1, 4)
-LIN_NB(mxfp8, FMT_MXFP8, 2, 4)
-LIN_NB(mxfp4, FMT_MXFP4, 1, 4)
-LIN_NB(mxfp4, FMT_MXFP4, 2, 4)
-LIN_NB(bf16, FMT_BF16, 1, 4)
-LIN_NB(bf16, FMT_BF16, 2, 4)
-LIN_NB(f32, FMT_F32, 1, 4)
-LIN_NB(f32, FMT_F32, 2, 4)
+// Several projections of one format in one launch (blockIdx.y picks the
+// LinArgs from a device array), e.g. the active experts' w1 and w3 of a token.
+// Blocks past a matrix's rows exit before any barrier.
+#define LINM(FMTN, FMT, NB, RB, U, DEC, SUF) \
+  extern "C" __global__ void __launch_bounds__(256) linmulti_##FMTN##_b##NB##_r##RB##_u##U##SUF(const LinArgs *__restrict__ all) { \
+    const LinArgs a = all[blockIdx.y]; \
+    if ((int)blockIdx.x * RB >= a.rows) return; \
+    linear_fast<FMT, NB, RB, U, DEC>(a); }
+
+#define LINM_NB(FMTN, FMT, RB, U, DEC, SUF) \
+  LINM(FMTN, FMT, 1, RB, U, DEC, SUF) LINM(FMTN, FMT, 2, RB, U, DEC, SUF) LINM(FMTN, FMT, 4, RB, U, DEC, SUF) \
+  LINM(FMTN, FMT, 8, RB, U, DEC, SUF) LINM(FMTN, FMT, 16, RB, U, DEC, SUF)
+
+LINM_NB(fp8, FMT_FP8, 2, 4, 0, _d0)
+LINM_NB(fp8, FMT_FP8, 2, 4, 1, _d1)
+LINM_NB(mxfp4, FMT_MXFP4, 2, 4, 0, _d0)
+LINM_NB(mxfp4, FMT_MXFP4, 2, 4, 1, _d1)
+LINM_NB(bf16, FMT_BF16, 2, 4, 0, _d0)
+
+// Suffix _d0: E4M3 decoded by the hardware conversion (cvt.f16x2.e4m3x2);
+// _d1: by integer operations (e4m3x4_bits). BF16 and F32 have one decoder.
+LIN_NB(fp8, FMT_FP8, 1, 4, 0, _d0)
+LIN_NB(fp8, FMT_FP8, 2, 4, 0, _d0)
+LIN_NB(fp8, FMT_FP8, 1, 4, 1, _d1)
+LIN_NB(fp8, FMT_FP8, 2, 4, 1, _d1)
+LIN_NB(mxfp8, FMT_MXFP8, 1, 4, 0, _d0)
+LIN_NB(mxfp8, FMT_MXFP8, 2, 4, 0, _d0)
+LIN_NB(mxfp8, FMT_MXFP8, 1, 4, 1, _d1)
+LIN_NB(mxfp8, FMT_MXFP8, 2, 4, 1, _d1)
+LIN_NB(mxfp4, FMT_MXFP4, 1, 4, 0, _d0)
+LIN_NB(mxfp4, FMT_MXFP4, 2, 4, 0, _d0)
+LIN_NB(mxfp4, FMT_MXFP4, 1, 4, 1, _d1)
+LIN_NB(mxfp4, FMT_MXFP4, 2, 4, 1, _d1)
+LIN_NB(bf16, FMT_BF16, 1, 4, 0, _d0)
+LIN_NB(bf16, FMT_BF16, 2, 4, 0, _d0)
+LIN_NB(f32, FMT_F32, 1, 4, 0, _d0)
+LIN_NB(f32, FMT_F32, 2, 4, 0, _d0)
 // Variants for the benchmark's comparison of loads in flight.
-LIN(fp8, FMT_FP8, 1, 2, 8)
-LIN(fp8, FMT_FP8, 1, 4, 4)
-LIN(mxfp4, FMT_MXFP4, 1, 2, 8)
-LIN(mxfp4, FMT_MXFP4, 1, 4, 4)
-LIN(bf16, FMT_BF16, 1, 2, 8)
-LIN(bf16, FMT_BF16, 1, 4, 4)
+LIN(fp8, FMT_FP8, 1, 2, 8, 0, _d0)
+LIN(fp8, FMT_FP8, 1, 4, 4, 0, _d0)
+LIN(fp8, FMT_FP8, 1, 2, 8, 1, _d1)
+LIN(fp8, FMT_FP8, 1, 4, 4, 1, _d1)
+LIN(mxfp4, FMT_MXFP4, 1, 2, 8, 0, _d0)
+LIN(mxfp4, FMT_MXFP4, 1, 4, 4, 0, _d0)
+LIN(mxfp4, FMT_MXFP4, 1, 2, 8, 1, _d1)
+LIN(mxfp4, FMT_MXFP4, 1, 4, 4, 1, _d1)
+LIN(bf16, FMT_BF16, 1, 2, 8, 0, _d0)
+LIN(bf16, FMT_BF16, 1, 4, 4, 0, _d0)
+// Four rows per block at batch 4 and 16: x is read once per four rows.
+LIN(fp8, FMT_FP8, 4, 4, 4, 0, _d0)
+LIN(fp8, FMT_FP8, 16, 4, 4, 0, _d0)
+LIN(mxfp4, FMT_MXFP4, 4, 4, 4, 0, _d0)
+LIN(mxfp4, FMT_MXFP4, 16, 4, 4, 0, _d0)
+LIN(bf16, FMT_BF16, 4, 4, 4, 0, _d0)
+LIN(bf16, FMT_BF16, 16, 4, 4, 0, _d0)
 
 // Generic element-wise path for shapes the fast kernels do not take (columns
 // not a multiple of the word width). One warp per row, scalar decode.

@@ -3,6 +3,7 @@ package generate
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -20,6 +21,7 @@ type fakeModel struct {
 	blockAt       int           // if > 0, Append blocks until ctx is done when Len() reaches it
 	failAt        int           // if > 0, Append fails when Len() reaches it
 	flat          bool          // all logits equal except the favourite (+0.5 only)
+	nan           bool          // logit 0 is NaN
 
 	mu     sync.Mutex
 	open   int
@@ -86,6 +88,9 @@ func (s *fakeSeq) Append(ctx context.Context, tokens []int) ([]float32, error) {
 			logits[i] = float32(r.Float64())
 		}
 	}
+	if m.nan {
+		logits[0] = float32(math.NaN())
+	}
 	if m.flat {
 		logits[m.next(s.h)] = 0.5
 	} else {
@@ -143,7 +148,7 @@ func newSeeded(seed uint64) *seededSampler {
 	return &seededSampler{rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
 }
 
-func (s *seededSampler) Sample(logits []float32, _ []int) int {
+func (s *seededSampler) Sample(logits []float32, _ []int) (int, error) {
 	// temperature 1 over the background only: the scripted favourite is
 	// ignored so that the draw depends on the seed.
 	var total float64
@@ -159,21 +164,34 @@ func (s *seededSampler) Sample(logits []float32, _ []int) int {
 	for i, x := range w {
 		u -= x
 		if u < 0 {
-			return i
+			return i, nil
 		}
 	}
-	return len(logits) - 1
+	return len(logits) - 1, nil
 }
 
 // badSampler returns a fixed id.
 type badSampler int
 
-func (b badSampler) Sample([]float32, []int) int { return int(b) }
+func (b badSampler) Sample([]float32, []int) (int, error) { return int(b), nil }
+
+// failSampler always fails.
+type failSampler struct{}
+
+var errSample = errors.New("sampler failure")
+
+func (failSampler) Sample([]float32, []int) (int, error) { return 0, errSample }
 
 // recSampler records the histories it was shown.
 type recSampler struct{ hist [][]int }
 
-func (r *recSampler) Sample(l []float32, h []int) int {
+func (r *recSampler) Sample(l []float32, h []int) (int, error) {
 	r.hist = append(r.hist, append([]int(nil), h...))
-	return Greedy{}.Sample(l, h)
+	best := 0
+	for i, v := range l {
+		if v > l[best] {
+			best = i
+		}
+	}
+	return best, nil
 }

@@ -4,8 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"time"
+
+	"moxie/sample"
 )
 
 // Detokenizer turns generated ids into text incrementally. tokenizer.Decoder
@@ -17,37 +18,20 @@ type Detokenizer interface {
 	Flush() string
 }
 
-// Sampler picks the next token from a logits vector.
+// Sampler picks the next token from a logits vector; *sample.Sampler
+// implements it.
 type Sampler interface {
-	// Sample returns a token id in [0, len(logits)). history holds the prompt
-	// followed by the tokens generated so far; it is read-only and only valid
-	// during the call. logits may be modified in place.
-	Sample(logits []float32, history []int) int
+	// Sample returns a token id in [0, len(logits)), or an error (for
+	// example on NaN logits), which ends generation. history holds the
+	// prompt followed by the tokens generated so far; it is read-only and
+	// only valid during the call. logits may be modified in place.
+	Sample(logits []float32, history []int) (int, error)
 }
 
 // EOSModel is implemented by models that know their end-of-sequence token.
 // Generate stops on it unless Options.IgnoreEOS is set.
 type EOSModel interface {
 	EOS() int
-}
-
-// Greedy is the Sampler that picks the largest logit, the lowest id on ties.
-// NaN logits are never picked unless all are NaN (then id 0).
-type Greedy struct{}
-
-// Sample implements Sampler.
-func (Greedy) Sample(logits []float32, _ []int) int {
-	best, bv := 0, float32(math.Inf(-1))
-	found := false
-	for i, v := range logits {
-		if v != v { // NaN
-			continue
-		}
-		if !found || v > bv {
-			best, bv, found = i, v, true
-		}
-	}
-	return best
 }
 
 // FinishReason says why generation ended; the values are OpenAI's.
@@ -68,7 +52,8 @@ type Options struct {
 	// MaxTokens bounds the number of generated tokens (stop token included);
 	// <= 0 means up to the model's MaxContext.
 	MaxTokens int
-	// Sampler chooses each token; nil means Greedy.
+	// Sampler chooses each token; nil means greedy decoding (package sample
+	// with zero Params: argmax, lowest id on ties, an error on NaN logits).
 	Sampler Sampler
 	// StopTokens end generation when sampled, in addition to the model's EOS
 	// (see EOSModel). A stop token is counted in Result.Tokens but its text is
@@ -183,7 +168,11 @@ func Generate(ctx context.Context, model Model, prompt []int, opts Options, emit
 	}
 	sampler := opts.Sampler
 	if sampler == nil {
-		sampler = Greedy{}
+		greedy, err := sample.New(sample.Params{})
+		if err != nil {
+			return res, fmt.Errorf("generate: greedy sampler: %w", err)
+		}
+		sampler = greedy
 	}
 	stopTok := map[int]bool{}
 	for _, id := range opts.StopTokens {
@@ -253,7 +242,11 @@ func Generate(ctx context.Context, model Model, prompt []int, opts Options, emit
 			finish()
 			return res, fmt.Errorf("generate: model returned %d logits, want %d", len(logits), vocab)
 		}
-		id := sampler.Sample(logits, history)
+		id, err := sampler.Sample(logits, history)
+		if err != nil {
+			finish()
+			return res, fmt.Errorf("generate: sampling token %d: %w", len(res.Tokens)+1, err)
+		}
 		if id < 0 || id >= vocab {
 			finish()
 			return res, fmt.Errorf("generate: sampler returned id %d outside the vocabulary of %d", id, vocab)

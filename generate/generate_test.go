@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"moxie/sample"
 )
 
 // pieces is the test vocabulary: id -> text.
@@ -352,6 +354,8 @@ func TestGenerateErrors(t *testing.T) {
 		{name: "empty stop string", prompt: prompt3, opts: Options{StopStrings: []string{"a", ""}, Detokenizer: &tableDetok{pieces: pieces}}, want: "empty stop string"},
 		{name: "stop strings without detokenizer", prompt: prompt3, opts: Options{StopStrings: []string{"a"}}, want: "need a Detokenizer"},
 		{name: "sampler out of range", prompt: prompt3, opts: Options{Sampler: badSampler(99)}, want: "sampler returned id 99"},
+		{name: "sampler error", prompt: prompt3, opts: Options{Sampler: failSampler{}}, is: errSample},
+		{name: "NaN logits with the default sampler", fail: "nan", prompt: prompt3, is: sample.ErrNaN},
 		{name: "model fails in prefill", fail: "prefill", prompt: prompt3, is: errFake},
 		{name: "model fails in decode", fail: "decode", prompt: prompt3, is: errFake},
 		{name: "emit error", prompt: prompt3, emit: func(Event) error { return emitErr }, is: emitErr},
@@ -365,6 +369,8 @@ func TestGenerateErrors(t *testing.T) {
 				model = failingModel{m}
 			case "decode":
 				m.failAt = 4
+			case "nan":
+				m.nan = true
 			}
 			_, err := Generate(context.Background(), model, tc.prompt, tc.opts, tc.emit)
 			if err == nil {
@@ -397,22 +403,37 @@ type failingSeq struct{ Sequence }
 
 func (failingSeq) Append(context.Context, []int) ([]float32, error) { return nil, errFake }
 
-func TestGreedy(t *testing.T) {
-	nan := float32(0)
-	nan = nan / nan
-	cases := []struct {
-		logits []float32
-		want   int
-	}{
-		{[]float32{0, 3, 1}, 1},
-		{[]float32{2, 5, 5}, 1},
-		{[]float32{nan, -1, -2}, 1},
-		{[]float32{-100, -200}, 0},
-		{[]float32{nan, nan}, 0},
+func TestGenerateSampleSampler(t *testing.T) {
+	// With flat logits (the favourite only 0.5 above the rest) temperature
+	// sampling through package sample wanders; the seed fixes the path.
+	m := &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, flat: true, next: script(3, tA)}
+	run := func(p sample.Params) []int {
+		sp, err := sample.New(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := Generate(context.Background(), m, prompt3, Options{MaxTokens: 30, Sampler: sp}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Tokens
 	}
-	for _, c := range cases {
-		if got := (Greedy{}).Sample(c.logits, nil); got != c.want {
-			t.Errorf("Greedy(%v) = %d, want %d", c.logits, got, c.want)
+	a, b, c := run(sample.Params{Temperature: 1, Seed: 5}), run(sample.Params{Temperature: 1, Seed: 5}), run(sample.Params{Temperature: 1, Seed: 6})
+	if !reflect.DeepEqual(a, b) {
+		t.Errorf("same seed, different tokens:\n%v\n%v", a, b)
+	}
+	if reflect.DeepEqual(a, c) {
+		t.Errorf("seeds 5 and 6 gave the same 30 tokens %v", a)
+	}
+	// Greedy (the nil default and Temperature 0) follows the script.
+	g := run(sample.Params{})
+	res, err := Generate(context.Background(), m, prompt3, Options{MaxTokens: 30}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range g {
+		if g[i] != tA || res.Tokens[i] != tA {
+			t.Fatalf("greedy tokens %v / default %v, want all %d", g, res.Tokens, tA)
 		}
 	}
 }

@@ -60,6 +60,7 @@ type fakeModel struct {
 	block         chan struct{} // if set, every Append after prefill waits for it (or ctx)
 	blockPrefill  bool          // block applies to the prefill too
 	panicOnAppend bool
+	flat          bool // the scripted token only slightly favoured: sampling wanders
 
 	appends    atomic.Int64
 	cancelled  atomic.Int64  // Appends that saw ctx done
@@ -150,7 +151,14 @@ func (s *fakeSeq) Append(ctx context.Context, tokens []int) ([]float32, error) {
 	for k := range logits {
 		logits[k] = float32(k%7) * 0.1
 	}
-	logits[s.script[i]] = 40 // certain under any sampler
+	if m.flat {
+		for k := range logits {
+			logits[k] /= 10 // background below 0.07
+		}
+		logits[s.script[i]] += 0.3
+	} else {
+		logits[s.script[i]] = 40 // certain under any sampler
+	}
 	return logits, nil
 }
 

@@ -146,6 +146,7 @@ func TestDisconnectCancels(t *testing.T) {
 		fake.block, fake.blockPrefill = make(chan struct{}), true
 		s, ts := testServer(t, Config{Concurrency: 1}, fake)
 		cancel, _ := streamUntilFirstEvent(t, ts.URL+"/v1/chat/completions", hiStream)
+		<-fake.started // the prefill is running (the role event comes before it)
 		cancel()
 		select {
 		case <-fake.seen:

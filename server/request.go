@@ -146,17 +146,13 @@ func (c *commonParams) validate(maxCompletion *int) (params, *apiError) {
 		}
 		s.RepetitionPenalty = *v
 	}
-	if v := c.PresencePenalty; v != nil {
-		if math.IsNaN(*v) || *v < -2 || *v > 2 {
-			return p, badRequest("presence_penalty", "invalid_value", "presence_penalty: must be in [-2, 2], got %g", *v)
-		}
-		s.PresencePenalty = *v
+	// Presence and frequency penalties are not implemented: 0 (what most
+	// clients send) is accepted, anything else refused rather than ignored.
+	if v := c.PresencePenalty; v != nil && *v != 0 {
+		return p, badRequest("presence_penalty", "unsupported_value", "presence_penalty: not supported (only 0); use repetition_penalty")
 	}
-	if v := c.FrequencyPenalty; v != nil {
-		if math.IsNaN(*v) || *v < -2 || *v > 2 {
-			return p, badRequest("frequency_penalty", "invalid_value", "frequency_penalty: must be in [-2, 2], got %g", *v)
-		}
-		s.FrequencyPenalty = *v
+	if v := c.FrequencyPenalty; v != nil && *v != 0 {
+		return p, badRequest("frequency_penalty", "unsupported_value", "frequency_penalty: not supported (only 0); use repetition_penalty")
 	}
 	if c.Seed != nil {
 		s.Seed, s.Seeded = *c.Seed, true

@@ -27,8 +27,9 @@
 // "auto" or "none". A tool-call block that does not parse is returned as
 // content.
 //
-// Extensions beyond OpenAI's request fields: top_k, min_p and
-// repetition_penalty (vLLM's meanings).
+// Sampling: temperature, top_p and seed as OpenAI; extensions top_k, min_p
+// and repetition_penalty (vLLM's meanings), all through package sample.
+// presence_penalty and frequency_penalty are refused unless 0.
 //
 // Every error is an OpenAI-style object {"error": {"message", "type",
 // "param", "code"}} whose param names the field at fault.
@@ -83,8 +84,6 @@ type SamplingParams struct {
 	TopK              int     // 0: off
 	MinP              float64 // 0: off
 	RepetitionPenalty float64 // 1: off
-	PresencePenalty   float64
-	FrequencyPenalty  float64
 	Seed              int64
 	Seeded            bool // false: the sampler picks its own seed
 }

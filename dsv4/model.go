@@ -94,6 +94,8 @@ type Model struct {
 	target  Target
 	routes  RouteRecorder
 
+	ownBackend *cpu.Backend // created by Load; closed by Close
+
 	freqPlain, freqCompress []float32
 }
 
@@ -160,10 +162,12 @@ func Load(src checkpoint.Source, opts Options) (*Model, error) {
 		return nil, fmt.Errorf("dsv4: %s: %w", src.Name(), err)
 	}
 	be := opts.Backend
+	var own *cpu.Backend
 	if be == nil {
-		be = cpu.New(0)
+		own = cpu.New(0)
+		be = own
 	}
-	m := &Model{Cfg: cfg, be: be, src: src, target: opts.Target, routes: opts.Routes}
+	m := &Model{Cfg: cfg, be: be, src: src, target: opts.Target, routes: opts.Routes, ownBackend: own}
 	b := &binder{src: src, be: be, cfg: cfg}
 	m.embed = b.bytes("embed.weight")
 	m.head = b.weight("head.weight")
@@ -197,12 +201,23 @@ func Load(src checkpoint.Source, opts Options) (*Model, error) {
 		m.experts = se
 	}
 	if err := b.err(); err != nil {
+		m.Close()
 		return nil, fmt.Errorf("dsv4: %s: %w", src.Name(), err)
 	}
 	m.freqPlain = compute.RopeFreqs(cfg.RopeTheta, cfg.RopeHeadDim, nil)
 	m.freqCompress = compute.RopeFreqs(cfg.CompressRopeTheta, cfg.RopeHeadDim, &compute.YaRN{
 		Factor: cfg.RopeFactor, OriginalSeqLen: cfg.OriginalSeqLen, BetaFast: cfg.BetaFast, BetaSlow: cfg.BetaSlow})
 	return m, nil
+}
+
+// Close releases what Load created (the default CPU backend's workers). It
+// does not close the source or a backend passed in Options.
+func (m *Model) Close() error {
+	if m.ownBackend != nil {
+		m.ownBackend.Close()
+		m.ownBackend = nil
+	}
+	return nil
 }
 
 // Backend is the backend the model's weights are bound to.

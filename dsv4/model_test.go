@@ -13,7 +13,9 @@ import (
 
 func loadTiny(t testing.TB, src *memSource) *Model {
 	t.Helper()
-	m, err := Load(src, Options{Backend: cpu.New(2)})
+	be := cpu.New(2)
+	t.Cleanup(be.Close)
+	m, err := Load(src, Options{Backend: be})
 	if err != nil {
 		t.Fatalf("Load: %v", err)
 	}

@@ -133,21 +133,35 @@ func testLinear(t *testing.T, b compute.Backend) {
 				x := Normal(rng, batch*tc.cols, 1)
 				y := make([]float32, batch*tc.rows)
 				b.Linear(w, y, x, batch)
-				expect(t, "Linear", y, ref.Linear(ref.Dequant(d), tc.rows, tc.cols, f64(x), batch), TolLinear)
+				want := ref.Linear(ref.Dequant(d), tc.rows, tc.cols, f64(x), batch)
+				expect(t, "Linear", y, want, TolLinear)
+				// The same bytes at an odd address (a tensor inside a mapped file).
+				u := d
+				u.Data = append(make([]byte, 1, len(d.Data)+1), d.Data...)[1:]
+				b.Linear(bind(t, b, u), y, x, batch)
+				expect(t, "Linear unaligned", y, want, TolLinear)
 			})
 		}
 	}
 }
 
 func testGrouped(t *testing.T, b compute.Backend) {
-	rng := rand.New(rand.NewPCG(2, 2))
-	const rows, cols, groups, batch = 80, 144, 2, 3
-	d := RandomWeight(rng, compute.FP8Block, rows, cols, 0.05)
-	w := bind(t, b, d)
-	x := Normal(rng, batch*groups*cols, 1)
-	y := make([]float32, batch*rows)
-	b.GroupedLinear(w, y, x, batch, groups)
-	expect(t, "GroupedLinear", y, ref.GroupedLinear(ref.Dequant(d), rows, cols, f64(x), batch, groups), TolLinear)
+	const rows, cols = 80, 144
+	for _, f := range []compute.Format{compute.FP8Block, compute.MXFP8} {
+		for _, groups := range []int{1, 2, 4} {
+			for _, batch := range []int{1, 3} {
+				t.Run(fmt.Sprintf("%s_g%d_b%d", f, groups, batch), func(t *testing.T) {
+					rng := rand.New(rand.NewPCG(2, uint64(groups*10+batch)))
+					d := RandomWeight(rng, f, rows, cols, 0.05)
+					w := bind(t, b, d)
+					x := Normal(rng, batch*groups*cols, 1)
+					y := make([]float32, batch*rows)
+					b.GroupedLinear(w, y, x, batch, groups)
+					expect(t, "GroupedLinear", y, ref.GroupedLinear(ref.Dequant(d), rows, cols, f64(x), batch, groups), TolLinear)
+				})
+			}
+		}
+	}
 }
 
 func testRMSNorm(t *testing.T, b compute.Backend) {

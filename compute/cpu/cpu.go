@@ -4,37 +4,46 @@
 package cpu
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"runtime"
-	"sync"
+	"unsafe"
 
 	"moxie/compute"
+	"moxie/compute/cpu/kern"
 	"moxie/format"
 )
 
 // Backend is the CPU backend. The zero value is not usable; call New.
 type Backend struct {
 	workers int
+	pool    *kern.Pool
 }
 
 // New returns a CPU backend using up to workers goroutines per operation
-// (workers <= 0 means runtime.GOMAXPROCS(0)).
+// (workers <= 0 means runtime.GOMAXPROCS(0)). Call Close when done with it.
 func New(workers int) *Backend {
 	if workers <= 0 {
 		workers = runtime.GOMAXPROCS(0)
 	}
-	return &Backend{workers: workers}
+	return &Backend{workers: workers, pool: kern.NewPool(workers)}
 }
+
+// Close stops the worker goroutines. The backend must not be used afterwards.
+func (b *Backend) Close() { b.pool.Close() }
 
 var _ compute.Backend = (*Backend)(nil)
 
 // Name implements compute.Backend.
 func (b *Backend) Name() string { return fmt.Sprintf("cpu(%d)", b.workers) }
 
-// weight is a bound CPU weight: a view of the stored bytes.
+// weight is a bound CPU weight: a view of the stored bytes, multiplied by a
+// kern kernel when kern supports the format (k != nil), otherwise by decoding
+// rows (MXFP8, MXFP4 with columns not a multiple of 32).
 type weight struct {
 	d compute.WeightData
+	k kern.Matrix
 }
 
 func (w *weight) Rows() int { return w.d.Rows }
@@ -67,7 +76,37 @@ func (b *Backend) Bind(d compute.WeightData) (compute.Weight, error) {
 	if err := d.Validate(); err != nil {
 		return nil, err
 	}
-	return &weight{d: d}, nil
+	w := &weight{d: d}
+	switch d.Format {
+	case compute.FP8Block:
+		w.k = kern.FP8Block{Q: d.Data, Scale: d.Scale, Rows: d.Rows, Cols: d.Cols, Block: d.Block}
+	case compute.MXFP4:
+		if d.Cols%32 == 0 {
+			w.k = kern.MXFP4{Packed: d.Data, Scale: d.Scale, Rows: d.Rows, Cols: d.Cols}
+		}
+	case compute.BF16:
+		w.k = kern.BF16{W: d.Data, Rows: d.Rows, Cols: d.Cols}
+	case compute.F32:
+		w.k = kern.F32{W: float32View(d.Data), Rows: d.Rows, Cols: d.Cols}
+	}
+	return w, nil
+}
+
+// float32View returns little-endian float32 bytes as []float32: a view when
+// the host is little-endian and the bytes are 4-aligned, else a decoded copy.
+func float32View(b []byte) []float32 {
+	n := len(b) / 4
+	if n == 0 {
+		return nil
+	}
+	var probe [2]byte
+	binary.NativeEndian.PutUint16(probe[:], 1)
+	if probe[0] == 1 && uintptr(unsafe.Pointer(&b[0]))%4 == 0 {
+		return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), n)
+	}
+	out := make([]float32, n)
+	format.DecodeF32(out, b)
+	return out
 }
 
 func asWeight(op string, w compute.Weight) *weight {
@@ -87,22 +126,11 @@ func check(op string, ok bool, format string, args ...any) {
 // parallel runs f over [0, n) split into contiguous chunks, one per worker,
 // when the work (n·cost) is large enough to pay for the goroutines.
 func (b *Backend) parallel(n int, cost int, f func(lo, hi int)) {
-	w := b.workers
-	if n*cost < 1<<15 || w <= 1 || n < 2 {
+	if n*cost < 1<<15 || b.workers <= 1 || n < 2 {
 		f(0, n)
 		return
 	}
-	w = min(w, n)
-	var wg sync.WaitGroup
-	for i := range w {
-		lo, hi := i*n/w, (i+1)*n/w
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			f(lo, hi)
-		}()
-	}
-	wg.Wait()
+	b.pool.Run(n, f)
 }
 
 func dot(a, b []float32) float32 {
@@ -142,6 +170,10 @@ func (b *Backend) Linear(wt compute.Weight, y, x []float32, batch int) {
 	w := asWeight("Linear", wt)
 	check("Linear", len(y) == batch*w.d.Rows && len(x) == batch*w.d.Cols,
 		"weight [%d, %d], batch %d: len(y)=%d len(x)=%d", w.d.Rows, w.d.Cols, batch, len(y), len(x))
+	if w.k != nil {
+		w.k.MatMul(b.pool, y, x, batch)
+		return
+	}
 	b.linearRows(w, y, x, batch, 0, w.d.Rows, w.d.Cols, 0)
 }
 
@@ -150,9 +182,29 @@ func (b *Backend) GroupedLinear(wt compute.Weight, y, x []float32, batch, groups
 	w := asWeight("GroupedLinear", wt)
 	check("GroupedLinear", groups > 0 && w.d.Rows%groups == 0 && len(y) == batch*w.d.Rows && len(x) == batch*groups*w.d.Cols,
 		"weight [%d, %d], batch %d, groups %d: len(y)=%d len(x)=%d", w.d.Rows, w.d.Cols, batch, groups, len(y), len(x))
-	rg := w.d.Rows / groups
+	rg, cols := w.d.Rows/groups, w.d.Cols
+	if w.k == nil {
+		for g := range groups {
+			b.linearRows(w, y, x, batch, g*rg, (g+1)*rg, groups*cols, g*cols)
+		}
+		return
+	}
+	if batch == 1 {
+		for g := range groups {
+			w.k.MatMulRows(b.pool, y[g*rg:(g+1)*rg], x[g*cols:(g+1)*cols], 1, g*rg, (g+1)*rg)
+		}
+		return
+	}
+	xg := make([]float32, batch*cols)
+	yg := make([]float32, batch*rg)
 	for g := range groups {
-		b.linearRows(w, y, x, batch, g*rg, (g+1)*rg, groups*w.d.Cols, g*w.d.Cols)
+		for bi := range batch {
+			copy(xg[bi*cols:(bi+1)*cols], x[(bi*groups+g)*cols:])
+		}
+		w.k.MatMulRows(b.pool, yg, xg, batch, g*rg, (g+1)*rg)
+		for bi := range batch {
+			copy(y[bi*w.d.Rows+g*rg:bi*w.d.Rows+(g+1)*rg], yg[bi*rg:(bi+1)*rg])
+		}
 	}
 }
 
@@ -187,7 +239,7 @@ func (b *Backend) hcProject(x []float32, p *compute.HCParams, batch int) []float
 	n := w.d.Cols
 	check("HCMix", len(x) == batch*n, "len(x)=%d, want batch %d × %d", len(x), batch, n)
 	m := make([]float32, batch*w.d.Rows)
-	b.linearRows(w, m, x, batch, 0, w.d.Rows, n, 0)
+	b.Linear(w, m, x, batch)
 	for bi := range batch {
 		var ss float32
 		for _, v := range x[bi*n : (bi+1)*n] {

@@ -8,6 +8,8 @@ import (
 
 func TestCompliance(t *testing.T) {
 	for _, workers := range []int{1, 4} {
-		t.Run(New(workers).Name(), func(t *testing.T) { computetest.RunAll(t, New(workers)) })
+		b := New(workers)
+		t.Run(b.Name(), func(t *testing.T) { computetest.RunAll(t, b) })
+		b.Close()
 	}
 }

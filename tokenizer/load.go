@@ -223,7 +223,9 @@ func Load(tokenizerJSON, tokenizerConfigJSON []byte, extra ...AddedToken) (*Toke
 		t.added = append(t.added, a)
 	}
 	sort.Slice(t.added, func(i, j int) bool { return t.added[i].ID < t.added[j].ID })
+	t.special = make([]bool, len(t.idBytes))
 	for i, a := range t.added {
+		t.special[a.ID] = a.Special
 		t.addedByB0[a.Content[0]] = append(t.addedByB0[a.Content[0]], i)
 	}
 	for c := range t.addedByB0 {

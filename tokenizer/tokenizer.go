@@ -39,6 +39,7 @@ type Tokenizer struct {
 	byStr   map[string]int // TokenID lookup: added-token content or byte-level vocab string
 
 	added     []AddedToken
+	special   []bool     // by id: an added token flagged special
 	addedByB0 [256][]int // indices into added, by first byte, longest content first
 
 	bos, eos       int // -1 when not configured
@@ -200,12 +201,7 @@ func (t *Tokenizer) AddedTokens() []AddedToken {
 
 // IsSpecial reports whether id is an added token flagged special.
 func (t *Tokenizer) IsSpecial(id int) bool {
-	for i := range t.added {
-		if t.added[i].ID == id {
-			return t.added[i].Special
-		}
-	}
-	return false
+	return id >= 0 && id < len(t.special) && t.special[id]
 }
 
 // Decoder turns a stream of ids into text, one id at a time, without ever

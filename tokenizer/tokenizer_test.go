@@ -34,6 +34,9 @@ func TestTinyModelTokenizer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if !tok.IsSpecial(0) || !tok.IsSpecial(261) || tok.IsSpecial(3+'a') || tok.IsSpecial(-1) || tok.IsSpecial(1<<30) {
+		t.Error("IsSpecial wrong")
+	}
 	if tok.VocabSize() != 288 {
 		t.Errorf("VocabSize = %d, want 288", tok.VocabSize())
 	}

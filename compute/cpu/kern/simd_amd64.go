@@ -7,6 +7,7 @@ import (
 	"simd/archsimd"
 )
 
+
 // AVX-512 kernels. Every one has a portable twin in scalar.go that is used
 // on CPUs without the features and for column tails.
 
@@ -123,9 +124,19 @@ func (k f32Kernel) decode(dst []float32, ld, r0, nr, c0, c1 int) {
 	f32DecodeScalar(k.w, dst, ld, r0, nr, c0, c1)
 }
 
+// hsum adds the lanes of v. It clears the upper halves of the vector
+// registers first: Go compiles scalar float code to legacy SSE instructions,
+// which are very slow while the AVX-512 upper state is dirty (measured: ~40x
+// on the development machine). Every SIMD function here ends with either
+// hsum or archsimd.ClearAVXUpperBits before scalar float code runs.
 func hsum(v archsimd.Float32x16) float32 {
 	var t [16]float32
 	v.Store(&t)
+	archsimd.ClearAVXUpperBits()
+	return sum16(&t)
+}
+
+func sum16(t *[16]float32) float32 {
 	return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7])) +
 		((t[8] + t[9]) + (t[10] + t[11])) + ((t[12] + t[13]) + (t[14] + t[15]))
 }
@@ -145,12 +156,14 @@ func fp8MatvecAVX512(w FP8Block, y, x []float32, lo, hi int) {
 	nbc := ceilDiv(cols, 128)
 	cmain := cols &^ 63
 	var xp, xs [fp8ChunkCols]float32
+	archsimd.ClearAVXUpperBits()
 	for i := range y[:hi-lo] {
 		y[i] = 0
 	}
 	for c0 := 0; c0 < cmain; c0 += fp8ChunkCols {
 		c1 := min(c0+fp8ChunkCols, cmain)
 		n := c1 - c0
+		archsimd.ClearAVXUpperBits()
 		// Permute: xp[g*64 + t*16 + j] = x[c0 + g*64 + 4j + t].
 		for g := 0; g < n; g += 64 {
 			src := (*[64]float32)(x[c0+g : c0+g+64])
@@ -167,7 +180,7 @@ func fp8MatvecAVX512(w FP8Block, y, x []float32, lo, hi int) {
 			rEnd := min(hi, (rb+1)*128)
 			srow := w.Scale[rb*nbc : (rb+1)*nbc]
 			for g := 0; g < n; g += 64 {
-				s := archsimd.BroadcastFloat32x16(e8m0Value[srow[(c0+g)/128]])
+				s := archsimd.BroadcastUint32x16(e8m0Bits[srow[(c0+g)/128]]).AsFloat32x16()
 				src := (*[64]float32)(xp[g : g+64])
 				dst := (*[64]float32)(xs[g : g+64])
 				archsimd.LoadFloat32x16((*[16]float32)(src[0:16])).Mul(s).Store((*[16]float32)(dst[0:16]))
@@ -175,11 +188,23 @@ func fp8MatvecAVX512(w FP8Block, y, x []float32, lo, hi int) {
 				archsimd.LoadFloat32x16((*[16]float32)(src[32:48])).Mul(s).Store((*[16]float32)(dst[32:48]))
 				archsimd.LoadFloat32x16((*[16]float32)(src[48:64])).Mul(s).Store((*[16]float32)(dst[48:64]))
 			}
+			// Two rows at a time: their decoded codes share each input load,
+			// and two interleaved streams keep more memory reads in flight.
+			for ; r+2 <= rEnd; r += 2 {
+				var a0, a1 fp8Acc2
+				fp8Dot2(w.Q[r*cols+c0:r*cols+c1], w.Q[(r+1)*cols+c0:(r+1)*cols+c1], xs[:n], &a0, &a1)
+				s0, s1 := a0.sum(), a1.sum()
+				y[r-lo] += s0
+				y[r+1-lo] += s1
+			}
 			for ; r < rEnd; r++ {
-				y[r-lo] += fp8Dot(w.Q[r*cols+c0:r*cols+c1], xs[:n])
+				var acc fp8Acc
+				fp8Dot(w.Q[r*cols+c0:r*cols+c1], xs[:n], &acc)
+				y[r-lo] += acc.sum()
 			}
 		}
 	}
+	archsimd.ClearAVXUpperBits()
 	if cmain < cols {
 		for r := lo; r < hi; r++ {
 			y[r-lo] += fp8RowScalar(w, r, cmain, cols, x)
@@ -187,32 +212,97 @@ func fp8MatvecAVX512(w FP8Block, y, x []float32, lo, hi int) {
 	}
 }
 
-// fp8Dot returns Σ e4m3(q)·xs over len(q) (a multiple of 64) codes, xs in
-// the permuted order of fp8MatvecAVX512.
-func fp8Dot(q []byte, xs []float32) float32 {
-	th0 := archsimd.LoadUint8x64((*[64]uint8)(fp8Hi[0:64]))
-	th1 := archsimd.LoadUint8x64((*[64]uint8)(fp8Hi[64:128]))
-	tl0 := archsimd.LoadUint8x64((*[64]uint8)(fp8Lo[0:64]))
-	tl1 := archsimd.LoadUint8x64((*[64]uint8)(fp8Lo[64:128]))
-	sign := archsimd.BroadcastUint8x64(0x80)
-	lo8 := archsimd.BroadcastUint16x32(0x00FF)
-	hi8 := archsimd.BroadcastUint16x32(0xFF00)
-	hi16 := archsimd.BroadcastUint32x16(0xFFFF0000)
-	var a0, a1, a2, a3 archsimd.Float32x16
+// fp8Acc carries fp8Dot's four partial-sum vectors between calls.
+type fp8Acc struct{ a0, a1, a2, a3 archsimd.Float32x16 }
+
+func (a *fp8Acc) sum() float32 { return hsum(a.a0.Add(a.a1).Add(a.a2.Add(a.a3))) }
+
+// fp8Dot adds Σ e4m3(q)·xs over len(q) (a multiple of 64) codes into acc, xs
+// in the permuted order of fp8MatvecAVX512. Logical operations use the signed
+// vector types so that the compiler fuses them into VPTERNLOG.
+func fp8Dot(q []byte, xs []float32, acc *fp8Acc) {
+	th0 := archsimd.LoadUint8x64((*[64]uint8)(fp8Hi[0:64])).AsInt8x64()
+	th1 := archsimd.LoadUint8x64((*[64]uint8)(fp8Hi[64:128])).AsInt8x64()
+	tl0 := archsimd.LoadUint8x64((*[64]uint8)(fp8Lo[0:64])).AsInt8x64()
+	tl1 := archsimd.LoadUint8x64((*[64]uint8)(fp8Lo[64:128])).AsInt8x64()
+	sign := archsimd.BroadcastInt8x64(-0x80)
+	lo8 := archsimd.BroadcastInt16x32(0x00FF)
+	hi8 := archsimd.BroadcastInt16x32(-0x100)
+	hi16 := archsimd.BroadcastInt32x16(-0x10000)
+	a0, a1, a2, a3 := acc.a0, acc.a1, acc.a2, acc.a3
 	xs = xs[:len(q)]
 	for i := 0; i+64 <= len(q); i += 64 {
-		c := archsimd.LoadUint8x64((*[64]uint8)(q[i : i+64]))
+		cu := archsimd.LoadUint8x64((*[64]uint8)(q[i : i+64]))
+		c := cu.AsInt8x64()
 		xx := (*[64]float32)(xs[i : i+64])
-		h := th0.ConcatPermute(th1, c).Or(c.And(sign)).AsUint16x32()
-		l := tl0.ConcatPermute(tl1, c).AsUint16x32()
-		e := h.ShiftAllLeft(8).Or(l.And(lo8)).AsUint32x16()
-		o := h.And(hi8).Or(l.ShiftAllRight(8)).AsUint32x16()
+		// bf16 high bytes (with the code's sign) and low bytes, in place.
+		h := th0.ConcatPermute(th1, cu).Or(c.And(sign)).AsInt16x32()
+		l := tl0.ConcatPermute(tl1, cu).AsInt16x32()
+		// Words: e[i] = bf16(code 2i), o[i] = bf16(code 2i+1).
+		e := h.ShiftAllLeft(8).Or(l.And(lo8)).AsInt32x16()
+		// o = bitselect(hi8: h, else l>>8), written with Xor: go1.26's
+		// VPTERNLOG fusion gets AndNot's operand order wrong.
+		lsr := l.ShiftAllRight(8)
+		o := lsr.Xor(lsr.Xor(h).And(hi8)).AsInt32x16()
 		a0 = e.ShiftAllLeft(16).AsFloat32x16().MulAdd(archsimd.LoadFloat32x16((*[16]float32)(xx[0:16])), a0)
 		a1 = o.ShiftAllLeft(16).AsFloat32x16().MulAdd(archsimd.LoadFloat32x16((*[16]float32)(xx[16:32])), a1)
 		a2 = e.And(hi16).AsFloat32x16().MulAdd(archsimd.LoadFloat32x16((*[16]float32)(xx[32:48])), a2)
 		a3 = o.And(hi16).AsFloat32x16().MulAdd(archsimd.LoadFloat32x16((*[16]float32)(xx[48:64])), a3)
 	}
-	return hsum(a0.Add(a1).Add(a2.Add(a3)))
+	acc.a0, acc.a1, acc.a2, acc.a3 = a0, a1, a2, a3
+}
+
+// fp8Acc2 carries fp8Dot2's two partial-sum vectors for one row.
+type fp8Acc2 struct{ a, b archsimd.Float32x16 }
+
+func (a *fp8Acc2) sum() float32 { return hsum(a.a.Add(a.b)) }
+
+// fp8Dot2 is fp8Dot for two rows of codes (equal lengths) against the same
+// input, adding into acc0 and acc1. (The decode is written out twice: a
+// helper function returning vectors is not inlined and costs spills; the
+// input is reloaded per row for the same reason: only 15 vector registers.)
+func fp8Dot2(q0, q1 []byte, xs []float32, acc0, acc1 *fp8Acc2) {
+	th0 := archsimd.LoadUint8x64((*[64]uint8)(fp8Hi[0:64])).AsInt8x64()
+	th1 := archsimd.LoadUint8x64((*[64]uint8)(fp8Hi[64:128])).AsInt8x64()
+	tl0 := archsimd.LoadUint8x64((*[64]uint8)(fp8Lo[0:64])).AsInt8x64()
+	tl1 := archsimd.LoadUint8x64((*[64]uint8)(fp8Lo[64:128])).AsInt8x64()
+	sign := archsimd.BroadcastInt8x64(-0x80)
+	lo8 := archsimd.BroadcastInt16x32(0x00FF)
+	hi8 := archsimd.BroadcastInt16x32(-0x100)
+	hi16 := archsimd.BroadcastInt32x16(-0x10000)
+	a0, b0, a1, b1 := acc0.a, acc0.b, acc1.a, acc1.b
+	q1 = q1[:len(q0)]
+	xs = xs[:len(q0)]
+	for i := 0; i+64 <= len(q0); i += 64 {
+		xx := (*[64]float32)(xs[i : i+64])
+		{
+			cu := archsimd.LoadUint8x64((*[64]uint8)(q0[i : i+64]))
+			c := cu.AsInt8x64()
+			h := th0.ConcatPermute(th1, cu).Or(c.And(sign)).AsInt16x32()
+			l := tl0.ConcatPermute(tl1, cu).AsInt16x32()
+			e := h.ShiftAllLeft(8).Or(l.And(lo8)).AsInt32x16()
+			lsr := l.ShiftAllRight(8)
+			o := lsr.Xor(lsr.Xor(h).And(hi8)).AsInt32x16()
+			a0 = e.ShiftAllLeft(16).AsFloat32x16().MulAdd(archsimd.LoadFloat32x16((*[16]float32)(xx[0:16])), a0)
+			b0 = o.ShiftAllLeft(16).AsFloat32x16().MulAdd(archsimd.LoadFloat32x16((*[16]float32)(xx[16:32])), b0)
+			a0 = e.And(hi16).AsFloat32x16().MulAdd(archsimd.LoadFloat32x16((*[16]float32)(xx[32:48])), a0)
+			b0 = o.And(hi16).AsFloat32x16().MulAdd(archsimd.LoadFloat32x16((*[16]float32)(xx[48:64])), b0)
+		}
+		{
+			cu := archsimd.LoadUint8x64((*[64]uint8)(q1[i : i+64]))
+			c := cu.AsInt8x64()
+			h := th0.ConcatPermute(th1, cu).Or(c.And(sign)).AsInt16x32()
+			l := tl0.ConcatPermute(tl1, cu).AsInt16x32()
+			e := h.ShiftAllLeft(8).Or(l.And(lo8)).AsInt32x16()
+			lsr := l.ShiftAllRight(8)
+			o := lsr.Xor(lsr.Xor(h).And(hi8)).AsInt32x16()
+			a1 = e.ShiftAllLeft(16).AsFloat32x16().MulAdd(archsimd.LoadFloat32x16((*[16]float32)(xx[0:16])), a1)
+			b1 = o.ShiftAllLeft(16).AsFloat32x16().MulAdd(archsimd.LoadFloat32x16((*[16]float32)(xx[16:32])), b1)
+			a1 = e.And(hi16).AsFloat32x16().MulAdd(archsimd.LoadFloat32x16((*[16]float32)(xx[32:48])), a1)
+			b1 = o.And(hi16).AsFloat32x16().MulAdd(archsimd.LoadFloat32x16((*[16]float32)(xx[48:64])), b1)
+		}
+	}
+	acc0.a, acc0.b, acc1.a, acc1.b = a0, b0, a1, b1
 }
 
 // fp8DecodeAVX512 writes exact weights in natural column order.
@@ -233,7 +323,7 @@ func fp8DecodeAVX512(w FP8Block, dst []float32, ld, r0, nr, c0, c1 int) {
 		d := dst[i*ld : i*ld+n]
 		srow := w.Scale[(r/128)*nbc : (r/128+1)*nbc]
 		for j := 0; j < nmain; j += 64 {
-			s := archsimd.BroadcastFloat32x16(e8m0Value[srow[(c0+j)/128]])
+			s := archsimd.BroadcastUint32x16(e8m0Bits[srow[(c0+j)/128]]).AsFloat32x16()
 			c := archsimd.LoadUint8x64((*[64]uint8)(q[j : j+64]))
 			h := th0.ConcatPermute(th1, c).Or(c.And(sign))
 			l := tl0.ConcatPermute(tl1, c)
@@ -245,6 +335,7 @@ func fp8DecodeAVX512(w FP8Block, dst []float32, ld, r0, nr, c0, c1 int) {
 			wb.GetLo().ExtendToUint32().ShiftAllLeft(16).AsFloat32x16().Mul(s).Store((*[16]float32)(dd[32:48]))
 			wb.GetHi().ExtendToUint32().ShiftAllLeft(16).AsFloat32x16().Mul(s).Store((*[16]float32)(dd[48:64]))
 		}
+		archsimd.ClearAVXUpperBits()
 		for j := nmain; j < n; j++ {
 			d[j] = e4m3Value[q[j]] * e8m0Value[srow[(c0+j)/128]]
 		}
@@ -265,14 +356,17 @@ func e8m0x16(s *[16]uint8) archsimd.Float32x16 {
 }
 
 // mxfp4MatvecAVX512: each 128 columns (64 bytes, 4 scales) are read as 16
-// uint32 lanes of 8 codes; shifting by 4t and looking up the low 4 bits
-// (VPERMPS) gives the values of columns 8k+t in lane k. The input is permuted
-// to match once per call; lane k's scale is that of block k/4, so one FMA per
-// 128 columns applies all four scales.
+// uint32 lanes of 8 codes. Loading at byte offsets 0..3 puts the codes of
+// columns 8k+2j (low nibble) and, after a shift by 4, 8k+2j+1 in the low 4
+// bits of lane k, where VPERMPS looks them up. The input is permuted to match
+// once per call; lane k's scale is that of block k/4, so one FMA per 128
+// columns applies all four scales.
 func mxfp4MatvecAVX512(w MXFP4, y, x []float32, lo, hi int) {
 	const chunk = 4096
 	var xp [chunk]float32
+	var pad [256 + 3]byte // the last super-group of the matrix, padded for the offset loads
 	cols := w.Cols
+	archsimd.ClearAVXUpperBits()
 	for i := range y[:hi-lo] {
 		y[i] = 0
 	}
@@ -280,6 +374,7 @@ func mxfp4MatvecAVX512(w MXFP4, y, x []float32, lo, hi int) {
 		c1 := min(c0+chunk, cols)
 		n := c1 - c0
 		nsup := n &^ 511 // columns in whole 512-column super-groups
+		archsimd.ClearAVXUpperBits()
 		// Permute: xp[g*128 + t*16 + k] = x[c0 + g*128 + 8k + t].
 		for g := 0; g+128 <= n; g += 128 {
 			src := (*[128]float32)(x[c0+g : c0+g+128])
@@ -291,9 +386,20 @@ func mxfp4MatvecAVX512(w MXFP4, y, x []float32, lo, hi int) {
 			}
 		}
 		for r := lo; r < hi; r++ {
-			p := w.Packed[(r*cols+c0)/2 : (r*cols+c1)/2]
+			p0 := (r*cols + c0) / 2
 			s := w.Scale[(r*cols+c0)/32 : (r*cols+c1)/32]
-			acc := mxfp4Dot(p[:nsup/2], s[:nsup/32], xp[:nsup])
+			var acc float32
+			if nsup > 0 {
+				if p0+nsup/2+3 <= len(w.Packed) {
+					acc = mxfp4Dot(w.Packed[p0:p0+nsup/2+3], s[:nsup/32], xp[:nsup])
+				} else { // the matrix's last bytes: copy the final super-group
+					last := nsup/2 - 256
+					acc = mxfp4Dot(w.Packed[p0:p0+last+3], s[:last/16], xp[:2*last])
+					copy(pad[:256], w.Packed[p0+last:p0+last+256])
+					acc += mxfp4Dot(pad[:], s[last/16:last/16+16], xp[2*last:2*last+512])
+				}
+			}
+			p := w.Packed[p0 : (r*cols+c1)/2]
 			for g := nsup; g < n; g += 32 { // tail blocks
 				acc += dotMXFP4(p[g/2:g/2+16], x[c0+g:c0+g+32]) * e8m0Value[s[g/32]]
 			}
@@ -302,41 +408,44 @@ func mxfp4MatvecAVX512(w MXFP4, y, x []float32, lo, hi int) {
 	}
 }
 
-// mxfp4Dot returns Σ W·x over whole 512-column super-groups: p (packed
-// codes), s (scales) and xp (permuted input) cover the same columns.
+// mxfp4Dot returns Σ W·x over whole 512-column super-groups: s holds their
+// scales (16 per super-group), xp the permuted input, and p their packed
+// codes followed by at least 3 more readable bytes (for the offset loads).
 func mxfp4Dot(p, s []byte, xp []float32) float32 {
 	tab := archsimd.LoadFloat32x16(&e2m1Value)
-	i0 := archsimd.LoadUint32x16(&mxScaleIdx[0])
-	i1 := archsimd.LoadUint32x16(&mxScaleIdx[1])
-	i2 := archsimd.LoadUint32x16(&mxScaleIdx[2])
-	i3 := archsimd.LoadUint32x16(&mxScaleIdx[3])
 	var acc0, acc1 archsimd.Float32x16
-	xp = xp[:2*len(p)]
-	s = s[:len(p)/16]
-	for i := 0; i+256 <= len(p); i += 256 {
+	n := 256 * (len(s) / 16)
+	xp = xp[:2*n]
+	p = p[:n+3]
+	for i := 0; i < n; i += 256 {
 		sv := e8m0x16((*[16]uint8)(s[i/16 : i/16+16]))
-		pp := (*[256]byte)(p[i : i+256])
 		xx := (*[512]float32)(xp[2*i : 2*i+512])
-		acc0 = mxGroup(tab, (*[64]uint8)(pp[0:64]), (*[128]float32)(xx[0:128])).MulAdd(sv.Permute(i0), acc0)
-		acc1 = mxGroup(tab, (*[64]uint8)(pp[64:128]), (*[128]float32)(xx[128:256])).MulAdd(sv.Permute(i1), acc1)
-		acc0 = mxGroup(tab, (*[64]uint8)(pp[128:192]), (*[128]float32)(xx[256:384])).MulAdd(sv.Permute(i2), acc0)
-		acc1 = mxGroup(tab, (*[64]uint8)(pp[192:256]), (*[128]float32)(xx[384:512])).MulAdd(sv.Permute(i3), acc1)
+		pp := (*[259]byte)(p[i : i+259])
+		acc0 = mxGroup(tab, (*[67]byte)(pp[0:67]), (*[128]float32)(xx[0:128])).MulAdd(sv.Permute(archsimd.LoadUint32x16(&mxScaleIdx[0])), acc0)
+		acc1 = mxGroup(tab, (*[67]byte)(pp[64:131]), (*[128]float32)(xx[128:256])).MulAdd(sv.Permute(archsimd.LoadUint32x16(&mxScaleIdx[1])), acc1)
+		acc0 = mxGroup(tab, (*[67]byte)(pp[128:195]), (*[128]float32)(xx[256:384])).MulAdd(sv.Permute(archsimd.LoadUint32x16(&mxScaleIdx[2])), acc0)
+		acc1 = mxGroup(tab, (*[67]byte)(pp[192:259]), (*[128]float32)(xx[384:512])).MulAdd(sv.Permute(archsimd.LoadUint32x16(&mxScaleIdx[3])), acc1)
 	}
 	return hsum(acc0.Add(acc1))
 }
 
-// mxGroup returns the unscaled partial sums of one 128-column group: lane k
-// sums columns 8k..8k+7.
-func mxGroup(tab archsimd.Float32x16, p *[64]uint8, x *[128]float32) archsimd.Float32x16 {
-	v := archsimd.LoadUint8x64(p).AsUint32x16()
-	a := tab.Permute(v).Mul(archsimd.LoadFloat32x16((*[16]float32)(x[0:16])))
-	b := tab.Permute(v.ShiftAllRight(4)).Mul(archsimd.LoadFloat32x16((*[16]float32)(x[16:32])))
-	a = tab.Permute(v.ShiftAllRight(8)).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(x[32:48])), a)
-	b = tab.Permute(v.ShiftAllRight(12)).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(x[48:64])), b)
-	a = tab.Permute(v.ShiftAllRight(16)).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(x[64:80])), a)
-	b = tab.Permute(v.ShiftAllRight(20)).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(x[80:96])), b)
-	a = tab.Permute(v.ShiftAllRight(24)).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(x[96:112])), a)
-	b = tab.Permute(v.ShiftAllRight(28)).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(x[112:128])), b)
+// mxGroup returns the unscaled partial sums of one 128-column group whose 64
+// code bytes start p (3 bytes of lookahead): lane k sums columns 8k..8k+7. VPERMPS
+// reads only the low 4 bits of each index, so arithmetic shifts (which
+// compile to immediate forms) serve.
+func mxGroup(tab archsimd.Float32x16, p *[67]byte, x *[128]float32) archsimd.Float32x16 {
+	v0 := archsimd.LoadUint8x64((*[64]uint8)(p[0:64])).AsInt32x16()
+	v1 := archsimd.LoadUint8x64((*[64]uint8)(p[1:65])).AsInt32x16()
+	v2 := archsimd.LoadUint8x64((*[64]uint8)(p[2:66])).AsInt32x16()
+	v3 := archsimd.LoadUint8x64((*[64]uint8)(p[3:67])).AsInt32x16()
+	a := tab.Permute(v0.AsUint32x16()).Mul(archsimd.LoadFloat32x16((*[16]float32)(x[0:16])))
+	b := tab.Permute(v0.ShiftAllRight(4).AsUint32x16()).Mul(archsimd.LoadFloat32x16((*[16]float32)(x[16:32])))
+	a = tab.Permute(v1.AsUint32x16()).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(x[32:48])), a)
+	b = tab.Permute(v1.ShiftAllRight(4).AsUint32x16()).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(x[48:64])), b)
+	a = tab.Permute(v2.AsUint32x16()).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(x[64:80])), a)
+	b = tab.Permute(v2.ShiftAllRight(4).AsUint32x16()).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(x[80:96])), b)
+	a = tab.Permute(v3.AsUint32x16()).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(x[96:112])), a)
+	b = tab.Permute(v3.ShiftAllRight(4).AsUint32x16()).MulAdd(archsimd.LoadFloat32x16((*[16]float32)(x[112:128])), b)
 	return a.Add(b)
 }
 
@@ -353,15 +462,16 @@ func mxfp4DecodeAVX512(w MXFP4, dst []float32, ld, r0, nr, c0, c1 int) {
 		s := w.Scale[(r*w.Cols+c0)/32 : (r*w.Cols+c1)/32]
 		d := dst[i*ld : i*ld+n]
 		for j := 0; j+32 <= n; j += 32 {
-			ts := tab.Mul(archsimd.BroadcastFloat32x16(e8m0Value[s[j/32]]))
+			ts := tab.Mul(archsimd.BroadcastUint32x16(e8m0Bits[s[j/32]]).AsFloat32x16())
 			v := archsimd.LoadUint8x16((*[16]uint8)(p[j/2 : j/2+16])).ExtendToUint32()
 			ev := ts.Permute(v)
-			od := ts.Permute(v.ShiftAllRight(4))
+			od := ts.Permute(v.AsInt32x16().ShiftAllRight(4).AsUint32x16())
 			dd := (*[32]float32)(d[j : j+32])
 			ev.ConcatPermute(od, z0).Store((*[16]float32)(dd[0:16]))
 			ev.ConcatPermute(od, z1).Store((*[16]float32)(dd[16:32]))
 		}
 	}
+	archsimd.ClearAVXUpperBits()
 }
 
 // ---- BF16 and F32 ----
@@ -403,6 +513,7 @@ func bf16DecodeAVX512(w BF16, dst []float32, ld, r0, nr, c0, c1 int) {
 		for j := 0; j < nmain; j += 16 {
 			bf16x16((*[32]byte)(src[2*j : 2*j+32])).Store((*[16]float32)(d[j : j+16]))
 		}
+		archsimd.ClearAVXUpperBits()
 		for j := nmain; j < n; j++ {
 			d[j] = bf16ToFloat32(uint16(src[2*j]) | uint16(src[2*j+1])<<8)
 		}
@@ -441,6 +552,7 @@ func gemmTile(w *[tileRows * tileCols]float32, n int, x []float32, ldx, batch in
 	for ; b < batch; b++ {
 		gemm4x1(w, n16, x[b*ldx:], acc, batch, b)
 	}
+	archsimd.ClearAVXUpperBits()
 	if n16 < n {
 		for i := range tileRows {
 			wr := w[i*tileCols+n16 : i*tileCols+n]

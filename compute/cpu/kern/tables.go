@@ -20,6 +20,14 @@ var (
 		}
 		return t
 	}()
+	// e8m0Bits holds the float32 bit patterns of e8m0Value (SIMD code
+	// broadcasts them as integers to stay clear of scalar float instructions).
+	e8m0Bits = func() (t [256]uint32) {
+		for b := range 256 {
+			t[b] = math.Float32bits(e8m0ToFloat32(byte(b)))
+		}
+		return t
+	}()
 )
 
 // e2m1Value is the MXFP4 (E2M1) value of each 4-bit code.

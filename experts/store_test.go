@@ -359,6 +359,7 @@ func TestEvictionProtectsAnnouncedAndLastServed(t *testing.T) {
 	}
 	// Step 1 announces {1, 2}: both prefetched into the two free slots.
 	st.Prefetch(2, []int{1, 2})
+	st.loads.Wait()
 	get(1)
 	get(2)
 	if r := resident(); !slices.Equal(r, []int{1, 2}) {
@@ -391,6 +392,7 @@ func TestEvictionProtectsAnnouncedAndLastServed(t *testing.T) {
 	if r := resident(); !slices.Equal(r, []int{3, 5}) {
 		t.Fatalf("resident %v, want [3 5]", r)
 	}
+	st.loads.Wait() // 3's background read done: only ready experts are evictable
 	st.Prefetch(2, []int{7})
 	get(7)
 	if r := resident(); !slices.Equal(r, []int{5, 7}) {

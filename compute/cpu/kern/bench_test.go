@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
-	"time"
 	"testing"
+	"time"
 )
 
 // Speed benchmarks (never assertions). Weight benchmarks rotate over enough

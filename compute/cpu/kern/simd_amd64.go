@@ -7,7 +7,6 @@ import (
 	"simd/archsimd"
 )
 
-
 // AVX-512 kernels. Every one has a portable twin in scalar.go that is used
 // on CPUs without the features and for column tails.
 

@@ -6,12 +6,13 @@ import (
 	"strings"
 	"testing"
 
+	"moxie/checkpoint"
 	"moxie/compute/cpu"
 	"moxie/dsv4/config"
 	"moxie/format"
 )
 
-func loadTiny(t testing.TB, src *memSource) *Model {
+func loadTiny(t testing.TB, src checkpoint.Source) *Model {
 	t.Helper()
 	be := cpu.New(2)
 	t.Cleanup(be.Close)
@@ -313,6 +314,9 @@ func BenchmarkTinyDecode(b *testing.B) {
 	m := loadTiny(b, newMemSource(config.Tiny(), 1))
 	s := m.NewSession()
 	for b.Loop() {
+		if s.Pos() == 256 { // keep the context bounded
+			s = m.NewSession()
+		}
 		if _, err := s.Decode(s.Pos() % m.Cfg.VocabSize); err != nil {
 			b.Fatal(err)
 		}

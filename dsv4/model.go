@@ -7,6 +7,20 @@
 // transformers port computes with the shared-expert clamp off; dsv4-flash.md
 // §0b). Residual streams stay float32. The qat target (DeepSeek's simulated FP8
 // activations, FP8 KV and FP4 indexer) is a later addition behind Options.Target.
+//
+// Points the spec leaves implicit, as implemented (and confirmed against the
+// transformers oracle's golden logits and indexer selections on synth:tiny):
+//   - Per layer and token the order is: window KV into the ring; indexer
+//     compressor step; indexer scoring over keys s < ⌊(t+1)/R⌋ (so an entry
+//     closed by token t is visible to t); main compressor step; attention over
+//     the window (positions max(0, t−W+1)..t) plus the compressed entries.
+//   - A compressed entry w is RMS-normalised and rotated at position w·R with
+//     the layer's YaRN table; the CSA A half (first dw rows of wkv/wgate, first
+//     dw columns of ape) feeds entry w+1, the B half entry w.
+//   - Indexer top-k and score routing break ties toward the lower index
+//     (compute.TopK); softplus uses torch's threshold (x > 20 gives x).
+//   - Prefill runs the stateful parts token by token inside each layer (the
+//     matrix products are batched), so any chunking gives the same function.
 package dsv4
 
 import (

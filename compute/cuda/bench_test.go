@@ -213,13 +213,21 @@ func BenchmarkV4(b *testing.B) {
 		name string
 		v    LinearVariant
 	}
+	W := WidthWide
 	b1Variants := []variant{
 		{"auto", LinearVariant{}}, {"bits", LinearVariant{Decode: DecodeBits}},
-		{"r1u4", LinearVariant{RB: 1, U: 4}}, {"r2u8", LinearVariant{RB: 2, U: 8}}, {"r4u4", LinearVariant{RB: 4, U: 4}},
-		{"bits_r2u8", LinearVariant{RB: 2, U: 8, Decode: DecodeBits}}, {"bits_r4u4", LinearVariant{RB: 4, U: 4, Decode: DecodeBits}},
+		{"r2u8", LinearVariant{RB: 2, U: 8}}, {"r4u4", LinearVariant{RB: 4, U: 4}},
 		{"kw1", LinearVariant{KW: 1}}, {"kw2", LinearVariant{KW: 2}}, {"kw4", LinearVariant{KW: 4}}, {"kw8", LinearVariant{KW: 8}},
-		{"bits_kw2", LinearVariant{KW: 2, Decode: DecodeBits}}, {"bits_kw4", LinearVariant{KW: 4, Decode: DecodeBits}},
-		{"bits_kw8", LinearVariant{KW: 8, Decode: DecodeBits}},
+		{"wide", LinearVariant{Width: W}}, {"wide_bits", LinearVariant{Width: W, Decode: DecodeBits}},
+		{"wide_u4", LinearVariant{Width: W, U: 4}}, {"wide_u1", LinearVariant{Width: W, U: 1}}, {"wide_r4", LinearVariant{Width: W, RB: 4}},
+		{"wide_kw1", LinearVariant{Width: W, KW: 1}}, {"wide_kw2", LinearVariant{Width: W, KW: 2}},
+		{"wide_kw4", LinearVariant{Width: W, KW: 4}}, {"wide_kw8", LinearVariant{Width: W, KW: 8}},
+	}
+	bnVariants := map[int][]variant{
+		4: {{"auto", LinearVariant{}}, {"bits", LinearVariant{Decode: DecodeBits}}, {"r4u4", LinearVariant{RB: 4, U: 4}},
+			{"wide", LinearVariant{Width: W}}, {"wide_bits", LinearVariant{Width: W, Decode: DecodeBits}}, {"wide_r4", LinearVariant{Width: W, RB: 4}}},
+		16: {{"auto", LinearVariant{}}, {"bits", LinearVariant{Decode: DecodeBits}}, {"r4u4", LinearVariant{RB: 4, U: 4}},
+			{"wide", LinearVariant{Width: W}}, {"wide_bits", LinearVariant{Width: W, Decode: DecodeBits}}},
 	}
 	rng := rand.New(rand.NewPCG(42, 7))
 	for _, sh := range v4Shapes {
@@ -229,11 +237,11 @@ func BenchmarkV4(b *testing.B) {
 		for _, batch := range []int{1, 4, 16} {
 			vs := b1Variants
 			if batch > 1 {
-				vs = append(vs[:2:2], variant{"r4u4", LinearVariant{RB: 4, U: 4}})
+				vs = bnVariants[batch]
 			}
 			for _, v := range vs {
-				if sh.f == compute.BF16 && v.v.Decode == DecodeBits {
-					continue // one decoder only
+				if sh.f == compute.BF16 && (v.v.Decode == DecodeBits || v.v.Width == WidthWide) {
+					continue // one kernel family only
 				}
 				name := fmt.Sprintf("%s_%s_%dx%d_b%d_%s", sh.name, sh.f, sh.rows, sh.cols, batch, v.name)
 				b.Run(name, func(b *testing.B) {
@@ -328,7 +336,8 @@ func BenchmarkV4(b *testing.B) {
 		bytes := len(d.Data) + len(d.Scale)
 		sets := max(2, (5*dev.Info().L2Bytes+mu.n*bytes-1)/(mu.n*bytes))
 		for _, batch := range []int{1, 4} {
-			for _, v := range []variant{{"auto", LinearVariant{}}, {"bits", LinearVariant{Decode: DecodeBits}}} {
+			for _, v := range []variant{{"auto", LinearVariant{}}, {"bits", LinearVariant{Decode: DecodeBits}},
+				{"wide", LinearVariant{Width: W}}, {"wide_bits", LinearVariant{Width: W, Decode: DecodeBits}}} {
 				name := fmt.Sprintf("%s_mxfp4_%dx%dx%d_b%d_%s", mu.name, mu.n, mu.rows, mu.cols, batch, v.name)
 				b.Run(name, func(b *testing.B) {
 					err := dev.Do(func(c *Ctx) error {

@@ -228,8 +228,12 @@ func TestLinearShapes(t *testing.T) {
 		{compute.BF16, 130, 4100, 1, 0}, {compute.BF16, 64, 768, 1, 0}, {compute.BF16, 33, 50, 1, 0},
 		{compute.F32, 48, 1028, 1, 0}, {compute.MXFP8, 96, 1056, 1, 0}, {compute.FP8Block, 40, 130, 1, 0},
 		{compute.FP8Block, 100, 512, 1, 64}, {compute.FP8Block, 100, 480, 1, 96}, // fast / generic (non-power-of-two block)
+		{compute.MXFP4, 66, 2080, 1, 0}, {compute.MXFP8, 34, 2064, 1, 0}, // wide kernels' tail chunk
 	}
-	variants := map[string]LinearVariant{"cvt": {Decode: DecodeCvt}, "bits": {Decode: DecodeBits}, "generic": {Generic: true}}
+	variants := map[string]LinearVariant{
+		"cvt": {Decode: DecodeCvt}, "bits": {Decode: DecodeBits}, "generic": {Generic: true},
+		"wide": {Width: WidthWide}, "wide_bits": {Width: WidthWide, Decode: DecodeBits},
+	}
 	var maxErr = map[string]float64{}
 	err := dev.Do(func(c *Ctx) error {
 		a, err := c.NewArena(512 << 20)
@@ -419,7 +423,9 @@ func TestMultiLinear(t *testing.T) {
 		shape [][2]int
 	}{
 		{compute.MXFP4, [][2]int{{64, 4096}, {130, 512}, {2, 1032}, {64, 4096}}},
+		{compute.MXFP4, [][2]int{{64, 4096}, {130, 512}, {2, 2080}}},
 		{compute.FP8Block, [][2]int{{256, 1024}, {40, 2048}, {130, 132}}},
+		{compute.FP8Block, [][2]int{{256, 1024}, {40, 2048}, {130, 144}}},
 		{compute.BF16, [][2]int{{100, 516}, {32, 64}}},
 	}
 	err := dev.Do(func(c *Ctx) error {
@@ -430,7 +436,7 @@ func TestMultiLinear(t *testing.T) {
 		defer c.ReleaseArena(a)
 		for si, set := range sets {
 			for _, batch := range []int{1, 3, 16} {
-				for _, dec := range []int{DecodeCvt, DecodeBits} {
+				for _, v := range []LinearVariant{{Decode: DecodeCvt}, {Decode: DecodeBits}, {Width: WidthWide}, {Width: WidthWide, Decode: DecodeBits}} {
 					rng := rand.New(rand.NewPCG(uint64(si), uint64(batch)))
 					var ws []*DeviceWeight
 					var ys, xs []DevicePtr
@@ -455,7 +461,7 @@ func TestMultiLinear(t *testing.T) {
 						}
 						ws, ys, xs, ds, x64s = append(ws, w), append(ys, dy), append(xs, dx), append(ds, d), append(x64s, x64)
 					}
-					m, err := c.PrepareMultiLinear(a, ws, ys, xs, batch, LinearVariant{Decode: dec})
+					m, err := c.PrepareMultiLinear(a, ws, ys, xs, batch, v)
 					if err != nil {
 						return err
 					}
@@ -469,7 +475,7 @@ func TestMultiLinear(t *testing.T) {
 						}
 						want := ref.Linear(ref.Dequant(d), d.Rows, d.Cols, x64s[i], batch)
 						if e := computetest.MaxRel(y, want); !(e <= computetest.TolLinear) {
-							t.Errorf("%s set, matrix %d [%d, %d], batch %d, decoder %d: max relative error %.3g", set.f, i, d.Rows, d.Cols, batch, dec, e)
+							t.Errorf("%s set, matrix %d [%d, %d], batch %d, variant %+v: max relative error %.3g", set.f, i, d.Rows, d.Cols, batch, v, e)
 						}
 					}
 				}

@@ -97,8 +97,36 @@ type LinearVariant struct {
 	// DecodeAuto, DecodeCvt (hardware f16x2 conversion) or DecodeBits
 	// (integer operations; maps the E4M3 NaN code to ±480 instead of NaN).
 	Decode int
+	// Width picks the fast kernel family for FP8Block, MXFP8 and MXFP4:
+	// WidthAuto, WidthNarrow (4-byte words per lane) or WidthWide (16-byte
+	// words; needs columns a multiple of 16, or 32 for MXFP4, and FP8 blocks
+	// of at least 16). BF16 and F32 always use the narrow family.
+	Width int
 	// Generic forces the element-wise kernel.
 	Generic bool
+}
+
+// Kernel families of the fast linear kernels.
+const (
+	WidthAuto = iota
+	WidthNarrow
+	WidthWide
+)
+
+// defaultWidth is the family WidthAuto selects where the shape allows it.
+const defaultWidth = WidthNarrow
+
+// wideOK reports whether w can use the wide kernels.
+func wideOK(w *DeviceWeight) bool {
+	switch w.Format {
+	case compute.FP8Block:
+		return w.Cols%16 == 0 && w.Block >= 16 && w.Block&(w.Block-1) == 0
+	case compute.MXFP8:
+		return w.Cols%16 == 0
+	case compute.MXFP4:
+		return w.Cols%32 == 0
+	}
+	return false
 }
 
 // E4M3 decoders of the fast linear kernels.
@@ -173,6 +201,15 @@ func (c *Ctx) LinearWith(w *DeviceWeight, y, x DevicePtr, batch, groups int, v L
 	if dec == DecodeBits && (w.Format == compute.FP8Block || w.Format == compute.MXFP8 || w.Format == compute.MXFP4) {
 		suffix = "_d1"
 	}
+	width := v.Width
+	if width == WidthAuto {
+		width = defaultWidth
+	}
+	wide := width == WidthWide && wideOK(w)
+	prefix, defU := "linear", 4
+	if wide {
+		prefix, defU, cpw = "linw", 2, 4*cpw
+	}
 	for b0 := 0; b0 < batch; b0 += maxNB {
 		nb := min(batch-b0, maxNB)
 		a.Batch = int32(nb)
@@ -204,7 +241,7 @@ func (c *Ctx) LinearWith(w *DeviceWeight, y, x DevicePtr, batch, groups int, v L
 		}
 		u := v.U
 		if u == 0 {
-			u = 4
+			u = defU
 		}
 		kw := v.KW
 		if kw == 0 {
@@ -214,11 +251,11 @@ func (c *Ctx) LinearWith(w *DeviceWeight, y, x DevicePtr, batch, groups int, v L
 			nw := w.Cols / cpw
 			kw = min(kw, max((nw+32*u-1)/(32*u), 1))
 		}
-		key := linKey{code, NB, rb, u, suffix}
+		key := linKey{code, NB, rb, u, prefix + suffix}
 		k := c.d.linKernels[key]
 		if k == nil {
 			var err error
-			if k, err = m.Kernel(fmt.Sprintf("linear_%s_b%d_r%d_u%d%s", name, NB, rb, u, suffix)); err != nil {
+			if k, err = m.Kernel(fmt.Sprintf("%s_%s_b%d_r%d_u%d%s", prefix, name, NB, rb, u, suffix)); err != nil {
 				return fmt.Errorf("no %s kernel for batch tile %d, RB %d, U %d: %w", name, NB, rb, u, err)
 			}
 			c.d.linKernels[key] = k
@@ -303,7 +340,19 @@ func (c *Ctx) PrepareMultiLinear(a *Arena, ws []*DeviceWeight, ys, xs []DevicePt
 		}
 		c.d.linear = mod
 	}
-	k, err := mod.Kernel(fmt.Sprintf("linmulti_%s_b%d_r2_u4%s", name, NB, suffix))
+	width := v.Width
+	if width == WidthAuto {
+		width = defaultWidth
+	}
+	wide := width == WidthWide && f != compute.BF16
+	for _, w := range ws {
+		wide = wide && wideOK(w)
+	}
+	kname, u := fmt.Sprintf("linmulti_%s_b%d_r2_u4%s", name, NB, suffix), 4
+	if wide {
+		kname, u, cpw = fmt.Sprintf("linmultiw_%s_b%d_r2_u2%s", name, NB, suffix), 2, 4*cpw
+	}
+	k, err := mod.Kernel(kname)
 	if err != nil {
 		return nil, err
 	}
@@ -311,7 +360,7 @@ func (c *Ctx) PrepareMultiLinear(a *Arena, ws []*DeviceWeight, ys, xs []DevicePt
 	if kw == 0 {
 		blocks := totalRows / 2
 		kw = min(max((c.d.info.SMs*48+blocks-1)/blocks, 1), 8)
-		kw = min(kw, max((ws[0].Cols/cpw+127)/128, 1))
+		kw = min(kw, max((ws[0].Cols/cpw+32*u-1)/(32*u), 1))
 	}
 	m := &MultiLinear{n: len(ws), kernel: k, grid: Dim3{X: uint32(maxRows / 2), Y: uint32(len(ws))}, block: Dim3{X: uint32(32 * kw)}, weights: bytes}
 	size := len(args) * int(unsafe.Sizeof(linArgs{}))

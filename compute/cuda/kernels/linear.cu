@@ -282,6 +282,165 @@ LIN(mxfp4, FMT_MXFP4, 16, 4, 4, 0, _d0)
 LIN(bf16, FMT_BF16, 4, 4, 4, 0, _d0)
 LIN(bf16, FMT_BF16, 16, 4, 4, 0, _d0)
 
+// Wide variant: every lane loads 16-byte words (16 FP8 or 32 FP4 values; an
+// MXFP4 word is exactly one scale group), U per row ahead of use; full chunks
+// run without bounds checks, one guarded tail chunk follows. Each 32-bit
+// quarter of a word is decoded and consumed in turn, so few registers are live.
+template <int FMT> struct Wide;
+template <> struct Wide<FMT_FP8>   { enum { CPW = 16 }; };
+template <> struct Wide<FMT_MXFP8> { enum { CPW = 16 }; };
+template <> struct Wide<FMT_MXFP4> { enum { CPW = 32 }; };
+
+__device__ __forceinline__ u32 quarter(const uint4 &w, int q) {
+  return q == 0 ? w.x : (q == 1 ? w.y : (q == 2 ? w.z : w.w));
+}
+
+template <int FMT, int NB, int RB, int U, int DEC, bool GUARD>
+__device__ __forceinline__ void wide_chunk(const LinArgs &a, const uint4 *const *wrow, const u8 *const *srow,
+                                           const float *xg, int k0, int nw, int lane, float (&acc)[RB][NB]) {
+  const int CPW = Wide<FMT>::CPW;
+  const int QC = CPW / 4;  // columns per 32-bit quarter: 4 (FP8) or 8 (FP4)
+  uint4 w[U][RB];
+  float sc[U][RB];
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    const int kw = k0 + u * 32 + lane;
+#pragma unroll
+    for (int r = 0; r < RB; r++) {
+      if (!GUARD || kw < nw) {
+        w[u][r] = __ldg(wrow[r] + kw);
+        sc[u][r] = e8m0(__ldg(srow[r] + ((kw * CPW) >> a.scshift)));
+      } else {
+        w[u][r] = zero<uint4>();
+        sc[u][r] = 0.f;
+      }
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    const int kw = k0 + u * 32 + lane;
+    if (GUARD && kw >= nw) continue;
+    float part[RB][NB];
+#pragma unroll
+    for (int r = 0; r < RB; r++)
+#pragma unroll
+      for (int b = 0; b < NB; b++) part[r][b] = 0.f;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      float f[RB][QC];
+#pragma unroll
+      for (int r = 0; r < RB; r++) Dec<FMT, DEC>::run(quarter(w[u][r], q), f[r]);
+#pragma unroll
+      for (int b = 0; b < NB; b++) {
+        if (b < a.batch) {
+          const float4 *xp = reinterpret_cast<const float4 *>(xg + (long long)b * a.xstride + kw * CPW + q * QC);
+          float xv[QC];
+#pragma unroll
+          for (int h = 0; h < QC / 4; h++) {
+            float4 t = __ldg(xp + h);
+            xv[4 * h] = t.x; xv[4 * h + 1] = t.y; xv[4 * h + 2] = t.z; xv[4 * h + 3] = t.w;
+          }
+#pragma unroll
+          for (int r = 0; r < RB; r++)
+#pragma unroll
+            for (int c = 0; c < QC; c++) part[r][b] = fmaf(f[r][c], xv[c], part[r][b]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < RB; r++)
+#pragma unroll
+      for (int b = 0; b < NB; b++) acc[r][b] = fmaf(part[r][b], sc[u][r], acc[r][b]);
+  }
+}
+
+template <int FMT, int NB, int RB, int U, int DEC>
+__device__ __forceinline__ void linear_wide(const LinArgs &a) {
+  const int CPW = Wide<FMT>::CPW;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int r0 = blockIdx.x * RB;
+  const int nw = a.cols / CPW;
+  const float *xg = a.x + (long long)(r0 / a.rpg) * a.cols;
+  const uint4 *wrow[RB];
+  const u8 *srow[RB];
+#pragma unroll
+  for (int r = 0; r < RB; r++) {
+    const int row = min(r0 + r, a.rows - 1);
+    wrow[r] = reinterpret_cast<const uint4 *>(a.W) + (long long)row * nw;
+    srow[r] = a.S + (long long)(row >> a.srshift) * a.sstride;
+  }
+  float acc[RB][NB];
+#pragma unroll
+  for (int r = 0; r < RB; r++)
+#pragma unroll
+    for (int b = 0; b < NB; b++) acc[r][b] = 0.f;
+  const int step = nwarps * 32 * U;
+  int k0 = warp * 32 * U;
+  for (; k0 + 32 * U <= nw; k0 += step) wide_chunk<FMT, NB, RB, U, DEC, false>(a, wrow, srow, xg, k0, nw, lane, acc);
+  if (k0 < nw) wide_chunk<FMT, NB, RB, U, DEC, true>(a, wrow, srow, xg, k0, nw, lane, acc);
+
+  __shared__ float red[MAXW][RB * NB];
+#pragma unroll
+  for (int r = 0; r < RB; r++)
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+      float v = acc[r][b];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) red[warp][r * NB + b] = v;
+    }
+  __syncthreads();
+  for (int i = threadIdx.x; i < RB * NB; i += blockDim.x) {
+    const int r = i / NB, b = i % NB;
+    if (b < a.batch && r0 + r < a.rows) {
+      float s = 0.f;
+      for (int q = 0; q < nwarps; q++) s += red[q][i];
+      a.y[(long long)b * a.ystride + r0 + r] = s;
+    }
+  }
+}
+
+#define LINW(FMTN, FMT, NB, RB, U, DEC) \
+  extern "C" __global__ void __launch_bounds__(256) linw_##FMTN##_b##NB##_r##RB##_u##U##_d##DEC(LinArgs a) { \
+    linear_wide<FMT, NB, RB, U, DEC>(a); }
+#define LINW_NB(FMTN, FMT, RB, U, DEC) \
+  LINW(FMTN, FMT, 1, RB, U, DEC) LINW(FMTN, FMT, 2, RB, U, DEC) LINW(FMTN, FMT, 4, RB, U, DEC) \
+  LINW(FMTN, FMT, 8, RB, U, DEC) LINW(FMTN, FMT, 16, RB, U, DEC)
+
+LINW_NB(fp8, FMT_FP8, 1, 2, 0)
+LINW_NB(fp8, FMT_FP8, 2, 2, 0)
+LINW_NB(mxfp8, FMT_MXFP8, 1, 2, 0)
+LINW_NB(mxfp8, FMT_MXFP8, 2, 2, 0)
+LINW_NB(mxfp4, FMT_MXFP4, 1, 2, 0)
+LINW_NB(mxfp4, FMT_MXFP4, 2, 2, 0)
+LINW_NB(fp8, FMT_FP8, 1, 2, 1)
+LINW_NB(fp8, FMT_FP8, 2, 2, 1)
+LINW_NB(mxfp8, FMT_MXFP8, 1, 2, 1)
+LINW_NB(mxfp8, FMT_MXFP8, 2, 2, 1)
+LINW_NB(mxfp4, FMT_MXFP4, 1, 2, 1)
+LINW_NB(mxfp4, FMT_MXFP4, 2, 2, 1)
+LINW(fp8, FMT_FP8, 1, 2, 4, 0)
+LINW(fp8, FMT_FP8, 1, 4, 2, 0)
+LINW(fp8, FMT_FP8, 1, 2, 1, 0)
+LINW(mxfp4, FMT_MXFP4, 1, 2, 4, 0)
+LINW(mxfp4, FMT_MXFP4, 1, 4, 2, 0)
+LINW(mxfp4, FMT_MXFP4, 1, 2, 1, 0)
+LINW(fp8, FMT_FP8, 4, 4, 2, 0)
+LINW(mxfp4, FMT_MXFP4, 4, 4, 2, 0)
+
+#define LINMW(FMTN, FMT, NB, RB, U, DEC) \
+  extern "C" __global__ void __launch_bounds__(256) linmultiw_##FMTN##_b##NB##_r##RB##_u##U##_d##DEC(const LinArgs *__restrict__ all) { \
+    const LinArgs a = all[blockIdx.y]; \
+    if ((int)blockIdx.x * RB >= a.rows) return; \
+    linear_wide<FMT, NB, RB, U, DEC>(a); }
+#define LINMW_NB(FMTN, FMT, RB, U, DEC) \
+  LINMW(FMTN, FMT, 1, RB, U, DEC) LINMW(FMTN, FMT, 2, RB, U, DEC) LINMW(FMTN, FMT, 4, RB, U, DEC) \
+  LINMW(FMTN, FMT, 8, RB, U, DEC) LINMW(FMTN, FMT, 16, RB, U, DEC)
+LINMW_NB(mxfp4, FMT_MXFP4, 2, 2, 0)
+LINMW_NB(mxfp4, FMT_MXFP4, 2, 2, 1)
+LINMW_NB(fp8, FMT_FP8, 2, 2, 0)
+LINMW_NB(fp8, FMT_FP8, 2, 2, 1)
+
 // Generic element-wise path for shapes the fast kernels do not take (columns
 // not a multiple of the word width). One warp per row, scalar decode.
 __device__ __forceinline__ float e4m3f(u32 b) {

@@ -226,11 +226,7 @@ func Load(tokenizerJSON, tokenizerConfigJSON []byte, extra ...AddedToken) (*Toke
 	t.special = make([]bool, len(t.idBytes))
 	for i, a := range t.added {
 		t.special[a.ID] = a.Special
-		t.addedByB0[a.Content[0]] = append(t.addedByB0[a.Content[0]], i)
-	}
-	for c := range t.addedByB0 {
-		l := t.addedByB0[c]
-		sort.SliceStable(l, func(i, j int) bool { return len(t.added[l[i]].Content) > len(t.added[l[j]].Content) })
+		t.trie.insert(a.Content, i)
 	}
 
 	if len(bytes.TrimSpace(tokenizerConfigJSON)) > 0 {

@@ -38,9 +38,9 @@ type Tokenizer struct {
 	known   []bool
 	byStr   map[string]int // TokenID lookup: added-token content or byte-level vocab string
 
-	added     []AddedToken
-	special   []bool     // by id: an added token flagged special
-	addedByB0 [256][]int // indices into added, by first byte, longest content first
+	added   []AddedToken
+	special []bool    // by id: an added token flagged special
+	trie    addedTrie // over the contents of added
 
 	bos, eos       int // -1 when not configured
 	addBOS, addEOS bool
@@ -95,20 +95,83 @@ func (t *Tokenizer) encodeText(text string, out []int) []int {
 
 func isWordRune(r rune) bool { return r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r) }
 
+// addedTrie is a byte trie over the added tokens' contents.
+type addedTrie struct {
+	root  [256]int32 // node reached by each first byte; 0 = none
+	nodes []trieNode // nodes[0] is unused
+}
+
+type trieNode struct {
+	tok  int32 // index into Tokenizer.added ending here, -1 if none
+	kids []trieKid
+}
+
+type trieKid struct {
+	b    byte
+	node int32
+}
+
+func (tr *addedTrie) insert(s string, tok int) {
+	if len(tr.nodes) == 0 {
+		tr.nodes = append(tr.nodes, trieNode{tok: -1})
+	}
+	n := tr.root[s[0]]
+	if n == 0 {
+		n = int32(len(tr.nodes))
+		tr.nodes = append(tr.nodes, trieNode{tok: -1})
+		tr.root[s[0]] = n
+	}
+	for i := 1; i < len(s); i++ {
+		next := int32(0)
+		for _, k := range tr.nodes[n].kids {
+			if k.b == s[i] {
+				next = k.node
+				break
+			}
+		}
+		if next == 0 {
+			next = int32(len(tr.nodes))
+			tr.nodes = append(tr.nodes, trieNode{tok: -1})
+			tr.nodes[n].kids = append(tr.nodes[n].kids, trieKid{s[i], next})
+		}
+		n = next
+	}
+	tr.nodes[n].tok = int32(tok)
+}
+
 // findAdded returns the leftmost-longest added-token match in s at or after
 // from, with its extent after lstrip/rstrip; k < 0 when there is none.
 func (t *Tokenizer) findAdded(s string, from int) (k, start, end int) {
+	tr := &t.trie
+	var ends [8]struct{ end, tok int }
 	for i := from; i < len(s); i++ {
-		cands := t.addedByB0[s[i]]
-		if len(cands) == 0 {
+		n := tr.root[s[i]]
+		if n == 0 {
 			continue
 		}
-		for _, c := range cands {
-			a := &t.added[c]
-			if !strings.HasPrefix(s[i:], a.Content) {
-				continue
+		found := ends[:0]
+		for j := i + 1; ; j++ {
+			if tok := tr.nodes[n].tok; tok >= 0 {
+				found = append(found, struct{ end, tok int }{j, int(tok)})
 			}
-			j := i + len(a.Content)
+			if j == len(s) {
+				break
+			}
+			next := int32(0)
+			for _, kid := range tr.nodes[n].kids {
+				if kid.b == s[j] {
+					next = kid.node
+					break
+				}
+			}
+			if next == 0 {
+				break
+			}
+			n = next
+		}
+		for f := len(found) - 1; f >= 0; f-- { // longest first
+			a := &t.added[found[f].tok]
+			j := found[f].end
 			if a.SingleWord {
 				if r, _ := utf8.DecodeLastRuneInString(s[:i]); i > 0 && isWordRune(r) {
 					continue
@@ -136,7 +199,7 @@ func (t *Tokenizer) findAdded(s string, from int) (k, start, end int) {
 					j += n
 				}
 			}
-			return c, st, j
+			return found[f].tok, st, j
 		}
 	}
 	return -1, 0, 0

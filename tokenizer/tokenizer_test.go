@@ -273,6 +273,30 @@ func TestAllowSpecialAndStrip(t *testing.T) {
 	}
 }
 
+func TestAddedLeftmostLongest(t *testing.T) {
+	tok, err := Load(mergeTokenizerJSON(nil, dsv3PreTokJSON()), nil,
+		AddedToken{ID: 300, Content: "<a>"}, AddedToken{ID: 301, Content: "<a>b"}, AddedToken{ID: 302, Content: "a>"},
+		AddedToken{ID: 303, Content: "<a>bcd"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		text string
+		want []int
+	}{
+		{"x<a>bc", []int{'x', 301, 'c'}},      // longest at the leftmost position
+		{"<a>", []int{300}},                   // a prefix of longer tokens
+		{"<a>bcd", []int{303}},                // the longest of three nested
+		{"a>b<a>", []int{302, 'b', 300}},      // leftmost wins
+		{"<<a>b", []int{'<', 301}},            // retry after a failed start
+		{"<a>bc<a>bcd", []int{301, 'c', 303}}, // partial walk then full
+	} {
+		if got := tok.Encode(c.text, EncodeOptions{AllowSpecial: true}); !slices.Equal(got, c.want) {
+			t.Errorf("Encode(%q) = %v, want %v", c.text, got, c.want)
+		}
+	}
+}
+
 func TestDecoderStreaming(t *testing.T) {
 	tok, err := Load(tinyTokenizerJSON(), nil)
 	if err != nil {
@@ -530,4 +554,26 @@ func TestMergesPairForm(t *testing.T) {
 	if _, err := Load([]byte(mixed), nil); err == nil || !strings.Contains(err.Error(), "model.merges") {
 		t.Errorf("mixed merges: err = %v", err)
 	}
+}
+
+// BenchmarkEncodeHTMLAllowSpecial encodes markup (many '<', the first byte of
+// most added tokens) with added-token matching on.
+func BenchmarkEncodeHTMLAllowSpecial(b *testing.B) {
+	tok := loadV3(b, DeepSeekV4AddedTokens()...)
+	root, err := goEnvGOROOT()
+	if err != nil {
+		b.Skip(err)
+	}
+	data, err := os.ReadFile(filepath.Join(root, "doc", "go_spec.html"))
+	if err != nil {
+		b.Skip(err)
+	}
+	text := string(data)
+	b.SetBytes(int64(len(text)))
+	cpu0, n := processCPU(), 0
+	for b.Loop() {
+		tok.Encode(text, EncodeOptions{AllowSpecial: true})
+		n++
+	}
+	reportCPUThroughput(b, cpu0, n*len(text))
 }

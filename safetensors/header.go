@@ -113,7 +113,7 @@ func parseHeader(path string, hdr []byte, dataStart, dataLen int64, wantIndex bo
 	if err != nil {
 		return nil, nil, nil, wrap(err, path, "", "json")
 	}
-	moved, err := checkOverlap(path, p.tensors)
+	moved, err := checkOverlap(path, p.tensors, dataStart)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -280,11 +280,11 @@ func (p *headerParser) tensor(name string) (TensorInfo, error) {
 	}
 	switch {
 	case !haveDT:
-		return t, &FormatError{Path: path, Tensor: name, Field: "dtype", Msg: "missing"}
+		return t, &FormatError{Path: path, Tensor: name, Field: "dtype", Msg: "missing, want a dtype string such as \"BF16\""}
 	case !haveShape:
-		return t, &FormatError{Path: path, Tensor: name, Field: "shape", Msg: "missing"}
+		return t, &FormatError{Path: path, Tensor: name, Field: "shape", Msg: "missing, want an array of non-negative integers"}
 	case !haveOff:
-		return t, &FormatError{Path: path, Tensor: name, Field: "data_offsets", Msg: "missing"}
+		return t, &FormatError{Path: path, Tensor: name, Field: "data_offsets", Msg: "missing, want [begin, end] byte offsets into the data section"}
 	case begin > end:
 		return t, &FormatError{Path: path, Tensor: name, Field: "data_offsets",
 			Msg: fmt.Sprintf("[%d, %d] has begin > end, want begin <= end", begin, end)}
@@ -333,7 +333,8 @@ func byteSize(dt format.DType, shape []int64) (int64, bool) {
 // checkOverlap sorts tensors by (Offset, Name), reporting whether that moved
 // any, and rejects two tensors whose non-empty byte ranges intersect. Empty
 // tensors occupy no bytes.
-func checkOverlap(path string, ts []TensorInfo) (moved bool, err error) {
+// Ranges in errors are data_offsets, relative to dataStart.
+func checkOverlap(path string, ts []TensorInfo, dataStart int64) (moved bool, err error) {
 	byOffset := func(a, b TensorInfo) int {
 		if c := cmp.Compare(a.Offset, b.Offset); c != 0 {
 			return c
@@ -353,8 +354,8 @@ func checkOverlap(path string, ts []TensorInfo) (moved bool, err error) {
 		if owner >= 0 && t.Offset < maxEnd {
 			o := ts[owner]
 			return moved, &FormatError{Path: path, Tensor: t.Name, Field: "data_offsets",
-				Msg: fmt.Sprintf("bytes [%d, %d) overlap tensor %q at [%d, %d), want disjoint ranges",
-					t.Offset, t.Offset+t.Size, o.Name, o.Offset, o.Offset+o.Size)}
+				Msg: fmt.Sprintf("[%d, %d] overlaps tensor %q at [%d, %d], want disjoint byte ranges",
+					t.Offset-dataStart, t.Offset+t.Size-dataStart, o.Name, o.Offset-dataStart, o.Offset+o.Size-dataStart)}
 		}
 		if e := t.Offset + t.Size; e > maxEnd {
 			maxEnd, owner = e, i

@@ -170,11 +170,11 @@ func parseIndex(path string, data []byte) (*Index, error) {
 	}
 	switch {
 	case !haveMeta:
-		return nil, &FormatError{Path: path, Field: "metadata", Msg: "missing"}
+		return nil, &FormatError{Path: path, Field: "metadata", Msg: "missing, want {\"total_size\": N}"}
 	case !haveTotal:
-		return nil, &FormatError{Path: path, Field: "metadata.total_size", Msg: "missing"}
+		return nil, &FormatError{Path: path, Field: "metadata.total_size", Msg: "missing, want the total tensor bytes as a non-negative integer"}
 	case !haveMap:
-		return nil, &FormatError{Path: path, Field: "weight_map", Msg: "missing"}
+		return nil, &FormatError{Path: path, Field: "weight_map", Msg: "missing, want an object of tensor name -> shard file name"}
 	}
 	return ix, nil
 }

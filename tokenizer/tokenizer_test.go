@@ -577,3 +577,44 @@ func BenchmarkEncodeHTMLAllowSpecial(b *testing.B) {
 	}
 	reportCPUThroughput(b, cpu0, n*len(text))
 }
+
+func TestByteLevelOptions(t *testing.T) {
+	for _, c := range []struct {
+		json string
+		in   string
+		want []string
+	}{
+		// GPT-2's split, with HF's lookahead rule for runs of spaces.
+		{`{"type":"ByteLevel","add_prefix_space":false}`, "Hello world's  test", []string{"Hello", " world", "'s", " ", " test"}},
+		{`{"type":"ByteLevel","add_prefix_space":true,"use_regex":false}`, "hi there", []string{" hi there"}},
+		{`{"type":"ByteLevel","add_prefix_space":true,"use_regex":false}`, " hi", []string{" hi"}},
+		{`{"type":"Sequence","pretokenizers":[{"type":"Digits","individual_digits":true},{"type":"ByteLevel","use_regex":false}]}`, "a12b", []string{"a", "1", "2", "b"}},
+		{`{"type":"Sequence","pretokenizers":[{"type":"Digits","individual_digits":false},{"type":"ByteLevel","use_regex":false}]}`, "a12b", []string{"a", "12", "b"}},
+		{`{"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"String":"-"},"behavior":"MergedWithNext","invert":false},{"type":"ByteLevel","use_regex":false}]}`, "a-b-c", []string{"a", "-b", "-c"}},
+	} {
+		pre, hasBL, err := parsePreTokenizer([]byte(c.json), "pre_tokenizer")
+		if err != nil || !hasBL {
+			t.Fatalf("%s: %v (ByteLevel %v)", c.json, err, hasBL)
+		}
+		if got := pieces(pre, c.in); !slices.Equal(got, c.want) {
+			t.Errorf("%s on %q: %q, want %q", c.json, c.in, got, c.want)
+		}
+	}
+}
+
+func TestNormalizers(t *testing.T) {
+	for _, c := range []struct{ json, in, want string }{
+		{`{"type":"Lowercase"}`, "AbC", "abc"},
+		{`{"type":"Sequence","normalizers":[{"type":"Prepend","prepend":"▁"},{"type":"Replace","pattern":{"String":" "},"content":"▁"}]}`, "a b", "▁a▁b"},
+		{`{"type":"Replace","pattern":{"Regex":"\\s+"},"content":" "}`, "a \t\n b", "a b"},
+		{`{"type":"Strip","strip_left":true,"strip_right":false}`, "  a  ", "a  "},
+	} {
+		n, err := parseNormalizer([]byte(c.json), "normalizer")
+		if err != nil {
+			t.Fatalf("%s: %v", c.json, err)
+		}
+		if got := n.normalize(c.in); got != c.want {
+			t.Errorf("%s on %q: %q, want %q", c.json, c.in, got, c.want)
+		}
+	}
+}

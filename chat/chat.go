@@ -6,6 +6,11 @@
 // ...); encode it with tokenizer.EncodeOptions{AllowSpecial: true}. User text
 // is inserted verbatim, so a server that must stop users from writing control
 // tokens should encode message contents separately.
+//
+// Not supported: the reasoning_effort="max" instruction paragraph and the
+// response_format schema section of DeepSeek's encoder (their fixed English
+// texts are not part of the official test vectors, and third-party text is
+// not copied into this repository).
 package chat
 
 import (
@@ -388,5 +393,45 @@ func writeToolCalls(b *strings.Builder, calls []ToolCall, i int) error {
 		fmt.Fprintf(b, "\n</%sinvoke>", DSML)
 	}
 	b.WriteString("\n</" + DSML + "tool_calls>")
+	return nil
+}
+
+// UnmarshalJSON accepts content as a string, null, or an OpenAI array of
+// content parts; text parts are joined by a blank line and any other part
+// becomes "[Unsupported TYPE]" (as DeepSeek's encoder does for tool results).
+func (m *Message) UnmarshalJSON(data []byte) error {
+	type plain Message
+	var aux struct {
+		plain
+		Content json.RawMessage `json:"content"`
+	}
+	if err := json.Unmarshal(data, &aux); err != nil {
+		return err
+	}
+	*m = Message(aux.plain)
+	m.Content = ""
+	c := aux.Content
+	if len(c) == 0 || string(c) == "null" {
+		return nil
+	}
+	if err := json.Unmarshal(c, &m.Content); err == nil {
+		return nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(c, &parts); err != nil {
+		return fmt.Errorf("chat: message content: want a string or an array of content parts")
+	}
+	texts := make([]string, len(parts))
+	for i, p := range parts {
+		if p.Type == "text" {
+			texts[i] = p.Text
+		} else {
+			texts[i] = "[Unsupported " + p.Type + "]"
+		}
+	}
+	m.Content = strings.Join(texts, "\n\n")
 	return nil
 }

@@ -167,3 +167,24 @@ func TestPyJSON(t *testing.T) {
 		t.Error("trailing data accepted")
 	}
 }
+
+func TestMessageContentForms(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{`{"role":"tool","content":"x"}`, "x"},
+		{`{"role":"tool","content":null}`, ""},
+		{`{"role":"tool"}`, ""},
+		{`{"role":"tool","content":[{"type":"text","text":"a"},{"type":"image_url"},{"type":"text","text":"b"}]}`, "a\n\n[Unsupported image_url]\n\nb"},
+	} {
+		var m Message
+		if err := json.Unmarshal([]byte(c.in), &m); err != nil {
+			t.Fatalf("%s: %v", c.in, err)
+		}
+		if m.Content != c.want || m.Role != "tool" {
+			t.Errorf("%s: content %q, want %q", c.in, m.Content, c.want)
+		}
+	}
+	var m Message
+	if err := json.Unmarshal([]byte(`{"role":"user","content":5}`), &m); err == nil {
+		t.Error("numeric content accepted")
+	}
+}

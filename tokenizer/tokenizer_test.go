@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -616,5 +617,35 @@ func TestNormalizers(t *testing.T) {
 		if got := n.normalize(c.in); got != c.want {
 			t.Errorf("%s on %q: %q, want %q", c.json, c.in, got, c.want)
 		}
+	}
+}
+
+func TestConcurrentEncode(t *testing.T) {
+	tok := loadMergeTokenizer(t)
+	texts := append([]string(nil), dsv3Cases...)
+	want := make([][]int, len(texts))
+	for i, s := range texts {
+		want[i] = tok.Encode(s, EncodeOptions{AllowSpecial: true})
+	}
+	var wg sync.WaitGroup
+	errs := make(chan string, 8)
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := 0; r < 20; r++ {
+				for i, s := range texts {
+					if got := tok.Encode(s, EncodeOptions{AllowSpecial: true}); !slices.Equal(got, want[i]) {
+						errs <- fmt.Sprintf("%q: %v, want %v", s, got, want[i])
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
 	}
 }

@@ -61,6 +61,7 @@ type fakeModel struct {
 	blockPrefill  bool          // block applies to the prefill too
 	panicOnAppend bool
 	flat          bool // the scripted token only slightly favoured: sampling wanders
+	failAfter     int  // if > 0, feeding back generated token failAfter+1 fails
 
 	appends    atomic.Int64
 	cancelled  atomic.Int64  // Appends that saw ctx done
@@ -141,6 +142,9 @@ func (s *fakeSeq) Append(ctx context.Context, tokens []int) ([]float32, error) {
 			t.Stop()
 			return nil, s.observe(ctx)
 		}
+	}
+	if m.failAfter > 0 && len(s.h) > 0 && len(s.h)-s.prompt+1 > m.failAfter {
+		return nil, errors.New("fake device lost")
 	}
 	s.h = append(s.h, tokens...)
 	if len(s.h) > m.maxCtx {

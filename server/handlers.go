@@ -52,7 +52,7 @@ func (s *Server) checkContext(j *job, promptField, maxField string) *apiError {
 		j.p.maxTokens = min(s.cfg.DefaultMaxTokens, ctxLen-n)
 		return nil
 	}
-	if j.p.maxTokens > 0 && n+j.p.maxTokens > ctxLen {
+	if j.p.maxTokens > ctxLen-n {
 		return badRequest(maxField, "context_length_exceeded",
 			"%s: %d prompt tokens + %d requested exceed this model's context of %d tokens (at most %d can be requested)",
 			maxField, n, j.p.maxTokens, ctxLen, ctxLen-n)

@@ -3,7 +3,9 @@ package server
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"slices"
 	"strings"
@@ -144,4 +146,31 @@ func TestLoad(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Errorf("Serve: %v", err)
 	}
+}
+
+// BenchmarkStreamingChat measures one streaming chat request over loopback
+// against the fake model (14 generated tokens, so the figure is the server's
+// per-request overhead: parsing, template, SSE framing, flushes).
+func BenchmarkStreamingChat(b *testing.B) {
+	s, err := New(Config{}, Backend{Name: "moxie-test", Model: newFake(), Tokenizer: FromTokenizer(tinyTokenizer(b)),
+		Chat: DeepSeekV4Chat(tinyTokenizer(b)), StopTokens: []int{idEOS}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ts := httptest.NewServer(s)
+	defer ts.Close()
+	client := ts.Client()
+	b.ReportAllocs()
+	for b.Loop() {
+		resp, err := client.Post(ts.URL+"/v1/chat/completions", "application/json", strings.NewReader(hiStream))
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, _ := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || n == 0 {
+			b.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/14, "ns/token")
 }

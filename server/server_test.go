@@ -518,6 +518,7 @@ func TestBadRequests(t *testing.T) {
 		{"completion empty prompt", comp, `{"model":"moxie-test","prompt":""}`, 400, "prompt", "invalid_value", "no tokens"},
 		{"completion echo", comp, `{"model":"moxie-test","prompt":"a","echo":true}`, 400, "echo", "unsupported_value", "echo"},
 		{"completion too long", comp, `{"model":"moxie-test","prompt":"` + strings.Repeat("y", 256) + `"}`, 400, "prompt", "context_length_exceeded", "256"},
+		{"completion max_tokens overflowing int", comp, `{"model":"moxie-test","prompt":"a","max_tokens":9223372036854775807}`, 400, "max_tokens", "context_length_exceeded", "at most 255"},
 		{"completion unknown model", comp, `{"model":"davinci","prompt":"a"}`, 404, "model", "model_not_found", "davinci"},
 		{"body over the limit", chat, `{"model":"moxie-test","messages":[{"role":"user","content":"` + strings.Repeat("z", 5000) + `"}]}`, 413, "", "body_too_large", "4096 bytes"},
 	}

@@ -1,0 +1,271 @@
+package experts
+
+import (
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sort"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"moxie/checkpoint"
+	"moxie/compute/cpu"
+	"moxie/dsv4"
+	"moxie/dsv4/config"
+)
+
+// fileSource is a checkpoint.Source + Locator over one file holding the routed
+// experts of cfg back to back (each expert's six tensors contiguous, as in the
+// shipped shards). Only expert tensors exist.
+type fileSource struct {
+	path  string
+	infos map[string]checkpoint.TensorInfo
+	off   map[string]int64
+	size  int64
+}
+
+func newFileSource(path string, cfg *config.Config) *fileSource {
+	s := &fileSource{path: path, infos: map[string]checkpoint.TensorInfo{}, off: map[string]int64{}}
+	for _, t := range config.Layout(cfg) {
+		if t.Role != config.RoleRoutedExpert {
+			continue
+		}
+		s.infos[t.Name] = checkpoint.TensorInfo{Name: t.Name, DType: t.DType, Shape: t.Shape, Size: t.Bytes()}
+		s.off[t.Name] = s.size
+		s.size += t.Bytes()
+	}
+	return s
+}
+
+func (s *fileSource) Name() string                      { return s.path }
+func (s *fileSource) Synthetic() bool                   { return true }
+func (s *fileSource) File(string) ([]byte, error)       { return nil, fs.ErrNotExist }
+func (s *fileSource) Close() error                      { return nil }
+func (s *fileSource) TensorData(string) ([]byte, error) { return nil, fs.ErrInvalid }
+func (s *fileSource) Lookup(n string) (checkpoint.TensorInfo, bool) {
+	t, ok := s.infos[n]
+	return t, ok
+}
+func (s *fileSource) Tensors() []checkpoint.TensorInfo {
+	var ts []checkpoint.TensorInfo
+	for _, t := range s.infos {
+		ts = append(ts, t)
+	}
+	sort.Slice(ts, func(i, j int) bool { return ts[i].Name < ts[j].Name })
+	return ts
+}
+func (s *fileSource) Locate(n string) (string, int64, int64, error) {
+	t, ok := s.infos[n]
+	if !ok {
+		return "", 0, 0, fmt.Errorf("no tensor %s", n)
+	}
+	return s.path, s.off[n], t.Size, nil
+}
+
+// dropCache asks the kernel to forget path's cached pages.
+func dropCache(b *testing.B, path string) {
+	f, err := os.Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// seqRead reads path front to back with 4 MiB preads (one goroutine) after
+// dropping it from the page cache, and returns bytes per second.
+func seqRead(b *testing.B, path string) float64 {
+	dropCache(b, path)
+	f, err := os.Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 4<<20)
+	var n int64
+	t0 := time.Now()
+	for {
+		k, err := f.ReadAt(buf, n)
+		n += int64(k)
+		if err != nil {
+			break
+		}
+	}
+	return float64(n) / time.Since(t0).Seconds()
+}
+
+// BenchmarkExpertMiss reads one V4-Flash routed expert (MXFP4 w1, w3
+// [2048, 4096], w2 [4096, 2048] with scales: 13,369,344 bytes) from a cold file
+// through the store's miss path (zero slots, so every Expert call reads), and
+// compares with the disk's sequential bandwidth measured on the same file
+// (4 MiB preads after FADV_DONTNEED), measured just before each run. Run with
+// -benchtime 96x so that one run reads the file once, like the baseline.
+// Metrics: MB/s (the miss path), disk-MB/s, and ratio = miss path / disk.
+func BenchmarkExpertMiss(b *testing.B) {
+	cfg := config.Flash()
+	cfg.NLayers, cfg.NMTPLayers, cfg.NRoutedExperts = 1, 0, 96 // 1.2 GiB of experts
+	cfg.CompressRatios = cfg.CompressRatios[:1]
+	path := filepath.Join(b.TempDir(), "experts.bin")
+	src := newFileSource(path, cfg)
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	chunk := make([]byte, 8<<20)
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range chunk {
+		chunk[i] = byte(r.Uint32())
+	}
+	for w := int64(0); w < src.size; w += int64(len(chunk)) {
+		if _, err := f.Write(chunk[:min(int64(len(chunk)), src.size-w)]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := f.Close(); err != nil {
+		b.Fatal(err)
+	}
+	for _, readers := range []int{1, 4, 8, 16} {
+		b.Run(fmt.Sprintf("readers=%d", readers), func(b *testing.B) {
+			st, err := New(src, cfg, Options{Backend: cpu.New(1), Slots: []int{0}, Readers: readers})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer st.Close()
+			// The disk's bandwidth right now (other processes share it).
+			disk := seqRead(b, path)
+			dropCache(b, path)
+			b.SetBytes(st.ExpertBytes())
+			b.ResetTimer()
+			e := 0
+			for b.Loop() {
+				if e == cfg.NRoutedExperts {
+					b.StopTimer()
+					dropCache(b, path)
+					b.StartTimer()
+					e = 0
+				}
+				if _, err := st.Expert(0, e); err != nil {
+					b.Fatal(err)
+				}
+				e++
+			}
+			el := b.Elapsed().Seconds()
+			if el > 0 {
+				rate := float64(b.N) * float64(st.ExpertBytes()) / el
+				b.ReportMetric(disk/1e6, "disk-MB/s")
+				b.ReportMetric(rate/disk, "ratio")
+			}
+		})
+	}
+}
+
+// BenchmarkFlashDecodeStore (opt-in: MOXIE_BENCH_FLASH=1) decodes with a
+// `moxie synth flash?layers=2` directory (about 12 GiB, written once to
+// $MOXIE_BENCH_FLASH_DIR, default /tmp/moxie-flash2; $MOXIE_BENCH_FLASH_SPEC
+// overrides the preset, e.g. synth:flash?layers=2&experts=64 on small machines)
+// with all routed experts of the main layers resident, half of them, and one
+// per layer. Metrics: tok/s, bytes read from the slow tier per token, hit rate,
+// and the forward pass's wait for reads per token.
+func BenchmarkFlashDecodeStore(b *testing.B) {
+	if os.Getenv("MOXIE_BENCH_FLASH") == "" {
+		b.Skip("set MOXIE_BENCH_FLASH=1 (writes a 12 GiB synthetic checkpoint under /tmp once)")
+	}
+	dir := os.Getenv("MOXIE_BENCH_FLASH_DIR")
+	if dir == "" {
+		dir = "/tmp/moxie-flash2"
+	}
+	if _, err := os.Stat(dir); err != nil {
+		spec := os.Getenv("MOXIE_BENCH_FLASH_SPEC")
+		if spec == "" {
+			spec = "synth:flash?layers=2"
+		}
+		writeSynthDir(b, spec, dir)
+	}
+	src, err := checkpoint.OpenDir(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer src.Close()
+	raw, _ := src.File("config.json")
+	cfg, err := config.Parse(raw)
+	if err != nil {
+		b.Fatal(err)
+	}
+	be := cpu.New(0)
+	E := cfg.NRoutedExperts
+	for _, tc := range []struct {
+		name  string
+		slots int
+	}{{"all", E}, {"half", E / 2}, {"one", 1}} {
+		b.Run(tc.name, func(b *testing.B) {
+			slots := make([]int, cfg.NLayers+cfg.NMTPLayers)
+			for l := range cfg.NLayers {
+				slots[l] = tc.slots
+			}
+			st, err := New(src, cfg, Options{Backend: be, Slots: slots})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer st.Close()
+			// Fill the slots (not timed): the steady state of a long run.
+			for l := range cfg.NLayers {
+				for e := range tc.slots {
+					if _, err := st.Expert(l, e); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			m, err := dsv4.Load(src, dsv4.Options{Backend: be, Experts: st})
+			if err != nil {
+				b.Fatal(err)
+			}
+			s := m.NewSession()
+			if _, err := s.Prefill([]int{0, 100, 2000, 30000, 7, 99, 1234, 5}); err != nil {
+				b.Fatal(err)
+			}
+			before := st.Stats().Total
+			b.ResetTimer()
+			for b.Loop() {
+				if _, err := s.Decode(s.Pos()*7919%cfg.VocabSize + 3); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			after := st.Stats().Total
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tok/s")
+			b.ReportMetric(float64(after.BytesRead-before.BytesRead)/float64(b.N), "read-B/tok")
+			b.ReportMetric(after.HitRate(), "hit-rate")
+			b.ReportMetric(float64(after.Wait-before.Wait)/float64(b.N)/1e6, "wait-ms/tok")
+		})
+	}
+}
+
+// writeSynthDir writes a synthetic checkpoint directory like `moxie synth`.
+func writeSynthDir(b *testing.B, spec, dir string) {
+	src, err := checkpoint.OpenSynth(spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	aux, err := checkpoint.AuxFiles(src)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var ts []checkpoint.OutTensor
+	for _, l := range config.Layout(src.Config()) {
+		ts = append(ts, checkpoint.OutTensor{Name: l.Name, DType: l.DType, Shape: l.Shape,
+			Data: func() ([]byte, error) { return src.TensorData(l.Name) }})
+	}
+	if err := checkpoint.WriteDir(dir, aux, ts, checkpoint.WriteOptions{Workers: 1,
+		Metadata: map[string]string{"format": "pt", checkpoint.SyntheticKey: src.Name()}}); err != nil {
+		b.Fatal(err)
+	}
+}

@@ -53,8 +53,12 @@ type Options struct {
 // in a layer, and the experts a layer announced by Prefetch and has not yet
 // asked for, are never evicted. A read that fails (I/O error, truncated file)
 // fails that Expert call with an error naming the layer, expert, tensor and
-// file; the store stays usable. A Store is safe for concurrent use, and must
-// outlive the model using it; Close releases its memory.
+// file; the store stays usable. Its methods may be called from several
+// goroutines, but the validity guarantee assumes one forward pass at a time
+// (as dsv4 runs a model's Sessions). Policy time advances once per Prefetch
+// of a layer (or, without Prefetch, when a layer asks again for an expert
+// index not above the last one). The store must outlive the model using it;
+// Close releases its memory.
 type Store struct {
 	src    checkpoint.Source
 	loc    checkpoint.Locator // nil: read through TensorData
@@ -778,4 +782,15 @@ func (s *Store) Close() error {
 		}
 	}
 	return first
+}
+
+// String summarises the counters on one line, for logs and `--stats` output.
+func (a LayerStats) String() string {
+	rate := ""
+	if a.ReadTime > 0 {
+		rate = fmt.Sprintf(" (%.0f MB/s per read)", float64(a.BytesRead)/a.ReadTime.Seconds()/1e6)
+	}
+	return fmt.Sprintf("hits %d, misses %d (hit rate %.4f, %d bypassed), read %s in %v%s, forward pass waited %v, prefetches %d issued / %d useful / %d wasted, %d read errors",
+		a.Hits, a.Misses, a.HitRate(), a.Bypassed, FormatBytes(a.BytesRead), a.ReadTime.Round(time.Millisecond), rate,
+		a.Wait.Round(time.Millisecond), a.PrefetchIssued, a.PrefetchUseful, a.PrefetchWasted, a.ReadErrors)
 }

@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-func runCmd(f func([]string, *strings.Reader, *bytes.Buffer, *bytes.Buffer) error, args ...string) (string, string, error) {
+func runExpertsCmd(f func([]string, *strings.Reader, *bytes.Buffer, *bytes.Buffer) error, args ...string) (string, string, error) {
 	var out, errb bytes.Buffer
 	err := f(args, strings.NewReader(""), &out, &errb)
 	return out.String(), errb.String(), err
@@ -31,7 +31,7 @@ func TestPlanCommand(t *testing.T) {
 		{"no model", []string{"--mem", "1GiB"}, nil, "want exactly one MODEL"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			out, _, err := runCmd(planCmd, tc.args...)
+			out, _, err := runExpertsCmd(planCmd, tc.args...)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want %q", err, tc.wantErr)

@@ -34,7 +34,7 @@ func TestResidencyCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	freq := filepath.Join(dir, "freq.txt")
-	out, _, err := runCmd(residencyCmd, path, "--slots", "2", "--fast-bw", "1000", "--slow-bw", "100", "--write-freq", freq)
+	out, _, err := runExpertsCmd(residencyCmd, path, "--slots", "2", "--fast-bw", "1000", "--slow-bw", "100", "--write-freq", freq)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestResidencyCommand(t *testing.T) {
 		t.Fatalf("frequency file: %v\n%s", err, data)
 	}
 	// A single policy, and errors.
-	out, _, err = runCmd(residencyCmd, path, "--slots", "1,3", "--policy", "decay:h=4")
+	out, _, err = runExpertsCmd(residencyCmd, path, "--slots", "1,3", "--policy", "decay:h=4")
 	if err != nil || !strings.Contains(out, "decay:h=4,ratio=1.25,margin=4") || strings.Contains(out, "\n  lru") {
 		t.Fatalf("single policy: %v\n%s", err, out)
 	}
@@ -78,7 +78,7 @@ func TestResidencyCommand(t *testing.T) {
 		{[]string{path, "--slots", "1", "--policy", "nope"}, "unknown policy"},
 		{[]string{filepath.Join(dir, "freq.txt"), "--slots", "1"}, "not a moxie route trace"},
 	} {
-		if _, _, err := runCmd(residencyCmd, tc.args...); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+		if _, _, err := runExpertsCmd(residencyCmd, tc.args...); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 			t.Errorf("%v: err = %v, want %q", tc.args, err, tc.wantErr)
 		}
 	}

@@ -60,8 +60,9 @@ type fakeModel struct {
 	block         chan struct{} // if set, every Append after prefill waits for it (or ctx)
 	blockPrefill  bool          // block applies to the prefill too
 	panicOnAppend bool
-	flat          bool // the scripted token only slightly favoured: sampling wanders
-	failAfter     int  // if > 0, feeding back generated token failAfter+1 fails
+	flat          bool          // the scripted token only slightly favoured: sampling wanders
+	failAfter     int           // if > 0, feeding back generated token failAfter+1 fails
+	prefillDelay  time.Duration // extra time the prefill takes (interrupted by ctx)
 
 	appends    atomic.Int64
 	cancelled  atomic.Int64  // Appends that saw ctx done
@@ -125,6 +126,13 @@ func (s *fakeSeq) Append(ctx context.Context, tokens []int) ([]float32, error) {
 		select {
 		case m.started <- struct{}{}:
 		default:
+		}
+		if m.prefillDelay > 0 {
+			select {
+			case <-time.After(m.prefillDelay):
+			case <-ctx.Done():
+				return nil, s.observe(ctx)
+			}
 		}
 	}
 	if m.block != nil && (len(s.h) > 0 || m.blockPrefill) {

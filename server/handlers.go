@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"moxie/chat"
@@ -283,6 +284,12 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 		if j.chat {
 			st.event(s.chunk(id, object, created, j, chatChoice{Delta: &chatMessage{Role: "assistant", Content: new(string)}}))
 		}
+		if s.cfg.KeepAlive > 0 {
+			stop := make(chan struct{})
+			kaDone := make(chan struct{})
+			go func() { st.keepAlive(s.cfg.KeepAlive, stop); close(kaDone) }()
+			defer func() { close(stop); <-kaDone }()
+		}
 	}
 	// deliver records final reasoning/content text and streams it.
 	deliver := func(rs, cs string) error {
@@ -365,7 +372,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 			}
 			e = &apiError{Status: http.StatusServiceUnavailable, Type: "server_error",
 				Message: "generation cancelled: server shutting down", Code: strp("shutting_down")}
-		case st != nil && st.err != nil:
+		case st != nil && st.failed() != nil:
 			// A write failed: the client went away.
 			s.m.generation(res, string(generate.FinishCancelled))
 			s.m.clientGone.Add(1)
@@ -391,6 +398,9 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 		finish = "tool_calls"
 	}
 	s.m.generation(res, finish)
+	s.log.Info("generation", "id", id, "prompt_tokens", res.PromptTokens, "generated_tokens", res.GeneratedTokens,
+		"finish", finish, "ttft", res.TimeToFirstToken, "prefill_tok_s", res.PrefillTokensPerSecond(),
+		"decode_tok_s", res.DecodeTokensPerSecond())
 	u := &usage{PromptTokens: res.PromptTokens, CompletionTokens: res.GeneratedTokens, TotalTokens: res.PromptTokens + res.GeneratedTokens}
 	if j.thinking {
 		u.CompletionDetails = &struct {
@@ -459,12 +469,15 @@ func (s *Server) chunk(id, object string, created int64, j *job, c chatChoice) a
 	return response{ID: id, Object: object, Created: created, Model: j.model, Choices: []chatChoice{c}}
 }
 
-// sseWriter writes server-sent events. After the first write error it writes
-// nothing more and reports that error from every event.
+// sseWriter writes server-sent events. It is safe for concurrent use (the
+// keep-alive ticker writes from its own goroutine). After the first write
+// error it writes nothing more and reports that error from every call.
 type sseWriter struct {
-	w   http.ResponseWriter
-	rc  *http.ResponseController
-	err error
+	mu   sync.Mutex
+	w    http.ResponseWriter
+	rc   *http.ResponseController
+	err  error
+	last time.Time // of the last write
 }
 
 func newSSE(w http.ResponseWriter) *sseWriter {
@@ -473,25 +486,33 @@ func newSSE(w http.ResponseWriter) *sseWriter {
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
-	return &sseWriter{w: w, rc: http.NewResponseController(w)}
+	return &sseWriter{w: w, rc: http.NewResponseController(w), last: time.Now()}
 }
 
-func (s *sseWriter) write(data []byte) error {
+// raw writes b and flushes.
+func (s *sseWriter) raw(b []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.err != nil {
 		return s.err
 	}
-	buf := make([]byte, 0, len(data)+8)
-	buf = append(buf, "data: "...)
-	buf = append(buf, data...)
-	buf = append(buf, "\n\n"...)
-	if _, err := s.w.Write(buf); err != nil {
+	if _, err := s.w.Write(b); err != nil {
 		s.err = err
 		return err
 	}
 	if err := s.rc.Flush(); err != nil {
 		s.err = err
 	}
+	s.last = time.Now()
 	return s.err
+}
+
+func (s *sseWriter) write(data []byte) error {
+	buf := make([]byte, 0, len(data)+8)
+	buf = append(buf, "data: "...)
+	buf = append(buf, data...)
+	buf = append(buf, "\n\n"...)
+	return s.raw(buf)
 }
 
 func (s *sseWriter) event(v any) error {
@@ -503,6 +524,33 @@ func (s *sseWriter) event(v any) error {
 }
 
 func (s *sseWriter) done() { _ = s.write([]byte("[DONE]")) }
+
+func (s *sseWriter) failed() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// keepAlive writes an SSE comment whenever nothing was written for every,
+// until stop is closed, so that proxies and clients do not time out during a
+// long prefill.
+func (s *sseWriter) keepAlive(every time.Duration, stop <-chan struct{}) {
+	t := time.NewTicker(every / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			s.mu.Lock()
+			idle := time.Since(s.last) >= every
+			s.mu.Unlock()
+			if idle && s.raw([]byte(": keep-alive\n\n")) != nil {
+				return
+			}
+		}
+	}
+}
 
 func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")

@@ -3,6 +3,7 @@ package server
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
@@ -267,6 +268,9 @@ func TestMetrics(t *testing.T) {
 		`moxie_expert_hit_rate`:                                                 0.75,
 		`moxie_memory_bytes{tier="gpu"}`:                                        1.5e9,
 		`moxie_memory_bytes{tier="host \"dram\""}`:                              2e9,
+		`moxie_time_to_first_token_seconds_count`:                               2,
+		`moxie_time_to_first_token_seconds_bucket{le="+Inf"}`:                   2,
+		`moxie_generation_duration_seconds_count`:                               2,
 	}
 	for sample, v := range want {
 		got, ok := metricValue(body, sample)
@@ -274,10 +278,19 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("%s = %v (present %v), want %v", sample, got, ok, v)
 		}
 	}
-	for _, positive := range []string{"moxie_decode_tokens_per_second", "moxie_prefill_tokens_per_second", "moxie_time_to_first_token_seconds", "moxie_decode_seconds_total"} {
+	for _, positive := range []string{"moxie_decode_tokens_per_second", "moxie_prefill_tokens_per_second", "moxie_time_to_first_token_seconds_sum", "moxie_decode_seconds_total"} {
 		if v, ok := metricValue(body, positive); !ok || v <= 0 {
 			t.Errorf("%s = %v, want > 0", positive, v)
 		}
+	}
+	// Buckets are cumulative and end at the count.
+	var prev float64
+	for _, b := range latencyBuckets {
+		v, ok := metricValue(body, `moxie_time_to_first_token_seconds_bucket{le="`+fmtFloat(b)+`"}`)
+		if !ok || v < prev || v > 2 {
+			t.Errorf("bucket le=%g: %v (present %v) after %v", b, v, ok, prev)
+		}
+		prev = v
 	}
 	if strings.Contains(body, "bad name") {
 		t.Error("an invalid gauge name was exported")
@@ -380,4 +393,40 @@ func TestGracefulShutdown(t *testing.T) {
 			t.Errorf("health while draining: %d", h.Code)
 		}
 	})
+}
+
+func TestKeepAlive(t *testing.T) {
+	fake := newFake()
+	fake.prefillDelay = 300 * time.Millisecond
+	_, ts := testServer(t, Config{KeepAlive: 20 * time.Millisecond}, fake)
+	resp, body := post(t, ts.URL+"/v1/chat/completions", hiStream)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	// The comments come during the prefill: after the role event, before
+	// any content; the stream is otherwise intact.
+	first := strings.Index(body, ": keep-alive\n\n")
+	content := strings.Index(body, `"content":"H"`)
+	if first < 0 || content < 0 || first > content {
+		t.Errorf("keep-alive at %d, first content at %d:\n%s", first, content, body)
+	}
+	if n := strings.Count(body, ": keep-alive"); n < 3 {
+		t.Errorf("%d keep-alive comments in a 300ms prefill at 20ms", n)
+	}
+	var text strings.Builder
+	for _, ev := range sseEvents(t, body) {
+		var c chatResp
+		_ = json.Unmarshal([]byte(ev), &c)
+		if len(c.Choices) > 0 && c.Choices[0].Delta.Content != nil {
+			text.WriteString(*c.Choices[0].Delta.Content)
+		}
+	}
+	if text.String() != "Hello, world!" {
+		t.Errorf("content %q", text.String())
+	}
+	// Non-streaming responses get no comments.
+	_, body = post(t, ts.URL+"/v1/chat/completions", hiBody)
+	if strings.Contains(body, "keep-alive") {
+		t.Errorf("keep-alive in a JSON response: %s", body)
+	}
 }

@@ -24,13 +24,51 @@ type metrics struct {
 	promptTokens, generatedTokens atomic.Uint64
 	clientGone                    atomic.Uint64
 	inflight                      atomic.Int64
-	// last completed generation's rates and latency, as float64 bits
-	lastDecodeRate, lastPrefillRate, lastTTFT atomic.Uint64
-	decodeSeconds, prefillSeconds             atomic.Uint64 // float64 bits, cumulative
+	// last completed generation's rates, as float64 bits
+	lastDecodeRate, lastPrefillRate atomic.Uint64
+	decodeSeconds, prefillSeconds   atomic.Uint64 // float64 bits, cumulative
+	ttft, duration                  *histogram
 }
 
+// latencyBuckets are the upper bounds (seconds) of the latency histograms.
+var latencyBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
+
 func newMetrics() *metrics {
-	return &metrics{requests: map[[2]string]uint64{}, finished: map[string]uint64{}}
+	return &metrics{requests: map[[2]string]uint64{}, finished: map[string]uint64{},
+		ttft: newHistogram(latencyBuckets), duration: newHistogram(latencyBuckets)}
+}
+
+// histogram is a Prometheus histogram with fixed buckets.
+type histogram struct {
+	mu     sync.Mutex
+	bounds []float64
+	counts []uint64 // per bucket, not cumulative; the last is +Inf
+	sum    float64
+	n      uint64
+}
+
+func newHistogram(bounds []float64) *histogram {
+	return &histogram{bounds: bounds, counts: make([]uint64, len(bounds)+1)}
+}
+
+func (h *histogram) observe(v float64) {
+	i, _ := slices.BinarySearch(h.bounds, v) // first bound >= v
+	h.mu.Lock()
+	h.counts[i]++
+	h.sum += v
+	h.n++
+	h.mu.Unlock()
+}
+
+func (h *histogram) write(w io.Writer, name string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var cum uint64
+	for i, b := range h.bounds {
+		cum += h.counts[i]
+		fmt.Fprintf(w, "%s_bucket{le=\"%s\"} %d\n", name, fmtFloat(b), cum)
+	}
+	fmt.Fprintf(w, "%s_bucket{le=\"+Inf\"} %d\n%s_sum %s\n%s_count %d\n", name, h.n, name, fmtFloat(h.sum), name, h.n)
 }
 
 func (m *metrics) request(endpoint string, status int) {
@@ -61,7 +99,8 @@ func (m *metrics) generation(r generate.Result, reason string) {
 		m.lastPrefillRate.Store(math.Float64bits(r.PrefillTokensPerSecond()))
 	}
 	if r.TimeToFirstToken > 0 {
-		m.lastTTFT.Store(math.Float64bits(r.TimeToFirstToken.Seconds()))
+		m.ttft.observe(r.TimeToFirstToken.Seconds())
+		m.duration.observe((r.TimeToFirstToken + r.Decode).Seconds())
 	}
 	if r.Decode > 0 {
 		addFloat(&m.decodeSeconds, r.Decode.Seconds())
@@ -134,8 +173,10 @@ func (s *Server) writeMetrics(w io.Writer) {
 	fmt.Fprintf(w, "moxie_decode_tokens_per_second %s\n", fmtFloat(math.Float64frombits(m.lastDecodeRate.Load())))
 	head("moxie_prefill_tokens_per_second", "gauge", "Prefill rate of the last generation.")
 	fmt.Fprintf(w, "moxie_prefill_tokens_per_second %s\n", fmtFloat(math.Float64frombits(m.lastPrefillRate.Load())))
-	head("moxie_time_to_first_token_seconds", "gauge", "Time to first token of the last generation.")
-	fmt.Fprintf(w, "moxie_time_to_first_token_seconds %s\n", fmtFloat(math.Float64frombits(m.lastTTFT.Load())))
+	head("moxie_time_to_first_token_seconds", "histogram", "Time from the start of a generation to its first token (queueing excluded).")
+	m.ttft.write(w, "moxie_time_to_first_token_seconds")
+	head("moxie_generation_duration_seconds", "histogram", "Time from the start of a generation to its last token (queueing excluded).")
+	m.duration.write(w, "moxie_generation_duration_seconds")
 	head("moxie_queue_depth", "gauge", "Requests waiting for a generation slot.")
 	fmt.Fprintf(w, "moxie_queue_depth %d\n", s.waiting.Load())
 	head("moxie_inflight_requests", "gauge", "Generations running.")

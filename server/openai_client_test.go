@@ -27,7 +27,10 @@ func TestOpenAINodeClient(t *testing.T) {
 	fake := newFake()
 	fake.maxCtx = 4096
 	fake.toolAnswer = "Checking." + dsml
-	s := newServer(t, Config{APIKey: "test-key", Concurrency: 2, QueueSize: 4}, fake)
+	// Every stream carries keep-alive comments (a 60ms prefill, 10ms
+	// keep-alive): the client must skip them.
+	fake.prefillDelay = 60 * time.Millisecond
+	s := newServer(t, Config{APIKey: "test-key", Concurrency: 2, QueueSize: 4, KeepAlive: 10 * time.Millisecond}, fake)
 	url, stop := serveOn(t, s)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

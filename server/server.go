@@ -137,6 +137,10 @@ type Config struct {
 	DefaultMaxTokens int
 	// DefaultThinking is the thinking mode of chat requests that do not say.
 	DefaultThinking bool
+	// KeepAlive is the idle time after which a stream gets an SSE comment
+	// line (": keep-alive"), e.g. during a long prefill (default 15s;
+	// negative disables).
+	KeepAlive time.Duration
 	// ShutdownGrace is how long Serve lets in-flight requests finish after
 	// its context is cancelled before cancelling them (default 30s).
 	ShutdownGrace time.Duration
@@ -183,6 +187,9 @@ func New(cfg Config, b Backend) (*Server, error) {
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 8 << 20
+	}
+	if cfg.KeepAlive == 0 {
+		cfg.KeepAlive = 15 * time.Second
 	}
 	if cfg.ShutdownGrace <= 0 {
 		cfg.ShutdownGrace = 30 * time.Second

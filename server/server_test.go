@@ -178,8 +178,9 @@ func deref(s *string) string {
 }
 
 // sseEvents reads an SSE body line by line, checking the framing: every
-// event is exactly one "data: " line followed by an empty line, and the last
-// is [DONE]. It returns the JSON payloads before [DONE].
+// event is exactly one "data: " line (or one ": comment" line) followed by an
+// empty line, and the last is [DONE]. It returns the JSON payloads before
+// [DONE].
 func sseEvents(t *testing.T, body string) []string {
 	t.Helper()
 	sc := bufio.NewScanner(strings.NewReader(body))
@@ -191,11 +192,14 @@ func sseEvents(t *testing.T, body string) []string {
 			t.Fatalf("data after [DONE]: %q", line)
 		}
 		data, ok := strings.CutPrefix(line, "data: ")
-		if !ok {
-			t.Fatalf("line %q is not a data line", line)
+		if !ok && !strings.HasPrefix(line, ": ") {
+			t.Fatalf("line %q is neither a data line nor a comment", line)
 		}
 		if !sc.Scan() || sc.Text() != "" {
 			t.Fatalf("event %q not followed by an empty line", line)
+		}
+		if !ok {
+			continue
 		}
 		if data == "[DONE]" {
 			done = true

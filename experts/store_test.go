@@ -172,6 +172,11 @@ func TestLogitsBitIdentical(t *testing.T) {
 					if s.ResidentBytes > limit {
 						t.Fatalf("store holds %d bytes, more than slots+scratch %d", s.ResidentBytes, limit)
 					}
+					// Layers announce their experts before asking: with any slots,
+					// misses are read ahead and those reads are used.
+					if budget.slots[0] > 0 && (s.Total.PrefetchIssued == 0 || s.Total.PrefetchUseful == 0) {
+						t.Fatalf("no useful prefetches: %v", s.Total)
+					}
 					switch budget.name {
 					case "100%":
 						// All resident: only first uses miss, at most every expert once.

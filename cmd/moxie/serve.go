@@ -63,6 +63,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, ready f
 	thinking := fs.Bool("thinking", false, "use thinking mode for chat requests that do not choose")
 	maxBody := fs.Int64("max-body", 8<<20, "largest request body in `BYTES`")
 	grace := fs.Duration("grace", 30*time.Second, "how long running requests may finish after SIGINT/SIGTERM")
+	keepAlive := fs.Duration("keep-alive", 15*time.Second, "send an SSE comment on streams idle this long, e.g. during a long prefill (0: never)")
 	quiet := fs.Bool("quiet", false, "do not log each request")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -81,6 +82,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, ready f
 		return usagef("--max-body must be positive, got %d", *maxBody)
 	case *grace <= 0:
 		return usagef("--grace must be positive, got %v", *grace)
+	case *keepAlive < 0:
+		return usagef("--keep-alive must be >= 0, got %v", *keepAlive)
+	}
+	if *keepAlive == 0 {
+		*keepAlive = -1 // server.Config: negative disables
 	}
 	key := *apiKey
 	if key == "" {
@@ -108,7 +114,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, ready f
 	}
 	s, err := server.New(server.Config{
 		Concurrency: *concurrency, QueueSize: *queue, APIKey: key, MaxBodyBytes: *maxBody,
-		DefaultMaxTokens: *maxTokens, DefaultThinking: *thinking, ShutdownGrace: *grace,
+		DefaultMaxTokens: *maxTokens, DefaultThinking: *thinking, ShutdownGrace: *grace, KeepAlive: *keepAlive,
 		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: logLevel})),
 	}, backend)
 	if err != nil {

@@ -45,6 +45,7 @@ func TestServeFlags(t *testing.T) {
 		{"bad addr", []string{"--addr", "nowhere"}, false, "--addr"},
 		{"stray argument", []string{"synth:tiny"}, false, "--model"},
 		{"unknown flag", []string{"--port", "1"}, false, "port"},
+		{"negative keep-alive", []string{"--keep-alive", "-1s"}, false, "--keep-alive"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -17,4 +17,10 @@ else
 	echo "test.sh: no C compiler, running without -race" >&2
 	export CGO_ENABLED=0
 fi
+# Portable Go kernels, with the race detector where possible.
 go test "${race[@]}" -timeout 60m ./...
+# The SIMD kernels (simd/archsimd, amd64 only) are a separate build of the
+# same packages: run the whole suite again in that build.
+if [ "$(go env GOARCH)" = amd64 ]; then
+	GOEXPERIMENT=simd go test -timeout 60m ./...
+fi

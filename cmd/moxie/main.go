@@ -22,6 +22,7 @@ func commands() []command {
 		{"inspect", "list a model's tensors by role, formats, bytes, bytes read per token", runInspect},
 		{"synth", "write a synthetic model (tiny or V4-Flash shapes) as a checkpoint directory", runSynth},
 		{"repack", "losslessly repack FP8 128x128 block weights to MXFP8 into a new directory", runRepack},
+		{"tokenize", "turn text into token ids (or ids into text with --decode)", runTokenize},
 		{"bench", "measure prefill and decode speed and efficiency against memory bandwidth", runBench},
 		{"logits", "save the logits of a token sequence as .npy (prefill, then decode steps)", runLogits},
 		{"version", "print moxie's version", runVersion},

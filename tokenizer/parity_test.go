@@ -58,9 +58,18 @@ func loadV3(t testing.TB, extra ...AddedToken) *Tokenizer {
 	return tok
 }
 
+// corpusPath is the committed corpus, or the file named by
+// MOXIE_PARITY_CORPUS (for one-off larger runs, see testdata/gencorpus.go).
+func corpusPath() string {
+	if p := os.Getenv("MOXIE_PARITY_CORPUS"); p != "" {
+		return p
+	}
+	return "testdata/parity_corpus.json"
+}
+
 func readCorpus(t testing.TB) []string {
 	t.Helper()
-	data, err := os.ReadFile("testdata/parity_corpus.json")
+	data, err := os.ReadFile(corpusPath())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +93,7 @@ func TestParityWithTransformersJS(t *testing.T) {
 	if len(corpus) < 2000 {
 		t.Fatalf("corpus has %d strings, want >= 2000", len(corpus))
 	}
-	cmd := exec.Command(node, "testdata/parity.js", "testdata/parity_corpus.json")
+	cmd := exec.Command(node, "testdata/parity.js", corpusPath())
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -5,6 +5,10 @@
 //
 //	go run ./tokenizer/testdata/gencorpus.go > tokenizer/testdata/parity_corpus.json
 //
+// -n and -seed make larger or different corpora for one-off checks (the
+// committed corpus uses the defaults); MOXIE_PARITY_CORPUS=FILE makes the
+// parity test use such a file instead.
+//
 // The output is deterministic (fixed seed). Hand-written cases come first,
 // then random mixtures of fragments from many scripts and classes. Every
 // string is valid UTF-8 and uses only characters assigned in Go's Unicode tables
@@ -13,6 +17,7 @@ package main
 
 import (
 	"encoding/json"
+	"flag"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -167,10 +172,13 @@ func assigned(c rune) bool {
 }
 
 func main() {
-	r := rand.New(rand.NewPCG(20261130, 4))
+	n := flag.Int("n", 2400, "number of strings")
+	seed := flag.Uint64("seed", 20261130, "random seed")
+	flag.Parse()
+	r := rand.New(rand.NewPCG(*seed, 4))
 	out := append([]string(nil), hand...)
 	pools := [][]string{words, words, words, code, scripts, emoji, spaces, spaces, numbers, punct, oddities}
-	for len(out) < 2400 {
+	for len(out) < *n {
 		var b strings.Builder
 		n := 1 + r.IntN(14)
 		for i := 0; i < n; i++ {

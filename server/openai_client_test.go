@@ -11,6 +11,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"moxie/checkpoint"
+	"moxie/dsv4"
 )
 
 // TestOpenAINodeClient runs the official openai npm client (pinned in
@@ -145,6 +148,94 @@ func TestOpenAINodeClient(t *testing.T) {
 	}
 	if e := got.AuthError; e == nil || e.Status != 401 || e.Code != "invalid_api_key" {
 		t.Errorf("auth error %+v", e)
+	}
+	if err := stop(); err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+}
+
+// TestOpenAINodeClientTinyModel runs the client's basic checks against the
+// real synth:tiny model (dsv4 on the CPU backend, the tiny tokenizer, the
+// DeepSeek-V4 chat template). Its weights are random, so the checks are
+// consistency checks: greedy output is the same streamed or not, token counts
+// match the prompt and the limits.
+func TestOpenAINodeClientTinyModel(t *testing.T) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("node not found in PATH: this test runs the official openai npm client")
+	}
+	if _, err := os.Stat(filepath.Join("testdata", "npm", "node_modules", "openai", "package.json")); err != nil {
+		t.Skip("the openai npm package is not installed (run scripts/setup-openai.sh, needs npm)")
+	}
+	src, err := checkpoint.Open("synth:tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	m, err := dsv4.Load(src, dsv4.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := tinyTokenizer(t)
+	s, err := New(Config{}, Backend{Name: "synth:tiny", Model: m, Tokenizer: FromTokenizer(tok),
+		Chat: DeepSeekV4Chat(tok), StopTokens: []int{idEOS}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	url, stop := serveOn(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, "client.mjs", url+"/v1", "unused", "synth:tiny", "basic")
+	cmd.Dir = filepath.Join("testdata", "npm")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("node client.mjs: %v\nstderr:\n%s", err, stderr.String())
+	}
+	t.Logf("client saw: %s", stdout.String())
+	type usage struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+	}
+	var got struct {
+		Models []string
+		Chat   struct {
+			Content, Finish string
+			Usage           usage
+		}
+		Stream struct {
+			Content, Finish string
+			Usage           *usage
+		}
+		Completion struct {
+			Text, Finish string
+			Usage        usage
+		}
+		Error *struct {
+			Status      int
+			Code, Param string
+		}
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
+		t.Fatalf("client output is not JSON: %v\n%s", err, stdout.String())
+	}
+	if len(got.Models) != 1 || got.Models[0] != "synth:tiny" {
+		t.Errorf("models %v", got.Models)
+	}
+	c := got.Chat
+	// "Hi" as one user message: BOS, <｜User｜>, H, i, <｜Assistant｜>, </think>.
+	if c.Usage.PromptTokens != 6 || c.Usage.CompletionTokens < 1 || c.Usage.CompletionTokens > 8 ||
+		(c.Finish == "length") != (c.Usage.CompletionTokens == 8) {
+		t.Errorf("chat %+v", c)
+	}
+	if st := got.Stream; st.Content != c.Content || st.Finish != c.Finish || st.Usage == nil || *st.Usage != c.Usage {
+		t.Errorf("greedy stream %+v (usage %+v) differs from the response %+v", st, st.Usage, c)
+	}
+	if cp := got.Completion; cp.Usage.PromptTokens != 9 || cp.Usage.CompletionTokens < 1 || cp.Usage.CompletionTokens > 5 {
+		t.Errorf("completion %+v", cp)
+	}
+	if e := got.Error; e == nil || e.Status != 400 || e.Param != "messages[0].role" {
+		t.Errorf("error %+v", e)
 	}
 	if err := stop(); err != nil {
 		t.Errorf("Serve: %v", err)

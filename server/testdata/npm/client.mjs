@@ -1,15 +1,45 @@
 // Runs the official openai client against a moxie server and prints what it
 // saw as one JSON object (read by server/openai_client_test.go).
-// Usage: node client.mjs BASE_URL API_KEY MODEL
+// Usage: node client.mjs BASE_URL API_KEY MODEL [basic]
+// "basic" runs only greedy chat, the same request streamed, a completion and
+// an error (for a real model, whose output cannot be scripted).
 import OpenAI from 'openai';
 
-const [baseURL, apiKey, model] = process.argv.slice(2);
+const [baseURL, apiKey, model, mode] = process.argv.slice(2);
 const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 30000 });
 const messages = [{ role: 'user', content: 'Hi' }];
 const out = {};
 
 const models = await client.models.list();
 out.models = models.data.map((m) => m.id);
+
+if (mode === 'basic') {
+  const req = { model, messages, temperature: 0, max_tokens: 8 };
+  const c = await client.chat.completions.create(req);
+  out.chat = { content: c.choices[0].message.content, finish: c.choices[0].finish_reason, usage: c.usage };
+  const s = await client.chat.completions.create({ ...req, stream: true, stream_options: { include_usage: true } });
+  let content = '';
+  let usage = null;
+  let finish = null;
+  for await (const ch of s) {
+    if (ch.choices.length > 0) {
+      content += ch.choices[0].delta.content ?? '';
+      if (ch.choices[0].finish_reason) finish = ch.choices[0].finish_reason;
+    }
+    if (ch.usage) usage = ch.usage;
+  }
+  out.stream = { content, finish, usage };
+  const comp = await client.completions.create({ model, prompt: 'Once upon', max_tokens: 5, temperature: 0 });
+  out.completion = { text: comp.choices[0].text, finish: comp.choices[0].finish_reason, usage: comp.usage };
+  try {
+    await client.chat.completions.create({ model, messages: [{ role: 'wizard', content: 'x' }] });
+    out.error = null;
+  } catch (e) {
+    out.error = { status: e.status, code: e.code, param: e.param, type: e.type, message: e.message };
+  }
+  console.log(JSON.stringify(out));
+  process.exit(0);
+}
 
 const chat = await client.chat.completions.create({ model, messages, temperature: 0, seed: 7 });
 out.chat = {

@@ -8,6 +8,8 @@
 # included); for cuda.test it then runs the benchmarks (-test.benchtime=1x:
 # each times itself with CUDA events). If nvcc is present it also records the
 # register/spill report of the embedded kernels (ptxas -v) for sm_90.
+# Environment: TEST_RUN (a -test.run pattern), NO_PTXAS=1 (skip the nvcc
+# report), MOXIE_BENCH_QUICK=1 (a short benchmark set), SASS_KERNELS.
 #
 # Writes to OUT_DIR: summary.json, tests.log, bench.log, bench.json,
 # ptxas.txt, sass.txt (opcode histograms and SASS of a few kernels), nvidia-smi.txt. Exit status: 0 if every test binary passed.
@@ -28,7 +30,7 @@ for t in "$bin"/*.test; do
   name=$(basename "$t" .test)
   echo "=== $name: tests" | tee -a "$out/tests.log"
   start=$(date +%s)
-  (cd "$here" && "$t" -test.v -test.count=1 -test.timeout=8m) >>"$out/tests.log" 2>&1
+  (cd "$here" && "$t" -test.v -test.count=1 -test.timeout=8m -test.run "${TEST_RUN:-.}") >>"$out/tests.log" 2>&1
   rc=$?
   secs=$(( $(date +%s) - start ))
   [ $rc -eq 0 ] || status=1
@@ -44,9 +46,11 @@ if [ -x "$bin/cuda.test" ]; then
   echo "=== cuda: benchmarks exit $bench_rc" | tee -a "$out/bench.log"
 fi
 
-if command -v nvcc >/dev/null && [ -f "$here/compute/cuda/kernels/linear.cu" ]; then
+if [ -z "${NO_PTXAS:-}" ] && command -v nvcc >/dev/null && [ -f "$here/compute/cuda/kernels/linear.cu" ]; then
   kdir=$(mktemp -d)
-  (cd "$kdir" && timeout 100 nvcc -arch=sm_90 -cubin -Xptxas -v -o k.cubin "$here/compute/cuda/kernels/linear.cu") >"$out/ptxas.txt" 2>&1 || true
+  k="$here/compute/cuda/kernels"
+  cat "$k/common.cuh" "$k/linear.cu" "$k/persist.cu" >"$kdir/all.cu"
+  (cd "$kdir" && timeout 100 nvcc -arch=sm_90 -cubin -Xptxas -v -o k.cubin all.cu) >"$out/ptxas.txt" 2>&1 || true
   if command -v cuobjdump >/dev/null && [ -f "$kdir/k.cubin" ]; then
     : >"$out/sass.txt"
     for fn in ${SASS_KERNELS:-linear_fp8_b1_r2_u4_d0 linear_fp8_b1_r2_u4_d1 linear_mxfp4_b1_r2_u4_d0 linear_mxfp4_b1_r2_u4_d1 linear_bf16_b1_r2_u4_d0}; do

@@ -229,12 +229,26 @@ func BenchmarkV4(b *testing.B) {
 		16: {{"auto", LinearVariant{}}, {"bits", LinearVariant{Decode: DecodeBits}}, {"r4u4", LinearVariant{RB: 4, U: 4}},
 			{"wide", LinearVariant{Width: W}}, {"wide_bits", LinearVariant{Width: W, Decode: DecodeBits}}},
 	}
+	quick := os.Getenv("MOXIE_BENCH_QUICK") != ""
+	if quick {
+		P := WidthPersist
+		b1Variants = []variant{{"auto", LinearVariant{}}, {"wide_r4", LinearVariant{Width: W, RB: 4}},
+			{"persist", LinearVariant{Width: P}}, {"persist_bits", LinearVariant{Width: P, Decode: DecodeBits}},
+			{"persist_rb1", LinearVariant{Width: P, RB: 1}}}
+		bnVariants = map[int][]variant{4: {{"auto", LinearVariant{}}, {"persist", LinearVariant{Width: P}}}}
+	}
 	rng := rand.New(rand.NewPCG(42, 7))
 	for _, sh := range v4Shapes {
+		if quick && sh.f == compute.BF16 {
+			continue
+		}
 		d := randomWeight(rng, sh.f, sh.rows, sh.cols)
 		bytes := len(d.Data) + len(d.Scale)
 		copies := max(2, (5*dev.Info().L2Bytes+bytes-1)/bytes)
 		for _, batch := range []int{1, 4, 16} {
+			if quick && batch == 16 {
+				continue
+			}
 			vs := b1Variants
 			if batch > 1 {
 				vs = bnVariants[batch]
@@ -336,8 +350,16 @@ func BenchmarkV4(b *testing.B) {
 		bytes := len(d.Data) + len(d.Scale)
 		sets := max(2, (5*dev.Info().L2Bytes+mu.n*bytes-1)/(mu.n*bytes))
 		for _, batch := range []int{1, 4} {
-			for _, v := range []variant{{"auto", LinearVariant{}}, {"bits", LinearVariant{Decode: DecodeBits}},
-				{"wide", LinearVariant{Width: W}}, {"wide_bits", LinearVariant{Width: W, Decode: DecodeBits}}} {
+			if quick && batch > 1 {
+				continue
+			}
+			mvs := []variant{{"auto", LinearVariant{}}, {"bits", LinearVariant{Decode: DecodeBits}},
+				{"wide", LinearVariant{Width: W}}, {"wide_bits", LinearVariant{Width: W, Decode: DecodeBits}},
+				{"persist", LinearVariant{Width: WidthPersist}}, {"persist_bits", LinearVariant{Width: WidthPersist, Decode: DecodeBits}}}
+			if quick {
+				mvs = []variant{mvs[0], mvs[1], mvs[4], mvs[5]}
+			}
+			for _, v := range mvs {
 				name := fmt.Sprintf("%s_mxfp4_%dx%dx%d_b%d_%s", mu.name, mu.n, mu.rows, mu.cols, batch, v.name)
 				b.Run(name, func(b *testing.B) {
 					err := dev.Do(func(c *Ctx) error {

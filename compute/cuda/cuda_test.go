@@ -233,6 +233,8 @@ func TestLinearShapes(t *testing.T) {
 	variants := map[string]LinearVariant{
 		"cvt": {Decode: DecodeCvt}, "bits": {Decode: DecodeBits}, "generic": {Generic: true},
 		"wide": {Width: WidthWide}, "wide_bits": {Width: WidthWide, Decode: DecodeBits},
+		"persist": {Width: WidthPersist}, "persist_bits": {Width: WidthPersist, Decode: DecodeBits},
+		"persist_rb1": {Width: WidthPersist, RB: 1},
 	}
 	var maxErr = map[string]float64{}
 	err := dev.Do(func(c *Ctx) error {
@@ -436,7 +438,8 @@ func TestMultiLinear(t *testing.T) {
 		defer c.ReleaseArena(a)
 		for si, set := range sets {
 			for _, batch := range []int{1, 3, 16} {
-				for _, v := range []LinearVariant{{Decode: DecodeCvt}, {Decode: DecodeBits}, {Width: WidthWide}, {Width: WidthWide, Decode: DecodeBits}} {
+				for _, v := range []LinearVariant{{Decode: DecodeCvt}, {Decode: DecodeBits}, {Width: WidthWide}, {Width: WidthWide, Decode: DecodeBits},
+					{Width: WidthPersist}, {Width: WidthPersist, Decode: DecodeBits}} {
 					rng := rand.New(rand.NewPCG(uint64(si), uint64(batch)))
 					var ws []*DeviceWeight
 					var ys, xs []DevicePtr

@@ -63,6 +63,7 @@ type Device struct {
 	ctx        *Ctx
 	modules    map[string]*Module
 	linear     *Module
+	persist    *Module
 	linKernels map[linKey]*Kernel
 }
 

@@ -10,10 +10,19 @@ import (
 	"moxie/compute"
 )
 
-//go:embed kernels/linear.cu
-var linearSrc string
+var (
+	//go:embed kernels/common.cuh
+	commonSrc string
+	//go:embed kernels/linear.cu
+	linearOnlySrc string
+	//go:embed kernels/persist.cu
+	persistOnlySrc string
 
-// LinearSource returns the embedded CUDA source of the linear kernels.
+	linearSrc  = commonSrc + linearOnlySrc
+	persistSrc = commonSrc + persistOnlySrc
+)
+
+// LinearSource returns the CUDA source of the linear kernels' module.
 func LinearSource() string { return linearSrc }
 
 // DeviceWeight is a weight matrix resident in device memory in its stored
@@ -111,6 +120,9 @@ const (
 	WidthAuto = iota
 	WidthNarrow
 	WidthWide
+	// WidthPersist: wide words, each warp walks a contiguous range of rows
+	// with the next chunk's loads in flight (same shape rules as WidthWide).
+	WidthPersist
 )
 
 // defaultWidth is the family WidthAuto selects where the shape allows it.
@@ -138,6 +150,80 @@ const (
 
 // defaultDecode is the decoder DecodeAuto selects.
 const defaultDecode = DecodeCvt
+
+func (c *Ctx) persistModule() (*Module, error) {
+	if c.d.persist == nil {
+		m, err := c.Module("persist", persistSrc)
+		if err != nil {
+			return nil, err
+		}
+		c.d.persist = m
+	}
+	return c.d.persist, nil
+}
+
+// linearPersist launches the persistent kernels (wideOK(w) holds).
+func (c *Ctx) linearPersist(w *DeviceWeight, y, x DevicePtr, batch, groups int, v LinearVariant, dec int, s Stream) error {
+	m, err := c.persistModule()
+	if err != nil {
+		return err
+	}
+	name, code, _ := fmtInfo(w.Format)
+	a := linArgs{W: uint64(w.Data), S: uint64(w.Scale), Rows: int32(w.Rows), Cols: int32(w.Cols), Sdivr: 1, Sdivc: 1,
+		Rpg: int32(w.Rows / groups), Xstride: int32(groups * w.Cols), Ystride: int32(w.Rows)}
+	switch w.Format {
+	case compute.FP8Block:
+		a.Sdivr, a.Sdivc, a.Sstride = int32(w.Block), int32(w.Block), int32((w.Cols+w.Block-1)/w.Block)
+		a.Srshift = int32(bits.TrailingZeros(uint(w.Block)))
+		a.Scshift = a.Srshift
+	case compute.MXFP4, compute.MXFP8:
+		a.Sdivc, a.Sstride, a.Scshift = 32, int32((w.Cols+31)/32), 5
+	}
+	rpg := w.Rows / groups
+	warps := c.d.info.SMs * 32
+	rb := v.RB
+	if rb == 0 {
+		rb = 1
+		if rpg%2 == 0 && w.Rows/2 >= warps {
+			rb = 2
+		}
+	}
+	if rb != 1 && rb != 2 || rpg%rb != 0 {
+		return fmt.Errorf("cuda linear: persistent kernels take RB 1 or 2 dividing %d rows per group, not %d", rpg, rb)
+	}
+	d := 0
+	if dec == DecodeBits {
+		d = 1
+	}
+	G := (w.Rows + rb - 1) / rb
+	tw := min(G, warps)
+	for b0 := 0; b0 < batch; b0 += maxNB {
+		nb := min(batch-b0, maxNB)
+		NB := 1
+		for NB < nb {
+			NB *= 2
+		}
+		a.Batch = int32(nb)
+		a.X = uint64(x) + uint64(4*b0*groups*w.Cols)
+		a.Y = uint64(y) + uint64(4*b0*w.Rows)
+		dd := d
+		if NB > 1 {
+			dd = 0 // the integer decoder is instantiated for batch tile 1 only
+		}
+		key := linKey{code, NB, rb, 2, fmt.Sprint("linp", dd)}
+		k := c.d.linKernels[key]
+		if k == nil {
+			if k, err = m.Kernel(fmt.Sprintf("linp_%s_b%d_r%d_u2_d%d", name, NB, rb, dd)); err != nil {
+				return err
+			}
+			c.d.linKernels[key] = k
+		}
+		if err := c.Launch(k, Dim3{X: uint32((tw + 3) / 4)}, Dim3{X: 128}, 0, s, unsafe.Pointer(&a)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // linKey names one instantiated fast linear kernel.
 type linKey struct {
@@ -204,6 +290,9 @@ func (c *Ctx) LinearWith(w *DeviceWeight, y, x DevicePtr, batch, groups int, v L
 	width := v.Width
 	if width == WidthAuto {
 		width = defaultWidth
+	}
+	if width == WidthPersist && wideOK(w) && !generic {
+		return c.linearPersist(w, y, x, batch, groups, v, dec, s)
 	}
 	wide := width == WidthWide && wideOK(w)
 	prefix, defU := "linear", 4
@@ -348,9 +437,25 @@ func (c *Ctx) PrepareMultiLinear(a *Arena, ws []*DeviceWeight, ys, xs []DevicePt
 	for _, w := range ws {
 		wide = wide && wideOK(w)
 	}
+	persist := width == WidthPersist && f != compute.BF16
+	for _, w := range ws {
+		persist = persist && wideOK(w)
+	}
 	kname, u := fmt.Sprintf("linmulti_%s_b%d_r2_u4%s", name, NB, suffix), 4
 	if wide {
 		kname, u, cpw = fmt.Sprintf("linmultiw_%s_b%d_r2_u2%s", name, NB, suffix), 2, 4*cpw
+	}
+	if persist {
+		pm, err := c.persistModule()
+		if err != nil {
+			return nil, err
+		}
+		mod = pm
+		d := 0
+		if suffix == "_d1" && NB == 1 {
+			d = 1
+		}
+		kname = fmt.Sprintf("linpmulti_%s_b%d_r2_u2_d%d", name, NB, d)
 	}
 	k, err := mod.Kernel(kname)
 	if err != nil {
@@ -363,6 +468,10 @@ func (c *Ctx) PrepareMultiLinear(a *Arena, ws []*DeviceWeight, ys, xs []DevicePt
 		kw = min(kw, max((ws[0].Cols/cpw+32*u-1)/(32*u), 1))
 	}
 	m := &MultiLinear{n: len(ws), kernel: k, grid: Dim3{X: uint32(maxRows / 2), Y: uint32(len(ws))}, block: Dim3{X: uint32(32 * kw)}, weights: bytes}
+	if persist { // warps per matrix: a share of the chip, at most one per row pair
+		tw := min(maxRows/2, max(c.d.info.SMs*32/len(ws), 1))
+		m.grid.X, m.block.X = uint32((tw+3)/4), 128
+	}
 	size := len(args) * int(unsafe.Sizeof(linArgs{}))
 	if m.args, err = a.Alloc(size); err != nil {
 		return nil, err

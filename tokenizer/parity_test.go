@@ -90,7 +90,7 @@ func TestParityWithTransformersJS(t *testing.T) {
 	}
 	tok := loadV3(t)
 	corpus := readCorpus(t)
-	if len(corpus) < 2000 {
+	if len(corpus) < 2000 && os.Getenv("MOXIE_PARITY_CORPUS") == "" {
 		t.Fatalf("corpus has %d strings, want >= 2000", len(corpus))
 	}
 	cmd := exec.Command(node, "testdata/parity.js", corpusPath())

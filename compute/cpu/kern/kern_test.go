@@ -72,6 +72,14 @@ var paths = []struct {
 // back unchanged.
 func checkProduct(t *testing.T, mul func(Matrix, *Pool, []float32, []float32, int, int, int), m Matrix, ref refMatrix, p *Pool, x []float32, batch, r0, r1 int) {
 	t.Helper()
+	want, mag, nan := ref.product(x, batch, r0, r1)
+	checkProductWant(t, mul, m, ref.cols, p, x, batch, r0, r1, want, mag, nan)
+}
+
+// checkProductWant is checkProduct with the reference values for rows
+// [r0,r1) given.
+func checkProductWant(t *testing.T, mul func(Matrix, *Pool, []float32, []float32, int, int, int), m Matrix, cols int, p *Pool, x []float32, batch, r0, r1 int, want, mag []float64, nan []bool) {
+	t.Helper()
 	n := batch * (r1 - r0)
 	y := make([]float32, n+3)
 	for i := range y {
@@ -87,7 +95,6 @@ func checkProduct(t *testing.T, mul func(Matrix, *Pool, []float32, []float32, in
 			t.Fatalf("y[%d] past the output was written: %v", i, y[i])
 		}
 	}
-	want, mag, nan := ref.product(x, batch, r0, r1)
 	bad := 0
 	for i := range n {
 		got := float64(y[i])
@@ -96,8 +103,8 @@ func checkProduct(t *testing.T, mul func(Matrix, *Pool, []float32, []float32, in
 				t.Errorf("y[%d] (batch %d row %d) = %v, want NaN", i, i/(r1-r0), r0+i%(r1-r0), got)
 				bad++
 			}
-		} else if d := math.Abs(got - want[i]); !(d <= tolerance(ref.cols, mag[i])) {
-			t.Errorf("y[%d] (batch %d row %d) = %.9g, want %.9g (err %.3g > tol %.3g)", i, i/(r1-r0), r0+i%(r1-r0), got, want[i], d, tolerance(ref.cols, mag[i]))
+		} else if d := math.Abs(got - want[i]); !(d <= tolerance(cols, mag[i])) {
+			t.Errorf("y[%d] (batch %d row %d) = %.9g, want %.9g (err %.3g > tol %.3g)", i, i/(r1-r0), r0+i%(r1-r0), got, want[i], d, tolerance(cols, mag[i]))
 			bad++
 		}
 		if bad > 5 {
@@ -151,6 +158,7 @@ func TestMatMul(t *testing.T) {
 				continue // the large shapes run batch 1 and 3 only
 			}
 			x := randX(rng, batch*cols)
+			want, mag, nan := c.ref.product(x, batch, 0, rows)
 			ranges := [][2]int{{0, rows}}
 			if rows > 8 {
 				ranges = append(ranges, [2]int{5, rows - 2}, [2]int{rows - 1, rows}, [2]int{3, 3})
@@ -163,7 +171,15 @@ func TestMatMul(t *testing.T) {
 					}{{"nil", nil}, {"pool3", pool}} {
 						name := fmt.Sprintf("%s/b%d/rows%d-%d/%s/%s", c.name, batch, rr[0], rr[1], path.name, pp.name)
 						t.Run(name, func(t *testing.T) {
-							checkProduct(t, path.mul, c.m, c.ref, pp.p, x, batch, rr[0], rr[1])
+							// The reference rows [r0,r1) of every batch row.
+							var w, g []float64
+							var nn []bool
+							for b := range batch {
+								w = append(w, want[b*rows+rr[0]:b*rows+rr[1]]...)
+								g = append(g, mag[b*rows+rr[0]:b*rows+rr[1]]...)
+								nn = append(nn, nan[b*rows+rr[0]:b*rows+rr[1]]...)
+							}
+							checkProductWant(t, path.mul, c.m, cols, pp.p, x, batch, rr[0], rr[1], w, g, nn)
 						})
 					}
 				}

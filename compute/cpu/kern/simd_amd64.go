@@ -545,8 +545,8 @@ func gemmTile(w *[tileRows * tileCols]float32, n int, x []float32, ldx, batch in
 	}
 	n16 := n &^ 15
 	b := 0
-	for ; b+4 <= batch; b += 4 {
-		gemm4x4(w, n16, x[b*ldx:], ldx, acc, batch, b)
+	for ; b+2 <= batch; b += 2 {
+		gemm4x2(w, n16, x[b*ldx:], ldx, acc, batch, b)
 	}
 	for ; b < batch; b++ {
 		gemm4x1(w, n16, x[b*ldx:], acc, batch, b)
@@ -567,13 +567,16 @@ func accAt(acc []float32, batch, i, b int) *[16]float32 {
 	return (*[16]float32)(acc[k : k+16])
 }
 
-func gemm4x4(w *[tileRows * tileCols]float32, n int, x []float32, ldx int, acc []float32, batch, b0 int) {
-	x0, x1, x2, x3 := x[:n], x[ldx:ldx+n], x[2*ldx:2*ldx+n], x[3*ldx:3*ldx+n]
+// gemm4x2 is the register tile: 4 weight rows x 2 batch rows = 8
+// accumulators, 4 weight vectors and 1 input vector (Go allocates only 15
+// vector registers, so a 4x4 tile would spill).
+func gemm4x2(w *[tileRows * tileCols]float32, n int, x []float32, ldx int, acc []float32, batch, b0 int) {
+	x0, x1 := x[:n], x[ldx:ldx+n]
 	w0, w1, w2, w3 := w[0:n], w[tileCols:tileCols+n], w[2*tileCols:2*tileCols+n], w[3*tileCols:3*tileCols+n]
-	c00, c01, c02, c03 := archsimd.LoadFloat32x16(accAt(acc, batch, 0, b0)), archsimd.LoadFloat32x16(accAt(acc, batch, 0, b0+1)), archsimd.LoadFloat32x16(accAt(acc, batch, 0, b0+2)), archsimd.LoadFloat32x16(accAt(acc, batch, 0, b0+3))
-	c10, c11, c12, c13 := archsimd.LoadFloat32x16(accAt(acc, batch, 1, b0)), archsimd.LoadFloat32x16(accAt(acc, batch, 1, b0+1)), archsimd.LoadFloat32x16(accAt(acc, batch, 1, b0+2)), archsimd.LoadFloat32x16(accAt(acc, batch, 1, b0+3))
-	c20, c21, c22, c23 := archsimd.LoadFloat32x16(accAt(acc, batch, 2, b0)), archsimd.LoadFloat32x16(accAt(acc, batch, 2, b0+1)), archsimd.LoadFloat32x16(accAt(acc, batch, 2, b0+2)), archsimd.LoadFloat32x16(accAt(acc, batch, 2, b0+3))
-	c30, c31, c32, c33 := archsimd.LoadFloat32x16(accAt(acc, batch, 3, b0)), archsimd.LoadFloat32x16(accAt(acc, batch, 3, b0+1)), archsimd.LoadFloat32x16(accAt(acc, batch, 3, b0+2)), archsimd.LoadFloat32x16(accAt(acc, batch, 3, b0+3))
+	c00, c01 := archsimd.LoadFloat32x16(accAt(acc, batch, 0, b0)), archsimd.LoadFloat32x16(accAt(acc, batch, 0, b0+1))
+	c10, c11 := archsimd.LoadFloat32x16(accAt(acc, batch, 1, b0)), archsimd.LoadFloat32x16(accAt(acc, batch, 1, b0+1))
+	c20, c21 := archsimd.LoadFloat32x16(accAt(acc, batch, 2, b0)), archsimd.LoadFloat32x16(accAt(acc, batch, 2, b0+1))
+	c30, c31 := archsimd.LoadFloat32x16(accAt(acc, batch, 3, b0)), archsimd.LoadFloat32x16(accAt(acc, batch, 3, b0+1))
 	for j := 0; j < n; j += 16 {
 		v0 := archsimd.LoadFloat32x16((*[16]float32)(w0[j : j+16]))
 		v1 := archsimd.LoadFloat32x16((*[16]float32)(w1[j : j+16]))
@@ -583,27 +586,15 @@ func gemm4x4(w *[tileRows * tileCols]float32, n int, x []float32, ldx int, acc [
 		c00, c10, c20, c30 = v0.MulAdd(u, c00), v1.MulAdd(u, c10), v2.MulAdd(u, c20), v3.MulAdd(u, c30)
 		u = archsimd.LoadFloat32x16((*[16]float32)(x1[j : j+16]))
 		c01, c11, c21, c31 = v0.MulAdd(u, c01), v1.MulAdd(u, c11), v2.MulAdd(u, c21), v3.MulAdd(u, c31)
-		u = archsimd.LoadFloat32x16((*[16]float32)(x2[j : j+16]))
-		c02, c12, c22, c32 = v0.MulAdd(u, c02), v1.MulAdd(u, c12), v2.MulAdd(u, c22), v3.MulAdd(u, c32)
-		u = archsimd.LoadFloat32x16((*[16]float32)(x3[j : j+16]))
-		c03, c13, c23, c33 = v0.MulAdd(u, c03), v1.MulAdd(u, c13), v2.MulAdd(u, c23), v3.MulAdd(u, c33)
 	}
 	c00.Store(accAt(acc, batch, 0, b0))
 	c01.Store(accAt(acc, batch, 0, b0+1))
-	c02.Store(accAt(acc, batch, 0, b0+2))
-	c03.Store(accAt(acc, batch, 0, b0+3))
 	c10.Store(accAt(acc, batch, 1, b0))
 	c11.Store(accAt(acc, batch, 1, b0+1))
-	c12.Store(accAt(acc, batch, 1, b0+2))
-	c13.Store(accAt(acc, batch, 1, b0+3))
 	c20.Store(accAt(acc, batch, 2, b0))
 	c21.Store(accAt(acc, batch, 2, b0+1))
-	c22.Store(accAt(acc, batch, 2, b0+2))
-	c23.Store(accAt(acc, batch, 2, b0+3))
 	c30.Store(accAt(acc, batch, 3, b0))
 	c31.Store(accAt(acc, batch, 3, b0+1))
-	c32.Store(accAt(acc, batch, 3, b0+2))
-	c33.Store(accAt(acc, batch, 3, b0+3))
 }
 
 func gemm4x1(w *[tileRows * tileCols]float32, n int, x []float32, acc []float32, batch, b int) {

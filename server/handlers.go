@@ -280,7 +280,9 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 	var st *sseWriter
 	if j.p.stream {
 		st = newSSE(w)
-		object += ".chunk"
+		if j.chat { // OpenAI's completion chunks keep "text_completion"
+			object += ".chunk"
+		}
 		if j.chat {
 			st.event(s.chunk(id, object, created, j, chatChoice{Delta: &chatMessage{Role: "assistant", Content: new(string)}}))
 		}

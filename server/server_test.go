@@ -365,7 +365,7 @@ func TestCompletions(t *testing.T) {
 		for i, ev := range events {
 			var c chatResp
 			_ = json.Unmarshal([]byte(ev), &c)
-			if c.Object != "text_completion.chunk" && c.Object != "text_completion" {
+			if c.Object != "text_completion" {
 				t.Errorf("object %q", c.Object)
 			}
 			if i == len(events)-1 {

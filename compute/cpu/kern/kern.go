@@ -2,16 +2,31 @@
 // y = W·x for FP8 E4M3 weights with 128x128 E8M0 block scales, MXFP4 (E2M1 with
 // one E8M0 scale per 32 inputs), BF16 and F32, all row-major [rows=out, cols=in].
 //
-// The kernels read the stored bytes directly and decode them in registers; no
-// dequantized copy of a weight is ever made. Batch 1 (decode) is a fused
-// streaming matrix-vector product bound by memory bandwidth; larger batches
-// decode each small tile of weights once and reuse it for every batch row.
+// The kernels read the stored bytes directly; no dequantized copy of a weight
+// is ever made. Batch 1 (decode) is a fused streaming matrix-vector product
+// that decodes in registers and is bound by memory bandwidth; larger batches
+// decode one 4x512 tile at a time into an 8 KiB stack buffer and reuse it for
+// every batch row.
 // Accumulation is in float32; results match a float64 reference within
 // float32 accumulation error (the order of additions is not specified).
 //
-// On amd64 built with GOEXPERIMENT=simd the kernels use AVX-512 (and AVX512VBMI
-// for FP8) when the CPU has it; otherwise portable scalar Go is used. Both give
-// the same results up to float32 rounding.
+// Numerics: products and sums are float32 (no fused multiply-add is promised).
+// Block scales are exact powers of two, so the kernels may apply them to the
+// input instead of the weight (FP8) or to a per-block partial sum (MXFP4); the
+// result can therefore overflow to ±Inf where an intermediate x·scale or a
+// 32-column partial sum Σ e2m1·x leaves float32's range even though W·x would
+// not. Activations of a real model are many orders of magnitude away from
+// that. NaN weights, NaN scales and NaN inputs propagate to every output they
+// touch.
+//
+// On amd64 built with GOEXPERIMENT=simd the kernels use AVX-512 (FP8 also
+// needs AVX512VBMI) when the CPU has it; otherwise, and in a plain build,
+// portable scalar Go runs. Both are tested against the same float64
+// reference. Which one runs is decided per call from CPU features read once
+// at start-up; there is no configuration.
+//
+// Parallelism: every kernel takes a *Pool and splits rows across its workers;
+// a nil Pool, or a product under ~64K multiply-adds, runs on the caller.
 package kern
 
 import "fmt"

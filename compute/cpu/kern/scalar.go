@@ -70,21 +70,24 @@ func fp8DecodeScalar(w FP8Block, dst []float32, ld, r0, nr, c0, c1 int) {
 }
 
 // dotMXFP4 returns Σ e2m1(code)·x over the len(p)*2 codes packed in p (one
-// scale block, before scaling).
+// scale block, before scaling). One table lookup per byte gives both codes'
+// values.
 func dotMXFP4(p []byte, x []float32) float32 {
 	x = x[:2*len(p)]
 	var s0, s1, s2, s3 float32
 	i := 0
-	for ; i+2 <= len(p); i += 2 {
-		pp := (*[2]byte)(p[i : i+2])
-		xx := (*[4]float32)(x[2*i : 2*i+4])
-		s0 += e2m1Value[pp[0]&15] * xx[0]
-		s1 += e2m1Value[pp[0]>>4] * xx[1]
-		s2 += e2m1Value[pp[1]&15] * xx[2]
-		s3 += e2m1Value[pp[1]>>4] * xx[3]
+	for ; i+4 <= len(p); i += 4 {
+		pp := (*[4]byte)(p[i : i+4])
+		xx := (*[8]float32)(x[2*i : 2*i+8])
+		a, b, c, d := &e2m1Pair[pp[0]], &e2m1Pair[pp[1]], &e2m1Pair[pp[2]], &e2m1Pair[pp[3]]
+		s0 += a[0]*xx[0] + a[1]*xx[1]
+		s1 += b[0]*xx[2] + b[1]*xx[3]
+		s2 += c[0]*xx[4] + c[1]*xx[5]
+		s3 += d[0]*xx[6] + d[1]*xx[7]
 	}
 	for ; i < len(p); i++ {
-		s0 += e2m1Value[p[i]&15]*x[2*i] + e2m1Value[p[i]>>4]*x[2*i+1]
+		t := &e2m1Pair[p[i]]
+		s0 += t[0]*x[2*i] + t[1]*x[2*i+1]
 	}
 	return (s0 + s1) + (s2 + s3)
 }

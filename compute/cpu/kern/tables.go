@@ -33,6 +33,15 @@ var (
 // e2m1Value is the MXFP4 (E2M1) value of each 4-bit code.
 var e2m1Value = [16]float32{0, .5, 1, 1.5, 2, 3, 4, 6, 0, -.5, -1, -1.5, -2, -3, -4, -6}
 
+// e2m1Pair[b] holds the values of the two codes packed in byte b: low
+// nibble (even column) first.
+var e2m1Pair = func() (t [256][2]float32) {
+	for b := range 256 {
+		t[b] = [2]float32{e2m1Value[b&15], e2m1Value[b>>4]}
+	}
+	return t
+}()
+
 func e4m3ToFloat32(b byte) float32 {
 	e := int(b>>3) & 15
 	m := float64(b & 7)

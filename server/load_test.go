@@ -15,10 +15,10 @@ import (
 )
 
 // TestLoad runs many concurrent streaming clients against a live server on
-// loopback serving the fake model, for a bounded number of requests, and
-// checks that every request succeeds, that goroutines return to their
-// baseline afterwards and that the heap in use stays flat. It logs requests/s,
-// latency percentiles, goroutines and heap. Skipped with -short.
+// loopback serving the fake model, two rounds of a bounded number of requests,
+// and checks that every request succeeds, that goroutines return to their
+// baseline after each round and that the heap in use stays flat. It logs
+// requests/s, latency percentiles, goroutines and heap. Skipped with -short.
 func TestLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("load test skipped in -short mode")
@@ -72,73 +72,93 @@ func TestLoad(t *testing.T) {
 	tr.CloseIdleConnections()
 	time.Sleep(50 * time.Millisecond)
 	runtime.GC()
-	var before, after runtime.MemStats
+	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
 	g0 := runtime.NumGoroutine()
 
-	var mu sync.Mutex
-	var lat []time.Duration
-	var errs []error
-	var wg sync.WaitGroup
-	deadline := time.Now().Add(60 * time.Second)
-	start := time.Now()
-	for range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range perClient {
-				if time.Now().After(deadline) {
-					return
+	// round runs clients x perClient requests and returns the latencies.
+	round := func() ([]time.Duration, time.Duration) {
+		var mu sync.Mutex
+		var lat []time.Duration
+		var errs []error
+		var wg sync.WaitGroup
+		deadline := time.Now().Add(60 * time.Second)
+		start := time.Now()
+		for range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range perClient {
+					if time.Now().After(deadline) {
+						return
+					}
+					t0 := time.Now()
+					content, err := streamOnce()
+					d := time.Since(t0)
+					if err == nil && content != "Hello, world!" {
+						err = fmt.Errorf("content %q", content)
+					}
+					mu.Lock()
+					if err != nil {
+						errs = append(errs, err)
+					} else {
+						lat = append(lat, d)
+					}
+					mu.Unlock()
 				}
-				t0 := time.Now()
-				content, err := streamOnce()
-				d := time.Since(t0)
-				if err == nil && content != "Hello, world!" {
-					err = fmt.Errorf("content %q", content)
-				}
-				mu.Lock()
-				if err != nil {
-					errs = append(errs, err)
-				} else {
-					lat = append(lat, d)
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	if len(errs) > 0 {
-		t.Fatalf("%d of %d requests failed, first: %v", len(errs), len(errs)+len(lat), errs[0])
-	}
-	if len(lat) != clients*perClient {
-		t.Errorf("%d requests completed, want %d (time bound hit?)", len(lat), clients*perClient)
-	}
-
-	tr.CloseIdleConnections()
-	var g1 int
-	for wait := time.Now().Add(5 * time.Second); ; {
-		g1 = runtime.NumGoroutine()
-		if g1 <= g0 || time.Now().After(wait) {
-			break
+			}()
 		}
-		time.Sleep(10 * time.Millisecond)
+		wg.Wait()
+		elapsed := time.Since(start)
+		if len(errs) > 0 {
+			t.Fatalf("%d of %d requests failed, first: %v", len(errs), len(errs)+len(lat), errs[0])
+		}
+		if len(lat) != clients*perClient {
+			t.Errorf("%d requests completed, want %d (time bound hit?)", len(lat), clients*perClient)
+		}
+		return lat, elapsed
 	}
-	runtime.GC()
-	runtime.ReadMemStats(&after)
-	slices.Sort(lat)
-	pct := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
-	t.Logf("%d streaming requests from %d clients in %v: %.0f req/s, latency p50 %v p99 %v max %v",
-		len(lat), clients, elapsed.Round(time.Millisecond), float64(len(lat))/elapsed.Seconds(), pct(0.50), pct(0.99), lat[len(lat)-1])
-	t.Logf("goroutines before %d after %d; heap in use before %.1f MiB after %.1f MiB",
-		g0, g1, float64(before.HeapInuse)/(1<<20), float64(after.HeapInuse)/(1<<20))
-	if g1 > g0 {
-		buf := make([]byte, 1<<20)
-		t.Errorf("goroutines leaked: %d before, %d after\n%s", g0, g1, buf[:runtime.Stack(buf, true)])
+	// settle closes idle connections, waits for the goroutine count to come
+	// back to g0 (up to 5s), and returns it with the heap in use after GC.
+	settle := func() (int, uint64) {
+		tr.CloseIdleConnections()
+		var g int
+		for wait := time.Now().Add(5 * time.Second); ; {
+			g = runtime.NumGoroutine()
+			if g <= g0 || time.Now().After(wait) {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return g, ms.HeapInuse
 	}
-	const heapSlack = 16 << 20
-	if after.HeapInuse > before.HeapInuse+heapSlack {
-		t.Errorf("heap in use grew from %d to %d bytes (slack %d)", before.HeapInuse, after.HeapInuse, heapSlack)
+	mib := func(b uint64) float64 { return float64(b) / (1 << 20) }
+	var heaps []uint64
+	for r := 1; r <= 2; r++ {
+		lat, elapsed := round()
+		g, heap := settle()
+		heaps = append(heaps, heap)
+		slices.Sort(lat)
+		pct := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
+		t.Logf("round %d: %d streaming requests from %d clients in %v: %.0f req/s, latency p50 %v p99 %v max %v; goroutines %d (baseline %d); heap in use %.1f MiB (baseline %.1f MiB)",
+			r, len(lat), clients, elapsed.Round(time.Millisecond), float64(len(lat))/elapsed.Seconds(),
+			pct(0.50), pct(0.99), lat[len(lat)-1], g, g0, mib(heap), mib(before.HeapInuse))
+		if g > g0 {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("goroutines leaked: %d before, %d after round %d\n%s", g0, g, r, buf[:runtime.Stack(buf, true)])
+		}
+	}
+	// Flat: the second round (same work, pools already warm) adds no more
+	// than noise, and nothing grows far beyond the start.
+	const roundSlack, totalSlack = 4 << 20, 16 << 20
+	if heaps[1] > heaps[0]+roundSlack {
+		t.Errorf("heap in use grew from %.1f MiB after round 1 to %.1f MiB after round 2", mib(heaps[0]), mib(heaps[1]))
+	}
+	if heaps[1] > before.HeapInuse+totalSlack {
+		t.Errorf("heap in use grew from %.1f MiB to %.1f MiB", mib(before.HeapInuse), mib(heaps[1]))
 	}
 	if s.waiting.Load() != 0 || len(s.slots) != 0 {
 		t.Errorf("after load: %d waiting, %d slots held", s.waiting.Load(), len(s.slots))

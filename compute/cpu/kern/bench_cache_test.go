@@ -5,6 +5,9 @@ import (
 	"testing"
 )
 
+// Cache-resident variants of the matvec benchmarks: Micro* fit in L2 (the
+// kernels' compute rate), L3* in the last-level cache.
+
 func BenchmarkMicroFP8(b *testing.B) {
 	ms, size := fp8CopiesN(256, 1024, 1)
 	x := randX(rand.New(rand.NewPCG(3, 4)), 1024)

@@ -239,7 +239,9 @@ func fuseDSV3(p preTokenizer) preTokenizer {
 // split applies \p{N}{1,3} (Isolated), then the CJK run split, then the main
 // pattern.
 func (p *dsv3PreTokenizer) split(s string, emit func(string)) {
-	prev, i, count, start := 0, 0, 0, -1
+	// wide records a non-ASCII byte in s[prev:i]: only then can the CJK
+	// split matter, and only then can a digit run be other than ASCII.
+	prev, i, count, start, wide := 0, 0, 0, -1, false
 	for i < len(s) {
 		c := s[i]
 		n := 1
@@ -250,6 +252,7 @@ func (p *dsv3PreTokenizer) split(s string, emit func(string)) {
 			var r rune
 			r, n = utf8.DecodeRuneInString(s[i:])
 			isNum = unicode.IsNumber(r)
+			wide = true
 		}
 		if isNum {
 			if start < 0 {
@@ -258,32 +261,46 @@ func (p *dsv3PreTokenizer) split(s string, emit func(string)) {
 			count++
 			i += n
 			if count == 3 {
-				p.digitsGap(s, prev, start, i, emit)
-				prev, start = i, -1
+				p.digitsGap(s, prev, start, i, wide, emit)
+				prev, start, wide = i, -1, false
 			}
 			continue
 		}
 		if start >= 0 {
-			p.digitsGap(s, prev, start, i, emit)
-			prev, start = i, -1
+			p.digitsGap(s, prev, start, i, wide, emit)
+			prev, start, wide = i, -1, c >= utf8.RuneSelf
 		}
 		i += n
 	}
 	if start >= 0 {
-		p.digitsGap(s, prev, start, len(s), emit)
+		p.digitsGap(s, prev, start, len(s), wide, emit)
 		prev = len(s)
 	}
 	if prev < len(s) {
-		p.cjk(s[prev:], emit)
+		p.cjkIf(s[prev:], wide, emit)
 	}
 }
 
-// digitsGap handles the gap s[prev:start] and the digit match s[start:end].
-func (p *dsv3PreTokenizer) digitsGap(s string, prev, start, end int, emit func(string)) {
+// digitsGap handles the gap s[prev:start] and the digit match s[start:end];
+// wide is false when both are ASCII.
+func (p *dsv3PreTokenizer) digitsGap(s string, prev, start, end int, wide bool, emit func(string)) {
 	if start > prev {
-		p.cjk(s[prev:start], emit)
+		p.cjkIf(s[prev:start], wide, emit)
 	}
-	p.cjk(s[start:end], emit)
+	if wide {
+		p.cjk(s[start:end], emit)
+	} else {
+		emit(s[start:end]) // ASCII digits: no later split applies
+	}
+}
+
+// cjkIf skips the CJK split for ASCII text.
+func (p *dsv3PreTokenizer) cjkIf(s string, wide bool, emit func(string)) {
+	if wide {
+		p.cjk(s, emit)
+	} else {
+		p.mainSplit(s, emit)
+	}
 }
 
 func (p *dsv3PreTokenizer) cjk(s string, emit func(string)) {

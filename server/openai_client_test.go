@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -239,5 +240,56 @@ func TestOpenAINodeClientTinyModel(t *testing.T) {
 	}
 	if err := stop(); err != nil {
 		t.Errorf("Serve: %v", err)
+	}
+}
+
+// TestTinyModelConcurrentRequests runs greedy requests at once on the real
+// synth:tiny model with Concurrency > 1: every answer must equal the one
+// computed alone (sequences are independent; under -race this also checks
+// that the model's sequences may run on several goroutines).
+func TestTinyModelConcurrentRequests(t *testing.T) {
+	src, err := checkpoint.Open("synth:tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	m, err := dsv4.Load(src, dsv4.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := tinyTokenizer(t)
+	s, err := New(Config{Concurrency: 3, QueueSize: 3}, Backend{Name: "t", Model: m, Tokenizer: FromTokenizer(tok),
+		Chat: DeepSeekV4Chat(tok), StopTokens: []int{idEOS}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := func(body string) string {
+		rec := httptestRecorder(s, "POST", "/v1/completions", body)
+		var r chatResp
+		if rec.Code != 200 || json.Unmarshal(rec.Body.Bytes(), &r) != nil {
+			t.Errorf("%d %s", rec.Code, rec.Body.String())
+			return ""
+		}
+		return *r.Choices[0].Text
+	}
+	prompts := []string{"Once upon a time", "Hi", "The capital of France"}
+	alone := make([]string, len(prompts))
+	for i, p := range prompts {
+		alone[i] = text(`{"model":"t","prompt":"` + p + `","max_tokens":6,"temperature":0}`)
+	}
+	got := make([]string, len(prompts))
+	var wg sync.WaitGroup
+	for i, p := range prompts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i] = text(`{"model":"t","prompt":"` + p + `","max_tokens":6,"temperature":0}`)
+		}()
+	}
+	wg.Wait()
+	for i := range prompts {
+		if got[i] != alone[i] {
+			t.Errorf("prompt %q: concurrent %q, alone %q", prompts[i], got[i], alone[i])
+		}
 	}
 }

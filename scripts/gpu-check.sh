@@ -49,7 +49,7 @@ fi
 if [ -z "${NO_PTXAS:-}" ] && command -v nvcc >/dev/null && [ -f "$here/compute/cuda/kernels/linear.cu" ]; then
   kdir=$(mktemp -d)
   k="$here/compute/cuda/kernels"
-  cat "$k/common.cuh" "$k/linear.cu" "$k/persist.cu" >"$kdir/all.cu"
+  cp "$k/linear.cu" "$kdir/all.cu"
   (cd "$kdir" && timeout 100 nvcc -arch=sm_90 -cubin -Xptxas -v -o k.cubin all.cu) >"$out/ptxas.txt" 2>&1 || true
   if command -v cuobjdump >/dev/null && [ -f "$kdir/k.cubin" ]; then
     : >"$out/sass.txt"

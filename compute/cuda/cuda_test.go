@@ -7,8 +7,10 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 	"unsafe"
 
 	"moxie/compute"
@@ -201,6 +203,21 @@ func TestCacheReadWrite(t *testing.T) {
 	}
 }
 
+func TestPersistSource(t *testing.T) {
+	src, err := persistSource()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"struct LinArgs", "e8m0(", "struct Dec<FMT_MXFP4", "linear_persist", "LINP_NB(mxfp4"} {
+		if !strings.Contains(src, want) {
+			t.Errorf("persist module source lacks %q", want)
+		}
+	}
+	if strings.Contains(src, "void linear_fast(") {
+		t.Error("persist module source includes the linear kernels")
+	}
+}
+
 func TestCompliance(t *testing.T) {
 	dev := testDevice(t)
 	t.Logf("device: %s", dev.Info())
@@ -238,6 +255,12 @@ func TestLinearShapes(t *testing.T) {
 	}
 	var maxErr = map[string]float64{}
 	err := dev.Do(func(c *Ctx) error {
+		t0 := time.Now()
+		m, err := c.Module("linear", linearSrc)
+		if err != nil {
+			return err
+		}
+		t.Logf("linear module: from cache %v, NVRTC %v, load %v", m.FromCache, m.CompileTime, time.Since(t0))
 		a, err := c.NewArena(512 << 20)
 		if err != nil {
 			return err

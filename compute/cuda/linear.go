@@ -4,6 +4,7 @@ import (
 	_ "embed"
 	"fmt"
 	"math/bits"
+	"strings"
 	"structs"
 	"unsafe"
 
@@ -11,16 +12,21 @@ import (
 )
 
 var (
-	//go:embed kernels/common.cuh
-	commonSrc string
 	//go:embed kernels/linear.cu
-	linearOnlySrc string
+	linearSrc string
 	//go:embed kernels/persist.cu
 	persistOnlySrc string
-
-	linearSrc  = commonSrc + linearOnlySrc
-	persistSrc = commonSrc + persistOnlySrc
 )
+
+// persistSource returns the persistent kernels' module source: linear.cu's
+// definitions (everything before linear_fast) followed by persist.cu.
+func persistSource() (string, error) {
+	i := strings.Index(linearSrc, "template <int FMT, int NB, int RB, int U, int DEC>\n__device__ __forceinline__ void linear_fast")
+	if i < 0 {
+		return "", fmt.Errorf("cuda: kernels/linear.cu has no linear_fast template to split its definitions at")
+	}
+	return linearSrc[:i] + persistOnlySrc, nil
+}
 
 // LinearSource returns the CUDA source of the linear kernels' module.
 func LinearSource() string { return linearSrc }
@@ -153,7 +159,11 @@ const defaultDecode = DecodeCvt
 
 func (c *Ctx) persistModule() (*Module, error) {
 	if c.d.persist == nil {
-		m, err := c.Module("persist", persistSrc)
+		src, err := persistSource()
+		if err != nil {
+			return nil, err
+		}
+		m, err := c.Module("persist", src)
 		if err != nil {
 			return nil, err
 		}

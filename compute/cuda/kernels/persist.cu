@@ -3,7 +3,20 @@
 // next chunk (of the same or the next group) before decoding the current one,
 // so a warp keeps loads in flight across row boundaries and blocks never end
 // after a few kilobytes. No shared memory: a warp reduces its own rows.
-// Compiled after common.cuh.
+// This module's source is the definitions part of linear.cu (everything
+// before linear_fast: types, LinArgs, decoders) followed by this file.
+//
+// Status: written after the last GPU session of its author; not yet compiled
+// by NVRTC nor run on a GPU (TestLinearShapes and TestMultiLinear cover it).
+
+template <int FMT> struct Wide;
+template <> struct Wide<FMT_FP8>   { enum { CPW = 16 }; };
+template <> struct Wide<FMT_MXFP8> { enum { CPW = 16 }; };
+template <> struct Wide<FMT_MXFP4> { enum { CPW = 32 }; };
+
+__device__ __forceinline__ u32 quarter(const uint4 &w, int q) {
+  return q == 0 ? w.x : (q == 1 ? w.y : (q == 2 ? w.z : w.w));
+}
 
 template <int FMT, int RB, int U>
 __device__ __forceinline__ void p_load(const LinArgs &a, int g, int c, int nw, int lane,

@@ -227,6 +227,16 @@ type (
 		Logprobs     *struct{}    `json:"logprobs"`
 		FinishReason *string      `json:"finish_reason"`
 	}
+	// timings is moxie's extension: where the time of a generation went.
+	timings struct {
+		PromptTokens           int     `json:"prompt_tokens"`
+		PrefillMS              float64 `json:"prefill_ms"`
+		PrefillTokensPerSecond float64 `json:"prefill_tokens_per_second"`
+		TimeToFirstTokenMS     float64 `json:"time_to_first_token_ms"`
+		GeneratedTokens        int     `json:"generated_tokens"`
+		DecodeMS               float64 `json:"decode_ms"`
+		DecodeTokensPerSecond  float64 `json:"decode_tokens_per_second"`
+	}
 	response struct {
 		ID      string       `json:"id"`
 		Object  string       `json:"object"`
@@ -234,6 +244,7 @@ type (
 		Model   string       `json:"model"`
 		Choices []chatChoice `json:"choices"`
 		Usage   *usage       `json:"usage,omitempty"`
+		Timings *timings     `json:"timings,omitempty"`
 	}
 	// streamChunk is response with usage always present (null until the
 	// last chunk) when include_usage is set.
@@ -244,8 +255,18 @@ type (
 		Model   string       `json:"model"`
 		Choices []chatChoice `json:"choices"`
 		Usage   *usage       `json:"usage"`
+		Timings *timings     `json:"timings,omitempty"`
 	}
 )
+
+func timingsOf(r generate.Result) *timings {
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	return &timings{
+		PromptTokens: r.PromptTokens, PrefillMS: ms(r.Prefill), PrefillTokensPerSecond: r.PrefillTokensPerSecond(),
+		TimeToFirstTokenMS: ms(r.TimeToFirstToken), GeneratedTokens: r.GeneratedTokens, DecodeMS: ms(r.Decode),
+		DecodeTokensPerSecond: r.DecodeTokensPerSecond(),
+	}
+}
 
 // output routes generated text: raw for completions; for chat, through a
 // chat.Parser into reasoning, content and DSML tool calls.
@@ -419,7 +440,14 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 		} else {
 			c.Text = new(string)
 		}
-		st.event(s.chunk(id, object, created, j, c))
+		switch fc := s.chunk(id, object, created, j, c).(type) {
+		case response:
+			fc.Timings = timingsOf(res)
+			st.event(fc)
+		case streamChunk:
+			fc.Timings = timingsOf(res)
+			st.event(fc)
+		}
 		if j.p.includeUsage {
 			st.event(streamChunk{ID: id, Object: object, Created: created, Model: j.model, Choices: []chatChoice{}, Usage: u})
 		}
@@ -441,7 +469,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 		c.Text = &cs
 	}
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(response{ID: id, Object: object, Created: created, Model: j.model, Choices: []chatChoice{c}, Usage: u})
+	_ = json.NewEncoder(w).Encode(response{ID: id, Object: object, Created: created, Model: j.model, Choices: []chatChoice{c}, Usage: u, Timings: timingsOf(res)})
 }
 
 // rawContentRest is the generated text after the reasoning that has not been

@@ -31,6 +31,12 @@
 // and repetition_penalty (vLLM's meanings), all through package sample.
 // presence_penalty and frequency_penalty are refused unless 0.
 //
+// Timings. Non-streamed responses and the finish chunk of a stream carry a
+// "timings" object (moxie's extension; clients ignore unknown fields):
+// prompt_tokens, prefill_ms, prefill_tokens_per_second,
+// time_to_first_token_ms, generated_tokens, decode_ms and
+// decode_tokens_per_second, as defined by generate.Result.
+//
 // Every error is an OpenAI-style object {"error": {"message", "type",
 // "param", "code"}} whose param names the field at fault.
 package server
@@ -362,6 +368,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	hs := &http.Server{
 		Handler:           s,
 		ReadHeaderTimeout: 30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
 		BaseContext:       func(net.Listener) context.Context { return s.base },
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}

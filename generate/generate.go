@@ -91,7 +91,8 @@ type Result struct {
 	Tokens []int
 	// Text is the emitted text (empty without a Detokenizer).
 	Text string
-	// Finish says why generation ended.
+	// Finish says why generation ended; empty when Generate failed with an
+	// error other than cancellation.
 	Finish FinishReason
 	// StopToken is the stop token that ended generation, or NoToken.
 	StopToken int

@@ -78,6 +78,52 @@ func (t *Tokenizer) Encode(text string, opts EncodeOptions) []int {
 	return out
 }
 
+// Segment is one piece of text for EncodeSegments.
+type Segment struct {
+	Text string
+	// AllowSpecial recognises added tokens inside this segment's text.
+	AllowSpecial bool
+}
+
+// EncodeSegments encodes the concatenation of the segments' texts the way
+// Encode with AllowSpecial does, except that added tokens are recognised
+// only inside segments with AllowSpecial set (never across a boundary). Text
+// runs that span segments are pre-tokenized and merged as one, so when the
+// plain segments hold no added-token text the result equals
+// Encode(concatenation, EncodeOptions{AllowSpecial: true}). Chat templates use
+// it to keep control tokens out of user-supplied text.
+func (t *Tokenizer) EncodeSegments(segs []Segment) []int {
+	var out []int
+	var plain strings.Builder
+	flush := func() {
+		out = t.encodeText(plain.String(), out)
+		plain.Reset()
+	}
+	for _, sg := range segs {
+		if !sg.AllowSpecial || len(t.added) == 0 {
+			plain.WriteString(sg.Text)
+			continue
+		}
+		pos := 0
+		for pos < len(sg.Text) {
+			k, start, end := t.findAdded(sg.Text, pos)
+			if k < 0 {
+				break
+			}
+			plain.WriteString(sg.Text[pos:start])
+			flush()
+			out = append(out, t.added[k].ID)
+			pos = end
+		}
+		plain.WriteString(sg.Text[pos:])
+	}
+	flush()
+	if out == nil {
+		out = []int{}
+	}
+	return out
+}
+
 // encodeText runs normalizer, pre-tokenizer and BPE on text that holds no
 // added tokens.
 func (t *Tokenizer) encodeText(text string, out []int) []int {

@@ -649,3 +649,35 @@ func TestConcurrentEncode(t *testing.T) {
 		t.Error(e)
 	}
 }
+
+func TestEncodeSegments(t *testing.T) {
+	tok := loadMergeTokenizer(t)
+	s, _ := tok.TokenID("<s>")
+	tool, _ := tok.TokenID("<tool>")
+	for _, c := range []struct {
+		name string
+		segs []Segment
+		want []int // nil: equal to Encode of the concatenation with AllowSpecial
+	}{
+		{"same as Encode", []Segment{{"a <s>", true}, {" the end", false}, {"<tool>\n\n", true}, {"\n x", false}}, nil},
+		{"merges across boundary", []Segment{{"th", false}, {"e", true}}, nil},
+		{"plain segment keeps token text", []Segment{{"<s>", false}}, []int{'<', 's', '>'}},
+		{"no match across boundary", []Segment{{"<s", true}, {">", true}}, []int{'<', 's', '>'}},
+		{"mixed", []Segment{{"<tool>", true}, {"<tool>", false}, {"<s>", true}}, []int{tool, '<', 't', 'o', 'o', 'l', '>', s}},
+		{"empty", nil, []int{}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			want := c.want
+			if want == nil {
+				var all strings.Builder
+				for _, sg := range c.segs {
+					all.WriteString(sg.Text)
+				}
+				want = tok.Encode(all.String(), EncodeOptions{AllowSpecial: true})
+			}
+			if got := tok.EncodeSegments(c.segs); !slices.Equal(got, want) {
+				t.Errorf("got %v, want %v", got, want)
+			}
+		})
+	}
+}

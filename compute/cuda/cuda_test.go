@@ -521,3 +521,65 @@ func TestMultiLinear(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestLinearRB4 checks the four-rows-per-block kernels (narrow and wide),
+// which only the benchmark selects: batch tiles 1 and 4, row counts that are
+// multiples of 4.
+func TestLinearRB4(t *testing.T) {
+	dev := testDevice(t)
+	cases := []struct {
+		f          compute.Format
+		rows, cols int
+	}{{compute.FP8Block, 260, 1024}, {compute.MXFP4, 132, 2080}, {compute.BF16, 68, 520}}
+	err := dev.Do(func(c *Ctx) error {
+		a, err := c.NewArena(64 << 20)
+		if err != nil {
+			return err
+		}
+		defer c.ReleaseArena(a)
+		for i, tc := range cases {
+			for _, batch := range []int{1, 3, 4} {
+				for _, v := range []LinearVariant{{RB: 4, U: 4}, {RB: 4, Width: WidthWide}} {
+					if v.Width == WidthWide && tc.f == compute.BF16 {
+						continue
+					}
+					rng := rand.New(rand.NewPCG(uint64(i), uint64(batch)))
+					d := computetest.RandomWeight(rng, tc.f, tc.rows, tc.cols, 0.05)
+					w, err := c.UploadWeight(a, d)
+					if err != nil {
+						return err
+					}
+					x := computetest.Normal(rng, batch*tc.cols, 1)
+					dx, _ := a.Alloc(4 * len(x))
+					dy, _ := a.Alloc(4 * batch * tc.rows)
+					c.Memset(dy, 0xff, 4*batch*tc.rows, c.Stream())
+					if err := c.CopyFloatsToDevice(dx, x); err != nil {
+						return err
+					}
+					if err := c.LinearWith(w, dy, dx, batch, 1, v, c.Stream()); err != nil {
+						return fmt.Errorf("%s [%d, %d] batch %d %+v: %w", tc.f, tc.rows, tc.cols, batch, v, err)
+					}
+					y := make([]float32, batch*tc.rows)
+					if err := c.CopyFloatsFromDevice(y, dy); err != nil {
+						return err
+					}
+					x64 := make([]float64, len(x))
+					for j, v := range x {
+						x64[j] = float64(v)
+					}
+					want := ref.Linear(ref.Dequant(d), tc.rows, tc.cols, x64, batch)
+					if e := computetest.MaxRel(y, want); !(e <= computetest.TolLinear) {
+						t.Errorf("%s [%d, %d] batch %d %+v: max relative error %.3g", tc.f, tc.rows, tc.cols, batch, v, e)
+					}
+					FreeWeight(a, w)
+					a.Free(dx)
+					a.Free(dy)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -2,10 +2,10 @@
 // format of DeepSeek's encoding_dsv4, described in dsv4-flash.md §6) and
 // parses the model's output back into reasoning, content and tool calls.
 //
-// Render produces text that contains control tokens (`<｜User｜>`, `<think>`,
-// ...); encode it with tokenizer.EncodeOptions{AllowSpecial: true}. User text
-// is inserted verbatim, so a server that must stop users from writing control
-// tokens should encode message contents separately.
+// Encode renders and tokenizes in one step, keeping control tokens out of
+// message text. Render returns the same prompt as a string (for display,
+// tests, or tokenizer.EncodeOptions{AllowSpecial: true} when the messages are
+// trusted).
 //
 // Not supported: the reasoning_effort="max" instruction paragraph and the
 // response_format schema section of DeepSeek's encoder (their fixed English
@@ -18,6 +18,8 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"moxie/tokenizer"
 )
 
 // Control tokens of the DeepSeek-V4 chat format.
@@ -119,7 +121,36 @@ type turn struct {
 // Render returns the prompt for msgs. When the last message is a user (or
 // developer) turn, the assistant opener for the next turn is appended, so the
 // result is ready for generation. Errors name the message index at fault.
+// Encoding the result with AllowSpecial treats control-token text inside
+// message contents as control tokens; Encode does not.
 func Render(msgs []Message, opts Options) (string, error) {
+	segs, err := segments(msgs, opts)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	for _, sg := range segs {
+		b.WriteString(sg.Text)
+	}
+	return b.String(), nil
+}
+
+// Encode renders msgs as Render does and returns the token ids. Only the
+// format's own markers become control tokens: text from the messages
+// (contents, reasoning, tool names, arguments, schemas, results) is encoded
+// as plain text even if it spells `<｜User｜>` or `</think>`. For messages
+// without such text the ids equal
+// tok.Encode(Render(msgs, opts), tokenizer.EncodeOptions{AllowSpecial: true}).
+func Encode(tok *tokenizer.Tokenizer, msgs []Message, opts Options) ([]int, error) {
+	segs, err := segments(msgs, opts)
+	if err != nil {
+		return nil, err
+	}
+	return tok.EncodeSegments(segs), nil
+}
+
+// segments renders msgs as template and message segments.
+func segments(msgs []Message, opts Options) ([]tokenizer.Segment, error) {
 	turns := mergeToolResults(msgs)
 	sortToolResults(turns)
 
@@ -132,17 +163,40 @@ func Render(msgs []Message, opts Options) (string, error) {
 	if opts.Thinking && drop {
 		turns = dropEarlyThinking(turns)
 	}
-	var b strings.Builder
+	var o out
 	if !opts.NoBOS {
-		b.WriteString(BOS)
+		o.ctl(BOS)
 	}
 	for i := range turns {
-		if err := renderTurn(&b, i, turns, opts.Thinking, drop); err != nil {
-			return "", err
+		if err := renderTurn(&o, i, turns, opts.Thinking, drop); err != nil {
+			return nil, err
 		}
 	}
-	return b.String(), nil
+	return o.segs, nil
 }
+
+// out collects rendered text as segments: template text, whose control
+// tokens count, and message text, which is encoded as plain text.
+type out struct {
+	segs []tokenizer.Segment
+}
+
+func (o *out) add(s string, ctl bool) {
+	if s == "" {
+		return
+	}
+	if n := len(o.segs); n > 0 && o.segs[n-1].AllowSpecial == ctl {
+		o.segs[n-1].Text += s
+		return
+	}
+	o.segs = append(o.segs, tokenizer.Segment{Text: s, AllowSpecial: ctl})
+}
+
+// ctl adds template text (markers and fixed prompt text).
+func (o *out) ctl(s string) { o.add(s, true) }
+
+// text adds message text (contents, names, arguments, schemas).
+func (o *out) text(s string) { o.add(s, false) }
 
 // mergeToolResults turns tool messages into tool-result blocks of a user
 // turn, and merges consecutive user messages (joined by a blank line), as
@@ -238,53 +292,55 @@ func dropEarlyThinking(turns []turn) []turn {
 	return out
 }
 
-func renderTurn(b *strings.Builder, i int, turns []turn, thinking, drop bool) error {
+func renderTurn(o *out, i int, turns []turn, thinking, drop bool) error {
 	t := &turns[i]
 	lastUser := lastUserIndex(turns)
 	switch t.Role {
 	case "system":
-		b.WriteString(t.Content)
-		if err := writeTools(b, t.Tools, i); err != nil {
+		o.text(t.Content)
+		if err := writeTools(o, t.Tools, i); err != nil {
 			return err
 		}
 	case "developer":
 		if t.Content == "" {
 			return fmt.Errorf("chat: message %d: developer message has no content", i)
 		}
-		b.WriteString(UserToken)
-		b.WriteString(t.Content)
-		if err := writeTools(b, t.Tools, i); err != nil {
+		o.ctl(UserToken)
+		o.text(t.Content)
+		if err := writeTools(o, t.Tools, i); err != nil {
 			return err
 		}
 	case "user":
-		b.WriteString(UserToken)
+		o.ctl(UserToken)
 		for k, bl := range t.blocks {
 			if k > 0 {
-				b.WriteString("\n\n")
+				o.ctl("\n\n")
 			}
 			if bl.isResult {
-				b.WriteString("<tool_result>" + bl.text + "</tool_result>")
+				o.ctl("<tool_result>")
+				o.text(bl.text)
+				o.ctl("</tool_result>")
 			} else {
-				b.WriteString(bl.text)
+				o.text(bl.text)
 			}
 		}
 	case "latest_reminder":
-		b.WriteString(ReminderToken)
-		b.WriteString(t.Content)
+		o.ctl(ReminderToken)
+		o.text(t.Content)
 	case "assistant":
 		prevTask := i > 0 && turns[i-1].Task != ""
 		if thinking && !prevTask && (!drop || i > lastUser) {
-			b.WriteString(t.ReasoningContent)
-			b.WriteString(ThinkEnd)
+			o.text(t.ReasoningContent)
+			o.ctl(ThinkEnd)
 		}
-		b.WriteString(t.Content)
+		o.text(t.Content)
 		if len(t.ToolCalls) > 0 {
-			if err := writeToolCalls(b, t.ToolCalls, i); err != nil {
+			if err := writeToolCalls(o, t.ToolCalls, i); err != nil {
 				return err
 			}
 		}
 		if !t.WoEOS {
-			b.WriteString(EOS)
+			o.ctl(EOS)
 		}
 	default:
 		return fmt.Errorf("chat: message %d: unknown role %q", i, t.Role)
@@ -299,22 +355,22 @@ func renderTurn(b *strings.Builder, i int, turns []turn, thinking, drop bool) er
 			return fmt.Errorf("chat: message %d: unknown task %q", i, t.Task)
 		}
 		if t.Task == "action" {
-			b.WriteString(AssistantToken)
+			o.ctl(AssistantToken)
 			if thinking {
-				b.WriteString(ThinkStart)
+				o.ctl(ThinkStart)
 			} else {
-				b.WriteString(ThinkEnd)
+				o.ctl(ThinkEnd)
 			}
 		}
-		b.WriteString(tok)
+		o.ctl(tok)
 		return nil
 	}
 	if t.Role == "user" || t.Role == "developer" {
-		b.WriteString(AssistantToken)
+		o.ctl(AssistantToken)
 		if thinking && (!drop || i >= lastUser) {
-			b.WriteString(ThinkStart)
+			o.ctl(ThinkStart)
 		} else {
-			b.WriteString(ThinkEnd)
+			o.ctl(ThinkEnd)
 		}
 	}
 	return nil
@@ -341,7 +397,7 @@ const toolsPrompt = "## Tools\n\n" +
 	"%s\n\n" +
 	"You MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n"
 
-func writeTools(b *strings.Builder, tools []Tool, i int) error {
+func writeTools(o *out, tools []Tool, i int) error {
 	if len(tools) == 0 {
 		return nil
 	}
@@ -353,20 +409,24 @@ func writeTools(b *strings.Builder, tools []Tool, i int) error {
 		}
 		schemas[k] = s
 	}
-	b.WriteString("\n\n")
-	fmt.Fprintf(b, toolsPrompt, strings.Join(schemas, "\n"))
+	before, after, _ := strings.Cut(toolsPrompt, "%s")
+	o.ctl("\n\n" + before)
+	o.text(strings.Join(schemas, "\n"))
+	o.ctl(after)
 	return nil
 }
 
 // writeToolCalls renders calls as a DSML tool_calls block. Arguments that are
 // not valid JSON are passed as one string parameter named "arguments".
-func writeToolCalls(b *strings.Builder, calls []ToolCall, i int) error {
-	b.WriteString("\n\n<" + DSML + "tool_calls>\n")
+func writeToolCalls(o *out, calls []ToolCall, i int) error {
+	o.ctl("\n\n<" + DSML + "tool_calls>\n")
 	for k, c := range calls {
 		if k > 0 {
-			b.WriteString("\n")
+			o.ctl("\n")
 		}
-		fmt.Fprintf(b, "<%sinvoke name=\"%s\">\n", DSML, c.Function.Name)
+		o.ctl("<" + DSML + "invoke name=\"")
+		o.text(c.Function.Name)
+		o.ctl("\">\n")
 		var fields []field
 		if json.Valid([]byte(c.Function.Arguments)) {
 			var err error
@@ -379,7 +439,7 @@ func writeToolCalls(b *strings.Builder, calls []ToolCall, i int) error {
 		}
 		for j, f := range fields {
 			if j > 0 {
-				b.WriteString("\n")
+				o.ctl("\n")
 			}
 			var s string
 			isStr := "false"
@@ -388,11 +448,15 @@ func writeToolCalls(b *strings.Builder, calls []ToolCall, i int) error {
 			} else if s, err = pyJSON(f.raw); err != nil {
 				return fmt.Errorf("chat: message %d: tool_calls[%d].function.arguments[%q]: %v", i, k, f.key, err)
 			}
-			fmt.Fprintf(b, "<%sparameter name=\"%s\" string=\"%s\">%s</%sparameter>", DSML, f.key, isStr, s, DSML)
+			o.ctl("<" + DSML + "parameter name=\"")
+			o.text(f.key)
+			o.ctl("\" string=\"" + isStr + "\">")
+			o.text(s)
+			o.ctl("</" + DSML + "parameter>")
 		}
-		fmt.Fprintf(b, "\n</%sinvoke>", DSML)
+		o.ctl("\n</" + DSML + "invoke>")
 	}
-	b.WriteString("\n</" + DSML + "tool_calls>")
+	o.ctl("\n</" + DSML + "tool_calls>")
 	return nil
 }
 

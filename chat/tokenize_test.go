@@ -38,4 +38,15 @@ func TestGoldenTokenizes(t *testing.T) {
 	if got := tok.Decode(ids); got != text {
 		t.Errorf("Decode(Encode(golden)) differs")
 	}
+	// chat.Encode gives the same ids as encoding each golden text.
+	for n, opts := range map[int]Options{1: {Thinking: true}, 2: {Thinking: true}, 3: {Thinking: true}, 4: {}} {
+		msgs, golden := loadVector(t, n)
+		got, err := Encode(tok, msgs, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := tok.Encode(golden, tokenizer.EncodeOptions{AllowSpecial: true}); !slices.Equal(got, want) {
+			t.Errorf("vector %d: Encode differs from encoding the golden text", n)
+		}
+	}
 }

@@ -19,6 +19,7 @@ type command struct {
 
 func commands() []command {
 	return []command{
+		{"run", "chat with a model, or answer one prompt (the built-in tiny model by default)", runRun},
 		{"inspect", "list a model's tensors by role, formats, bytes, bytes read per token", runInspect},
 		{"synth", "write a synthetic model (tiny or V4-Flash shapes) as a checkpoint directory", runSynth},
 		{"repack", "losslessly repack FP8 128x128 block weights to MXFP8 into a new directory", runRepack},

@@ -1,0 +1,253 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"golang.org/x/term"
+
+	"moxie/chat"
+	"moxie/dsv4"
+	"moxie/generate"
+	"moxie/internal/progress"
+	"moxie/sample"
+	"moxie/tokenizer"
+)
+
+func runRun(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	fs := newFlags("run", "[--model M] [PROMPT]", `
+Chat with a model. With a PROMPT, answer it once and exit; without one, start an
+interactive chat (type /reset to clear the history, /exit or Ctrl-D to leave).
+When standard input is not a terminal and no PROMPT is given, it is read as one
+prompt. Text streams as it is generated; a stats line follows each answer
+(prompt tokens, time to first token, prefill and decode tokens/s, memory).
+Without --model, moxie uses its built-in tiny synthetic model, whose text is
+meaningless (random weights).`, stderr)
+	model := fs.String("model", defaultModel, "model: a checkpoint directory or synth:PRESET")
+	maxTokens := fs.Int("max-tokens", 256, "most tokens to generate per answer")
+	temp := fs.Float64("temperature", 0.6, "sampling temperature; 0 is greedy")
+	topP := fs.Float64("top-p", 0.95, "nucleus sampling: keep the most likely tokens up to this probability mass (1 disables)")
+	topK := fs.Int("top-k", 0, "keep only the K most likely tokens (0 disables)")
+	minP := fs.Float64("min-p", 0, "drop tokens less likely than min-p times the best (0 disables)")
+	repPen := fs.Float64("repeat-penalty", 1, "repetition penalty over generated and prompt tokens (1 disables)")
+	seed := fs.Uint64("seed", 0, "random seed (the same seed and prompt give the same answer)")
+	think := fs.Bool("think", false, "thinking mode: the model reasons before answering")
+	system := fs.String("system", "", "system prompt")
+	raw := fs.Bool("raw", false, "send PROMPT as raw text, without the chat template")
+	stats := fs.Bool("stats", true, "print a stats line after each answer")
+	if err := parseFlags(fs, reorderArgs(args, map[string]bool{"model": true, "max-tokens": true, "temperature": true,
+		"top-p": true, "top-k": true, "min-p": true, "repeat-penalty": true, "seed": true, "system": true})); err != nil {
+		return err
+	}
+	if *maxTokens < 1 {
+		return usagef("--max-tokens must be at least 1")
+	}
+	params := sample.Params{Temperature: *temp, TopP: *topP, TopK: *topK, MinP: *minP, RepetitionPenalty: *repPen, Seed: *seed}
+	if _, err := sample.New(params); err != nil {
+		return usagef("%v", err)
+	}
+	lm, err := loadModel(*model, dsv4.Options{}, stderr)
+	if err != nil {
+		return err
+	}
+	defer lm.Close()
+	tok, err := loadTokenizer(lm)
+	if err != nil {
+		return err
+	}
+	r := &runner{m: lm.m, tok: tok, params: params, maxTokens: *maxTokens, think: *think, raw: *raw,
+		stats: *stats, stdout: stdout, stderr: stderr}
+	if *system != "" {
+		r.history = append(r.history, chat.Message{Role: "system", Content: *system})
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	prompt := strings.Join(fs.Args(), " ")
+	if prompt == "" && !isTerminal(stdin) {
+		b, err := io.ReadAll(stdin)
+		if err != nil {
+			return err
+		}
+		prompt = strings.TrimSpace(string(b))
+		if prompt == "" {
+			return usagef("no prompt: give PROMPT, or text on standard input")
+		}
+	}
+	if prompt != "" {
+		return r.turn(ctx, prompt)
+	}
+	return r.interactive(ctx, stdin)
+}
+
+func isTerminal(r io.Reader) bool {
+	f, ok := r.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// loadTokenizer reads the model's tokenizer files; an error names what is missing.
+func loadTokenizer(lm *loadedModel) (*tokenizer.Tokenizer, error) {
+	tj, err := lm.src.File("tokenizer.json")
+	if err != nil {
+		return nil, fmt.Errorf("%s has no tokenizer.json: copy tokenizer.json and tokenizer_config.json from the model's release into the directory (%w)", lm.src.Name(), err)
+	}
+	cj, err := lm.src.File("tokenizer_config.json")
+	if err != nil {
+		return nil, fmt.Errorf("%s has no tokenizer_config.json: copy it from the model's release into the directory (%w)", lm.src.Name(), err)
+	}
+	tok, err := tokenizer.Load(tj, cj)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", lm.src.Name(), err)
+	}
+	return tok, nil
+}
+
+// runner holds one chat: the model, the conversation so far and the options.
+type runner struct {
+	m         *dsv4.Model
+	tok       *tokenizer.Tokenizer
+	params    sample.Params
+	maxTokens int
+	think     bool
+	raw       bool
+	stats     bool
+	history   []chat.Message
+	stdout    io.Writer
+	stderr    io.Writer
+}
+
+func (r *runner) interactive(ctx context.Context, stdin io.Reader) error {
+	fmt.Fprintf(r.stderr, "moxie chat: /reset clears the conversation, /exit or Ctrl-D leaves.\n")
+	sc := bufio.NewScanner(stdin)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	system := r.history
+	for {
+		fmt.Fprint(r.stderr, ">>> ")
+		if !sc.Scan() {
+			fmt.Fprintln(r.stderr)
+			return sc.Err()
+		}
+		line := strings.TrimSpace(sc.Text())
+		switch line {
+		case "":
+			continue
+		case "/exit", "/quit", "/bye":
+			return nil
+		case "/reset":
+			r.history = system
+			fmt.Fprintln(r.stderr, "(conversation cleared)")
+			continue
+		}
+		if err := r.turn(ctx, line); err != nil {
+			if errors.Is(err, context.Canceled) {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
+// turn answers one user message, streaming the reply, and keeps both in the history.
+func (r *runner) turn(ctx context.Context, prompt string) error {
+	var ids []int
+	eos, _ := r.tok.EOS()
+	if r.raw {
+		ids = r.tok.Encode(prompt, tokenizer.EncodeOptions{})
+		if bos, ok := r.tok.BOS(); ok {
+			ids = append([]int{bos}, ids...)
+		}
+	} else {
+		msgs := append(append([]chat.Message(nil), r.history...), chat.Message{Role: "user", Content: prompt})
+		var err error
+		ids, err = chat.Encode(r.tok, msgs, chat.Options{Thinking: r.think})
+		if err != nil {
+			return err
+		}
+	}
+	sampler, err := sample.New(r.params)
+	if err != nil {
+		return err
+	}
+	parser := chat.NewParser(r.think && !r.raw)
+	inReasoning := false
+	var content, reasoning strings.Builder
+	emit := func(ev generate.Event) error {
+		if r.raw {
+			_, err := io.WriteString(r.stdout, ev.Text)
+			content.WriteString(ev.Text)
+			return err
+		}
+		d := parser.Add(ev.Text)
+		r.show(d, &inReasoning, &content, &reasoning)
+		return nil
+	}
+	res, err := generate.Generate(ctx, r.m, ids, generate.Options{
+		MaxTokens: r.maxTokens, Sampler: sampler, StopTokens: []int{eos}, Detokenizer: r.tok.NewDecoder(),
+	}, emit)
+	if !r.raw {
+		d, _, perr := parser.Finish()
+		r.show(d, &inReasoning, &content, &reasoning)
+		if perr != nil && err == nil && res.Finish == generate.FinishStop {
+			fmt.Fprintf(r.stderr, "\n(warning: %v)", perr)
+		}
+	}
+	fmt.Fprintln(r.stdout)
+	if r.stats {
+		fmt.Fprintln(r.stderr, statsLine(res))
+	}
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	r.history = append(r.history, chat.Message{Role: "user", Content: prompt},
+		chat.Message{Role: "assistant", Content: content.String(), ReasoningContent: reasoning.String()})
+	return err
+}
+
+// show prints a parsed delta, marking where reasoning starts and ends.
+func (r *runner) show(d chat.Delta, inReasoning *bool, content, reasoning *strings.Builder) {
+	if d.Reasoning != "" {
+		if !*inReasoning {
+			fmt.Fprint(r.stdout, "<think>\n")
+			*inReasoning = true
+		}
+		fmt.Fprint(r.stdout, d.Reasoning)
+		reasoning.WriteString(d.Reasoning)
+	}
+	if d.Content != "" {
+		if *inReasoning {
+			fmt.Fprint(r.stdout, "\n</think>\n")
+			*inReasoning = false
+		}
+		fmt.Fprint(r.stdout, d.Content)
+		content.WriteString(d.Content)
+	}
+}
+
+// statsLine summarises a generation for people: prompt size, latency, speeds, memory.
+func statsLine(res generate.Result) string {
+	return fmt.Sprintf("[prompt %d tok | first token %s | prefill %.1f tok/s | decode %.1f tok/s | %d tok, %s | memory %s]",
+		res.PromptTokens, res.TimeToFirstToken.Round(time.Millisecond), res.PrefillTokensPerSecond(),
+		res.DecodeTokensPerSecond(), res.GeneratedTokens, res.Finish, progress.FormatBytes(residentBytes()))
+}
+
+// residentBytes is the process's resident memory (VmRSS), or 0 where unknown.
+func residentBytes() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			var kb int64
+			fmt.Sscanf(strings.TrimSpace(rest), "%d", &kb)
+			return kb << 10
+		}
+	}
+	return 0
+}

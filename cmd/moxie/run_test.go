@@ -1,0 +1,96 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"moxie/dsv4"
+)
+
+func TestRunOneShotIsReproducibleAndReportsStats(t *testing.T) {
+	args := []string{"run", "--max-tokens", "12", "--seed", "42", "--temperature", "0.8", "Hello, moxie"}
+	code, out1, errs := moxie(t, args...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	_, out2, _ := moxie(t, args...)
+	if out1 != out2 || out1 == "" {
+		t.Fatalf("same seed gave different answers:\n%q\n%q", out1, out2)
+	}
+	for _, want := range []string{"synthetic model", "[prompt ", "prefill", "decode", "12 tok, length", "memory"} {
+		if !strings.Contains(errs, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, errs)
+		}
+	}
+	_, out3, _ := moxie(t, "run", "--max-tokens", "12", "--seed", "43", "--temperature", "0.8", "Hello, moxie")
+	if out3 == out1 {
+		t.Errorf("a different seed gave the same sampled answer %q", out1)
+	}
+}
+
+func TestRunInteractive(t *testing.T) {
+	var out, errb strings.Builder
+	in := strings.NewReader("first question\n/reset\nsecond\n/exit\nnever read\n")
+	// A strings.Reader is not a terminal, so pass the conversation through the
+	// interactive loop directly.
+	lm, err := loadModel(defaultModel, dsv4.Options{}, &errb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	tok, err := loadTokenizer(lm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &runner{m: lm.m, tok: tok, maxTokens: 4, stats: true, stdout: &out, stderr: &errb}
+	if err := r.interactive(t.Context(), in); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(errb.String(), "[prompt "); n != 2 {
+		t.Fatalf("%d answers, want 2 (before /reset and after):\n%s", n, errb.String())
+	}
+	if !strings.Contains(errb.String(), "conversation cleared") {
+		t.Fatal("/reset did not say it cleared the conversation")
+	}
+	if len(r.history) != 2 || r.history[0].Content != "second" {
+		t.Fatalf("history after /reset = %+v, want only the second exchange", r.history)
+	}
+}
+
+func TestRunStdinPromptAndRaw(t *testing.T) {
+	var out, errb strings.Builder
+	code := run([]string{"run", "--raw", "--max-tokens", "5", "--temperature", "0"}, strings.NewReader("raw text prompt\n"), &out, &errb)
+	if code != 0 || !strings.Contains(errb.String(), "5 tok, length") {
+		t.Fatalf("exit %d, stderr %s", code, errb.String())
+	}
+}
+
+func TestRunNeedsTokenizer(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "m")
+	if code, _, errs := moxie(t, "synth", "tiny", "--out", dir); code != 0 {
+		t.Fatal(errs)
+	}
+	if err := os.Remove(filepath.Join(dir, "tokenizer.json")); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errs := moxie(t, "run", "--model", dir, "hi")
+	if code != 1 || !strings.Contains(errs, "tokenizer.json") {
+		t.Fatalf("exit %d, stderr %q: want an error naming tokenizer.json", code, errs)
+	}
+	// And the same directory with its tokenizer answers.
+	dir2 := filepath.Join(t.TempDir(), "m2")
+	moxie(t, "synth", "tiny", "--out", dir2)
+	if code, _, errs := moxie(t, "run", "--model", dir2, "--max-tokens", "3", "hi"); code != 0 {
+		t.Fatalf("run on a synth directory: exit %d: %s", code, errs)
+	}
+}
+
+func TestRunBadFlags(t *testing.T) {
+	for _, args := range [][]string{{"run", "--max-tokens", "0", "x"}, {"run", "--top-p", "2", "x"}, {"run", "--temperature", "-1", "x"}} {
+		if code, _, errs := moxie(t, args...); code != 2 {
+			t.Errorf("%v: exit %d (%s), want 2", args, code, errs)
+		}
+	}
+}

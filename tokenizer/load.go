@@ -177,6 +177,15 @@ func Load(tokenizerJSON, tokenizerConfigJSON []byte, extra ...AddedToken) (*Toke
 		b.unk = int32(id)
 	}
 
+	if b.unk < 0 {
+		enc, _ := byteLevelAlphabet()
+		for c, id := range b.byteID {
+			if id < 0 {
+				return nil, fmt.Errorf("tokenizer.json: model.vocab: no token for byte %#02x (%q) and no unk_token: some text could not be encoded", c, string(enc[c]))
+			}
+		}
+	}
+
 	if err := parseMerges(m.Merges, m.Vocab, dec, b); err != nil {
 		return nil, fmt.Errorf("tokenizer.json: %w", err)
 	}

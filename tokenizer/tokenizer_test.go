@@ -366,6 +366,7 @@ func TestLoadErrors(t *testing.T) {
 		{"decoder", strings.Replace(good, `"decoder":{"type":"ByteLevel"}`, `"decoder":{"type":"WordPiece"}`, 1), "", "decoder.type"},
 		{"negative id", strings.Replace(good, `"a":`, `"a":-5,"x":`, 1), "", "model.vocab"},
 		{"huge id", strings.Replace(good, `"a":`, `"a":999999999,"x":`, 1), "", "out of range"},
+		{"missing byte token", strings.Replace(good, `"a":`, `"zzz":`, 1), "", "no token for byte 0x61"},
 		{"added no content", strings.Replace(good, `"content":"<s>",`, ``, 1), "", "added_tokens[0]"},
 		{"added dup content", strings.Replace(good, `"content":"<tool>"`, `"content":"<s>"`, 1), "", "added_tokens[1]"},
 		{"bos unknown", good, `{"bos_token":"<nope>"}`, "tokenizer_config.json: bos_token"},

@@ -20,12 +20,15 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"run", "chat with a model, or answer one prompt (the built-in tiny model by default)", runRun},
+		{"serve", "serve a model over an OpenAI-compatible HTTP API", runServe},
+		{"bench", "measure prefill and decode speed and efficiency against memory bandwidth", runBench},
+		{"plan", "show what a memory budget keeps resident: dense weights, caches, experts per layer", runPlan},
 		{"inspect", "list a model's tensors by role, formats, bytes, bytes read per token", runInspect},
+		{"logits", "save the logits of a token sequence as .npy (prefill, then decode steps)", runLogits},
+		{"tokenize", "turn text into token ids (or ids into text with --decode)", runTokenize},
+		{"residency", "replay a route trace through expert-residency policies and the optimum", runResidency},
 		{"synth", "write a synthetic model (tiny or V4-Flash shapes) as a checkpoint directory", runSynth},
 		{"repack", "losslessly repack FP8 128x128 block weights to MXFP8 into a new directory", runRepack},
-		{"tokenize", "turn text into token ids (or ids into text with --decode)", runTokenize},
-		{"bench", "measure prefill and decode speed and efficiency against memory bandwidth", runBench},
-		{"logits", "save the logits of a token sequence as .npy (prefill, then decode steps)", runLogits},
 		{"version", "print moxie's version", runVersion},
 	}
 }

@@ -140,6 +140,21 @@ func TestSessionRejects(t *testing.T) {
 	if _, err := Logits(m, []int{1, 2}, 3); err == nil {
 		t.Error("Logits accepted prefill > len(tokens)")
 	}
+	t.Run("max positions", func(t *testing.T) {
+		cfg := config.Tiny()
+		cfg.MaxPositions = 10
+		m := loadTiny(t, newMemSource(cfg, 1))
+		s := m.NewSession()
+		if _, err := s.Prefill(testTokens(8, cfg.VocabSize, 1)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Prefill(testTokens(3, cfg.VocabSize, 2)); err == nil || !strings.Contains(err.Error(), "max_position_embeddings") {
+			t.Fatalf("err = %v, want a max_position_embeddings error", err)
+		}
+		if _, err := s.Decode(5); err != nil { // position 8 is still allowed
+			t.Fatalf("decode at position 8: %v", err)
+		}
+	})
 }
 
 // TestForwardMatchesFloat64Reference compares the engine with an independent,

@@ -7,8 +7,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
+	"sync"
 
 	"moxie/safetensors"
 )
@@ -23,18 +24,16 @@ type Dir struct {
 	dir       string
 	synthetic bool
 	files     []*safetensors.File
-	where     map[string]dirTensor
+	byName    map[string]*safetensors.File // shard file name -> shard
+	index     *safetensors.Index           // nil for a single model.safetensors
+
+	infosOnce sync.Once
 	infos     []TensorInfo
 }
 
-type dirTensor struct {
-	file *safetensors.File
-	info safetensors.TensorInfo
-}
-
 // OpenDir opens a checkpoint directory. Every shard header is validated, each
-// tensor of the index must be in the shard it names and nowhere else, and every
-// tensor of every shard must be in the index.
+// tensor of every shard must be listed in the index under that shard (so none is
+// stored twice), and every tensor of the index must be in its shard.
 func OpenDir(dir string) (*Dir, error) {
 	st, err := os.Stat(dir)
 	if err != nil {
@@ -43,7 +42,7 @@ func OpenDir(dir string) (*Dir, error) {
 	if !st.IsDir() {
 		return nil, fmt.Errorf("checkpoint %s: not a directory (want a directory with config.json and safetensors shards, or synth:PRESET)", dir)
 	}
-	d := &Dir{dir: dir, where: map[string]dirTensor{}}
+	d := &Dir{dir: dir, byName: map[string]*safetensors.File{}}
 	cfg, err := d.File("config.json")
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: config.json is required: %w", dir, err)
@@ -53,25 +52,23 @@ func OpenDir(dir string) (*Dir, error) {
 		_, d.synthetic = marker[SyntheticKey]
 	}
 	var shards []string
-	var index *safetensors.Index
 	if _, err := os.Stat(filepath.Join(dir, IndexFile)); err == nil {
-		index, err = safetensors.ReadIndex(filepath.Join(dir, IndexFile))
+		d.index, err = safetensors.ReadIndex(filepath.Join(dir, IndexFile))
 		if err != nil {
 			return nil, err
 		}
-		seen := map[string]bool{}
-		for _, f := range index.WeightMap {
-			if !seen[f] {
-				seen[f] = true
-				shards = append(shards, f)
-			}
-		}
-		sort.Strings(shards)
+		shards = d.index.Shards()
 	} else if _, err := os.Stat(filepath.Join(dir, "model.safetensors")); err == nil {
 		shards = []string{"model.safetensors"}
 	} else {
 		return nil, fmt.Errorf("checkpoint %s: neither %s nor model.safetensors found", dir, IndexFile)
 	}
+	fail := func(format string, a ...any) (*Dir, error) {
+		d.Close()
+		return nil, fmt.Errorf("checkpoint %s: "+format, append([]any{dir}, a...)...)
+	}
+	var count int
+	var total int64
 	for _, name := range shards {
 		f, err := safetensors.Open(filepath.Join(dir, name))
 		if err != nil {
@@ -79,39 +76,50 @@ func OpenDir(dir string) (*Dir, error) {
 			return nil, err
 		}
 		d.files = append(d.files, f)
+		d.byName[name] = f
 		for _, ti := range f.Tensors() {
-			if prev, dup := d.where[ti.Name]; dup {
-				d.Close()
-				return nil, fmt.Errorf("checkpoint %s: tensor %q is stored twice, in %s and %s", dir, ti.Name, filepath.Base(prev.file.Path()), name)
+			count++
+			total += ti.Size
+			if d.index == nil {
+				continue
 			}
-			if index != nil && index.WeightMap[ti.Name] != name {
-				d.Close()
-				if want, ok := index.WeightMap[ti.Name]; ok {
-					return nil, fmt.Errorf("checkpoint %s: tensor %q is in %s but the index says %s", dir, ti.Name, name, want)
+			switch want, ok := d.index.WeightMap[ti.Name]; {
+			case !ok:
+				return fail("tensor %q in %s is missing from %s", ti.Name, name, IndexFile)
+			case want != name:
+				return fail("tensor %q is in %s but the index says %s", ti.Name, name, want)
+			}
+		}
+	}
+	if d.index != nil {
+		// Every shard tensor is in the index under its own shard, so equal counts
+		// mean every index entry was found.
+		if count != len(d.index.WeightMap) {
+			for name, shard := range d.index.WeightMap {
+				if _, ok := d.byName[shard].Lookup(name); !ok {
+					return fail("%s lists tensor %q in %s, but that shard does not hold it", IndexFile, name, shard)
 				}
-				return nil, fmt.Errorf("checkpoint %s: tensor %q in %s is missing from %s", dir, ti.Name, name, IndexFile)
 			}
-			d.where[ti.Name] = dirTensor{file: f, info: ti}
-			d.infos = append(d.infos, TensorInfo{Name: ti.Name, DType: ti.DType, Shape: ti.Shape, Size: ti.Size})
+		}
+		if d.index.TotalSize != 0 && d.index.TotalSize != total {
+			return fail("%s metadata.total_size is %d, but the tensors hold %d bytes", IndexFile, d.index.TotalSize, total)
 		}
 	}
-	if index != nil {
-		var total int64
-		for name, shard := range index.WeightMap {
-			t, ok := d.where[name]
-			if !ok {
-				d.Close()
-				return nil, fmt.Errorf("checkpoint %s: %s lists tensor %q in %s, but that shard does not hold it", dir, IndexFile, name, shard)
-			}
-			total += t.info.Size
-		}
-		if index.TotalSize != 0 && index.TotalSize != total {
-			d.Close()
-			return nil, fmt.Errorf("checkpoint %s: %s metadata.total_size is %d, but the tensors hold %d bytes", dir, IndexFile, index.TotalSize, total)
-		}
-	}
-	sort.Slice(d.infos, func(i, j int) bool { return d.infos[i].Name < d.infos[j].Name })
 	return d, nil
+}
+
+// lookup finds the shard holding a tensor.
+func (d *Dir) lookup(name string) (*safetensors.File, safetensors.TensorInfo, bool) {
+	f := d.files[0]
+	if d.index != nil {
+		shard, ok := d.index.WeightMap[name]
+		if !ok {
+			return nil, safetensors.TensorInfo{}, false
+		}
+		f = d.byName[shard]
+	}
+	ti, ok := f.Lookup(name)
+	return f, ti, ok
 }
 
 // Name is the directory path.
@@ -136,34 +144,44 @@ func (d *Dir) File(name string) ([]byte, error) {
 	return b, nil
 }
 
-// Tensors lists every tensor, sorted by name.
-func (d *Dir) Tensors() []TensorInfo { return d.infos }
+// Tensors lists every tensor, sorted by name (built on first use).
+func (d *Dir) Tensors() []TensorInfo {
+	d.infosOnce.Do(func() {
+		for _, f := range d.files {
+			for _, ti := range f.Tensors() {
+				d.infos = append(d.infos, TensorInfo{Name: ti.Name, DType: ti.DType, Shape: ti.Shape, Size: ti.Size})
+			}
+		}
+		slices.SortFunc(d.infos, func(a, b TensorInfo) int { return strings.Compare(a.Name, b.Name) })
+	})
+	return d.infos
+}
 
 // Lookup describes one tensor.
 func (d *Dir) Lookup(name string) (TensorInfo, bool) {
-	t, ok := d.where[name]
+	_, ti, ok := d.lookup(name)
 	if !ok {
 		return TensorInfo{}, false
 	}
-	return TensorInfo{Name: name, DType: t.info.DType, Shape: t.info.Shape, Size: t.info.Size}, true
+	return TensorInfo{Name: name, DType: ti.DType, Shape: ti.Shape, Size: ti.Size}, true
 }
 
 // TensorData returns a read-only view of the tensor in its memory-mapped shard.
 func (d *Dir) TensorData(name string) ([]byte, error) {
-	t, ok := d.where[name]
+	f, _, ok := d.lookup(name)
 	if !ok {
 		return nil, fmt.Errorf("checkpoint %s: no tensor %q", d.dir, name)
 	}
-	return t.file.Data(name)
+	return f.Data(name)
 }
 
 // Locate returns the shard path and byte range of a tensor, for pread access.
 func (d *Dir) Locate(name string) (string, int64, int64, error) {
-	t, ok := d.where[name]
+	f, ti, ok := d.lookup(name)
 	if !ok {
 		return "", 0, 0, fmt.Errorf("checkpoint %s: no tensor %q", d.dir, name)
 	}
-	return t.file.Path(), t.info.Offset, t.info.Size, nil
+	return f.Path(), ti.Offset, ti.Size, nil
 }
 
 // Shards is the number of safetensors files.

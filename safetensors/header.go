@@ -447,3 +447,25 @@ func encodeHeader(specs []TensorSpec, sizes []int64, meta map[string]string) []b
 	binary.LittleEndian.PutUint64(b, uint64(len(b)-8))
 	return b
 }
+
+// EncodeHeader returns the file prefix (8-byte length and JSON header) of a
+// safetensors file holding specs contiguously in order, and the size of the data
+// section that must follow it. Writing that many bytes after the prefix, or
+// extending the file to that length, gives a valid file. Errors name the spec.
+func EncodeHeader(specs []TensorSpec, metadata map[string]string) (prefix []byte, dataSize int64, err error) {
+	sizes := make([]int64, len(specs))
+	seen := make(map[string]bool, len(specs))
+	for i, s := range specs {
+		if seen[s.Name] {
+			return nil, 0, fmt.Errorf("safetensors: tensor %q given twice", s.Name)
+		}
+		seen[s.Name] = true
+		n, err := checkSpec(s)
+		if err != nil {
+			return nil, 0, err
+		}
+		sizes[i] = n
+		dataSize += n
+	}
+	return encodeHeader(specs, sizes, metadata), dataSize, nil
+}

@@ -48,9 +48,9 @@ func editIndex(t *testing.T, dir string, edit func(ix *safetensors.Index)) {
 func TestOpenDirRejects(t *testing.T) {
 	const moved = "layers.0.attn.wq_a.weight"
 	cases := []struct {
-		name   string
+		name    string
 		corrupt func(t *testing.T, dir string)
-		want   []string
+		want    []string
 	}{
 		{"tensor under the wrong shard", func(t *testing.T, dir string) {
 			editIndex(t, dir, func(ix *safetensors.Index) {

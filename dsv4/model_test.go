@@ -338,3 +338,35 @@ func BenchmarkTinyDecode(b *testing.B) {
 	}
 	_ = fmt.Sprint()
 }
+
+// failingExperts serves experts from a model but fails for one layer.
+type failingExperts struct {
+	inner Experts
+	layer int
+}
+
+func (f failingExperts) Expert(layer, e int) (ExpertWeights, error) {
+	if layer == f.layer {
+		return ExpertWeights{}, fmt.Errorf("tier read failed for expert %d", e)
+	}
+	return f.inner.Expert(layer, e)
+}
+
+func TestExpertErrorStopsSession(t *testing.T) {
+	src := newMemSource(config.Tiny(), 1)
+	base := loadTiny(t, src)
+	be := cpu.New(1)
+	t.Cleanup(be.Close)
+	m, err := Load(src, Options{Backend: be, Experts: failingExperts{inner: base.experts, layer: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := m.NewSession()
+	_, err = s.Prefill([]int{1, 2, 3})
+	if err == nil || !strings.Contains(err.Error(), "layer 2") || !strings.Contains(err.Error(), "tier read failed") {
+		t.Fatalf("err = %v, want the layer and the cause", err)
+	}
+	if _, err := s.Decode(4); err == nil {
+		t.Fatal("session usable after a failed step")
+	}
+}

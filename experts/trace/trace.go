@@ -24,6 +24,13 @@
 //	4·topk  weights (float32, finite)
 //
 // A file ends after a whole record; a partial record is an error.
+//
+// Recording (`--record-routes FILE`):
+//
+//	w, err := trace.Create(path, trace.HeaderFor(src.Name(), cfg))
+//	m, err := dsv4.Load(src, dsv4.Options{Routes: w, ...})
+//	... run the model ...
+//	err = w.Close() // reports the first write error; the file appears only on success
 package trace
 
 import (

@@ -34,7 +34,8 @@ Thinking mode: send "thinking": {"type": "enabled"} or "reasoning_effort":
 Tool calling: "tools" are described to the model in DeepSeek's DSML format and
 its calls come back as tool_calls. Requests beyond --concurrency wait in a queue of --queue; when it is
 full the server answers 503 with Retry-After. SIGINT or SIGTERM stop accepting
-requests, let running ones finish for --grace, then cancel them and exit.
+requests, let running ones finish for --grace, then cancel them and exit; a
+second signal exits at once.
 
 The server binds to loopback by default. Before binding to another address set
 --api-key (or MOXIE_API_KEY): clients then send "Authorization: Bearer KEY".
@@ -46,6 +47,12 @@ Example:
 func runServe(args []string, _ io.Reader, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// After the first signal, restore the default handling: a second one
+	// ends the process at once instead of waiting for the grace period.
+	context.AfterFunc(ctx, func() {
+		stop()
+		fmt.Fprintln(stderr, "moxie serve: shutting down (signal again to exit at once)")
+	})
 	return serve(ctx, args, stdout, stderr, nil)
 }
 

@@ -8,8 +8,10 @@ import (
 	"flag"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -143,5 +145,40 @@ func TestServeTinyModel(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "moxie serve: stopped") {
 		t.Errorf("stdout: %q", out.String())
+	}
+}
+
+// TestRunServeSignal sends SIGTERM to the test process while runServe is
+// serving: it must stop gracefully and return nil.
+func TestRunServeSignal(t *testing.T) {
+	var out, errb lockedBuffer
+	errc := make(chan error, 1)
+	go func() {
+		errc <- runServe([]string{"--addr", "127.0.0.1:0", "--quiet"}, nil, &out, &errb)
+	}()
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(out.String(), "on http://") {
+		if time.Now().After(deadline) {
+			t.Fatalf("server did not start: %s %s", out.String(), errb.String())
+		}
+		select {
+		case err := <-errc:
+			t.Fatalf("runServe returned early: %v\n%s", err, errb.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Errorf("runServe: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("runServe did not stop on SIGTERM")
+	}
+	if !strings.Contains(out.String(), "moxie serve: stopped") || !strings.Contains(errb.String(), "shutting down") {
+		t.Errorf("stdout %q stderr %q", out.String(), errb.String())
 	}
 }

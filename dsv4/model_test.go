@@ -96,9 +96,10 @@ func TestLoadRejects(t *testing.T) {
 		{"no config", func(s *memSource) { delete(s.files, "config.json") }, []string{"config.json"}},
 		{"bad config", func(s *memSource) { s.files["config.json"] = []byte(`{"model_type":"llama"}`) }, []string{"config.json"}},
 	}
+	base := newMemSource(cfg, 1)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newMemSource(cfg, 1)
+			s := base.clone()
 			tc.mod(s)
 			_, err := Load(s, Options{})
 			if err == nil {
@@ -112,7 +113,7 @@ func TestLoadRejects(t *testing.T) {
 		})
 	}
 	t.Run("qat target", func(t *testing.T) {
-		if _, err := Load(newMemSource(cfg, 1), Options{Target: QAT}); err == nil || !strings.Contains(err.Error(), "qat") {
+		if _, err := Load(base.clone(), Options{Target: QAT}); err == nil || !strings.Contains(err.Error(), "qat") {
 			t.Fatalf("err = %v, want qat not implemented", err)
 		}
 	})

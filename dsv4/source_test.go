@@ -63,6 +63,20 @@ func (s *memSource) put(name string, dt format.DType, shape []int64, d []byte) {
 	s.infos[i] = info
 }
 
+// clone returns a copy whose maps and lists can be changed independently
+// (tensor bytes are shared: replace them, never modify them in place).
+func (s *memSource) clone() *memSource {
+	c := &memSource{cfg: s.cfg, files: map[string][]byte{}, data: map[string][]byte{}}
+	for k, v := range s.files {
+		c.files[k] = v
+	}
+	for k, v := range s.data {
+		c.data[k] = v
+	}
+	c.infos = append([]checkpoint.TensorInfo(nil), s.infos...)
+	return c
+}
+
 func (s *memSource) remove(name string) {
 	delete(s.data, name)
 	for i, t := range s.infos {

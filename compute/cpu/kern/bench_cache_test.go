@@ -53,3 +53,8 @@ func BenchmarkL3MX(b *testing.B) {
 	ms, size := mxCopiesN(2048, 4096, 8)
 	benchMatVec(b, ms, size)
 }
+
+func BenchmarkL3FP8WqB(b *testing.B) {
+	ms, size := fp8CopiesN(32768, 1024, 2)
+	benchMatVec(b, ms, size)
+}

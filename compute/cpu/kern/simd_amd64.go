@@ -187,16 +187,18 @@ func fp8MatvecAVX512(w FP8Block, y, x []float32, lo, hi int) {
 				archsimd.LoadFloat32x16((*[16]float32)(src[32:48])).Mul(s).Store((*[16]float32)(dst[32:48]))
 				archsimd.LoadFloat32x16((*[16]float32)(src[48:64])).Mul(s).Store((*[16]float32)(dst[48:64]))
 			}
-			// Two rows at a time: their decoded codes share each input load,
-			// and two interleaved streams keep more memory reads in flight.
-			for ; r+2 <= rEnd; r += 2 {
+			// Two rows at a time, half the block apart: two interleaved
+			// streams in different pages keep more memory reads in flight.
+			half := (rEnd - r) / 2
+			for i := r; i < r+half; i++ {
 				var a0, a1 fp8Acc2
-				fp8Dot2(w.Q[r*cols+c0:r*cols+c1], w.Q[(r+1)*cols+c0:(r+1)*cols+c1], xs[:n], &a0, &a1)
+				j := i + half
+				fp8Dot2(w.Q[i*cols+c0:i*cols+c1], w.Q[j*cols+c0:j*cols+c1], xs[:n], &a0, &a1)
 				s0, s1 := a0.sum(), a1.sum()
-				y[r-lo] += s0
-				y[r+1-lo] += s1
+				y[i-lo] += s0
+				y[j-lo] += s1
 			}
-			for ; r < rEnd; r++ {
+			for r += 2 * half; r < rEnd; r++ {
 				var acc fp8Acc
 				fp8Dot(w.Q[r*cols+c0:r*cols+c1], xs[:n], &acc)
 				y[r-lo] += acc.sum()

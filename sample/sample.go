@@ -119,7 +119,7 @@ func (s *Sampler) Sample(logits []float32, history []int) (int, error) {
 			}
 			s.seen[id] = true
 			if v := float64(s.work[id]); v > 0 {
-				s.work[id] = float32(v / pen)
+				s.work[id] = float32(min(v/pen, math.MaxFloat32)) // a penalty < 1 raises
 			} else {
 				// Clamp: a finite logit must stay finite (not masked).
 				s.work[id] = float32(max(v*pen, -math.MaxFloat32))
@@ -138,14 +138,14 @@ func (s *Sampler) Sample(logits []float32, history []int) (int, error) {
 	if best < 0 {
 		return 0, ErrAllMasked
 	}
-	if s.p.Temperature == 0 {
-		return best, nil
+	invT := 1 / s.p.Temperature
+	if s.p.Temperature == 0 || math.IsInf(invT, 1) {
+		return best, nil // greedy (a subnormal temperature is greedy too)
 	}
 
 	// e[id] = exp((l - lmax)/T): unnormalised probabilities, 1 for the best.
 	n := len(work)
 	maxL := float64(bestV)
-	invT := 1 / s.p.Temperature
 	if cap(s.e) < n {
 		s.e = make([]float64, n)
 	}
@@ -239,6 +239,9 @@ func (s *Sampler) Sample(logits []float32, history []int) (int, error) {
 		if topP && cum >= s.p.TopP {
 			break
 		}
+	}
+	if kept == 0 { // cannot happen: the best id has e = 1 >= t and >= MinP
+		return best, nil
 	}
 	u := s.rng.Float64() * total
 	for _, c := range s.order[:kept] {

@@ -160,6 +160,9 @@ func TestGreedy(t *testing.T) {
 		{"penalty multiplies negative", f32(-1, -1.2, -5), []int{0}, Params{RepetitionPenalty: 1.5}, 1},
 		{"penalty window excludes old ids", f32(2, 1.9, -1), []int{0, 2, 2}, Params{RepetitionPenalty: 1.5, RepetitionWindow: 2}, 0},
 		{"penalty 1 is off", f32(2, 1.9), []int{0}, Params{RepetitionPenalty: 1}, 0},
+		{"penalty below 1 stays finite", f32(3e38, 1), []int{0}, Params{RepetitionPenalty: 0.25}, 0},
+		{"penalty below 1 sampled", f32(3e38, 1), []int{0}, Params{RepetitionPenalty: 0.25, Temperature: 1, TopK: 5}, 0},
+		{"subnormal temperature is greedy", f32(1, 2, 0), nil, Params{Temperature: 5e-324, TopP: 0.5}, 1},
 		{"history ids out of range ignored", f32(2, 1.9), []int{-1, 99}, Params{RepetitionPenalty: 2}, 0},
 	}
 	for _, c := range tests {

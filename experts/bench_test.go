@@ -243,7 +243,8 @@ func BenchmarkFlashDecodeStore(b *testing.B) {
 			after := st.Stats().Total
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tok/s")
 			b.ReportMetric(float64(after.BytesRead-before.BytesRead)/float64(b.N), "read-B/tok")
-			b.ReportMetric(after.HitRate(), "hit-rate")
+			win := LayerStats{Hits: after.Hits - before.Hits, Misses: after.Misses - before.Misses}
+			b.ReportMetric(win.HitRate(), "hit-rate")
 			b.ReportMetric(float64(after.Wait-before.Wait)/float64(b.N)/1e6, "wait-ms/tok")
 		})
 	}

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -353,14 +354,19 @@ func (s *Store) Prefetch(layer int, experts []int) {
 			ls.pending[e] = true
 		}
 	}
+	var misses []int
 	for _, e := range experts {
 		if e < 0 || e >= s.cfg.NRoutedExperts || ls.used[e] {
 			continue
 		}
 		ls.count(e)
-		if _, ok := ls.where[e]; ok {
-			continue
+		if _, ok := ls.where[e]; !ok {
+			misses = append(misses, e)
 		}
+	}
+	// The forward pass asks in ascending order: read in that order too.
+	slices.Sort(misses)
+	for _, e := range misses {
 		sl, decided := s.claim(ls, e)
 		if sl == nil {
 			if decided {
@@ -400,7 +406,7 @@ func (s *Store) claim(ls *layerState, e int) (*slot, bool) {
 		if len(cands) == 0 {
 			return nil, false
 		}
-		sortInts(cands) // map order must not leak into policy ties
+		slices.Sort(cands) // map order must not leak into policy ties
 	}
 	victim, install := ls.pol.Admit(e, ls.step, free, cands)
 	if !install {
@@ -424,14 +430,6 @@ func (s *Store) claim(ls *layerState, e int) (*slot, bool) {
 	delete(ls.where, victim)
 	sl.e, sl.ready, sl.bound = -1, false, false
 	return sl, true
-}
-
-func sortInts(a []int) {
-	for i := 1; i < len(a); i++ {
-		for j := i; j > 0 && a[j] < a[j-1]; j-- {
-			a[j], a[j-1] = a[j-1], a[j]
-		}
-	}
 }
 
 // startLoad begins reading expert e of ls into sl (a slot, or the layer's

@@ -1,6 +1,7 @@
 package dsv4
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"strings"
@@ -161,37 +162,57 @@ func TestSessionRejects(t *testing.T) {
 // TestForwardMatchesFloat64Reference compares the engine with an independent,
 // cache-free float64 forward pass over 40 tokens: past the window of 8, more
 // compressed CSA entries (10) than the indexer's top-4, five closed HCA windows,
-// two hash-routed layers.
+// two hash-routed layers; for the shipped formats and the repacked variants
+// (MXFP8 dense weights, FP8 experts).
 func TestForwardMatchesFloat64Reference(t *testing.T) {
 	if testing.Short() {
 		t.Skip("float64 reference forward is slow")
 	}
-	src := newMemSource(config.Tiny(), 7)
-	m := loadTiny(t, src)
-	toks := testTokens(40, m.Cfg.VocabSize, 3)
-	got, err := Logits(m, toks, 25)
-	if err != nil {
-		t.Fatal(err)
+	variants := []struct {
+		name         string
+		dense, exper string
+	}{{"shipped", "fp8", "fp4"}, {"mxfp8 dense", "mxfp8", "fp4"}, {"fp8 experts", "fp8", "fp8"}}
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			cfg := config.Tiny()
+			cfg.DenseFormat, cfg.ExpertDType = v.dense, v.exper
+			src := newMemSource(cfg, 7)
+			var js map[string]any
+			if err := json.Unmarshal(src.files["config.json"], &js); err != nil {
+				t.Fatal(err)
+			}
+			js[config.DenseFormatKey] = v.dense
+			src.files["config.json"], _ = json.Marshal(js)
+			m := loadTiny(t, src)
+			if m.Cfg.DenseFormat != v.dense || m.Cfg.ExpertDType != v.exper {
+				t.Fatalf("loaded formats %s/%s, want %s/%s", m.Cfg.DenseFormat, m.Cfg.ExpertDType, v.dense, v.exper)
+			}
+			toks := testTokens(40, m.Cfg.VocabSize, 3)
+			got, err := Logits(m, toks, 25)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := newRefModel(src).forward(toks)
+			V := m.Cfg.VocabSize
+			worst := 0.0
+			for i := range toks {
+				g := got[i*V : (i+1)*V]
+				w := make([]float32, V)
+				for j := range w {
+					w[j] = float32(want[i][j])
+				}
+				r := maxRel(g, w)
+				worst = math.Max(worst, r)
+				if r > 1e-4 {
+					t.Errorf("position %d: max relative logit error %.3g > 1e-4", i, r)
+				}
+				if argmax(g) != argmax64(want[i]) {
+					t.Errorf("position %d: argmax %d, reference %d", i, argmax(g), argmax64(want[i]))
+				}
+			}
+			t.Logf("worst relative error vs float64 reference: %.3g", worst)
+		})
 	}
-	want := newRefModel(src).forward(toks)
-	V := m.Cfg.VocabSize
-	worst := 0.0
-	for i := range toks {
-		g := got[i*V : (i+1)*V]
-		w := make([]float32, V)
-		for j := range w {
-			w[j] = float32(want[i][j])
-		}
-		r := maxRel(g, w)
-		worst = math.Max(worst, r)
-		if r > 1e-4 {
-			t.Errorf("position %d: max relative logit error %.3g > 1e-4", i, r)
-		}
-		if argmax(g) != argmax64(want[i]) {
-			t.Errorf("position %d: argmax %d, reference %d", i, argmax(g), argmax64(want[i]))
-		}
-	}
-	t.Logf("worst relative error vs float64 reference: %.3g", worst)
 }
 
 // TestPrefillChunkDecodeAgree: one prefill, chunked prefills and token-by-token

@@ -2,28 +2,42 @@ package dsv4
 
 import (
 	"strings"
+	"sync"
 	"testing"
 
 	"moxie/checkpoint"
 	"moxie/compute/cpu"
 )
 
+var flashBench struct {
+	once sync.Once
+	m    *Model
+	err  error
+}
+
+// flashModel loads synth:flash?layers=4&experts=8 once per test binary: the
+// exact V4-Flash widths with 4 layers (window, window, CSA, HCA) and 8 routed
+// experts. The source and backend stay open until the process exits.
+func flashModel(b *testing.B) *Model {
+	flashBench.once.Do(func() {
+		src, err := checkpoint.Open("synth:flash?layers=4&experts=8")
+		if err != nil {
+			flashBench.err = err
+			return
+		}
+		flashBench.m, flashBench.err = Load(src, Options{Backend: cpu.New(0)})
+	})
+	if flashBench.err != nil {
+		b.Fatal(flashBench.err)
+	}
+	return flashBench.m
+}
+
 // BenchmarkFlashDecode measures one decode step at the exact V4-Flash widths
-// with 4 layers (window, window, CSA, HCA) and 8 routed experts, after a
-// 16-token prefill. Bytes read per step are reported so that the time can be
-// compared with the machine's memory bandwidth.
+// (4 layers, 8 experts) after a 16-token prefill. Bytes read per step are
+// reported so that the time can be compared with the machine's memory bandwidth.
 func BenchmarkFlashDecode(b *testing.B) {
-	src, err := checkpoint.Open("synth:flash?layers=4&experts=8")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer src.Close()
-	be := cpu.New(0)
-	defer be.Close()
-	m, err := Load(src, Options{Backend: be})
-	if err != nil {
-		b.Fatal(err)
-	}
+	m := flashModel(b)
 	s := m.NewSession()
 	if _, err := s.Prefill(testTokens(16, m.Cfg.VocabSize, 1)); err != nil {
 		b.Fatal(err)
@@ -32,6 +46,18 @@ func BenchmarkFlashDecode(b *testing.B) {
 	b.ResetTimer()
 	for b.Loop() {
 		if _, err := s.Decode(s.Pos()*7919%m.Cfg.VocabSize + 3); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkFlashPrefill64 measures a 64-token prefill (last-position logits)
+// at the same widths; tokens/s = 64 / (ns/op).
+func BenchmarkFlashPrefill64(b *testing.B) {
+	m := flashModel(b)
+	toks := testTokens(64, m.Cfg.VocabSize, 2)
+	for b.Loop() {
+		if _, err := m.NewSession().Prefill(toks); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -69,7 +69,14 @@ type Options struct {
 	Target Target
 	// Routes, if set, receives every routing decision (route traces).
 	Routes RouteRecorder
+	// MaxChunk bounds how many tokens one forward pass processes at once:
+	// longer prefills run as consecutive chunks (the same function, bounded
+	// activation memory). 0 means DefaultMaxChunk.
+	MaxChunk int
 }
+
+// DefaultMaxChunk is the prefill chunk size when Options.MaxChunk is 0.
+const DefaultMaxChunk = 512
 
 // ExpertWeights are the three projections of one routed expert, bound to the
 // model's backend: W1 (gate) and W3 (up) [inter, D], W2 (down) [D, inter].
@@ -109,6 +116,7 @@ type Model struct {
 	routes  RouteRecorder
 
 	ownBackend *cpu.Backend // created by Load; closed by Close
+	maxChunk   int
 
 	freqPlain, freqCompress []float32
 }
@@ -182,6 +190,10 @@ func Load(src checkpoint.Source, opts Options) (*Model, error) {
 		be = own
 	}
 	m := &Model{Cfg: cfg, be: be, src: src, target: opts.Target, routes: opts.Routes, ownBackend: own}
+	m.maxChunk = opts.MaxChunk
+	if m.maxChunk <= 0 {
+		m.maxChunk = DefaultMaxChunk
+	}
 	b := &binder{src: src, be: be, cfg: cfg}
 	m.embed = b.bytes("embed.weight")
 	m.head = b.weight("head.weight")

@@ -269,6 +269,36 @@ func TestPrefillChunkDecodeAgree(t *testing.T) {
 			}
 		})
 	}
+	// Internal chunking (MaxChunk) computes the same function.
+	for _, mc := range []int{1, 3, 16} {
+		t.Run(fmt.Sprint("max chunk ", mc), func(t *testing.T) {
+			be := cpu.New(2)
+			defer be.Close()
+			mm, err := Load(m.src, Options{Backend: be, MaxChunk: mc})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := mm.NewSession().PrefillAll(toks)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != len(full) {
+				t.Fatalf("%d logits, want %d", len(got), len(full))
+			}
+			for i := range toks {
+				if r := maxRel(got[i*V:(i+1)*V], full[i*V:(i+1)*V]); r > 1e-5 {
+					t.Errorf("position %d: max relative difference %.3g > 1e-5", i, r)
+				}
+			}
+			last, err := mm.NewSession().Prefill(toks)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(last) != V || maxRel(last, full[(len(toks)-1)*V:]) > 1e-5 {
+				t.Errorf("Prefill with max chunk %d: %d logits or wrong values", mc, len(last))
+			}
+		})
+	}
 	// Prefill returns the last row of PrefillAll.
 	last, err := m.NewSession().Prefill(toks)
 	if err != nil {

@@ -147,12 +147,13 @@ func Logits(m *Model, tokens []int, prefill int) ([]float32, error) {
 	return out, nil
 }
 
+// forward validates tokens, then runs them in chunks of at most maxChunk and
+// returns the logits of every position (all) or of the last one.
 func (s *Session) forward(tokens []int, all bool) ([]float32, error) {
 	if s.failed != nil {
 		return nil, s.failed
 	}
-	m := s.m
-	c := m.Cfg
+	c := s.m.Cfg
 	if len(tokens) == 0 {
 		return nil, fmt.Errorf("dsv4: no tokens")
 	}
@@ -164,6 +165,34 @@ func (s *Session) forward(tokens []int, all bool) ([]float32, error) {
 	if s.pos+len(tokens) > c.MaxPositions {
 		return nil, fmt.Errorf("dsv4: %d tokens at position %d exceed max_position_embeddings %d", len(tokens), s.pos, c.MaxPositions)
 	}
+	var out []float32
+	for at := 0; at < len(tokens); at += s.m.maxChunk {
+		end := min(at+s.m.maxChunk, len(tokens))
+		rows := 0 // logits for the last `rows` positions of the chunk
+		switch {
+		case all:
+			rows = end - at
+		case end == len(tokens):
+			rows = 1
+		}
+		l, err := s.chunk(tokens[at:end], rows)
+		if err != nil {
+			return nil, err
+		}
+		if all {
+			out = append(out, l...)
+		} else {
+			out = l
+		}
+	}
+	return out, nil
+}
+
+// chunk runs validated tokens at the next positions and returns the logits of
+// its last `rows` positions ([rows, VocabSize]; nil for 0).
+func (s *Session) chunk(tokens []int, rows int) ([]float32, error) {
+	m := s.m
+	c := m.Cfg
 	T, D, hc := len(tokens), c.Dim, c.HCMult
 	pos := make([]int, T)
 	for i := range pos {
@@ -190,12 +219,12 @@ func (s *Session) forward(tokens []int, all bool) ([]float32, error) {
 		}
 	}
 	s.pos += T
-	// §4.8: head collapse, norm, LM head.
-	first := 0
-	if !all {
-		first = T - 1
+	if rows == 0 {
+		return nil, nil
 	}
-	n := T - first
+	// §4.8: head collapse, norm, LM head.
+	first := T - rows
+	n := rows
 	Xs := X[first*hc*D:]
 	be := m.be
 	pre := make([]float32, n*hc)

@@ -170,7 +170,9 @@ func TestDisconnectCancels(t *testing.T) {
 	})
 	t.Run("non-streaming", func(t *testing.T) {
 		fake := newFake()
-		fake.block = make(chan struct{})
+		// Block from the prefill on: the cancellation reaches the model
+		// however fast it propagates.
+		fake.block, fake.blockPrefill = make(chan struct{}), true
 		_, ts := testServer(t, Config{Concurrency: 1}, fake)
 		ctx, cancel := context.WithCancel(context.Background())
 		errc := make(chan error, 1)
@@ -360,10 +362,11 @@ func TestGracefulShutdown(t *testing.T) {
 	})
 	t.Run("request past the grace period is cancelled", func(t *testing.T) {
 		fake := newFake()
-		fake.block = make(chan struct{}) // never finishes on its own
+		fake.block, fake.blockPrefill = make(chan struct{}), true // never finishes on its own
 		s := newServer(t, Config{ShutdownGrace: 100 * time.Millisecond}, fake)
 		url, stop := serveOn(t, s)
 		_, rest := streamUntilFirstEvent(t, url+"/v1/chat/completions", hiStream)
+		<-fake.started
 		start := time.Now()
 		if err := stop(); err != nil {
 			t.Errorf("Serve returned %v", err)

@@ -19,6 +19,7 @@ type fakeModel struct {
 	next          func(h []int) int
 	step          time.Duration // sleep per Append, interrupted by ctx
 	blockAt       int           // if > 0, Append blocks until ctx is done when Len() reaches it
+	onBlock       func()        // called when Append starts blocking
 	failAt        int           // if > 0, Append fails when Len() reaches it
 	flat          bool          // all logits equal except the favourite (+0.5 only)
 	nan           bool          // logit 0 is NaN
@@ -61,6 +62,9 @@ func (s *fakeSeq) Append(ctx context.Context, tokens []int) ([]float32, error) {
 		return nil, errFake
 	}
 	if m.blockAt > 0 && len(s.h) >= m.blockAt {
+		if m.onBlock != nil {
+			m.onBlock()
+		}
 		<-ctx.Done()
 		return nil, ctx.Err()
 	}

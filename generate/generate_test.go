@@ -280,7 +280,7 @@ func TestGenerateCancel(t *testing.T) {
 	t.Run("cancel while the model blocks", func(t *testing.T) {
 		m := &fakeModel{vocab: 16, maxCtx: 1000, eos: tEOS, next: script(3, tA), blockAt: 6}
 		ctx, cancel := context.WithCancel(context.Background())
-		time.AfterFunc(20*time.Millisecond, cancel)
+		m.onBlock = func() { time.AfterFunc(20*time.Millisecond, cancel) }
 		start := time.Now()
 		res, err := Generate(ctx, m, prompt3, Options{}, nil)
 		if !errors.Is(err, context.Canceled) {

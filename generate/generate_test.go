@@ -295,7 +295,7 @@ func TestGenerateCancel(t *testing.T) {
 			t.Errorf("finish %q after %d tokens, want cancelled after 4", res.Finish, res.GeneratedTokens)
 		}
 	})
-	t.Run("deadline during prefill", func(t *testing.T) {
+	t.Run("deadline while the model blocks", func(t *testing.T) {
 		m := &fakeModel{vocab: 16, maxCtx: 1000, eos: tEOS, next: script(3, tA), blockAt: 1}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 		defer cancel()

@@ -340,6 +340,10 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 		StopTokens:  s.b.StopTokens,
 		StopStrings: j.p.stop,
 		Detokenizer: s.b.Tokenizer.NewDetokenizer(),
+		IgnoreEOS:   j.p.ignoreEOS,
+	}
+	if j.p.ignoreEOS {
+		opts.StopTokens = nil // run to max_tokens (benchmarks)
 	}
 	res, err := generate.Generate(ctx, s.b.Model, j.prompt, opts, func(e generate.Event) error {
 		out.raw = append(out.raw, e.Text...)

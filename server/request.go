@@ -51,6 +51,7 @@ type commonParams struct {
 	PresencePenalty   *float64        `json:"presence_penalty"`
 	FrequencyPenalty  *float64        `json:"frequency_penalty"`
 	Seed              *int64          `json:"seed"`
+	IgnoreEOS         *bool           `json:"ignore_eos"`
 	N                 *int            `json:"n"`
 	Stop              json.RawMessage `json:"stop"`
 	Stream            *bool           `json:"stream"`
@@ -94,6 +95,7 @@ type params struct {
 	stop         []string
 	stream       bool
 	includeUsage bool
+	ignoreEOS    bool
 }
 
 // validateCommon checks the shared fields. maxField names the field that
@@ -163,6 +165,7 @@ func (c *commonParams) validate(maxCompletion *int) (params, *apiError) {
 		return p, err
 	}
 	p.stop = stop
+	p.ignoreEOS = c.IgnoreEOS != nil && *c.IgnoreEOS
 	p.stream = c.Stream != nil && *c.Stream
 	if c.StreamOptions != nil {
 		if !p.stream {

@@ -29,7 +29,9 @@
 //
 // Sampling: temperature, top_p and seed as OpenAI; extensions top_k, min_p
 // and repetition_penalty (vLLM's meanings), all through package sample.
-// presence_penalty and frequency_penalty are refused unless 0.
+// presence_penalty and frequency_penalty are refused unless 0. ignore_eos
+// (vLLM's extension) keeps generating past the stop tokens up to max_tokens,
+// for benchmarks.
 //
 // Timings. Non-streamed responses and the finish chunk of a stream carry a
 // "timings" object (moxie's extension; clients ignore unknown fields):

@@ -93,6 +93,12 @@ func TestChatNonStreaming(t *testing.T) {
 			content: "He", finish: "length", ptoks: userPromptLen(2), ctoks: 2,
 		},
 		{
+			name:    "ignore_eos runs to max_tokens",
+			body:    `{"model":"moxie-test","messages":[{"role":"user","content":"Hi"}],"ignore_eos":true,"max_tokens":20}`,
+			answer:  "ab", // then EOS, repeated: its text is the EOS marker
+			content: "ab" + strings.Repeat("<｜end▁of▁sentence｜>", 18), finish: "length", ptoks: userPromptLen(2), ctoks: 20,
+		},
+		{
 			name:   "runs to the end of the context",
 			body:   `{"model":"moxie-test","messages":[{"role":"user","content":"Hi"}]}`,
 			answer: "ab", noEOS: true,

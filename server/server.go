@@ -365,7 +365,8 @@ func (s *Server) unavailable(w http.ResponseWriter, msg, code string) {
 // it stops accepting connections, answers new requests on open connections
 // with 503, lets in-flight requests finish for up to Config.ShutdownGrace,
 // cancels those still running and waits for their handlers to return. It
-// returns nil after a clean shutdown, or the error that stopped serving.
+// returns nil after a clean shutdown, or the error that stopped serving. A
+// Server serves at most once: its request contexts stay cancelled after.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	hs := &http.Server{
 		Handler:           s,

@@ -31,9 +31,11 @@ Serve MODEL over an OpenAI-compatible HTTP API:
 
 Thinking mode: send "thinking": {"type": "enabled"} or "reasoning_effort":
 "high"; the reasoning comes back in reasoning_content, apart from content.
-Tool calling: "tools" are described to the model in DeepSeek's DSML format and
-its calls come back as tool_calls. Requests beyond --concurrency wait in a queue of --queue; when it is
-full the server answers 503 with Retry-After. SIGINT or SIGTERM stop accepting
+Tool calling: "tools" are described to the model in DeepSeek's DSML format
+and its calls come back as tool_calls.
+
+Requests beyond --concurrency wait in a queue of --queue; when it is full the
+server answers 503 with Retry-After. SIGINT or SIGTERM stop accepting
 requests, let running ones finish for --grace, then cancel them and exit; a
 second signal exits at once.
 
@@ -42,7 +44,8 @@ The server binds to loopback by default. Before binding to another address set
 
 Example:
   moxie serve --model synth:tiny
-  curl -s localhost:8080/v1/completions -d '{"model":"synth:tiny","prompt":"Hi","max_tokens":8}'`
+  curl -s localhost:8080/v1/chat/completions \
+    -d '{"model":"synth:tiny","messages":[{"role":"user","content":"Hi"}],"max_tokens":8}'`
 
 func runServe(args []string, _ io.Reader, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

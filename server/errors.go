@@ -37,7 +37,9 @@ func badRequest(param, code, format string, a ...any) *apiError {
 func writeError(w http.ResponseWriter, e *apiError) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(e.Status)
-	_ = json.NewEncoder(w).Encode(struct {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(struct {
 		Error *apiError `json:"error"`
 	}{e})
 }

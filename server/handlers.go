@@ -472,8 +472,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 	} else {
 		c.Text = &cs
 	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(response{ID: id, Object: object, Created: created, Model: j.model, Choices: []chatChoice{c}, Usage: u, Timings: timingsOf(res)})
+	writeJSON(w, response{ID: id, Object: object, Created: created, Model: j.model, Choices: []chatChoice{c}, Usage: u, Timings: timingsOf(res)})
 }
 
 // rawContentRest is the generated text after the reasoning that has not been
@@ -550,11 +549,31 @@ func (s *sseWriter) write(data []byte) error {
 }
 
 func (s *sseWriter) event(v any) error {
-	b, err := json.Marshal(v)
+	b, err := marshal(v)
 	if err != nil {
 		return err
 	}
 	return s.write(b)
+}
+
+// marshal is json.Marshal without HTML escaping (text such as "<think>" stays
+// readable), with no trailing newline.
+func marshal(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
+// writeJSON writes v as a 200 JSON response.
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
 }
 
 func (s *sseWriter) done() { _ = s.write([]byte("[DONE]")) }
@@ -587,11 +606,7 @@ func (s *sseWriter) keepAlive(every time.Duration, stop <-chan struct{}) {
 }
 
 func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(map[string]any{
-		"object": "list",
-		"data":   []any{s.modelObject()},
-	})
+	writeJSON(w, map[string]any{"object": "list", "data": []any{s.modelObject()}})
 }
 
 func (s *Server) handleModel(w http.ResponseWriter, r *http.Request) {
@@ -601,8 +616,7 @@ func (s *Server) handleModel(w http.ResponseWriter, r *http.Request) {
 			Param:   strp("model"), Code: strp("model_not_found")})
 		return
 	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(s.modelObject())
+	writeJSON(w, s.modelObject())
 }
 
 func (s *Server) modelObject() map[string]any {

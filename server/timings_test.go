@@ -80,3 +80,19 @@ func TestTimings(t *testing.T) {
 		}
 	})
 }
+
+func TestNoHTMLEscaping(t *testing.T) {
+	fake := newFake()
+	fake.answer = "a<b>&c"
+	_, ts := testServer(t, Config{}, fake)
+	for _, body := range []string{hiBody, hiStream} {
+		_, b := post(t, ts.URL+"/v1/chat/completions", body)
+		if strings.Contains(b, `\u003c`) || strings.Contains(b, `\u0026`) {
+			t.Errorf("HTML-escaped JSON: %s", b)
+		}
+	}
+	_, b := post(t, ts.URL+"/v1/chat/completions", hiBody)
+	if !strings.Contains(b, `"content":"a<b>&c"`) {
+		t.Errorf("content not verbatim: %s", b)
+	}
+}

@@ -119,7 +119,7 @@ func TestMatMul(t *testing.T) {
 	pool := NewPool(3) // 3 does not divide the row counts evenly
 	defer pool.Close()
 	fp8Shapes := []shape{{1, 32}, {1, 1}, {3, 7}, {160, 96}, {96, 48}, {48, 160}, {128, 128}, {129, 257}, {256, 640}, {130, 1100}}
-	mxShapes := []shape{{1, 32}, {160, 96}, {96, 64}, {48, 160}, {128, 128}, {129, 256}, {130, 1088}, {7, 4160}}
+	mxShapes := []shape{{1, 32}, {160, 96}, {96, 64}, {48, 160}, {128, 128}, {129, 256}, {130, 1088}, {7, 4160}, {8, 512}, {12, 1536}}
 	denseShapes := []shape{{1, 32}, {1, 1}, {160, 96}, {129, 257}, {33, 1030}}
 	if !testing.Short() {
 		fp8Shapes = append(fp8Shapes, shape{1024, 4096}, shape{300, 8192})

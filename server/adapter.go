@@ -20,18 +20,15 @@ func (a tokAdapter) Encode(text string) []int {
 func (a tokAdapter) NewDetokenizer() generate.Detokenizer { return a.t.NewDecoder() }
 
 // DeepSeekV4Chat is the DeepSeek-V4 chat template (package chat) encoded with
-// t. The rendered prompt is encoded with control tokens recognised, so
-// control-token text inside a message becomes a control token too: like any
-// raw-prompt API, the server trusts its clients with their own
-// conversations.
+// t by chat.Encode: only the template's own markers become control tokens;
+// text inside messages (contents, reasoning, tool arguments and results) is
+// always plain text, even when it spells a control token such as <｜User｜>.
+// (Raw /v1/completions prompts, by contrast, are the client's own template and
+// do recognise control tokens.)
 func DeepSeekV4Chat(t *tokenizer.Tokenizer) ChatTemplate { return dsv4Chat{t} }
 
 type dsv4Chat struct{ t *tokenizer.Tokenizer }
 
 func (c dsv4Chat) Prompt(msgs []chat.Message, opts chat.Options) ([]int, error) {
-	text, err := chat.Render(msgs, opts)
-	if err != nil {
-		return nil, err
-	}
-	return c.t.Encode(text, tokenizer.EncodeOptions{AllowSpecial: true}), nil
+	return chat.Encode(c.t, msgs, opts)
 }

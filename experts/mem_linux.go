@@ -2,7 +2,12 @@
 
 package experts
 
-import "syscall"
+import (
+	"os"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
 
 // allocBuf returns n bytes of zeroed anonymous memory outside the Go heap, so
 // that tens of gigabytes of resident experts do not drive garbage-collector
@@ -12,3 +17,9 @@ func allocBuf(n int) ([]byte, error) {
 }
 
 func freeBuf(b []byte) error { return syscall.Munmap(b) }
+
+// adviseSequential tells the kernel that f is read in sequential runs
+// (larger readahead); advice is best effort.
+func adviseSequential(f *os.File) {
+	_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_SEQUENTIAL)
+}

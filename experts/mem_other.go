@@ -2,7 +2,11 @@
 
 package experts
 
+import "os"
+
 // allocBuf returns n zeroed bytes (Go heap on systems without the mmap path).
 func allocBuf(n int) ([]byte, error) { return make([]byte, n), nil }
 
 func freeBuf([]byte) error { return nil }
+
+func adviseSequential(*os.File) {}

@@ -72,9 +72,6 @@ type Store struct {
 	reqs   chan readReq
 	readWG sync.WaitGroup
 
-	fmu   sync.Mutex
-	files map[string]*os.File
-
 	mu     sync.Mutex
 	loads  sync.WaitGroup
 	closed bool
@@ -129,9 +126,8 @@ type load struct {
 type readReq struct {
 	job        *loadJob
 	name       string
-	file       *os.File
-	path       string
-	off        int64 // file offset (Locator) or offset within the tensor (TensorData)
+	path       string // shard file (Locator); "" reads through TensorData
+	off        int64  // file offset
 	dst        []byte
 	tensorSize int64
 }
@@ -203,7 +199,7 @@ func New(src checkpoint.Source, cfg *config.Config, opts Options) (*Store, error
 			return nil, fmt.Errorf("experts: layer %d has %d slots, want 0..%d", l, n, cfg.NRoutedExperts)
 		}
 	}
-	s := &Store{src: src, be: opts.Backend, cfg: cfg, files: map[string]*os.File{}, chunk: int64(opts.ChunkSize)}
+	s := &Store{src: src, be: opts.Backend, cfg: cfg, chunk: int64(opts.ChunkSize)}
 	if s.chunk <= 0 {
 		s.chunk = 4 << 20
 	}
@@ -515,39 +511,28 @@ func (s *Store) requests(l, e int, buf []byte) ([]readReq, error) {
 			if size != part.n {
 				return nil, fmt.Errorf("experts: layer %d expert %d: tensor %s is %d bytes in %s, want %d", l, e, name, size, path, part.n)
 			}
-			f, err := s.file(path)
-			if err != nil {
-				return nil, fmt.Errorf("experts: layer %d expert %d: tensor %s: %w", l, e, name, err)
-			}
 			for c := int64(0); c < part.n; c += s.chunk {
 				n := min(s.chunk, part.n-c)
-				reqs = append(reqs, readReq{name: name, file: f, path: path, off: off + c, dst: dst[c : c+n], tensorSize: part.n})
+				reqs = append(reqs, readReq{name: name, path: path, off: off + c, dst: dst[c : c+n], tensorSize: part.n})
 			}
 		}
 	}
 	return reqs, nil
 }
 
-// file opens (once) a shard for pread.
-func (s *Store) file(path string) (*os.File, error) {
-	s.fmu.Lock()
-	defer s.fmu.Unlock()
-	if f, ok := s.files[path]; ok {
-		return f, nil
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	s.files[path] = f
-	return f, nil
-}
-
-// reader serves read requests until the channel closes.
+// reader serves read requests until the channel closes. Each reader has its
+// own descriptor per shard, so that the kernel's readahead state follows one
+// sequential stream per descriptor.
 func (s *Store) reader() {
 	defer s.readWG.Done()
+	files := map[string]*os.File{}
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
 	for r := range s.reqs {
-		n, err := s.read(r)
+		n, err := s.read(r, files)
 		j := r.job
 		j.mu.Lock()
 		j.bytes += int64(n)
@@ -563,8 +548,8 @@ func (s *Store) reader() {
 	}
 }
 
-func (s *Store) read(r readReq) (int, error) {
-	if r.file == nil {
+func (s *Store) read(r readReq, files map[string]*os.File) (int, error) {
+	if r.path == "" {
 		d, err := s.src.TensorData(r.name)
 		if err != nil {
 			return 0, fmt.Errorf("tensor %s: %w", r.name, err)
@@ -574,7 +559,16 @@ func (s *Store) read(r readReq) (int, error) {
 		}
 		return copy(r.dst, d), nil
 	}
-	n, err := r.file.ReadAt(r.dst, r.off)
+	f, ok := files[r.path]
+	if !ok {
+		var err error
+		if f, err = os.Open(r.path); err != nil {
+			return 0, fmt.Errorf("tensor %s: %w", r.name, err)
+		}
+		adviseSequential(f)
+		files[r.path] = f
+	}
+	n, err := f.ReadAt(r.dst, r.off)
 	if err != nil {
 		if errors.Is(err, io.EOF) {
 			err = fmt.Errorf("%w (file truncated?)", io.ErrUnexpectedEOF)
@@ -745,7 +739,7 @@ func (s *Store) Stats() Stats {
 	return st
 }
 
-// Close waits for reads in flight, stops the readers, closes the shard files
+// Close waits for reads in flight, stops the readers (closing their shard files)
 // and releases the buffers. Weights returned earlier become invalid.
 func (s *Store) Close() error {
 	s.mu.Lock()
@@ -759,14 +753,6 @@ func (s *Store) Close() error {
 	close(s.reqs)
 	s.readWG.Wait()
 	var first error
-	s.fmu.Lock()
-	for _, f := range s.files {
-		if err := f.Close(); err != nil && first == nil {
-			first = err
-		}
-	}
-	s.files = nil
-	s.fmu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, ls := range s.layers {

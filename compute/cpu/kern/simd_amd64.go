@@ -169,7 +169,7 @@ const fp8ChunkCols = 4096
 // block's scale (exact: a power of two), once per 128-row block. Rows are
 // read four at a time, a quarter of the block apart, one accumulator each:
 // four streams in different pages keep enough reads in flight to approach
-// the memory bandwidth (one row at a time reached ~60% of the two-row and
+// the memory bandwidth (one row at a time reached ~70% of the two-row and
 // ~45% of the four-row rate from DRAM).
 func fp8MatvecAVX512(w FP8Block, y, x []float32, lo, hi int) {
 	cols := w.Cols

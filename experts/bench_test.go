@@ -175,8 +175,10 @@ func BenchmarkExpertMiss(b *testing.B) {
 // $MOXIE_BENCH_FLASH_DIR, default /tmp/moxie-flash2; $MOXIE_BENCH_FLASH_SPEC
 // overrides the preset, e.g. synth:flash?layers=2&experts=64 on small machines)
 // with all routed experts of the main layers resident, half of them, and one
-// per layer. Metrics: tok/s, bytes read from the slow tier per token, hit rate,
-// and the forward pass's wait for reads per token.
+// per layer; the -cold cases drop the shards from the page cache before every
+// token (misses then come from the disk, not from memory the OS kept; dense
+// weights are re-read too). Metrics: tok/s, bytes read from the slow tier per
+// token, hit rate, and the forward pass's wait for reads per token.
 func BenchmarkFlashDecodeStore(b *testing.B) {
 	if os.Getenv("MOXIE_BENCH_FLASH") == "" {
 		b.Skip("set MOXIE_BENCH_FLASH=1 (writes a 12 GiB synthetic checkpoint under /tmp once)")
@@ -204,10 +206,12 @@ func BenchmarkFlashDecodeStore(b *testing.B) {
 	}
 	be := cpu.New(0)
 	E := cfg.NRoutedExperts
+	shards, _ := filepath.Glob(filepath.Join(dir, "*.safetensors"))
 	for _, tc := range []struct {
 		name  string
 		slots int
-	}{{"all", E}, {"half", E / 2}, {"one", 1}} {
+		cold  bool // drop the shards from the page cache before every token
+	}{{"all", E, false}, {"half", E / 2, false}, {"one", 1, false}, {"half-cold", E / 2, true}, {"one-cold", 1, true}} {
 		b.Run(tc.name, func(b *testing.B) {
 			slots := make([]int, cfg.NLayers+cfg.NMTPLayers)
 			for l := range cfg.NLayers {
@@ -237,6 +241,13 @@ func BenchmarkFlashDecodeStore(b *testing.B) {
 			before := st.Stats().Total
 			b.ResetTimer()
 			for b.Loop() {
+				if tc.cold {
+					b.StopTimer()
+					for _, f := range shards {
+						dropCache(b, f)
+					}
+					b.StartTimer()
+				}
 				if _, err := s.Decode(s.Pos()*7919%cfg.VocabSize + 3); err != nil {
 					b.Fatal(err)
 				}

@@ -453,14 +453,16 @@ func fp8DecodeAVX512(w FP8Block, dst []float32, ld, r0, nr, c0, c1 int) {
 // ---- MXFP4 ----
 
 // e8m0x16 converts 16 E8M0 bytes to float32 2^(b-127), exactly as
-// e8m0Value (b = 0 gives 2^-127, b = 255 NaN).
+// e8m0Value (b = 0 gives 2^-127, b = 255 NaN). Integer-only: a masked
+// broadcast here made the compiler spill a 128-bit temporary and reload it
+// with a legacy SSE MOVUPS inside the kernels' loops (see the file comment).
 func e8m0x16(s *[16]uint8) archsimd.Float32x16 {
-	b := archsimd.LoadUint8x16(s).ExtendToUint32()
-	bits := b.ShiftAllLeft(23)
-	// b = 0 and b = 255 need mantissa bit 22: 2^-127 (subnormal) and NaN.
-	edge := b.Add(archsimd.BroadcastUint32x16(1)).And(archsimd.BroadcastUint32x16(0xFE)).Equal(archsimd.BroadcastUint32x16(0))
-	bits = bits.Or(archsimd.BroadcastUint32x16(1 << 22).Masked(edge))
-	return bits.AsFloat32x16()
+	b := archsimd.LoadUint8x16(s).ExtendToUint32().AsInt32x16()
+	// b = 0 and b = 255 need mantissa bit 22 (2^-127 is subnormal; 255 is
+	// NaN): t = ((b+1)&0xFE) - 1 is negative exactly for those.
+	t := b.Add(archsimd.BroadcastInt32x16(1)).And(archsimd.BroadcastInt32x16(0xFE)).Sub(archsimd.BroadcastInt32x16(1))
+	edge := t.ShiftAllRight(31).And(archsimd.BroadcastInt32x16(1 << 22))
+	return b.ShiftAllLeft(23).Or(edge).AsFloat32x16()
 }
 
 // mxfp4MatvecAVX512: each 128 columns (64 bytes, 4 scales) are read as 16
@@ -493,7 +495,39 @@ func mxfp4MatvecAVX512(w MXFP4, y, x []float32, lo, hi int) {
 				}
 			}
 		}
-		for r := lo; r < hi; r++ {
+		// Four rows at a time, q <= mxQuad rows apart (four streams in
+		// different pages keep more memory reads in flight), while the last
+		// row of a group has the 3 lookahead bytes after its codes.
+		r := lo
+		for nsup > 0 {
+			q := min(mxQuad, (hi-r)/4)
+			if q == 0 || ((r+4*q-1)*cols+c0)/2+nsup/2+3 > len(w.Packed) {
+				break
+			}
+			nb := nsup / 2
+			for i := r; i < r+q; i++ {
+				var ps [4][]byte
+				var ss [4][]byte
+				for k := range 4 {
+					o := (i + k*q) * cols
+					ps[k] = w.Packed[(o+c0)/2 : (o+c0)/2+nb+3]
+					ss[k] = w.Scale[(o+c0)/32 : (o+c1)/32]
+				}
+				var acc [4]float32
+				mxfp4Dot4(&ps, &ss, nsup, xp[:nsup], &acc)
+				for k := range 4 {
+					rr := i + k*q
+					a := acc[k]
+					pk := w.Packed[(rr*cols+c0)/2 : (rr*cols+c1)/2]
+					for g := nsup; g < n; g += 32 { // tail blocks
+						a += dotMXFP4(pk[g/2:g/2+16], x[c0+g:c0+g+32]) * e8m0Value[ss[k][g/32]]
+					}
+					y[rr-lo] += a
+				}
+			}
+			r += 4 * q
+		}
+		for ; r < hi; r++ {
 			p0 := (r*cols + c0) / 2
 			s := w.Scale[(r*cols+c0)/32 : (r*cols+c1)/32]
 			var acc float32
@@ -535,6 +569,65 @@ func mxfp4Dot(p, s []byte, xp []float32) float32 {
 		acc1 = mxGroup(tab, (*[67]byte)(pp[192:259]), (*[128]float32)(xx[384:512])).MulAdd(sv.Permute(archsimd.LoadUint32x16(&mxScaleIdx[3])), acc1)
 	}
 	return hsum(acc0.Add(acc1))
+}
+
+// mxQuad is the largest row distance between the MXFP4 matvec's four streams.
+const mxQuad = 64
+
+// mxfp4Dot4 sets acc[k] to Σ W·x over the first nsup columns (whole
+// super-groups) of four rows: codes ps[k] (with 3 lookahead bytes), scales
+// ss[k]; one accumulator per row.
+func mxfp4Dot4(ps, ss *[4][]byte, nsup int, xp []float32, acc *[4]float32) {
+	tab := archsimd.LoadFloat32x16(&e2m1Value)
+	nb := nsup / 2
+	p0, p1, p2, p3 := ps[0][:nb+3], ps[1][:nb+3], ps[2][:nb+3], ps[3][:nb+3]
+	s0, s1, s2, s3 := ss[0][:nsup/32], ss[1][:nsup/32], ss[2][:nsup/32], ss[3][:nsup/32]
+	var a0, a1, a2, a3 archsimd.Float32x16
+	xp = xp[:nsup]
+	for i := 0; i+256 <= nb; i += 256 {
+		xx := (*[512]float32)(xp[2*i : 2*i+512])
+		{
+			sv := e8m0x16((*[16]uint8)(s0[i/16 : i/16+16]))
+			pp := (*[259]byte)(p0[i : i+259])
+			a0 = mxGroup(tab, (*[67]byte)(pp[0:67]), (*[128]float32)(xx[0:128])).MulAdd(sv.Permute(archsimd.LoadUint32x16(&mxScaleIdx[0])), a0)
+			a0 = mxGroup(tab, (*[67]byte)(pp[64:131]), (*[128]float32)(xx[128:256])).MulAdd(sv.Permute(archsimd.LoadUint32x16(&mxScaleIdx[1])), a0)
+			a0 = mxGroup(tab, (*[67]byte)(pp[128:195]), (*[128]float32)(xx[256:384])).MulAdd(sv.Permute(archsimd.LoadUint32x16(&mxScaleIdx[2])), a0)
+			a0 = mxGroup(tab, (*[67]byte)(pp[192:259]), (*[128]float32)(xx[384:512])).MulAdd(sv.Permute(archsimd.LoadUint32x16(&mxScaleIdx[3])), a0)
+		}
+		{
+			sv := e8m0x16((*[16]uint8)(s1[i/16 : i/16+16]))
+			pp := (*[259]byte)(p1[i : i+259])
+			a1 = mxGroup(tab, (*[67]byte)(pp[0:67]), (*[128]float32)(xx[0:128])).MulAdd(sv.Permute(archsimd.LoadUint32x16(&mxScaleIdx[0])), a1)
+			a1 = mxGroup(tab, (*[67]byte)(pp[64:131]), (*[128]float32)(xx[128:256])).MulAdd(sv.Permute(archsimd.LoadUint32x16(&mxScaleIdx[1])), a1)
+			a1 = mxGroup(tab, (*[67]byte)(pp[128:195]), (*[128]float32)(xx[256:384])).MulAdd(sv.Permute(archsimd.LoadUint32x16(&mxScaleIdx[2])), a1)
+			a1 = mxGroup(tab, (*[67]byte)(pp[192:259]), (*[128]float32)(xx[384:512])).MulAdd(sv.Permute(archsimd.LoadUint32x16(&mxScaleIdx[3])), a1)
+		}
+		{
+			sv := e8m0x16((*[16]uint8)(s2[i/16 : i/16+16]))
+			pp := (*[259]byte)(p2[i : i+259])
+			a2 = mxGroup(tab, (*[67]byte)(pp[0:67]), (*[128]float32)(xx[0:128])).MulAdd(sv.Permute(archsimd.LoadUint32x16(&mxScaleIdx[0])), a2)
+			a2 = mxGroup(tab, (*[67]byte)(pp[64:131]), (*[128]float32)(xx[128:256])).MulAdd(sv.Permute(archsimd.LoadUint32x16(&mxScaleIdx[1])), a2)
+			a2 = mxGroup(tab, (*[67]byte)(pp[128:195]), (*[128]float32)(xx[256:384])).MulAdd(sv.Permute(archsimd.LoadUint32x16(&mxScaleIdx[2])), a2)
+			a2 = mxGroup(tab, (*[67]byte)(pp[192:259]), (*[128]float32)(xx[384:512])).MulAdd(sv.Permute(archsimd.LoadUint32x16(&mxScaleIdx[3])), a2)
+		}
+		{
+			sv := e8m0x16((*[16]uint8)(s3[i/16 : i/16+16]))
+			pp := (*[259]byte)(p3[i : i+259])
+			a3 = mxGroup(tab, (*[67]byte)(pp[0:67]), (*[128]float32)(xx[0:128])).MulAdd(sv.Permute(archsimd.LoadUint32x16(&mxScaleIdx[0])), a3)
+			a3 = mxGroup(tab, (*[67]byte)(pp[64:131]), (*[128]float32)(xx[128:256])).MulAdd(sv.Permute(archsimd.LoadUint32x16(&mxScaleIdx[1])), a3)
+			a3 = mxGroup(tab, (*[67]byte)(pp[128:195]), (*[128]float32)(xx[256:384])).MulAdd(sv.Permute(archsimd.LoadUint32x16(&mxScaleIdx[2])), a3)
+			a3 = mxGroup(tab, (*[67]byte)(pp[192:259]), (*[128]float32)(xx[384:512])).MulAdd(sv.Permute(archsimd.LoadUint32x16(&mxScaleIdx[3])), a3)
+		}
+	}
+	var t [4][16]float32
+	a0.Store(&t[0])
+	a1.Store(&t[1])
+	a2.Store(&t[2])
+	a3.Store(&t[3])
+	archsimd.ClearAVXUpperBits()
+	for k := range 4 {
+		acc[k] = sum16(&t[k])
+	}
 }
 
 // mxGroup returns the unscaled partial sums of one 128-column group whose 64

@@ -208,6 +208,7 @@ func fp8MatvecAVX512(w FP8Block, y, x []float32, lo, hi int) {
 				archsimd.LoadFloat32x16((*[16]float32)(src[32:48])).Mul(s).Store((*[16]float32)(dst[32:48]))
 				archsimd.LoadFloat32x16((*[16]float32)(src[48:64])).Mul(s).Store((*[16]float32)(dst[48:64]))
 			}
+			archsimd.ClearAVXUpperBits() // Go zeroes acc below with legacy SSE MOVUPS
 			// Four rows at a time, a quarter of the block apart: four
 			// interleaved streams in different pages keep more memory reads
 			// in flight.

@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync"
 
 	"moxie/checkpoint"
 	"moxie/compute"
@@ -96,12 +97,15 @@ type Experts interface {
 // Model is a loaded DeepSeek-V4 model. Its weights are views of the source's
 // stored bytes (small vectors such as norms and HC parameters are decoded to
 // float32); the source must stay open while the model is used. A Model is
-// read-only after Load and may be shared by several Sessions used one at a time
-// per backend.
+// read-only after Load and may be shared by any number of Sessions on any
+// goroutines: their forward passes (each Prefill or Decode call) run one at a
+// time, so that an Experts implementation only ever serves one pass.
 type Model struct {
 	Cfg *config.Config
 	be  compute.Backend
 	src checkpoint.Source
+
+	pass sync.Mutex // one forward pass at a time (see the type comment)
 
 	embed  []byte // BF16 [V, D]
 	head   compute.Weight

@@ -153,6 +153,8 @@ func (s *Session) forward(tokens []int, all bool) ([]float32, error) {
 	if s.failed != nil {
 		return nil, s.failed
 	}
+	s.m.pass.Lock()
+	defer s.m.pass.Unlock()
 	c := s.m.Cfg
 	if len(tokens) == 0 {
 		return nil, fmt.Errorf("dsv4: no tokens")

@@ -10,7 +10,6 @@ import (
 	"slices"
 	"time"
 
-	"moxie/dsv4"
 	"moxie/internal/membw"
 	"moxie/internal/progress"
 )
@@ -49,7 +48,12 @@ MODEL defaults to synth:tiny; use synth:flash?layers=2 for V4-Flash shapes.`, st
 	bwSize := fs.String("bw-size", "1GiB", "buffer size for the bandwidth probe (several times the last-level cache)")
 	seed := fs.Uint64("seed", 1, "seed for the random prompt")
 	jsonOut := fs.String("json", "", "also write the report as JSON to this file")
-	if err := parseFlags(fs, reorderArgs(args, map[string]bool{"prompt": true, "decode": true, "runs": true, "bw-size": true, "seed": true, "json": true})); err != nil {
+	mf := addMemFlags(fs)
+	valued := map[string]bool{"prompt": true, "decode": true, "runs": true, "bw-size": true, "seed": true, "json": true}
+	for k := range memValued {
+		valued[k] = true
+	}
+	if err := parseFlags(fs, reorderArgs(args, valued)); err != nil {
 		return err
 	}
 	if fs.NArg() > 1 {
@@ -67,7 +71,7 @@ MODEL defaults to synth:tiny; use synth:flash?layers=2 for V4-Flash shapes.`, st
 		spec = fs.Arg(0)
 	}
 	t0 := time.Now()
-	lm, err := loadModel(spec, dsv4.Options{}, stderr)
+	lm, err := loadModel(spec, mf, stderr)
 	if err != nil {
 		return err
 	}

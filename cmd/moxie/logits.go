@@ -44,7 +44,7 @@ float32 logits of shape [len(tokens), vocab]; row i predicts token i+1.`, stderr
 	if n < 1 || n > len(tokens) {
 		return usagef("--prefill %d: want 1..%d (the number of tokens in %s)", n, len(tokens), *tokFile)
 	}
-	lm, err := loadModel(*model, dsv4.Options{}, stderr)
+	lm, err := loadModel(*model, nil, stderr)
 	if err != nil {
 		return err
 	}

@@ -42,8 +42,13 @@ meaningless (random weights).`, stderr)
 	system := fs.String("system", "", "system prompt")
 	raw := fs.Bool("raw", false, "send PROMPT as raw text, without the chat template")
 	stats := fs.Bool("stats", true, "print a stats line after each answer")
-	if err := parseFlags(fs, reorderArgs(args, map[string]bool{"model": true, "max-tokens": true, "temperature": true,
-		"top-p": true, "top-k": true, "min-p": true, "repeat-penalty": true, "seed": true, "system": true})); err != nil {
+	mf := addMemFlags(fs)
+	valued := map[string]bool{"model": true, "max-tokens": true, "temperature": true,
+		"top-p": true, "top-k": true, "min-p": true, "repeat-penalty": true, "seed": true, "system": true}
+	for k := range memValued {
+		valued[k] = true
+	}
+	if err := parseFlags(fs, reorderArgs(args, valued)); err != nil {
 		return err
 	}
 	if *maxTokens < 1 {
@@ -53,7 +58,7 @@ meaningless (random weights).`, stderr)
 	if _, err := sample.New(params); err != nil {
 		return usagef("%v", err)
 	}
-	lm, err := loadModel(*model, dsv4.Options{}, stderr)
+	lm, err := loadModel(*model, mf, stderr)
 	if err != nil {
 		return err
 	}
@@ -62,7 +67,7 @@ meaningless (random weights).`, stderr)
 	if err != nil {
 		return err
 	}
-	r := &runner{m: lm.m, tok: tok, params: params, maxTokens: *maxTokens, think: *think, raw: *raw,
+	r := &runner{m: lm.m, lm: lm, tok: tok, params: params, maxTokens: *maxTokens, think: *think, raw: *raw,
 		stats: *stats, stdout: stdout, stderr: stderr}
 	if *system != "" {
 		r.history = append(r.history, chat.Message{Role: "system", Content: *system})
@@ -111,6 +116,7 @@ func loadTokenizer(lm *loadedModel) (*tokenizer.Tokenizer, error) {
 // runner holds one chat: the model, the conversation so far and the options.
 type runner struct {
 	m         *dsv4.Model
+	lm        *loadedModel // for expert statistics; may be nil
 	tok       *tokenizer.Tokenizer
 	params    sample.Params
 	maxTokens int
@@ -199,7 +205,7 @@ func (r *runner) turn(ctx context.Context, prompt string) error {
 	}
 	fmt.Fprintln(r.stdout)
 	if r.stats {
-		fmt.Fprintln(r.stderr, statsLine(res))
+		fmt.Fprintln(r.stderr, statsLine(res, r.lm))
 	}
 	if err != nil && !errors.Is(err, context.Canceled) {
 		return err
@@ -230,10 +236,14 @@ func (r *runner) show(d chat.Delta, inReasoning *bool, content, reasoning *strin
 }
 
 // statsLine summarises a generation for people: prompt size, latency, speeds, memory.
-func statsLine(res generate.Result) string {
-	return fmt.Sprintf("[prompt %d tok | first token %s | prefill %.1f tok/s | decode %.1f tok/s | %d tok, %s | memory %s]",
+func statsLine(res generate.Result, lm *loadedModel) string {
+	hit := ""
+	if lm != nil && lm.store != nil {
+		hit = fmt.Sprintf(" | experts hit %.1f%%", 100*lm.expertHitRate())
+	}
+	return fmt.Sprintf("[prompt %d tok | first token %s | prefill %.1f tok/s | decode %.1f tok/s | %d tok, %s%s | memory %s]",
 		res.PromptTokens, res.TimeToFirstToken.Round(time.Millisecond), res.PrefillTokensPerSecond(),
-		res.DecodeTokensPerSecond(), res.GeneratedTokens, res.Finish, progress.FormatBytes(residentBytes()))
+		res.DecodeTokensPerSecond(), res.GeneratedTokens, res.Finish, hit, progress.FormatBytes(residentBytes()))
 }
 
 // residentBytes is the process's resident memory (VmRSS), or 0 where unknown.

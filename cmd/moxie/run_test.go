@@ -5,8 +5,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"moxie/dsv4"
 )
 
 func TestRunOneShotIsReproducibleAndReportsStats(t *testing.T) {
@@ -35,7 +33,7 @@ func TestRunInteractive(t *testing.T) {
 	in := strings.NewReader("first question\n/reset\nsecond\n/exit\nnever read\n")
 	// A strings.Reader is not a terminal, so pass the conversation through the
 	// interactive loop directly.
-	lm, err := loadModel(defaultModel, dsv4.Options{}, &errb)
+	lm, err := loadModel(defaultModel, nil, &errb)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,9 +15,7 @@ import (
 	"time"
 
 	"moxie/checkpoint"
-	"moxie/dsv4"
 	"moxie/server"
-	"moxie/tokenizer"
 )
 
 const serveAbout = `
@@ -75,6 +73,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, ready f
 	grace := fs.Duration("grace", 30*time.Second, "how long running requests may finish after SIGINT/SIGTERM")
 	keepAlive := fs.Duration("keep-alive", 15*time.Second, "send an SSE comment on streams idle this long, e.g. during a long prefill (0: never)")
 	quiet := fs.Bool("quiet", false, "do not log each request")
+	mf := addMemFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -110,11 +109,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, ready f
 		fmt.Fprintf(stderr, "moxie serve: warning: listening on %s without --api-key: anyone who can reach it can use it\n", *addr)
 	}
 
-	backend, closeModel, err := loadServeModel(*model, stderr)
+	backend, lm, err := loadServeModel(*model, mf, stderr)
 	if err != nil {
 		return err
 	}
-	defer closeModel()
+	defer lm.Close()
 	if *name != "" {
 		backend.Name = *name
 	}
@@ -126,6 +125,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, ready f
 		Concurrency: *concurrency, QueueSize: *queue, APIKey: key, MaxBodyBytes: *maxBody,
 		DefaultMaxTokens: *maxTokens, DefaultThinking: *thinking, ShutdownGrace: *grace, KeepAlive: *keepAlive,
 		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: logLevel})),
+		Gauges: lm.gauges,
 	}, backend)
 	if err != nil {
 		return err
@@ -154,30 +154,22 @@ func isLoopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// loadServeModel opens MODEL (noting on stderr when it is synthetic) and
-// builds what the server needs: the dsv4 model, its tokenizer (tokenizer.json
-// and tokenizer_config.json from the checkpoint) and EOS as the stop token.
-// The returned function releases the checkpoint.
-func loadServeModel(spec string, stderr io.Writer) (server.Backend, func() error, error) {
-	lm, err := loadModel(spec, dsv4.Options{}, stderr)
+// loadServeModel opens MODEL under the memory flags (noting on stderr when it
+// is synthetic) and builds what the server needs: the dsv4 model, its
+// tokenizer (tokenizer.json and tokenizer_config.json from the checkpoint) and
+// EOS as the stop token. Closing the returned model releases everything.
+func loadServeModel(spec string, mf *memFlags, stderr io.Writer) (server.Backend, *loadedModel, error) {
+	lm, err := loadModel(spec, mf, stderr)
 	if err != nil {
 		return server.Backend{}, nil, err
 	}
-	fail := func(err error) (server.Backend, func() error, error) {
+	fail := func(err error) (server.Backend, *loadedModel, error) {
 		lm.Close()
 		return server.Backend{}, nil, err
 	}
-	tj, err := lm.src.File("tokenizer.json")
+	tok, err := loadTokenizer(lm)
 	if err != nil {
-		return fail(fmt.Errorf("%s has no tokenizer.json: %w", spec, err))
-	}
-	cj, err := lm.src.File("tokenizer_config.json")
-	if err != nil {
-		return fail(fmt.Errorf("%s has no tokenizer_config.json: %w", spec, err))
-	}
-	tok, err := tokenizer.Load(tj, cj)
-	if err != nil {
-		return fail(fmt.Errorf("%s: %w", spec, err))
+		return fail(err)
 	}
 	eos, ok := tok.EOS()
 	if !ok {
@@ -196,5 +188,5 @@ func loadServeModel(spec string, stderr io.Writer) (server.Backend, func() error
 		Tokenizer:  server.FromTokenizer(tok),
 		Chat:       server.DeepSeekV4Chat(tok),
 		StopTokens: []int{eos},
-	}, lm.Close, nil
+	}, lm, nil
 }

@@ -20,18 +20,19 @@ stage() { # stage NAME TIMEOUT DIR CMD...
 
 B='-test.run=^$ -test.benchmem=false'
 stage kern-simd 150 compute/cpu/kern "$bin/kern-simd.test" $B -test.bench 'MemRead|MatVec|MatMul' -test.count 3 -test.benchtime 1s
-stage kern 100 compute/cpu/kern "$bin/kern.test" $B -test.bench 'MemRead|MatVec' -test.count 2 -test.benchtime 1s
-stage format-simd 60 format "$bin/format-simd.test" $B -test.bench 'Decode' -test.cpu 1 -test.count 3
-stage format 60 format "$bin/format.test" $B -test.bench 'Decode' -test.cpu 1 -test.count 3
-stage tokenizer 60 tokenizer "$bin/tokenizer.test" $B -test.bench 'EncodeEnglish' -test.cpu 1 -test.count 5
-stage safetensors 60 safetensors "$bin/safetensors.test" $B -test.bench 'Open46' -test.count 5 -test.benchtime 10x
-stage checkpoint 60 checkpoint "$bin/checkpoint.test" $B -test.bench 'OpenDir46' -test.count 5 -test.benchtime 10x
-stage experts-miss 90 experts "$bin/experts.test" $B -test.bench 'Miss' -test.count 3
-
 if [ "${FLASH_LAYERS:-2}" != 0 ]; then
 	f=/tmp/moxie-flash
 	rm -rf "$f"
 	stage synth-flash 120 . "$bin/moxie-simd" synth "flash?layers=${FLASH_LAYERS:-2}" --out "$f"
 	stage bench-flash-resident 150 . "$bin/moxie-simd" bench "$f" --prompt 32 --decode 16 --runs 2 --mem 100GiB --json "$out/bench-flash-resident.json"
+	export MOXIE_BENCH_FLASH=1 MOXIE_BENCH_FLASH_DIR=$f
+	stage experts-flash-store 150 experts "$bin/experts-simd.test" $B -test.bench 'FlashDecodeStore' -test.benchtime 8x
 fi
+stage format-simd 60 format "$bin/format-simd.test" $B -test.bench 'Decode' -test.cpu 1 -test.count 3
+stage format 60 format "$bin/format.test" $B -test.bench 'Decode' -test.cpu 1 -test.count 3
+stage tokenizer 60 tokenizer "$bin/tokenizer.test" $B -test.bench 'EncodeEnglish' -test.cpu 1 -test.count 5
+stage checkpoint 60 checkpoint "$bin/checkpoint.test" $B -test.bench 'OpenDir46' -test.count 5 -test.benchtime 10x
+stage safetensors 60 safetensors "$bin/safetensors.test" $B -test.bench 'Open46' -test.count 5 -test.benchtime 10x
+stage experts-miss 90 experts "$bin/experts-simd.test" $B -test.bench 'ExpertMiss' -test.count 3
+stage kern 100 compute/cpu/kern "$bin/kern.test" $B -test.bench 'MemRead|MatVec' -test.count 2 -test.benchtime 1s
 echo "done $(date -u +%T)" >> "$out/summary.txt"

@@ -211,12 +211,10 @@ func (s *Synth) TensorData(name string) ([]byte, error) {
 		return nil, fmt.Errorf("%s: no tensor %q", s.Name(), name)
 	}
 	if t.ScaleOf != "" {
-		_, scale := s.quantized(s.layout[t.ScaleOf])
-		return scale, nil
+		return s.quantized(s.layout[t.ScaleOf], true), nil
 	}
 	if sc, ok := s.layout[strings.TrimSuffix(name, ".weight")+".scale"]; ok && sc.ScaleOf == name {
-		q, _ := s.quantized(t)
-		return q, nil
+		return s.quantized(t, false), nil
 	}
 	return s.plain(t), nil
 }
@@ -244,8 +242,10 @@ func fanInUniform(r *rand.Rand, n, fanIn int, gain float64) []float32 {
 	return uniform(r, n, gain*math.Sqrt(3/float64(fanIn)))
 }
 
-// quantized generates a quantized weight (FP8 blocks or MXFP4) and its scales.
-func (s *Synth) quantized(t config.Tensor) (q, scale []byte) {
+// quantized generates a quantized weight (FP8 blocks or MXFP4): its scales if
+// scales is set, else its element codes. Both come from the same generated
+// values, so they always agree; asking for the scales skips the encoding.
+func (s *Synth) quantized(t config.Tensor, scales bool) []byte {
 	rows, cols := int(t.Shape[0]), int(t.Shape[1])
 	if t.DType == format.I8 { // MXFP4 packs two values per byte
 		cols *= 2
@@ -255,10 +255,17 @@ func (s *Synth) quantized(t config.Tensor) (q, scale []byte) {
 		gain = 1.5 // so that the SwiGLU clamp engages on the tiny preset
 	}
 	w := fanInUniform(s.rng(t.Name), rows*cols, cols, gain)
-	if t.DType == format.I8 {
-		return format.QuantizeMXFP4(w, rows, cols)
+	switch {
+	case t.DType == format.I8 && scales:
+		return format.ScalesMXFP4(w, rows, cols)
+	case t.DType == format.I8:
+		q, _ := format.QuantizeMXFP4(w, rows, cols)
+		return q
+	case scales:
+		return format.ScalesFP8Block(w, rows, cols, s.cfg.BlockSize)
 	}
-	return format.QuantizeFP8Block(w, rows, cols, s.cfg.BlockSize)
+	q, _ := format.QuantizeFP8Block(w, rows, cols, s.cfg.BlockSize)
+	return q
 }
 
 // plain generates an unquantized tensor (BF16, F32, I64).

@@ -75,6 +75,29 @@ func checkQuantArgs(fn string, n, rows, cols int) {
 	}
 }
 
+// ScalesFP8Block returns only the E8M0 scales QuantizeFP8Block would give w
+// (same rule, same layout), without encoding the elements. Same preconditions.
+func ScalesFP8Block(w []float32, rows, cols, block int) []byte {
+	checkQuantArgs("ScalesFP8Block", len(w), rows, cols)
+	if block <= 0 {
+		panic(fmt.Sprintf("format.ScalesFP8Block: block=%d, want > 0", block))
+	}
+	rb, cb := (rows+block-1)/block, (cols+block-1)/block
+	scale := make([]byte, rb*cb)
+	for bi := 0; bi < rb; bi++ {
+		r0, r1 := bi*block, min(bi*block+block, rows)
+		for bj := 0; bj < cb; bj++ {
+			c0, c1 := bj*block, min(bj*block+block, cols)
+			var amax float32
+			for r := r0; r < r1; r++ {
+				amax = max(amax, absMax(w[r*cols+c0:r*cols+c1]))
+			}
+			scale[bi*cb+bj] = byte(scaleExponent(amax, e4m3LimFrac, e4m3LimExp) + 127)
+		}
+	}
+	return scale
+}
+
 // QuantizeFP8Block quantizes w [rows, cols] to FP8 E4M3fn with one E8M0 scale per
 // block×block tile (partial tiles at the right and bottom edges). Each tile's scale
 // is the smallest power of two 2^e with amax/2^e <= 448 (amax over the tile, NaN
@@ -89,18 +112,12 @@ func QuantizeFP8Block(w []float32, rows, cols, block int) (q, scale []byte) {
 	}
 	rb, cb := (rows+block-1)/block, (cols+block-1)/block
 	q = make([]byte, rows*cols)
-	scale = make([]byte, rb*cb)
+	scale = ScalesFP8Block(w, rows, cols, block)
 	for bi := 0; bi < rb; bi++ {
 		r0, r1 := bi*block, min(bi*block+block, rows)
 		for bj := 0; bj < cb; bj++ {
 			c0, c1 := bj*block, min(bj*block+block, cols)
-			var amax float32
-			for r := r0; r < r1; r++ {
-				amax = max(amax, absMax(w[r*cols+c0:r*cols+c1]))
-			}
-			e := scaleExponent(amax, e4m3LimFrac, e4m3LimExp)
-			scale[bi*cb+bj] = byte(e + 127)
-			inv := pow2(-e)
+			inv := pow2(127 - int(scale[bi*cb+bj]))
 			for r := r0; r < r1; r++ {
 				for c := c0; c < c1; c++ {
 					q[r*cols+c] = Float32ToE4M3(w[r*cols+c] * inv)
@@ -184,6 +201,17 @@ func DequantMXFP8(q, scale []byte, rows, cols int) ([]float32, error) {
 	return out, nil
 }
 
+// ScalesMXFP4 returns only the E8M0 scales QuantizeMXFP4 would give w (same
+// rule, same layout), without encoding the elements. Same preconditions.
+func ScalesMXFP4(w []float32, rows, cols int) []byte {
+	checkMXQuantArgs("ScalesMXFP4", len(w), rows, cols)
+	scale := make([]byte, rows*cols/MXGroup)
+	for g := range scale {
+		scale[g] = byte(scaleExponent(absMax(w[g*MXGroup:g*MXGroup+MXGroup]), e2m1LimFrac, e2m1LimExp) + 127)
+	}
+	return scale
+}
+
 // QuantizeMXFP4 quantizes w [rows, cols] to MXFP4: E2M1 codes packed two per byte
 // (low nibble = even column), one E8M0 scale per 32 consecutive elements of a row,
 // the smallest 2^e with amax/2^e <= 6 (amax over the group, NaN ignored; an all-zero
@@ -193,12 +221,10 @@ func DequantMXFP8(q, scale []byte, rows, cols int) ([]float32, error) {
 func QuantizeMXFP4(w []float32, rows, cols int) (packed, scale []byte) {
 	checkMXQuantArgs("QuantizeMXFP4", len(w), rows, cols)
 	packed = make([]byte, rows*cols/2)
-	scale = make([]byte, rows*cols/MXGroup)
+	scale = ScalesMXFP4(w, rows, cols)
 	for g := range scale {
 		src := w[g*MXGroup : g*MXGroup+MXGroup]
-		e := scaleExponent(absMax(src), e2m1LimFrac, e2m1LimExp)
-		scale[g] = byte(e + 127)
-		inv := pow2(-e)
+		inv := pow2(127 - int(scale[g]))
 		dst := packed[g*MXGroup/2 : g*MXGroup/2+MXGroup/2]
 		for i := range dst {
 			dst[i] = Float32ToE2M1(src[2*i]*inv) | Float32ToE2M1(src[2*i+1]*inv)<<4

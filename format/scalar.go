@@ -210,29 +210,22 @@ func Float32ToE2M1(f float32) uint8 {
 	if f != f {
 		return 0
 	}
-	var sign uint8
-	if math.Signbit(float64(f)) {
-		sign = 8
-		f = -f
-	}
-	var c uint8
-	switch {
-	case f <= 0.25:
-		c = 0
-	case f < 0.75:
-		c = 1
-	case f <= 1.25:
-		c = 2
-	case f < 1.75:
-		c = 3
-	case f <= 2.5:
-		c = 4
-	case f < 3.5:
-		c = 5
-	case f <= 5:
-		c = 6
-	default:
-		c = 7
-	}
+	bits := math.Float32bits(f)
+	sign := uint8(bits>>31) << 3
+	a := math.Float32frombits(bits &^ (1 << 31))
+	// The code is the number of rounding thresholds a reaches: the midpoints of
+	// the grid 0, .5, 1, 1.5, 2, 3, 4, 6. At a midpoint the even code wins, so
+	// the thresholds next to an even code below are strict and the others not.
+	// Branch-free: quantizing random weights makes every branch unpredictable.
+	c := b2u(a > 0.25) + b2u(a >= 0.75) + b2u(a > 1.25) + b2u(a >= 1.75) +
+		b2u(a > 2.5) + b2u(a >= 3.5) + b2u(a > 5)
 	return sign | c
+}
+
+// b2u is 1 for true and 0 for false (compiled to a SETcc, without a branch).
+func b2u(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
 }

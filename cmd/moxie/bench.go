@@ -10,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"moxie/compute/cpu/kern"
 	"moxie/internal/membw"
 	"moxie/internal/progress"
 )
@@ -20,6 +21,7 @@ type benchReport struct {
 	Synthetic       bool    `json:"synthetic"`
 	Backend         string  `json:"backend"`
 	Threads         int     `json:"threads"`
+	SIMD            bool    `json:"simd_build"`
 	GoVersion       string  `json:"go_version"`
 	Date            string  `json:"date"`
 	PromptTokens    int     `json:"prompt_tokens"`
@@ -81,7 +83,7 @@ MODEL defaults to synth:tiny; use synth:flash?layers=2 for V4-Flash shapes.`, st
 	if *prompt+*decode > m.Cfg.MaxPositions {
 		return usagef("--prompt + --decode = %d exceeds the model's context of %d", *prompt+*decode, m.Cfg.MaxPositions)
 	}
-	rep := &benchReport{Model: lm.src.Name(), Synthetic: lm.src.Synthetic(), Backend: "cpu", Threads: runtime.NumCPU(),
+	rep := &benchReport{Model: lm.src.Name(), Synthetic: lm.src.Synthetic(), Backend: "cpu", Threads: runtime.NumCPU(), SIMD: kern.SIMD,
 		GoVersion: runtime.Version(), Date: time.Now().UTC().Format(time.RFC3339), PromptTokens: *prompt,
 		DecodeTokens: *decode, Runs: *runs, BytesPerToken: BytesPerToken(m.Cfg)}
 	r := rand.New(rand.NewPCG(*seed, 0))
@@ -128,6 +130,9 @@ MODEL defaults to synth:tiny; use synth:flash?layers=2 for V4-Flash shapes.`, st
 	fmt.Fprintf(stdout, "weights per token  %s (%s)\n", commas(rep.BytesPerToken), progress.FormatBytes(rep.BytesPerToken))
 	fmt.Fprintf(stdout, "memory read        %.1f GB/s (measured now, %d workers) -> decode bound %.2f tok/s\n", rep.MemReadGBps, mbw.Workers, rep.DecodeBoundTokS)
 	fmt.Fprintf(stdout, "efficiency         %.1f%% of the bandwidth bound\n", rep.Efficiency*100)
+	if !kern.SIMD {
+		fmt.Fprintf(stdout, "note               portable build: its kernels and bandwidth probe are scalar Go and may understate\n                   the machine; build with GOEXPERIMENT=simd for speed and a true ceiling\n")
+	}
 	if *jsonOut != "" {
 		b, _ := json.MarshalIndent(rep, "", "  ")
 		tmp := *jsonOut + ".tmp"

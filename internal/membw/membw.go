@@ -4,8 +4,9 @@ package membw
 
 import (
 	"runtime"
-	"sync"
 	"time"
+
+	"moxie/compute/cpu/kern"
 )
 
 // Result is one measurement.
@@ -18,62 +19,36 @@ type Result struct {
 // GBps is the read bandwidth of the fastest pass in GB/s (1e9 bytes per second).
 func (r Result) GBps() float64 { return float64(r.Bytes) / r.Best.Seconds() / 1e9 }
 
-// Measure reads a buffer of size bytes (rounded down to a multiple of 64 per
-// worker) with workers goroutines (0 = all CPUs), passes times, and returns the
-// fastest pass. The buffer should be several times the last-level cache (256 MiB
-// or more) for the result to be DRAM bandwidth. It allocates and touches the
-// buffer first, so that page faults are not timed.
+// Measure reads a buffer of size bytes with workers goroutines (0 = all CPUs)
+// through kern.ReadSum (the widest loads the build has: AVX-512 under
+// GOEXPERIMENT=simd, scalar Go otherwise, which may fall short of the true
+// ceiling), passes times, and returns the fastest pass. The buffer should be
+// several times the last-level cache (256 MiB or more) for the result to be DRAM
+// bandwidth. It allocates and touches the buffer first, so that page faults are
+// not timed.
 func Measure(size int64, workers, passes int) Result {
 	if workers <= 0 {
 		workers = runtime.NumCPU()
 	}
-	n := int(size/8) / (workers * 8) * workers * 8
-	buf := make([]uint64, n)
+	const unit = 1 << 16 // floats per work item (256 KiB)
+	n := max(int(size/4)/unit, 1) * unit
+	buf := make([]float32, n)
 	for i := range buf {
-		buf[i] = uint64(i)
+		buf[i] = float32(i & 1023)
 	}
-	chunk := n / workers
-	var sink uint64
-	var mu sync.Mutex
+	p := kern.NewPool(workers)
+	defer p.Close()
+	sums := make([]float32, n/unit)
 	best := time.Duration(1<<63 - 1)
 	for range max(passes, 1) {
-		var wg sync.WaitGroup
 		start := time.Now()
-		for w := range workers {
-			wg.Add(1)
-			go func(part []uint64) {
-				defer wg.Done()
-				s := sum(part)
-				mu.Lock()
-				sink += s
-				mu.Unlock()
-			}(buf[w*chunk : (w+1)*chunk])
-		}
-		wg.Wait()
+		p.Run(n/unit, func(lo, hi int) {
+			for u := lo; u < hi; u++ {
+				sums[u] = kern.ReadSum(buf[u*unit : (u+1)*unit])
+			}
+		})
 		best = min(best, time.Since(start))
 	}
-	runtime.KeepAlive(sink)
-	return Result{Bytes: int64(n) * 8, Workers: workers, Best: best}
-}
-
-// sum adds a slice with eight independent accumulators so the loop is bound by
-// loads, not by the add latency chain.
-func sum(a []uint64) uint64 {
-	var s0, s1, s2, s3, s4, s5, s6, s7 uint64
-	for len(a) >= 8 {
-		b := (*[8]uint64)(a)
-		s0 += b[0]
-		s1 += b[1]
-		s2 += b[2]
-		s3 += b[3]
-		s4 += b[4]
-		s5 += b[5]
-		s6 += b[6]
-		s7 += b[7]
-		a = a[8:]
-	}
-	for _, v := range a {
-		s0 += v
-	}
-	return s0 + s1 + s2 + s3 + s4 + s5 + s6 + s7
+	runtime.KeepAlive(sums)
+	return Result{Bytes: int64(n) * 4, Workers: workers, Best: best}
 }

@@ -50,7 +50,7 @@ func BenchmarkMemRead(b *testing.B) {
 			for b.Loop() {
 				p.Run(len(buf)/unit, func(lo, hi int) {
 					for u := lo; u < hi; u++ {
-						sums[u] = sumF32(buf[u*unit : (u+1)*unit])
+						sums[u] = ReadSum(buf[u*unit : (u+1)*unit])
 					}
 				})
 			}
@@ -217,18 +217,3 @@ func BenchmarkMatMulFP8(b *testing.B) {
 	}
 }
 
-func sumF32Scalar(a []float32) float32 {
-	var s [8]float32
-	for i := 0; i+8 <= len(a); i += 8 {
-		aa := (*[8]float32)(a[i : i+8])
-		s[0] += aa[0]
-		s[1] += aa[1]
-		s[2] += aa[2]
-		s[3] += aa[3]
-		s[4] += aa[4]
-		s[5] += aa[5]
-		s[6] += aa[6]
-		s[7] += aa[7]
-	}
-	return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7]
-}

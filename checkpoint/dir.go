@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -67,28 +68,42 @@ func OpenDir(dir string) (*Dir, error) {
 		d.Close()
 		return nil, fmt.Errorf("checkpoint %s: "+format, append([]any{dir}, a...)...)
 	}
-	var count int
-	var total int64
-	for _, name := range shards {
-		f, err := safetensors.Open(filepath.Join(dir, name))
+	// Open and check the shards in parallel: each header parse is independent.
+	files := make([]*safetensors.File, len(shards))
+	errs := make([]error, len(shards))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	for i, name := range shards {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			files[i], errs[i] = safetensors.Open(filepath.Join(dir, name))
+			if errs[i] == nil {
+				errs[i] = d.checkShard(name, files[i])
+			}
+		}()
+	}
+	wg.Wait()
+	for i, name := range shards {
+		if files[i] != nil {
+			d.files = append(d.files, files[i])
+			d.byName[name] = files[i]
+		}
+	}
+	for _, err := range errs {
 		if err != nil {
 			d.Close()
 			return nil, err
 		}
-		d.files = append(d.files, f)
-		d.byName[name] = f
+	}
+	var count int
+	var total int64
+	for _, f := range d.files {
 		for _, ti := range f.Tensors() {
 			count++
 			total += ti.Size
-			if d.index == nil {
-				continue
-			}
-			switch want, ok := d.index.WeightMap[ti.Name]; {
-			case !ok:
-				return fail("tensor %q in %s is missing from %s", ti.Name, name, IndexFile)
-			case want != name:
-				return fail("tensor %q is in %s but the index says %s", ti.Name, name, want)
-			}
 		}
 	}
 	if d.index != nil {
@@ -106,6 +121,23 @@ func OpenDir(dir string) (*Dir, error) {
 		}
 	}
 	return d, nil
+}
+
+// checkShard checks that every tensor of shard name is listed in the index
+// under that shard.
+func (d *Dir) checkShard(name string, f *safetensors.File) error {
+	if d.index == nil {
+		return nil
+	}
+	for _, ti := range f.Tensors() {
+		switch want, ok := d.index.WeightMap[ti.Name]; {
+		case !ok:
+			return fmt.Errorf("checkpoint %s: tensor %q in %s is missing from %s", d.dir, ti.Name, name, IndexFile)
+		case want != name:
+			return fmt.Errorf("checkpoint %s: tensor %q is in %s but the index says %s", d.dir, ti.Name, name, want)
+		}
+	}
+	return nil
 }
 
 // lookup finds the shard holding a tensor.

@@ -216,4 +216,3 @@ func BenchmarkMatMulFP8(b *testing.B) {
 		})
 	}
 }
-

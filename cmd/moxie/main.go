@@ -24,6 +24,7 @@ func commands() []command {
 		{"bench", "measure prefill and decode speed and efficiency against memory bandwidth", runBench},
 		{"plan", "show what a memory budget keeps resident: dense weights, caches, experts per layer", runPlan},
 		{"inspect", "list a model's tensors by role, formats, bytes, bytes read per token", runInspect},
+		{"perplexity", "measure perplexity and tokens/s on a text file", runPerplexity},
 		{"logits", "save the logits of a token sequence as .npy (prefill, then decode steps)", runLogits},
 		{"tokenize", "turn text into token ids (or ids into text with --decode)", runTokenize},
 		{"residency", "replay a route trace through expert-residency policies and the optimum", runResidency},

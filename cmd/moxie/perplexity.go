@@ -1,0 +1,144 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"time"
+
+	"moxie/dsv4"
+	"moxie/internal/progress"
+	"moxie/tokenizer"
+)
+
+// pplReport is what `moxie perplexity` measures; --json writes it.
+type pplReport struct {
+	Model      string  `json:"model"`
+	Synthetic  bool    `json:"synthetic"`
+	File       string  `json:"file"`
+	Tokens     int     `json:"tokens"`   // text tokens, each predicted once
+	Segments   int     `json:"segments"` // independent windows, each starting at BOS
+	Window     int     `json:"window"`
+	MeanNLL    float64 `json:"mean_nll"` // nats per token
+	Perplexity float64 `json:"perplexity"`
+	TokPerSec  float64 `json:"tokens_per_second"`
+}
+
+func runPerplexity(args []string, _ io.Reader, stdout, stderr io.Writer) error {
+	fs := newFlags("perplexity", "--model M --file F", `
+Measure a model's perplexity on a text file: the text is tokenized, cut into
+windows of --window tokens (each evaluated from scratch, starting with BOS), and
+every text token is predicted once from the tokens before it in its window.
+Reports the mean negative log-likelihood (nats per token), the perplexity
+exp(mean NLL), and tokens per second.`, stderr)
+	model := fs.String("model", defaultModel, "model: a checkpoint directory or synth:PRESET")
+	file := fs.String("file", "", "text file to score")
+	window := fs.Int("window", 1024, "tokens per window, BOS included (capped at the model's context)")
+	chunk := fs.Int("chunk", 256, "tokens per prefill call within a window")
+	jsonOut := fs.String("json", "", "also write the report as JSON to this file")
+	mf := addMemFlags(fs)
+	valued := map[string]bool{"model": true, "file": true, "window": true, "chunk": true, "json": true}
+	for k := range memValued {
+		valued[k] = true
+	}
+	if err := parseFlags(fs, reorderArgs(args, valued)); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 || *file == "" {
+		return usagef("want --file F (and no positional arguments)")
+	}
+	if *window < 2 || *chunk < 1 {
+		return usagef("--window must be at least 2 and --chunk at least 1")
+	}
+	text, err := os.ReadFile(*file)
+	if err != nil {
+		return fmt.Errorf("reading the text: %w", err)
+	}
+	lm, err := loadModel(*model, mf, stderr)
+	if err != nil {
+		return err
+	}
+	defer lm.Close()
+	tok, err := loadTokenizer(lm)
+	if err != nil {
+		return err
+	}
+	ids := tok.Encode(string(text), tokenizer.EncodeOptions{})
+	if len(ids) == 0 {
+		return fmt.Errorf("%s: no tokens in the file", *file)
+	}
+	bos, ok := tok.BOS()
+	if !ok {
+		bos = lm.m.Cfg.BOS
+	}
+	w := min(*window, lm.m.Cfg.MaxPositions)
+	rep := &pplReport{Model: lm.src.Name(), Synthetic: lm.src.Synthetic(), File: *file, Window: w}
+	bar := progress.New(stderr, "perplexity", int64(len(ids)), false)
+	start := time.Now()
+	var nll float64
+	for lo := 0; lo < len(ids); lo += w - 1 {
+		seg := append([]int{bos}, ids[lo:min(lo+w-1, len(ids))]...)
+		segNLL, err := windowNLL(lm.m, seg, *chunk)
+		if err != nil {
+			return err
+		}
+		nll += segNLL
+		rep.Segments++
+		bar.Add(int64(len(seg) - 1))
+	}
+	bar.Done()
+	rep.Tokens = len(ids)
+	rep.MeanNLL = nll / float64(len(ids))
+	rep.Perplexity = math.Exp(rep.MeanNLL)
+	rep.TokPerSec = float64(len(ids)) / time.Since(start).Seconds()
+	syn := ""
+	if rep.Synthetic {
+		syn = " (synthetic, random weights)"
+	}
+	fmt.Fprintf(stdout, "model       %s%s\nfile        %s: %d tokens in %d windows of up to %d\nmean NLL    %.4f nats/token\nperplexity  %.3f\nspeed       %.1f tokens/s\n",
+		rep.Model, syn, rep.File, rep.Tokens, rep.Segments, w, rep.MeanNLL, rep.Perplexity, rep.TokPerSec)
+	if *jsonOut != "" {
+		b, _ := json.MarshalIndent(rep, "", "  ")
+		if err := os.WriteFile(*jsonOut+".tmp", append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+		return os.Rename(*jsonOut+".tmp", *jsonOut)
+	}
+	return nil
+}
+
+// windowNLL runs seg (BOS first) through a fresh session in prefill chunks and
+// returns the summed negative log-likelihood of seg[1:], each token predicted
+// from the logits at the position before it (log-softmax in float64).
+func windowNLL(m *dsv4.Model, seg []int, chunk int) (float64, error) {
+	s := m.NewSession()
+	defer s.Close()
+	V := m.Cfg.VocabSize
+	var nll float64
+	for lo := 0; lo < len(seg)-1; lo += chunk {
+		hi := min(lo+chunk, len(seg)-1)
+		logits, err := s.PrefillAll(seg[lo:hi])
+		if err != nil {
+			return 0, err
+		}
+		for i := range hi - lo {
+			nll -= logSoftmaxAt(logits[i*V:(i+1)*V], seg[lo+i+1])
+		}
+	}
+	return nll, nil
+}
+
+// logSoftmaxAt is log(softmax(logits)[target]) computed in float64.
+func logSoftmaxAt(logits []float32, target int) float64 {
+	mx := math.Inf(-1)
+	for _, v := range logits {
+		mx = math.Max(mx, float64(v))
+	}
+	var sum float64
+	for _, v := range logits {
+		sum += math.Exp(float64(v) - mx)
+	}
+	return float64(logits[target]) - mx - math.Log(sum)
+}

@@ -50,11 +50,17 @@ func runServe(args []string, _ io.Reader, stdout, stderr io.Writer) error {
 	defer stop()
 	// After the first signal, restore the default handling: a second one
 	// ends the process at once instead of waiting for the grace period.
+	announced := make(chan struct{})
 	context.AfterFunc(ctx, func() {
 		stop()
 		fmt.Fprintln(stderr, "moxie serve: shutting down (signal again to exit at once)")
+		close(announced)
 	})
-	return serve(ctx, args, stdout, stderr, nil)
+	err := serve(ctx, args, stdout, stderr, nil)
+	if ctx.Err() != nil {
+		<-announced // the message above runs on its own goroutine: let it finish first
+	}
+	return err
 }
 
 // serve is runServe with the stop signal as ctx; ready, if set, is called

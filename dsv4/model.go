@@ -271,7 +271,7 @@ func CheckLayout(src checkpoint.Source, cfg *config.Config) error {
 		switch {
 		case !ok:
 			add("missing tensor %s (want %s%v)", t.Name, t.DType, t.Shape)
-		case got.DType != t.DType || !equalShape(got.Shape, t.Shape):
+		case !sameStorage(got.DType, t.DType) || !equalShape(got.Shape, t.Shape):
 			add("tensor %s is %s%v, want %s%v", t.Name, got.DType, got.Shape, t.DType, t.Shape)
 		case got.Size != t.Bytes():
 			add("tensor %s has %d bytes, want %d", t.Name, got.Size, t.Bytes())
@@ -290,6 +290,13 @@ func CheckLayout(src checkpoint.Source, cfg *config.Config) error {
 		msg += fmt.Sprintf("; and %d more", n-len(errs))
 	}
 	return fmt.Errorf("checkpoint does not match the layout (%d problems): %s", n, msg)
+}
+
+// sameStorage reports whether a tensor stored as got holds what the layout
+// describes as want: the same dtype, or packed MXFP4 bytes labelled U8 rather
+// than I8 (both appear in MXFP4 checkpoints; the bytes are the same).
+func sameStorage(got, want format.DType) bool {
+	return got == want || want == format.I8 && got == format.U8
 }
 
 func equalShape(a, b []int64) bool {

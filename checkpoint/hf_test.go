@@ -560,3 +560,102 @@ func values(src checkpoint.Source, lt config.Tensor) ([]float32, []byte, error) 
 	}
 	return v, b, nil
 }
+
+// TestConvertHFOtherDTypes: tid2eid stored as I32 and a weight stored as F16
+// convert to the same bytes as from I64 and F32 (values exact in F16 chosen).
+func TestConvertHFOtherDTypes(t *testing.T) {
+	dir := exportTiny(t, checkpoint.ExportHFOptions{}, false)
+	produce := func(m *memSource, name string) []byte {
+		t.Helper()
+		conv, err := checkpoint.ConvertHF(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ot := range conv.Tensors {
+			if ot.Name == name {
+				b, err := ot.Data()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return b
+			}
+		}
+		t.Fatalf("no tensor %s", name)
+		return nil
+	}
+	t.Run("tid2eid I32", func(t *testing.T) {
+		m := loadMem(t, dir)
+		want := produce(m, "layers.0.ffn.gate.tid2eid")
+		n := "model.layers.0.mlp.gate.tid2eid"
+		ti := m.lookups[n]
+		b64 := m.data[n]
+		b32 := make([]byte, len(b64)/2)
+		for i := range len(b64) / 8 {
+			binary.LittleEndian.PutUint32(b32[4*i:], uint32(binary.LittleEndian.Uint64(b64[8*i:])))
+		}
+		ti.DType, ti.Size = format.I32, int64(len(b32))
+		m.set(ti, b32)
+		if got := produce(m, "layers.0.ffn.gate.tid2eid"); !bytes.Equal(got, want) {
+			t.Error("I32 tid2eid converts differently from I64")
+		}
+	})
+	t.Run("F16 weight", func(t *testing.T) {
+		m := loadMem(t, dir)
+		n := "model.layers.2.self_attn.compressor.position_bias" // ape [8, 96], F32 in the layout
+		ti := m.lookups[n]
+		f32 := m.data[n]
+		k := len(f32) / 4
+		f16 := make([]byte, 2*k)
+		exact := make([]byte, 4*k)
+		for i := range k {
+			v := math.Float32frombits(binary.LittleEndian.Uint32(f32[4*i:]))
+			h := format.Float32ToF16(v)
+			binary.LittleEndian.PutUint16(f16[2*i:], h)
+			binary.LittleEndian.PutUint32(exact[4*i:], math.Float32bits(format.F16ToFloat32(h)))
+		}
+		m.set(checkpoint.TensorInfo{Name: n, DType: format.F16, Shape: ti.Shape, Size: int64(len(f16))}, f16)
+		if got := produce(m, "layers.2.attn.compressor.ape"); !bytes.Equal(got, exact) {
+			t.Error("F16 input does not convert to its exact float32 values")
+		}
+	})
+}
+
+// BenchmarkConvertHF measures producing every tensor of synth:tiny's shipped
+// layout (quantization included) from its transformers form; bytes/s counts
+// the shipped bytes.
+func BenchmarkConvertHF(b *testing.B) {
+	src, err := checkpoint.Open("synth:tiny")
+	if err != nil {
+		b.Fatal(err)
+	}
+	dir := filepath.Join(b.TempDir(), "hf")
+	if err := checkpoint.ExportHF(src, dir, checkpoint.ExportHFOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	hf, err := checkpoint.OpenDir(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer hf.Close()
+	conv, err := checkpoint.ConvertHF(hf)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total int64
+	for _, ot := range conv.Tensors {
+		n := int64(ot.DType.Size())
+		for _, d := range ot.Shape {
+			n *= d
+		}
+		total += n
+	}
+	b.SetBytes(total)
+	b.ResetTimer()
+	for range b.N {
+		for _, ot := range conv.Tensors {
+			if _, err := ot.Data(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}

@@ -367,11 +367,13 @@ def cmd_train(args):
         # Time a few steps at the peak learning rate schedule's start, then fix the
         # step count so that training fits --train-seconds (logged: rerun with
         # --steps N to repeat the exact schedule).
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.time()
-        probe = 10
-        for _ in range(probe):
+        warm, probe = 3, 10
+        t0 = None
+        for i in range(warm + probe):
+            if i == warm:
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.time()
             x, y = next(it)
             loss = train_step(x.to(device), y.to(device), lr_at(step, 10 ** 9))
             rows.append((step, time.time() - t_start, loss, None))

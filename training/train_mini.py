@@ -229,18 +229,19 @@ def batches(stream, seq, batch, gen):
 
 
 def nll(model, ids, window, device, autocast):
-    """Summed next-token negative log-likelihood (nats) and count over ids, in
-    independent non-overlapping windows of `window` tokens (the first token of
-    each window is context only)."""
+    """Summed next-token negative log-likelihood (nats) and count over ids (BOS,
+    then the text's tokens), with exactly the protocol of `moxie perplexity
+    --window W`: the text tokens are cut into runs of window-1, each run is
+    evaluated from scratch behind its own BOS, and every text token is
+    predicted once."""
     import torch
     import torch.nn.functional as F
+    bos, text = ids[0], ids[1:]
     total, count = 0.0, 0
     model.eval()
     with torch.no_grad():
-        for s in range(0, len(ids) - 1, window):
-            chunk = ids[s:s + window]
-            if len(chunk) < 2:
-                break
+        for s in range(0, len(text), window - 1):
+            chunk = [bos] + text[s:s + window - 1]
             x = torch.tensor([chunk], dtype=torch.long, device=device)
             with autocast():
                 logits = model(input_ids=x, use_cache=False).logits

@@ -28,6 +28,7 @@ func commands() []command {
 		{"logits", "save the logits of a token sequence as .npy (prefill, then decode steps)", runLogits},
 		{"tokenize", "turn text into token ids (or ids into text with --decode)", runTokenize},
 		{"residency", "replay a route trace through expert-residency policies and the optimum", runResidency},
+		{"import-hf", "convert a transformers DeepseekV4ForCausalLM checkpoint to the shipped layout", runImportHF},
 		{"synth", "write a synthetic model (tiny or V4-Flash shapes) as a checkpoint directory", runSynth},
 		{"repack", "losslessly repack FP8 128x128 block weights to MXFP8 into a new directory", runRepack},
 		{"version", "print moxie's version", runVersion},

@@ -353,7 +353,7 @@ def cmd_train(args):
         opt.step()
         opt.zero_grad(set_to_none=True)
         balancer.step()
-        return float(loss)
+        return float(loss.detach())
 
     def lr_at(step, total):
         if step < args.warmup:

@@ -83,7 +83,7 @@ func NewPlan(src checkpoint.Source, cfg *config.Config, budget int64, ctx int) (
 		return nil, fmt.Errorf("context %d tokens exceeds the model's max_position_embeddings %d", ctx, cfg.MaxPositions)
 	}
 	p := &Plan{Model: src.Name(), Config: cfg, Budget: budget, Context: ctx, DenseByRole: map[config.Role]int64{},
-		ExpertBytes: ExpertBytes(cfg)}
+		ExpertBytes: config.ExpertBytes(cfg)}
 	for _, t := range config.Layout(cfg) {
 		if t.Role == config.RoleRoutedExpert || t.Role == config.RoleMTP {
 			continue

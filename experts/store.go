@@ -141,18 +141,6 @@ type loadJob struct {
 	finish  func(err error, bytes int64, d time.Duration)
 }
 
-// ExpertBytes is the stored size of one routed expert of cfg: w1, w3 and w2 and
-// their scale tensors.
-func ExpertBytes(cfg *config.Config) int64 {
-	var n int64
-	for _, t := range config.Layout(cfg) {
-		if t.Role == config.RoleRoutedExpert && t.Layer == 0 && t.Expert == 0 {
-			n += t.Bytes()
-		}
-	}
-	return n
-}
-
 // SlotsForBudget splits budget bytes into whole experts of size expertBytes
 // over n layers, as evenly as possible (earlier layers get the remainder), at
 // most perLayer each.
@@ -189,7 +177,7 @@ func New(src checkpoint.Source, cfg *config.Config, opts Options) (*Store, error
 	nl := cfg.NLayers + cfg.NMTPLayers
 	slots := opts.Slots
 	if slots == nil {
-		slots = SlotsForBudget(opts.Budget, ExpertBytes(cfg), nl, cfg.NRoutedExperts)
+		slots = SlotsForBudget(opts.Budget, config.ExpertBytes(cfg), nl, cfg.NRoutedExperts)
 	}
 	if len(slots) != nl {
 		return nil, fmt.Errorf("experts: %d slot counts, want %d (one per layer and MTP block)", len(slots), nl)

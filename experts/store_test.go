@@ -117,7 +117,7 @@ func TestLogitsBitIdentical(t *testing.T) {
 			t.Fatal(err)
 		}
 		c := ref.Cfg
-		eb := ExpertBytes(c)
+		eb := config.ExpertBytes(c)
 		policies := map[string]PolicyFunc{
 			"lru":    nil,
 			"decay":  func(_, n, _ int) Policy { return NewDecay(n, DecayParams{HalfLife: 4, Ratio: 1.25, Margin: 1}) },
@@ -459,7 +459,7 @@ func TestSlotsForBudget(t *testing.T) {
 		}
 	}
 	// Tiny: w1, w3 [64, 160] MXFP4 = 64·80 + 64·5 bytes each; w2 [160, 64] = 160·32 + 160·2.
-	if got, want := ExpertBytes(config.Tiny()), int64(2*(64*80+64*5)+160*32+160*2); got != want {
-		t.Fatalf("ExpertBytes(tiny) = %d, want %d", got, want)
+	if got, want := config.ExpertBytes(config.Tiny()), int64(2*(64*80+64*5)+160*32+160*2); got != want {
+		t.Fatalf("config.ExpertBytes(tiny) = %d, want %d", got, want)
 	}
 }

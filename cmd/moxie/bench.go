@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"moxie/compute/cpu/kern"
+	"moxie/dsv4/config"
 	"moxie/internal/membw"
 	"moxie/internal/progress"
 )
@@ -85,7 +86,7 @@ MODEL defaults to synth:tiny; use synth:flash?layers=2 for V4-Flash shapes.`, st
 	}
 	rep := &benchReport{Model: lm.src.Name(), Synthetic: lm.src.Synthetic(), Backend: "cpu", Threads: runtime.NumCPU(), SIMD: kern.SIMD,
 		GoVersion: runtime.Version(), Date: time.Now().UTC().Format(time.RFC3339), PromptTokens: *prompt,
-		DecodeTokens: *decode, Runs: *runs, BytesPerToken: BytesPerToken(m.Cfg)}
+		DecodeTokens: *decode, Runs: *runs, BytesPerToken: config.BytesPerToken(m.Cfg)}
 	r := rand.New(rand.NewPCG(*seed, 0))
 	var prefillRates []float64
 	var steps []time.Duration

@@ -109,7 +109,7 @@ func inspect(src checkpoint.Source) (*inspectReport, error) {
 	if other.Tensors > 0 {
 		rep.Roles = append(rep.Roles, other)
 	}
-	rep.BytesPerToken = BytesPerToken(cfg)
+	rep.BytesPerToken = config.BytesPerToken(cfg)
 	return rep, nil
 }
 
@@ -121,36 +121,6 @@ func describeConfig(c *config.Config) string {
 	return fmt.Sprintf("deepseek_v4: %d layers (%d window-only, %d CSA, %d HCA; %d hash-routed), hidden %d, %d heads x %d, %d routed experts top-%d + %d shared, %d MTP block(s), vocab %d, experts %s",
 		c.NLayers, kinds[config.Window], kinds[config.CSA], kinds[config.HCA], c.NHashLayers, c.Dim,
 		c.NHeads, c.HeadDim, c.NRoutedExperts, c.NActivatedExperts, c.NSharedExperts, c.NMTPLayers, c.VocabSize, c.ExpertDType)
-}
-
-// BytesPerToken is the weight bytes one decoded token reads at batch 1 in the
-// main model (no MTP): every dense tensor once, one embedding row, the selected
-// experts of each layer, and for hash-routed layers only the gate rows and the
-// tid2eid row of the selected experts.
-func BytesPerToken(c *config.Config) int64 {
-	var n int64
-	expertBytes := map[int]int64{} // layer -> bytes of all routed experts
-	for _, t := range config.Layout(c) {
-		if t.Layer >= c.NLayers {
-			continue // MTP
-		}
-		switch {
-		case t.Name == "embed.weight":
-			n += t.Bytes() / t.Shape[0]
-		case t.Role == config.RoleRoutedExpert:
-			expertBytes[t.Layer] += t.Bytes()
-		case strings.HasSuffix(t.Name, "gate.tid2eid"):
-			n += t.Bytes() / t.Shape[0]
-		case strings.HasSuffix(t.Name, "ffn.gate.weight") && c.HashRouted(t.Layer):
-			n += t.Bytes() / t.Shape[0] * int64(c.NActivatedExperts)
-		default:
-			n += t.Bytes()
-		}
-	}
-	for _, b := range expertBytes {
-		n += b / int64(c.NRoutedExperts) * int64(c.NActivatedExperts)
-	}
-	return n
 }
 
 func (r *inspectReport) print(w io.Writer) {

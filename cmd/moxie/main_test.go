@@ -38,30 +38,6 @@ func TestInspectFlashTotals(t *testing.T) {
 	}
 }
 
-func TestBytesPerTokenFlash(t *testing.T) {
-	// Independent arithmetic from the shapes of dsv4-flash.md §5.3 (not from Layout):
-	// per layer the attention core, norms, sinks, both HC mixers, 6 of 256 MXFP4
-	// experts and the FP8 shared expert; CSA and HCA extras; full router gates and
-	// biases on score-routed layers, only the 6 selected gate rows and one tid2eid
-	// row on the 3 hash layers; one embedding row, the LM head, the final norm and
-	// hc_head. §8 estimates ≈ 11.22 GB with full gates on every layer.
-	const (
-		attn     = (1024*4096 + 8*32) + (32768*1024 + 256*8) + (512*4096 + 4*32) + (8192*4096 + 64*32) + (4096*8192 + 32*64) + 4096*2 + 1024*2 + 512*2 + 64*4
-		ffnNorm  = 4096 * 2
-		hc       = 2 * (24*16384*4 + 24*4 + 3*4)
-		expert   = 2*(2048*2048+2048*128) + 4096*1024 + 4096*64
-		shared   = 2*(2048*4096+16*32) + 4096*2048 + 32*16
-		csa      = 2*1024*4096*2 + 4*1024*4 + 512*2 + 8192*1024 + 64*8 + 64*4096*2 + 2*256*4096*2 + 4*256*4 + 128*2
-		hca      = 2*512*4096*2 + 128*512*4 + 512*2
-		perLayer = attn + ffnNorm + hc + 6*expert + shared
-		global   = 4096*2 + 129280*4096*2 + 4096*2 + 4*16384*4 + 4*4 + 4
-		want     = 43*perLayer + 21*csa + 20*hca + 40*(256*4096*2+256*4) + 3*(6*4096*2+6*8) + global
-	)
-	if got := BytesPerToken(config.Flash()); got != want {
-		t.Fatalf("BytesPerToken = %d, want %d", got, int64(want))
-	}
-}
-
 func TestUsageErrors(t *testing.T) {
 	for _, args := range [][]string{{"bogus"}, {"inspect"}, {"inspect", "a", "b"}, {"synth", "tiny"}, {"repack", "x"}, {"inspect", "--nope", "synth:tiny"}} {
 		if code, _, errs := moxie(t, args...); code != 2 || errs == "" {

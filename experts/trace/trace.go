@@ -45,7 +45,6 @@ import (
 	"unicode/utf8"
 
 	"moxie/dsv4/config"
-	"moxie/format"
 )
 
 // Magic starts every route trace file.
@@ -79,25 +78,11 @@ type Header struct {
 }
 
 // HeaderFor describes a model with configuration c: layers counts the main
-// stack and the MTP blocks, ExpertBytes and DenseBytesPerToken follow from
-// config.Layout.
+// stack and the MTP blocks; ExpertBytes is config.ExpertBytes and
+// DenseBytesPerToken is config.DenseBytesPerToken.
 func HeaderFor(name string, c *config.Config) Header {
-	h := Header{Name: name, Layers: c.NLayers + c.NMTPLayers, Experts: c.NRoutedExperts, TopK: c.NActivatedExperts}
-	for _, t := range config.Layout(c) {
-		switch {
-		case t.Role == config.RoleRoutedExpert:
-			if t.Layer == 0 && t.Expert == 0 {
-				h.ExpertBytes += t.Bytes()
-			}
-		case t.Role == config.RoleMTP:
-		case t.Name == "embed.weight":
-			h.DenseBytesPerToken += t.Bytes() / int64(c.VocabSize)
-		case t.DType == format.I64: // tid2eid: one row per token, negligible
-		default:
-			h.DenseBytesPerToken += t.Bytes()
-		}
-	}
-	return h
+	return Header{Name: name, Layers: c.NLayers + c.NMTPLayers, Experts: c.NRoutedExperts, TopK: c.NActivatedExperts,
+		ExpertBytes: config.ExpertBytes(c), DenseBytesPerToken: config.DenseBytesPerToken(c)}
 }
 
 // Validate checks the header's fields against the format's limits.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"moxie/internal/progress"
 	"os"
 	"strconv"
 	"strings"
@@ -100,7 +101,7 @@ func NewPlan(src checkpoint.Source, cfg *config.Config, budget int64, ctx int) (
 	p.ExpertScratch = int64(cfg.NLayers) * p.ExpertBytes
 	if need := p.Required(); budget < need {
 		return nil, fmt.Errorf("a budget of %s cannot hold the dense part: need at least %s (dense weights %s, KV and compressor state for %d tokens %s, activations %s, expert scratch %s)",
-			FormatBytes(budget), FormatBytes(need), FormatBytes(p.Dense), ctx, FormatBytes(p.KV), FormatBytes(p.Activations), FormatBytes(p.ExpertScratch))
+			progress.FormatBytes(budget), progress.FormatBytes(need), progress.FormatBytes(p.Dense), ctx, progress.FormatBytes(p.KV), progress.FormatBytes(p.Activations), progress.FormatBytes(p.ExpertScratch))
 	}
 	p.Slots = append(SlotsForBudget(budget-p.Required(), p.ExpertBytes, cfg.NLayers, cfg.NRoutedExperts), make([]int, cfg.NMTPLayers)...)
 	p.ExpertsBytes = int64(p.Resident()) * p.ExpertBytes
@@ -189,21 +190,7 @@ func DefaultBudget() (int64, string, error) {
 		return 0, "", fmt.Errorf("/proc/meminfo: %w; pass --mem", err)
 	}
 	b := int64(float64(avail) * DefaultShare)
-	return b, fmt.Sprintf("%.0f%% of the %s available now (MemAvailable); set --mem to choose", DefaultShare*100, FormatBytes(avail)), nil
-}
-
-// FormatBytes prints a byte count in binary units (GiB, MiB, KiB) with two
-// decimals, or plain bytes below 1 KiB.
-func FormatBytes(n int64) string {
-	switch a := max(n, -n); {
-	case a >= 1<<30:
-		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
-	case a >= 1<<20:
-		return fmt.Sprintf("%.2f MiB", float64(n)/(1<<20))
-	case a >= 1<<10:
-		return fmt.Sprintf("%.2f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
+	return b, fmt.Sprintf("%.0f%% of the %s available now (MemAvailable); set --mem to choose", DefaultShare*100, progress.FormatBytes(avail)), nil
 }
 
 // NewStore builds the store the plan describes, binding with be (the model's

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"moxie/internal/progress"
 	"os"
 	"slices"
 	"sync"
@@ -763,6 +764,6 @@ func (a LayerStats) String() string {
 		rate = fmt.Sprintf(" (%.0f MB/s per read)", float64(a.BytesRead)/a.ReadTime.Seconds()/1e6)
 	}
 	return fmt.Sprintf("hits %d, misses %d (hit rate %.4f, %d bypassed), read %s in %v%s, forward pass waited %v, prefetches %d issued / %d useful / %d wasted, %d read errors",
-		a.Hits, a.Misses, a.HitRate(), a.Bypassed, FormatBytes(a.BytesRead), a.ReadTime.Round(time.Millisecond), rate,
+		a.Hits, a.Misses, a.HitRate(), a.Bypassed, progress.FormatBytes(a.BytesRead), a.ReadTime.Round(time.Millisecond), rate,
 		a.Wait.Round(time.Millisecond), a.PrefetchIssued, a.PrefetchUseful, a.PrefetchWasted, a.ReadErrors)
 }

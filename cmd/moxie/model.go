@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"moxie/internal/progress"
 
 	"moxie/checkpoint"
 	"moxie/compute/cpu"
@@ -129,8 +130,8 @@ func loadModel(spec string, mf *memFlags, stderr io.Writer) (*loadedModel, error
 	}
 	total := cfg.NLayers * cfg.NRoutedExperts
 	fmt.Fprintf(stderr, "memory: budget %s (%s); dense %s resident; %d of %d routed experts fit (%s, policy %s)\n",
-		experts.FormatBytes(budget), note, experts.FormatBytes(plan.Dense), plan.Resident(), total,
-		experts.FormatBytes(plan.ExpertsBytes), polName)
+		progress.FormatBytes(budget), note, progress.FormatBytes(plan.Dense), plan.Resident(), total,
+		progress.FormatBytes(plan.ExpertsBytes), polName)
 	return l, nil
 }
 

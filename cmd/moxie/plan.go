@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"moxie/internal/progress"
 
 	"moxie/checkpoint"
 	"moxie/dsv4/config"
@@ -68,7 +69,7 @@ budget is 80% of the memory available now.`, stderr)
 
 func printPlan(w io.Writer, p *experts.Plan, synthetic bool) {
 	c := p.Config
-	fb := experts.FormatBytes
+	fb := progress.FormatBytes
 	if synthetic {
 		fmt.Fprintf(w, "model    %s (SYNTHETIC: random weights)\n", p.Model)
 	} else {

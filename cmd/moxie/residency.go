@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"moxie/internal/progress"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -157,7 +158,7 @@ all                         lru, decay and static with the trace's own
 		fmt.Fprintf(stdout, "\n(the trace header has no byte sizes: no speed estimate)\n")
 	} else {
 		fmt.Fprintf(stdout, "\nestimate: %s dense + %s per expert per token; fast %s/s, slow %s/s; no overlap, no compute\n",
-			experts.FormatBytes(h.DenseBytesPerToken), experts.FormatBytes(h.ExpertBytes), *fast, *slow)
+			progress.FormatBytes(h.DenseBytesPerToken), progress.FormatBytes(h.ExpertBytes), *fast, *slow)
 	}
 	return nil
 }

@@ -114,18 +114,22 @@ func (b *Bar) draw(final bool) {
 	fmt.Fprintln(b.w, line)
 }
 
-// FormatBytes renders n bytes with a binary-prefixed unit (KiB, MiB, GiB).
+// FormatBytes renders n bytes with a binary-prefixed unit (KiB, MiB, GiB, ...)
+// and two decimals, or as plain bytes below 1 KiB; negative counts get a sign.
 func FormatBytes(n int64) string {
+	sign, v := "", float64(n)
+	if n < 0 {
+		sign, v = "-", -v
+	}
 	const unit = 1024
-	if n < unit {
+	if v < unit {
 		return fmt.Sprintf("%d B", n)
 	}
-	v := float64(n)
 	for _, u := range []string{"KiB", "MiB", "GiB", "TiB"} {
 		v /= unit
 		if v < unit {
-			return fmt.Sprintf("%.2f %s", v, u)
+			return fmt.Sprintf("%s%.2f %s", sign, v, u)
 		}
 	}
-	return fmt.Sprintf("%.2f PiB", v/unit)
+	return fmt.Sprintf("%s%.2f PiB", sign, v/unit)
 }

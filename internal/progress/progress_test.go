@@ -10,7 +10,8 @@ func TestFormatBytes(t *testing.T) {
 	for _, tc := range []struct {
 		n    int64
 		want string
-	}{{0, "0 B"}, {1023, "1023 B"}, {1024, "1.00 KiB"}, {3 << 20, "3.00 MiB"}, {159609485896, "148.65 GiB"}} {
+	}{{0, "0 B"}, {1023, "1023 B"}, {1024, "1.00 KiB"}, {3 << 20, "3.00 MiB"}, {159609485896, "148.65 GiB"},
+		{-1023, "-1023 B"}, {-3 << 19, "-1.50 MiB"}, {-1 << 63, "-8192.00 PiB"}} {
 		if got := FormatBytes(tc.n); got != tc.want {
 			t.Errorf("FormatBytes(%d) = %q, want %q", tc.n, got, tc.want)
 		}

@@ -52,11 +52,7 @@ MODEL defaults to synth:tiny; use synth:flash?layers=2 for V4-Flash shapes.`, st
 	seed := fs.Uint64("seed", 1, "seed for the random prompt")
 	jsonOut := fs.String("json", "", "also write the report as JSON to this file")
 	mf := addMemFlags(fs)
-	valued := map[string]bool{"prompt": true, "decode": true, "runs": true, "bw-size": true, "seed": true, "json": true}
-	for k := range memValued {
-		valued[k] = true
-	}
-	if err := parseFlags(fs, reorderArgs(args, valued)); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 1 {

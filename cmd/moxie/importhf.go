@@ -21,7 +21,7 @@ tokenizer_config.json when present. Every missing, unmapped or mis-shaped
 tensor, and every NaN or infinity, is an error naming it.`, stderr)
 	out := fs.String("out", "", "output directory (must not exist)")
 	shard := fs.String("shard-size", "16MiB", "largest shard size (e.g. 16MiB, 4GiB)")
-	if err := parseFlags(fs, reorderArgs(args, map[string]bool{"out": true, "shard-size": true})); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 || *out == "" {

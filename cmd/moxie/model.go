@@ -59,9 +59,6 @@ func addMemFlags(fs *flag.FlagSet) *memFlags {
 	return f
 }
 
-// memValued lists the memory flags that take a value, for reorderArgs.
-var memValued = map[string]bool{"mem": true, "ctx": true, "policy": true, "record-routes": true}
-
 // loadModel opens spec (a directory or synth:...), plans memory, and binds the
 // model with its routed experts served by the expert store under the budget.
 // mf may be nil (all defaults). It tells the user on stderr what it loaded and

@@ -39,11 +39,7 @@ exp(mean NLL), and tokens per second.`, stderr)
 	chunk := fs.Int("chunk", 256, "tokens per prefill call within a window")
 	jsonOut := fs.String("json", "", "also write the report as JSON to this file")
 	mf := addMemFlags(fs)
-	valued := map[string]bool{"model": true, "file": true, "window": true, "chunk": true, "json": true}
-	for k := range memValued {
-		valued[k] = true
-	}
-	if err := parseFlags(fs, reorderArgs(args, valued)); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 0 || *file == "" {

@@ -21,7 +21,7 @@ cannot hold the dense part is refused with the amount needed. Without --mem the
 budget is 80% of the memory available now.`, stderr)
 	mem := fs.String("mem", "", "memory budget (e.g. 24GiB); default 80% of MemAvailable")
 	ctx := fs.Int("ctx", 0, "context length in tokens to size the KV state for (default 32768, or the model's maximum if smaller)")
-	if err := parseFlags(fs, reorderArgs(args, map[string]bool{"mem": true, "ctx": true})); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {

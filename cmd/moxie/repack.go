@@ -22,7 +22,7 @@ that straddles two blocks) stops the repack with an error naming it. SRC is only
 read; DST must not exist. All other tensors and files are copied byte for byte.`, stderr)
 	out := fs.String("out", "", "output directory (must not exist)")
 	shard := fs.String("shard-size", "4GiB", "largest shard size")
-	if err := parseFlags(fs, reorderArgs(args, map[string]bool{"out": true, "shard-size": true})); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 || *out == "" {

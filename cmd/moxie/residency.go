@@ -31,7 +31,7 @@ all                         lru, decay and static with the trace's own
 	fast := fs.String("fast-bw", "20GB", "fast-tier (memory) bandwidth in bytes per second")
 	slow := fs.String("slow-bw", "1.5GB", "slow-tier (disk) bandwidth in bytes per second")
 	writeFreq := fs.String("write-freq", "", "also write the trace's expert frequencies to this file (for static:FILE)")
-	if err := parseFlags(fs, reorderArgs(args, map[string]bool{"slots": true, "policy": true, "fast-bw": true, "slow-bw": true, "write-freq": true})); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {

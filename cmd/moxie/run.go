@@ -43,12 +43,7 @@ meaningless (random weights).`, stderr)
 	raw := fs.Bool("raw", false, "send PROMPT as raw text, without the chat template")
 	stats := fs.Bool("stats", true, "print a stats line after each answer")
 	mf := addMemFlags(fs)
-	valued := map[string]bool{"model": true, "max-tokens": true, "temperature": true,
-		"top-p": true, "top-k": true, "min-p": true, "repeat-penalty": true, "seed": true, "system": true}
-	for k := range memValued {
-		valued[k] = true
-	}
-	if err := parseFlags(fs, reorderArgs(args, valued)); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *maxTokens < 1 {

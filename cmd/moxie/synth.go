@@ -21,7 +21,7 @@ name, so reading the directory back gives the bytes "synth:PRESET" generates.
 The weights are random: the model's text is meaningless.`, stderr)
 	out := fs.String("out", "", "output directory (must not exist)")
 	shard := fs.String("shard-size", "4GiB", "largest shard size (e.g. 16MiB, 4GiB)")
-	if err := parseFlags(fs, reorderArgs(args, map[string]bool{"out": true, "shard-size": true})); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 || *out == "" {
@@ -64,31 +64,6 @@ The weights are random: the model's text is meaningless.`, stderr)
 	}
 	fmt.Fprintf(stdout, "wrote %s: %d tensors, %s\n", *out, len(layout), commas(total)+" bytes")
 	return nil
-}
-
-// reorderArgs moves flags after positional arguments to the front, so that
-// "moxie synth tiny --out DIR" works like "moxie synth --out DIR tiny". valued
-// names the flags that take a value.
-func reorderArgs(args []string, valued map[string]bool) []string {
-	var flags, pos []string
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if a == "--" {
-			pos = append(pos, args[i+1:]...)
-			break
-		}
-		if strings.HasPrefix(a, "-") && len(a) > 1 {
-			flags = append(flags, a)
-			name := strings.TrimLeft(a, "-")
-			if !strings.Contains(name, "=") && valued[name] && i+1 < len(args) {
-				flags = append(flags, args[i+1])
-				i++
-			}
-			continue
-		}
-		pos = append(pos, a)
-	}
-	return append(flags, pos...)
 }
 
 // parseBytes reads a size such as "4GiB", "16MiB", "500MB" or "1024".

@@ -1,11 +1,9 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"os"
 	"runtime"
 	"slices"
 	"time"
@@ -131,14 +129,7 @@ MODEL defaults to synth:tiny; use synth:flash?layers=2 for V4-Flash shapes.`, st
 		fmt.Fprintf(stdout, "note               portable build: its kernels and bandwidth probe are scalar Go and may understate\n                   the machine; build with GOEXPERIMENT=simd for speed and a true ceiling\n")
 	}
 	if *jsonOut != "" {
-		b, _ := json.MarshalIndent(rep, "", "  ")
-		tmp := *jsonOut + ".tmp"
-		if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-			return err
-		}
-		if err := os.Rename(tmp, *jsonOut); err != nil {
-			return err
-		}
+		return writeJSONFile(*jsonOut, rep)
 	}
 	return nil
 }

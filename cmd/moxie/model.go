@@ -1,11 +1,13 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"moxie/internal/progress"
+	"os"
 
 	"moxie/checkpoint"
 	"moxie/compute/cpu"
@@ -153,4 +155,22 @@ func (l *loadedModel) gauges() []server.Gauge {
 		server.Gauge{Name: "moxie_expert_bytes_read", Help: "Bytes of routed experts read from the checkpoint since start.", Value: float64(st.Total.BytesRead)},
 		server.Gauge{Name: "moxie_expert_wait_seconds", Help: "Time forward passes waited for expert reads since start.", Value: st.Total.Wait.Seconds()},
 	)
+}
+
+// writeJSONFile writes v as indented JSON to path through a temporary file
+// beside it, renamed into place, so path is complete or absent.
+func writeJSONFile(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return nil
 }

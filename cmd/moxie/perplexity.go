@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -96,11 +95,7 @@ exp(mean NLL), and tokens per second.`, stderr)
 	fmt.Fprintf(stdout, "model       %s%s\nfile        %s: %d tokens in %d windows of up to %d\nmean NLL    %.4f nats/token\nperplexity  %.3f\nspeed       %.1f tokens/s\n",
 		rep.Model, syn, rep.File, rep.Tokens, rep.Segments, w, rep.MeanNLL, rep.Perplexity, rep.TokPerSec)
 	if *jsonOut != "" {
-		b, _ := json.MarshalIndent(rep, "", "  ")
-		if err := os.WriteFile(*jsonOut+".tmp", append(b, '\n'), 0o644); err != nil {
-			return err
-		}
-		return os.Rename(*jsonOut+".tmp", *jsonOut)
+		return writeJSONFile(*jsonOut, rep)
 	}
 	return nil
 }

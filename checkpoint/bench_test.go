@@ -2,11 +2,10 @@ package checkpoint
 
 import (
 	"fmt"
+	"moxie/internal/cputime"
 	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
-	"time"
 
 	"moxie/dsv4/config"
 	"moxie/safetensors"
@@ -89,7 +88,7 @@ func TestSparseFlashDirOpens(t *testing.T) {
 func BenchmarkOpenDir46Shards(b *testing.B) {
 	dir := b.TempDir()
 	writeSparseFlashDir(b, dir)
-	cpu0 := processCPU()
+	cpu0 := cputime.Process()
 	for b.Loop() {
 		d, err := OpenDir(dir)
 		if err != nil {
@@ -99,14 +98,5 @@ func BenchmarkOpenDir46Shards(b *testing.B) {
 	}
 	// On a loaded machine wall time overstates the cost; CPU time per open is
 	// what one uncontended core would take (GC included).
-	b.ReportMetric(float64((processCPU()-cpu0).Milliseconds())/float64(b.N), "cpu-ms/op")
-}
-
-// processCPU is the user+system CPU time this process has used.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	b.ReportMetric(float64((cputime.Process()-cpu0).Milliseconds())/float64(b.N), "cpu-ms/op")
 }

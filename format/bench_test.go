@@ -2,6 +2,7 @@ package format
 
 import (
 	"math/rand/v2"
+	"moxie/internal/cputime"
 	"runtime"
 	"testing"
 )
@@ -14,11 +15,12 @@ func loop(b *testing.B, srcBytes int, fn func()) {
 	b.SetBytes(int64(srcBytes))
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	t0, ok := threadCPUTime()
+	t0 := cputime.Thread()
+	ok := t0 > 0
 	for b.Loop() {
 		fn()
 	}
-	if t1, ok1 := threadCPUTime(); ok && ok1 && t1 > t0 {
+	if t1 := cputime.Thread(); ok && t1 > t0 {
 		b.ReportMetric(float64(srcBytes)*float64(b.N)/(t1-t0).Seconds()/1e9, "GB/s-cpu")
 	}
 }

@@ -2,13 +2,13 @@ package safetensors
 
 import (
 	"io"
+	"moxie/internal/cputime"
 
 	"fmt"
 	"moxie/format"
 	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"testing"
 
 	"moxie/dsv4/config"
@@ -105,19 +105,10 @@ func TestFlashShardsSparse(t *testing.T) {
 	}
 }
 
-// cpuTime is this process's user+system CPU time, in nanoseconds.
-func cpuTime() int64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return ru.Utime.Nano() + ru.Stime.Nano()
-}
-
 // reportCPU adds a cpu-ns/op metric (process CPU time, GC included), which is
 // less sensitive than wall time to other load on the machine.
 func reportCPU(b *testing.B, start int64) {
-	b.ReportMetric(float64(cpuTime()-start)/float64(b.N), "cpu-ns/op")
+	b.ReportMetric(float64(int64(cputime.Process())-start)/float64(b.N), "cpu-ns/op")
 }
 
 // BenchmarkOpen46Shards times reading all 46 V4-Flash shard headers (one op =
@@ -128,7 +119,7 @@ func BenchmarkOpen46Shards(b *testing.B) {
 	b.Logf("46 shards: %d data bytes (sparse), %d header bytes", data, hdrBytes)
 	b.Run("ReadHeader", func(b *testing.B) {
 		b.SetBytes(hdrBytes)
-		defer reportCPU(b, cpuTime())
+		defer reportCPU(b, int64(cputime.Process()))
 		for b.Loop() {
 			for _, p := range paths {
 				if _, _, err := ReadHeader(p); err != nil {
@@ -139,7 +130,7 @@ func BenchmarkOpen46Shards(b *testing.B) {
 	})
 	b.Run("Open", func(b *testing.B) {
 		b.SetBytes(hdrBytes)
-		defer reportCPU(b, cpuTime())
+		defer reportCPU(b, int64(cputime.Process()))
 		for b.Loop() {
 			for _, p := range paths {
 				f, err := Open(p)
@@ -152,7 +143,7 @@ func BenchmarkOpen46Shards(b *testing.B) {
 	})
 	b.Run("ReadHeaderConcurrent", func(b *testing.B) {
 		b.SetBytes(hdrBytes)
-		defer reportCPU(b, cpuTime())
+		defer reportCPU(b, int64(cputime.Process()))
 		for b.Loop() {
 			var wg sync.WaitGroup
 			errs := make([]error, len(paths))

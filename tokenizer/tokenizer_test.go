@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"encoding/json"
 	"fmt"
+	"moxie/internal/cputime"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -454,7 +455,7 @@ func BenchmarkEncodeEnglish(b *testing.B) {
 	text := englishText(b)
 	b.SetBytes(int64(len(text)))
 	b.ResetTimer()
-	cpu0, n := processCPU(), 0
+	cpu0, n := cputime.Process(), 0
 	for b.Loop() {
 		tok.Encode(text, EncodeOptions{})
 		n++
@@ -465,7 +466,7 @@ func BenchmarkEncodeEnglish(b *testing.B) {
 // reportCPUThroughput adds MB per CPU-second (all threads of the process,
 // GC included) as a metric that contention on the machine does not skew.
 func reportCPUThroughput(b *testing.B, cpu0 time.Duration, bytes int) {
-	if d := processCPU() - cpu0; d > 0 {
+	if d := cputime.Process() - cpu0; d > 0 {
 		b.ReportMetric(float64(bytes)/1e6/d.Seconds(), "MB/cpu-s")
 	}
 }
@@ -476,7 +477,7 @@ func BenchmarkEncodeEnglishCold(b *testing.B) {
 	text := englishText(b)
 	b.SetBytes(int64(len(text)))
 	b.ResetTimer()
-	cpu0, n := processCPU(), 0
+	cpu0, n := cputime.Process(), 0
 	for b.Loop() {
 		tok.bpe.mu.Lock()
 		clear(tok.bpe.cache)
@@ -499,7 +500,7 @@ func BenchmarkPreTokenizeDSV3(b *testing.B) {
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			b.SetBytes(int64(len(text)))
-			cpu0, k := processCPU(), 0
+			cpu0, k := cputime.Process(), 0
 			for b.Loop() {
 				n := 0
 				c.m.eachMatch(text, func(int, int) { n++ })
@@ -572,7 +573,7 @@ func BenchmarkEncodeHTMLAllowSpecial(b *testing.B) {
 	}
 	text := string(data)
 	b.SetBytes(int64(len(text)))
-	cpu0, n := processCPU(), 0
+	cpu0, n := cputime.Process(), 0
 	for b.Loop() {
 		tok.Encode(text, EncodeOptions{AllowSpecial: true})
 		n++

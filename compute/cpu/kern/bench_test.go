@@ -3,6 +3,7 @@ package kern
 import (
 	"fmt"
 	"math/rand/v2"
+	"moxie/internal/cputime"
 	"runtime"
 	"testing"
 	"time"
@@ -66,7 +67,8 @@ type cpuClock struct {
 }
 
 func startCPU() cpuClock {
-	t, ok := processCPUTime()
+	t := cputime.Process()
+	ok := t > 0
 	return cpuClock{t, ok}
 }
 
@@ -78,7 +80,7 @@ func startCPU() cpuClock {
 func reportGBs(b *testing.B, c cpuClock, workers, bytesPerOp int) {
 	total := float64(bytesPerOp) * float64(b.N)
 	b.ReportMetric(total/b.Elapsed().Seconds()/1e9, "GB/s")
-	if t1, ok := processCPUTime(); c.ok && ok && t1 > c.t0 {
+	if t1 := cputime.Process(); c.ok && t1 > c.t0 {
 		b.ReportMetric(total/(t1-c.t0).Seconds()*float64(workers)/1e9, "GB/s-cpu")
 	}
 }
@@ -210,7 +212,7 @@ func BenchmarkMatMulFP8(b *testing.B) {
 			}
 			flops := 2 * float64(rows*cols*batch) * float64(b.N)
 			b.ReportMetric(flops/b.Elapsed().Seconds()/1e9, "GFLOP/s")
-			if t1, ok := processCPUTime(); c.ok && ok && t1 > c.t0 {
+			if t1 := cputime.Process(); c.ok && t1 > c.t0 {
 				b.ReportMetric(flops/(t1-c.t0).Seconds()*float64(w)/1e9, "GFLOP/s-cpu")
 			}
 		})

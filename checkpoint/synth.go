@@ -134,6 +134,20 @@ func OpenSynth(spec string) (*Synth, error) {
 	if err != nil {
 		return nil, err
 	}
+	return newSynth(s), nil
+}
+
+// NewSynth is a synthetic source for any valid configuration c (not only the
+// presets), seeded with seed; its name is "synth:custom?seed=N". It generates
+// values exactly as the presets do.
+func NewSynth(c *config.Config, seed uint64) (*Synth, error) {
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("synthetic source: %w", err)
+	}
+	return newSynth(&SynthSpec{Preset: "custom", Seed: seed, Config: c, canon: fmt.Sprintf("%scustom?seed=%d", SynthPrefix, seed)}), nil
+}
+
+func newSynth(s *SynthSpec) *Synth {
 	src := &Synth{spec: s, cfg: s.Config, layout: map[string]config.Tensor{}}
 	for _, t := range config.Layout(s.Config) {
 		src.layout[t.Name] = t
@@ -151,7 +165,7 @@ func OpenSynth(spec string) (*Synth, error) {
 		src.files["tokenizer.json"] = TinyTokenizerJSON()
 		src.files["tokenizer_config.json"] = TinyTokenizerConfigJSON()
 	}
-	return src, nil
+	return src
 }
 
 // SyntheticKey is the config.json key that marks a synthetic model and records
@@ -242,7 +256,7 @@ func fanInUniform(r *rand.Rand, n, fanIn int, gain float64) []float32 {
 	return uniform(r, n, gain*math.Sqrt(3/float64(fanIn)))
 }
 
-// quantized generates a quantized weight (FP8 blocks or MXFP4): its scales if
+// quantized generates a quantized weight (FP8 blocks, MXFP8 or MXFP4): its scales if
 // scales is set, else its element codes. Both come from the same generated
 // values, so they always agree; asking for the scales skips the encoding.
 func (s *Synth) quantized(t config.Tensor, scales bool) []byte {
@@ -260,6 +274,12 @@ func (s *Synth) quantized(t config.Tensor, scales bool) []byte {
 		return format.ScalesMXFP4(w, rows, cols)
 	case t.DType == format.I8:
 		q, _ := format.QuantizeMXFP4(w, rows, cols)
+		return q
+	case s.cfg.DenseFormat == "mxfp8": // E4M3 with one scale per 32 values of a row
+		q, sc := format.QuantizeMXFP8(w, rows, cols)
+		if scales {
+			return sc
+		}
 		return q
 	case scales:
 		return format.ScalesFP8Block(w, rows, cols, s.cfg.BlockSize)

@@ -170,3 +170,50 @@ func TestSynthFlashTotal(t *testing.T) {
 		t.Fatalf("synth:flash holds %d bytes, want 159609485896", total)
 	}
 }
+
+// A synthetic source for any configuration matches its layout, including the
+// repacked MXFP8 dense format and FP8 experts, and dequantizes to sane values.
+func TestNewSynthMatchesLayout(t *testing.T) {
+	for _, mod := range []func(*config.Config){
+		func(c *config.Config) {},
+		func(c *config.Config) { c.DenseFormat = "mxfp8" },
+		func(c *config.Config) { c.ExpertDType = "fp8" },
+	} {
+		c := config.Tiny()
+		mod(c)
+		s, err := NewSynth(c, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, lt := range config.Layout(c) {
+			d, err := s.TensorData(lt.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if int64(len(d)) != lt.Bytes() {
+				t.Fatalf("dense %s experts %s: %s has %d bytes, layout wants %d", c.DenseFormat, c.ExpertDType, lt.Name, len(d), lt.Bytes())
+			}
+		}
+		q, _ := s.TensorData("layers.0.attn.wq_a.weight")
+		sc, _ := s.TensorData("layers.0.attn.wq_a.scale")
+		var w []float32
+		if c.DenseFormat == "mxfp8" {
+			w, err = format.DequantMXFP8(q, sc, c.QLoraRank, c.Dim)
+		} else {
+			w, err = format.DequantFP8Block(q, sc, c.QLoraRank, c.Dim, c.BlockSize)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ss float64
+		for _, v := range w {
+			ss += float64(v) * float64(v)
+		}
+		if got := ss / float64(len(w)) * float64(c.Dim); math.Abs(got-1) > 0.1 {
+			t.Fatalf("dense %s: mean square x fan-in = %.3f, want about 1 (scales and codes disagree?)", c.DenseFormat, got)
+		}
+	}
+	if _, err := NewSynth(&config.Config{}, 0); err == nil {
+		t.Fatal("NewSynth accepted an invalid config")
+	}
+}

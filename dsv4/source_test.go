@@ -1,18 +1,11 @@
 package dsv4
 
 import (
-	"encoding/binary"
 	"fmt"
-	"hash/fnv"
 	"io/fs"
-	"math"
-	"math/rand/v2"
 	"sort"
-	"strings"
 
 	"moxie/checkpoint"
-	"moxie/compute"
-	"moxie/compute/computetest"
 	"moxie/dsv4/config"
 	"moxie/format"
 )
@@ -87,96 +80,20 @@ func (s *memSource) remove(name string) {
 	}
 }
 
+// newMemSource copies every tensor of checkpoint.NewSynth(cfg, seed) into a
+// mutable in-memory source.
 func newMemSource(cfg *config.Config, seed uint64) *memSource {
-	s := &memSource{cfg: cfg, files: map[string][]byte{"config.json": cfg.HubJSON()}, data: map[string][]byte{}}
-	lay := config.Layout(cfg)
-	scaleOf := map[string]bool{}
-	for _, t := range lay {
-		if t.ScaleOf != "" {
-			scaleOf[t.Name] = true
-		}
+	gen, err := checkpoint.NewSynth(cfg, seed)
+	if err != nil {
+		panic(err)
 	}
-	for _, t := range lay {
-		if scaleOf[t.Name] {
-			continue // written with its weight
+	s := &memSource{cfg: cfg, files: map[string][]byte{"config.json": cfg.HubJSON()}, data: map[string][]byte{}}
+	for _, ti := range gen.Tensors() {
+		d, err := gen.TensorData(ti.Name)
+		if err != nil {
+			panic(err)
 		}
-		h := fnv.New64a()
-		h.Write([]byte(t.Name))
-		rng := rand.New(rand.NewPCG(seed, h.Sum64()))
-		n := 1
-		for _, d := range t.Shape {
-			n *= int(d)
-		}
-		cols := int(t.Shape[len(t.Shape)-1])
-		if t.DType == format.I8 {
-			cols *= 2
-		}
-		rows := n / int(t.Shape[len(t.Shape)-1])
-		name := t.Name
-		var std, mean float64
-		switch {
-		case strings.HasSuffix(name, "norm.weight"):
-			mean, std = 1, 0.1
-		case name == "embed.weight":
-			std = 1
-		case strings.Contains(name, "hc_") && strings.HasSuffix(name, "_fn"):
-			std = 0.5 / math.Sqrt(float64(cols))
-		case strings.Contains(name, "hc_") && strings.HasSuffix(name, "_base"):
-			std = 0.5
-		case strings.Contains(name, "hc_") && strings.HasSuffix(name, "_scale"):
-			mean, std = 1, 0.2
-		case strings.HasSuffix(name, "attn_sink"):
-			std = 1
-		case strings.HasSuffix(name, ".ape"):
-			std = 0.5
-		case strings.HasSuffix(name, "gate.bias"):
-			std = 0.1
-		default:
-			std = 1 / math.Sqrt(float64(cols))
-		}
-		switch t.DType {
-		case format.I64:
-			k := int(t.Shape[1])
-			d := make([]byte, 8*n)
-			for r := 0; r < int(t.Shape[0]); r++ {
-				perm := rng.Perm(cfg.NRoutedExperts)
-				for j := range k {
-					binary.LittleEndian.PutUint64(d[8*(r*k+j):], uint64(perm[j]))
-				}
-			}
-			s.put(name, t.DType, t.Shape, d)
-			continue
-		}
-		v := computetest.Normal(rng, rows*cols, std)
-		for i := range v {
-			v[i] += float32(mean)
-		}
-		var f compute.Format
-		switch t.DType {
-		case format.BF16:
-			f = compute.BF16
-		case format.F32:
-			f = compute.F32
-		case format.F8E4M3:
-			f = compute.FP8Block
-			if cfg.DenseFormat == "mxfp8" {
-				f = compute.MXFP8
-			}
-		case format.I8:
-			f = compute.MXFP4
-		default:
-			panic("unhandled dtype " + t.DType.String())
-		}
-		wd := computetest.Quantize(f, v, rows, cols, cfg.BlockSize)
-		s.put(name, t.DType, t.Shape, wd.Data)
-		if wd.Scale != nil {
-			sn := strings.TrimSuffix(name, ".weight") + ".scale"
-			for _, u := range lay {
-				if u.Name == sn {
-					s.put(sn, u.DType, u.Shape, wd.Scale)
-				}
-			}
-		}
+		s.put(ti.Name, ti.DType, ti.Shape, d)
 	}
 	return s
 }

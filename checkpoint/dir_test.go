@@ -20,13 +20,8 @@ func writeTinyDir(t *testing.T) string {
 		t.Fatal(err)
 	}
 	aux, _ := AuxFiles(gen)
-	var tensors []OutTensor
-	for _, lt := range config.Layout(gen.Config()) {
-		tensors = append(tensors, OutTensor{Name: lt.Name, DType: lt.DType, Shape: lt.Shape,
-			Data: func() ([]byte, error) { return gen.TensorData(lt.Name) }})
-	}
 	dir := filepath.Join(t.TempDir(), "tiny")
-	if err := WriteDir(dir, aux, tensors, WriteOptions{ShardSize: 512 << 10}); err != nil {
+	if err := WriteDir(dir, aux, gen.OutTensors(), WriteOptions{ShardSize: 512 << 10}); err != nil {
 		t.Fatal(err)
 	}
 	return dir

@@ -352,3 +352,15 @@ func (s *Synth) plain(t config.Tensor) []byte {
 	}
 	return out
 }
+
+// OutTensors lists every tensor of the layout, in layout order, for WriteDir;
+// each one's bytes are generated when WriteDir asks for them.
+func (s *Synth) OutTensors() []OutTensor {
+	layout := config.Layout(s.cfg)
+	out := make([]OutTensor, len(layout))
+	for i, t := range layout {
+		out[i] = OutTensor{Name: t.Name, DType: t.DType, Shape: t.Shape,
+			Data: func() ([]byte, error) { return s.TensorData(t.Name) }}
+	}
+	return out
+}

@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"moxie/checkpoint"
-	"moxie/dsv4/config"
 	"moxie/format"
 )
 
@@ -18,14 +17,11 @@ func TestPackedExpertsAsU8(t *testing.T) {
 		t.Fatal(err)
 	}
 	aux, _ := checkpoint.AuxFiles(gen)
-	var tensors []checkpoint.OutTensor
-	for _, lt := range config.Layout(gen.Config()) {
-		dt := lt.DType
-		if dt == format.I8 {
-			dt = format.U8
+	tensors := gen.OutTensors()
+	for i := range tensors {
+		if tensors[i].DType == format.I8 {
+			tensors[i].DType = format.U8
 		}
-		tensors = append(tensors, checkpoint.OutTensor{Name: lt.Name, DType: dt, Shape: lt.Shape,
-			Data: func() ([]byte, error) { return gen.TensorData(lt.Name) }})
 	}
 	dir := filepath.Join(t.TempDir(), "u8")
 	if err := checkpoint.WriteDir(dir, aux, tensors, checkpoint.WriteOptions{}); err != nil {

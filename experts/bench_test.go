@@ -300,12 +300,7 @@ func writeSynthDir(b *testing.B, spec, dir string) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var ts []checkpoint.OutTensor
-	for _, l := range config.Layout(src.Config()) {
-		ts = append(ts, checkpoint.OutTensor{Name: l.Name, DType: l.DType, Shape: l.Shape,
-			Data: func() ([]byte, error) { return src.TensorData(l.Name) }})
-	}
-	if err := checkpoint.WriteDir(dir, aux, ts, checkpoint.WriteOptions{Workers: 1,
+	if err := checkpoint.WriteDir(dir, aux, src.OutTensors(), checkpoint.WriteOptions{Workers: 1,
 		Metadata: map[string]string{"format": "pt", checkpoint.SyntheticKey: src.Name()}}); err != nil {
 		b.Fatal(err)
 	}

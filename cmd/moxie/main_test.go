@@ -199,16 +199,15 @@ func TestRepackRefusesNaNScale(t *testing.T) {
 	tmp := t.TempDir()
 	gen, _ := checkpoint.OpenSynth("synth:tiny")
 	aux, _ := checkpoint.AuxFiles(gen)
-	var tensors []checkpoint.OutTensor
-	for _, lt := range config.Layout(gen.Config()) {
-		tensors = append(tensors, checkpoint.OutTensor{Name: lt.Name, DType: lt.DType, Shape: lt.Shape,
-			Data: func() ([]byte, error) {
-				b, err := gen.TensorData(lt.Name)
-				if lt.Name == "layers.2.attn.wkv.scale" {
-					b[0] = 0xFF // E8M0 NaN
-				}
+	tensors := gen.OutTensors()
+	for i, ot := range tensors {
+		if ot.Name == "layers.2.attn.wkv.scale" {
+			tensors[i].Data = func() ([]byte, error) {
+				b, err := gen.TensorData(ot.Name)
+				b[0] = 0xFF // E8M0 NaN
 				return b, err
-			}})
+			}
+		}
 	}
 	src := filepath.Join(tmp, "bad")
 	if err := checkpoint.WriteDir(src, aux, tensors, checkpoint.WriteOptions{}); err != nil {

@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"moxie/checkpoint"
-	"moxie/dsv4/config"
 	"moxie/internal/progress"
 )
 
@@ -43,15 +42,12 @@ The weights are random: the model's text is meaningless.`, stderr)
 	if err != nil {
 		return err
 	}
-	layout := config.Layout(src.Config())
-	tensors := make([]checkpoint.OutTensor, len(layout))
+	tensors := src.OutTensors()
 	var total int64
-	for i, t := range layout {
-		tensors[i] = checkpoint.OutTensor{Name: t.Name, DType: t.DType, Shape: t.Shape,
-			Data: func() ([]byte, error) { return src.TensorData(t.Name) }}
-		total += t.Bytes()
+	for _, ti := range src.Tensors() {
+		total += ti.Size
 	}
-	fmt.Fprintf(stderr, "writing %s (synthetic, random weights) to %s: %d tensors, %s\n", src.Name(), *out, len(layout), progress.FormatBytes(total))
+	fmt.Fprintf(stderr, "writing %s (synthetic, random weights) to %s: %d tensors, %s\n", src.Name(), *out, len(tensors), progress.FormatBytes(total))
 	bar := progress.New(stderr, "synth", total, true)
 	err = checkpoint.WriteDir(*out, aux, tensors, checkpoint.WriteOptions{
 		ShardSize: shardSize,
@@ -62,7 +58,7 @@ The weights are random: the model's text is meaningless.`, stderr)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "wrote %s: %d tensors, %s\n", *out, len(layout), commas(total)+" bytes")
+	fmt.Fprintf(stdout, "wrote %s: %d tensors, %s\n", *out, len(tensors), commas(total)+" bytes")
 	return nil
 }
 

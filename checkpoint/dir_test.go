@@ -2,13 +2,16 @@ package checkpoint
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"moxie/dsv4/config"
+	"moxie/format"
 	"moxie/safetensors"
 )
 
@@ -193,5 +196,33 @@ func TestOpenDirSingleFile(t *testing.T) {
 	}
 	if _, ok := d.Lookup("embed.weight"); !ok {
 		t.Fatal("lookup in a single-file dir failed")
+	}
+}
+
+// A failing tensor stops WriteDir without generating the rest, and leaves no
+// directory behind.
+func TestWriteDirStopsOnError(t *testing.T) {
+	var calls atomic.Int64
+	tensors := make([]OutTensor, 1000)
+	for i := range tensors {
+		tensors[i] = OutTensor{Name: fmt.Sprintf("t%04d", i), DType: format.F32, Shape: []int64{4},
+			Data: func() ([]byte, error) {
+				calls.Add(1)
+				if i == 3 {
+					return nil, errors.New("boom")
+				}
+				return make([]byte, 16), nil
+			}}
+	}
+	dir := filepath.Join(t.TempDir(), "out")
+	err := WriteDir(dir, nil, tensors, WriteOptions{Workers: 2})
+	if err == nil || !strings.Contains(err.Error(), "t0003") || !strings.Contains(err.Error(), "boom") {
+		t.Fatalf("err = %v, want the failing tensor named", err)
+	}
+	if n := calls.Load(); n > 10 {
+		t.Fatalf("%d of 1000 tensors generated after an early failure", n)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("a failed WriteDir left %s", dir)
 	}
 }

@@ -87,11 +87,9 @@ func WriteDir(dir string, aux map[string][]byte, tensors []OutTensor, opts Write
 		shards[len(shards)-1] = append(shards[len(shards)-1], t)
 		cur += t.size()
 	}
-	data := produce(tensors, opts.Workers)
-	defer func() {
-		for range data { // drain producers on early return
-		}
-	}()
+	done := make(chan struct{})
+	defer close(done) // on an early return, producers stop instead of finishing every tensor
+	data := produce(tensors, opts.Workers, done)
 	index := &safetensors.Index{WeightMap: map[string]string{}}
 	for si, shard := range shards {
 		name := fmt.Sprintf("model-%05d-of-%05d.safetensors", si+1, len(shards))
@@ -137,8 +135,9 @@ type produced struct {
 }
 
 // produce runs the tensors' Data functions on workers and delivers the results
-// in order, with a bounded number in flight.
-func produce(tensors []OutTensor, workers int) <-chan produced {
+// in order, with a bounded number in flight. Closing done stops it: no new
+// tensor is started and delivery ends (the output channel may then stay open).
+func produce(tensors []OutTensor, workers int, done <-chan struct{}) <-chan produced {
 	if workers <= 0 {
 		workers = runtime.NumCPU()
 	}
@@ -150,22 +149,35 @@ func produce(tensors []OutTensor, workers int) <-chan produced {
 	sem := make(chan struct{}, workers)
 	go func() {
 		for i, t := range tensors {
-			sem <- struct{}{}
+			select {
+			case sem <- struct{}{}:
+			case <-done:
+				return
+			}
 			go func() {
 				b, err := t.Data()
 				if err == nil && int64(len(b)) != t.size() {
 					err = fmt.Errorf("produced %d bytes, want %d for %s%v", len(b), t.size(), t.DType, t.Shape)
 				}
-				slots[i] <- produced{b, err}
+				slots[i] <- produced{b, err} // buffered: never blocks
 			}()
 		}
 	}()
 	go func() {
 		defer close(out)
 		for i := range tensors {
-			r := <-slots[i]
+			var r produced
+			select {
+			case r = <-slots[i]:
+			case <-done:
+				return
+			}
 			<-sem
-			out <- r
+			select {
+			case out <- r:
+			case <-done:
+				return
+			}
 		}
 	}()
 	return out

@@ -1,0 +1,625 @@
+// Element-wise, normalisation, hyper-connection, attention, routing and top-k
+// kernels of moxie's forward pass (the compute.Backend ops other than the
+// linear products). Float32 math unless a comment says otherwise; every
+// kernel's semantics are those of the same-named compute.Backend method (see
+// compute/compute.go and the host implementation in compute/cpu). No headers:
+// NVRTC needs none. All kernels are extern "C" so the host looks them up by
+// name (compute/cuda/ops.go).
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define FULL 0xffffffffu
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
+  return v;
+}
+
+// block_sum returns the sum of v over the block (blockDim.x a multiple of 32,
+// at most 1024) to every thread. red must hold 32 floats; the call ends with
+// a barrier, so red may be reused right after.
+__device__ __forceinline__ float block_sum(float v, float *red) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  __syncthreads();  // red may still be read by a previous call
+  if (lane == 0) red[w] = v;
+  __syncthreads();
+  float s = 0.f;
+  for (int i = 0; i < nw; i++) s += red[i];  // same order in every thread
+  __syncthreads();
+  return s;
+}
+
+__device__ __forceinline__ float sigmoidf_(float x) { return (float)(1.0 / (1.0 + exp(-(double)x))); }
+
+__device__ __forceinline__ float bf16f(u16 h) { return __uint_as_float((u32)h << 16); }
+
+// ---------------------------------------------------------------------------
+// RMSNorm: one block per row. y may alias x (every thread reads its elements
+// before the reduction's barriers and writes only its own elements after).
+
+extern "C" __global__ void rmsnorm(float *y, const float *x, const float *w, int dim, float eps) {
+  __shared__ float red[32];
+  const float *xr = x + (size_t)blockIdx.x * dim;
+  float *yr = y + (size_t)blockIdx.x * dim;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    float v = xr[i];
+    ss += v * v;
+  }
+  ss = block_sum(ss, red);
+  const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    float v = xr[i] * inv;
+    yr[i] = w ? w[i] * v : v;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Hyper-connection mixing (dsv4-flash.md §4.3). One block per token computes
+// m = ρ·(Fn·x) for the token's flattened streams x [n = hc·D], eight rows of
+// Fn at a time (x is re-read from L1/L2 per group of rows), then thread 0
+// applies the sigmoids and the Sinkhorn iterations in exactly the host's order
+// (compute/cpu HCMix: row softmax + eps, one column pass, then iters−1 ×
+// (row pass, column pass); sums left to right, eps added after each sum).
+// fmt: 4 = F32 Fn, 3 = BF16 Fn. head != 0: HCHeadPre (nm = hc rows, pre only).
+
+#define HC_ROWS 8
+#define HC_MAXNM 128
+
+extern "C" __global__ void hc_mix(float *pre, float *post, float *comb, const float *x, const void *fn, int fmt,
+                                  const float *base, const float *scale, int hc, int n, int iters, float eps,
+                                  float normEps, int head) {
+  __shared__ float red[32];
+  __shared__ float m[HC_MAXNM];
+  __shared__ float part[32][HC_ROWS];
+  const int nm = head ? hc : (2 + hc) * hc;
+  const float *xb = x + (size_t)blockIdx.x * n;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  float ss = 0.f;
+  for (int c = threadIdx.x; c < n; c += blockDim.x) {
+    float v = xb[c];
+    ss += v * v;
+  }
+  ss = block_sum(ss, red);
+  const float rho = 1.0f / sqrtf(ss / (float)n + normEps);
+  for (int r0 = 0; r0 < nm; r0 += HC_ROWS) {
+    float acc[HC_ROWS];
+#pragma unroll
+    for (int j = 0; j < HC_ROWS; j++) acc[j] = 0.f;
+    for (int c = threadIdx.x; c < n; c += blockDim.x) {
+      const float v = xb[c];
+#pragma unroll
+      for (int j = 0; j < HC_ROWS; j++) {
+        const int r = r0 + j;
+        if (r < nm) {
+          float f = fmt == 3 ? bf16f(((const u16 *)fn)[(size_t)r * n + c]) : ((const float *)fn)[(size_t)r * n + c];
+          acc[j] += f * v;
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < HC_ROWS; j++) {
+      float s = warp_sum(acc[j]);
+      if (lane == 0) part[w][j] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x < HC_ROWS && r0 + threadIdx.x < nm) {
+      float s = 0.f;
+      for (int i = 0; i < nw; i++) s += part[i][threadIdx.x];
+      m[r0 + threadIdx.x] = s * rho;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x != 0) return;
+  const size_t b = blockIdx.x;
+  if (head) {
+    for (int j = 0; j < hc; j++) pre[b * hc + j] = sigmoidf_(m[j] * scale[0] + base[j]) + eps;
+    return;
+  }
+  for (int j = 0; j < hc; j++) {
+    pre[b * hc + j] = sigmoidf_(m[j] * scale[0] + base[j]) + eps;
+    post[b * hc + j] = 2.0f * sigmoidf_(m[hc + j] * scale[1] + base[hc + j]);
+  }
+  float *c = comb + b * hc * hc;
+  for (int j = 0; j < hc; j++) {
+    float *row = c + j * hc;
+    float mx = -__int_as_float(0x7f800000);
+    for (int k = 0; k < hc; k++) {
+      row[k] = __fadd_rn(__fmul_rn(m[2 * hc + j * hc + k], scale[2]), base[2 * hc + j * hc + k]);
+      mx = fmaxf(mx, row[k]);
+    }
+    float s = 0.f;
+    for (int k = 0; k < hc; k++) {
+      row[k] = (float)exp((double)(row[k] - mx));
+      s += row[k];
+    }
+    for (int k = 0; k < hc; k++) row[k] = row[k] / s + eps;
+  }
+  const int its = iters < 1 ? 1 : iters;  // the host always makes the first column pass
+  for (int it = 0; it < its; it++) {
+    if (it > 0) {
+      for (int j = 0; j < hc; j++) {
+        float s = 0.f;
+        for (int k = 0; k < hc; k++) s += c[j * hc + k];
+        for (int k = 0; k < hc; k++) c[j * hc + k] /= s + eps;
+      }
+    }
+    for (int k = 0; k < hc; k++) {
+      float s = 0.f;
+      for (int j = 0; j < hc; j++) s += c[j * hc + k];
+      for (int j = 0; j < hc; j++) c[j * hc + k] /= s + eps;
+    }
+  }
+}
+
+// HCCollapse: y[b, i] = Σ_j pre[b, j]·x[b, j, i]; grid (ceil(dim/blockDim), batch).
+extern "C" __global__ void hc_collapse(float *y, const float *x, const float *pre, int hc, int dim) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  const size_t b = blockIdx.y;
+  if (i >= dim) return;
+  float s = 0.f;
+  for (int j = 0; j < hc; j++) s += pre[b * hc + j] * x[(b * hc + j) * dim + i];
+  y[b * dim + i] = s;
+}
+
+// HCExpand: out[b, k, i] = post[b, k]·o[b, i] + Σ_j comb[b, j, k]·x[b, j, i];
+// grid (ceil(dim/blockDim), batch).
+extern "C" __global__ void hc_expand(float *out, const float *x, const float *o, const float *post, const float *comb,
+                                     int hc, int dim) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  const size_t b = blockIdx.y;
+  if (i >= dim) return;
+  const float ov = o[b * dim + i];
+  const float *c = comb + b * hc * hc;
+  for (int k = 0; k < hc; k++) {
+    float s = post[b * hc + k] * ov;
+    for (int j = 0; j < hc; j++) s += c[j * hc + k] * x[(b * hc + j) * dim + i];
+    out[(b * hc + k) * dim + i] = s;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// RoPE, in place: one thread per (row, segment, pair). The angle is formed in
+// float32 (float(pos)·freq) and its cosine and sine taken in double, like the
+// host backend, then the rotation is float32.
+extern "C" __global__ void rope(float *x, const int *pos, const float *freq, int rows, int rowLen, int dim, int nfreq,
+                                int inverse) {
+  const int segs = rowLen / dim;
+  const long long total = (long long)rows * segs * nfreq;
+  for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
+    const int p = (int)(t % nfreq);
+    const long long rs = t / nfreq;
+    const int seg = (int)(rs % segs);
+    const long long row = rs / segs;
+    float ang = __fmul_rn((float)pos[row], freq[p]);
+    if (inverse) ang = -ang;
+    double sd, cd;
+    sincos((double)ang, &sd, &cd);
+    const float c = (float)cd, s = (float)sd;
+    float *e = x + row * rowLen + (long long)seg * dim + dim - 2 * nfreq + 2 * p;
+    const float re = e[0], im = e[1];
+    e[0] = re * c - im * s;
+    e[1] = re * s + im * c;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Attention for one query token: one block per head, its warps splitting the
+// keys; each warp runs an online softmax over its keys (lane l holds output
+// dims l, l+32, …), then the warps' states are merged with the sink:
+// M = max(max_i s_i, sink), o = Σ_i e^(s_i−M)·kv_i / (Σ_i e^(s_i−M) + e^(sink−M)).
+// T = ceil(dim/32) values per lane (dim <= 32·T).
+
+template <int T>
+__device__ __forceinline__ void attention_body(float *o, const float *q, const float *kv, const float *sinks, int nKeys,
+                                               int dim, float scale) {
+  extern __shared__ float sm[];  // [nw] m, [nw] l, [nw][dim] acc
+  const int h = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  float *oh = o + (size_t)h * dim;
+  if (nKeys == 0) {
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) oh[c] = 0.f;
+    return;
+  }
+  float qr[T], acc[T];
+#pragma unroll
+  for (int t = 0; t < T; t++) {
+    const int c = lane + 32 * t;
+    qr[t] = c < dim ? q[(size_t)h * dim + c] : 0.f;
+    acc[t] = 0.f;
+  }
+  float mx = -__int_as_float(0x7f800000), l = 0.f;
+  for (int i = w; i < nKeys; i += nw) {
+    const float *k = kv + (size_t)i * dim;
+    float kr[T];
+    float d = 0.f;
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+      const int c = lane + 32 * t;
+      kr[t] = c < dim ? k[c] : 0.f;
+      d += qr[t] * kr[t];
+    }
+    const float s = warp_sum(d) * scale;
+    const float mn = fmaxf(mx, s);
+    const float a = mx == mn ? 1.f : expf(mx - mn);  // mx may be -inf
+    const float p = expf(s - mn);
+    l = l * a + p;
+#pragma unroll
+    for (int t = 0; t < T; t++) acc[t] = acc[t] * a + p * kr[t];
+    mx = mn;
+  }
+  float *ms = sm, *ls = sm + nw, *as = sm + 2 * nw;
+  if (lane == 0) {
+    ms[w] = mx;
+    ls[w] = l;
+  }
+#pragma unroll
+  for (int t = 0; t < T; t++) {
+    const int c = lane + 32 * t;
+    if (c < dim) as[w * dim + c] = acc[t];
+  }
+  __syncthreads();
+  const float sink = sinks[h];
+  float M = sink;
+  for (int i = 0; i < nw; i++) M = fmaxf(M, ms[i]);
+  float den = expf(sink - M);
+  for (int i = 0; i < nw; i++)
+    if (ls[i] > 0.f) den += ls[i] * expf(ms[i] - M);
+  const float inv = 1.f / den;
+  for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+    float s = 0.f;
+    for (int i = 0; i < nw; i++)
+      if (ls[i] > 0.f) s += as[i * dim + c] * expf(ms[i] - M);
+    oh[c] = s * inv;
+  }
+}
+
+extern "C" __global__ void attention4(float *o, const float *q, const float *kv, const float *sinks, int nKeys, int dim,
+                                      float scale) {
+  attention_body<4>(o, q, kv, sinks, nKeys, dim, scale);
+}
+extern "C" __global__ void attention16(float *o, const float *q, const float *kv, const float *sinks, int nKeys, int dim,
+                                       float scale) {
+  attention_body<16>(o, q, kv, sinks, nKeys, dim, scale);
+}
+extern "C" __global__ void attention32(float *o, const float *q, const float *kv, const float *sinks, int nKeys, int dim,
+                                       float scale) {
+  attention_body<32>(o, q, kv, sinks, nKeys, dim, scale);
+}
+
+// ---------------------------------------------------------------------------
+// CompressPool: one thread per channel, softmax over the slots.
+extern "C" __global__ void compress_pool(float *out, const float *kv, const float *z, int slots, int width) {
+  const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+  if (ch >= width) return;
+  float mx = -__int_as_float(0x7f800000);
+  for (int s = 0; s < slots; s++) mx = fmaxf(mx, z[(size_t)s * width + ch]);
+  float den = 0.f, num = 0.f;
+  for (int s = 0; s < slots; s++) {
+    const float e = expf(z[(size_t)s * width + ch] - mx);
+    den += e;
+    num += e * kv[(size_t)s * width + ch];
+  }
+  out[ch] = num / den;
+}
+
+// ---------------------------------------------------------------------------
+// IndexScores: s[i] = Σ_h w[h]·ReLU(q[h]·keys[i]). A block takes a tile of
+// IDX_KT keys into shared memory with q transposed (qT[c][h]); thread (key i,
+// head h) forms one dot product, then one warp per key sums its heads in
+// order. Shared memory: (dim·heads + IDX_KT·dim + IDX_KT·heads) floats.
+#define IDX_KT 16
+
+extern "C" __global__ void index_scores(float *sc, const float *q, const float *w, const float *keys, int nKeys,
+                                        int heads, int dim) {
+  extern __shared__ float sm[];
+  float *qT = sm, *kt = sm + dim * heads, *v = kt + IDX_KT * dim;
+  for (int t = threadIdx.x; t < heads * dim; t += blockDim.x) {
+    const int h = t / dim, c = t % dim;
+    qT[c * heads + h] = q[t];
+  }
+  const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int i0 = blockIdx.x * IDX_KT; i0 < nKeys; i0 += gridDim.x * IDX_KT) {
+    const int nk = min(IDX_KT, nKeys - i0);
+    __syncthreads();
+    for (int t = threadIdx.x; t < nk * dim; t += blockDim.x) kt[t] = keys[(size_t)i0 * dim + t];
+    __syncthreads();
+    for (int t = threadIdx.x; t < nk * heads; t += blockDim.x) {
+      const int i = t / heads, h = t % heads;
+      const float *k = kt + i * dim;
+      float d = 0.f;
+      for (int c = 0; c < dim; c++) d += qT[c * heads + h] * k[c];
+      v[t] = d > 0.f ? w[h] * d : 0.f;
+    }
+    __syncthreads();
+    for (int i = wp; i < nk; i += nw) {
+      float s = 0.f;
+      for (int h = lane; h < heads; h += 32) s += v[i * heads + h];
+      s = warp_sum(s);
+      if (lane == 0) sc[i0 + i] = s;
+    }
+  }
+}
+
+// index_scores_simple: one thread per key, for shapes whose q does not fit
+// index_scores' shared memory.
+extern "C" __global__ void index_scores_simple(float *sc, const float *q, const float *w, const float *keys, int nKeys,
+                                               int heads, int dim) {
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < nKeys; i += (long long)gridDim.x * blockDim.x) {
+    const float *k = keys + i * dim;
+    float acc = 0.f;
+    for (int h = 0; h < heads; h++) {
+      float d = 0.f;
+      for (int c = 0; c < dim; c++) d += q[(size_t)h * dim + c] * k[c];
+      if (d > 0.f) acc += w[h] * d;
+    }
+    sc[i] = acc;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Ranking keys shared by TopK and Route: an order-preserving map of float32
+// to uint32 (larger float → larger key; −0 == +0; NaN → 0, below −inf, whose
+// key is 0x007fffff).
+__device__ __forceinline__ u32 rank_key(float f) {
+  if (f != f) return 0u;
+  u32 b = __float_as_uint(f);
+  if (b == 0x80000000u) b = 0u;
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// TopK: one block of TOPK_THREADS threads. Radix select of the k-th largest
+// key (digits of 11, 11 and 10 bits, shared-memory histograms), then an
+// index-ordered collection of the k survivors (warps own contiguous ranges;
+// ballots give in-order positions, so tied keys keep their lowest indices),
+// then a bitonic sort of the survivors by (key desc, index asc).
+#define TOPK_THREADS 1024
+#define TOPK_MAXK 2048
+
+__device__ __forceinline__ u32 lanemask_lt() {
+  u32 m;
+  asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
+  return m;
+}
+
+extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk(int *idx, const float *scores, int n, int k) {
+  __shared__ u32 hist[2048];
+  __shared__ u64 surv[TOPK_MAXK];
+  __shared__ u32 wgt[32], weq[32];
+  __shared__ u32 sel_prefix, sel_krem;
+  const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, nw = blockDim.x >> 5;
+
+  // Radix select: after the passes, prefix is the k-th largest key and krem
+  // is how many elements equal to it are taken.
+  u32 prefix = 0, mask = 0, krem = (u32)k;
+  const int shifts[3] = {21, 10, 0};
+  const int widths[3] = {11, 11, 10};
+  for (int pass = 0; pass < 3; pass++) {
+    const int sh = shifts[pass], nb = 1 << widths[pass];
+    for (int i = tid; i < nb; i += blockDim.x) hist[i] = 0;
+    __syncthreads();
+    for (int i = tid; i < n; i += blockDim.x) {
+      const u32 key = rank_key(scores[i]);
+      if ((key & mask) == prefix) atomicAdd(&hist[(key >> sh) & (nb - 1)], 1u);
+    }
+    __syncthreads();
+    if (wp == 0) {
+      // Suffix scan from the top bin down, 32 lanes over nb bins: each lane
+      // sums a contiguous chunk; then find the bin where the count from the
+      // top first reaches krem.
+      const int per = nb / 32;
+      const int lo = lane * per;
+      u32 cs = 0;
+      for (int i = 0; i < per; i++) cs += hist[lo + i];
+      // Inclusive suffix sum over lanes (lane 31 holds the top chunk).
+      u32 suf = cs;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        u32 t = __shfl_down_sync(FULL, suf, o);
+        if (lane + o < 32) suf += t;
+      }
+      const u32 above = suf - cs;  // elements in chunks above this lane's
+      const bool mine = above < krem && krem <= suf;
+      if (mine) {
+        u32 acc = above;
+        int b = lo + per - 1;
+        for (; b > lo; b--) {
+          if (acc + hist[b] >= krem) break;
+          acc += hist[b];
+        }
+        sel_prefix = prefix | ((u32)b << sh);
+        sel_krem = krem - acc;
+      }
+    }
+    __syncthreads();
+    prefix = sel_prefix;
+    krem = sel_krem;
+    mask |= (u32)(nb - 1) << sh;
+    __syncthreads();
+  }
+  const u32 thr = prefix;  // the k-th largest key; take every key > thr and the first krem keys == thr
+
+  // Collection: warp wp owns [wp·seg, (wp+1)·seg) in index order.
+  const int seg = ((n + nw - 1) / nw + 31) / 32 * 32;
+  const int lo = wp * seg, hi = min(n, lo + seg);
+  u32 cg = 0, ce = 0;
+  for (int b = lo; b < hi; b += 32) {
+    const int i = b + lane;
+    const u32 key = i < hi ? rank_key(scores[i]) : 0u;
+    const bool ok = i < hi;
+    cg += __popc(__ballot_sync(FULL, ok && key > thr));
+    ce += __popc(__ballot_sync(FULL, ok && key == thr));
+  }
+  if (lane == 0) {
+    wgt[wp] = cg;
+    weq[wp] = ce;
+  }
+  __syncthreads();
+  u32 gbase = 0, ebase = 0;
+  for (int i = 0; i < wp; i++) {
+    gbase += wgt[i];
+    ebase += weq[i];
+  }
+  u32 ngt = 0;
+  for (int i = 0; i < nw; i++) ngt += wgt[i];
+  for (int b = lo; b < hi; b += 32) {
+    const int i = b + lane;
+    const bool ok = i < hi;
+    const u32 key = ok ? rank_key(scores[i]) : 0u;
+    const u32 bg = __ballot_sync(FULL, ok && key > thr);
+    const u32 be = __ballot_sync(FULL, ok && key == thr);
+    const u64 comp = ((u64)key << 32) | (u64)(0xffffffffu - (u32)i);
+    if (ok && key > thr) surv[gbase + __popc(bg & lanemask_lt())] = comp;
+    if (ok && key == thr) {
+      const u32 e = ebase + __popc(be & lanemask_lt());
+      if (e < krem) surv[ngt + e] = comp;
+    }
+    gbase += __popc(bg);
+    ebase += __popc(be);
+  }
+  // Pad to a power of two with 0 (ranks below every real entry).
+  int P = 1;
+  while (P < k) P <<= 1;
+  for (int i = k + tid; i < P; i += blockDim.x) surv[i] = 0ull;
+  __syncthreads();
+  // Bitonic sort, descending.
+  for (int size = 2; size <= P; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int i = tid; i < P; i += blockDim.x) {
+        const int j = i ^ stride;
+        if (j > i) {
+          const bool desc = (i & size) == 0;
+          const u64 a = surv[i], b = surv[j];
+          if (desc ? (a < b) : (a > b)) {
+            surv[i] = b;
+            surv[j] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  for (int i = tid; i < k; i += blockDim.x) idx[i] = (int)(0xffffffffu - (u32)(surv[i] & 0xffffffffull));
+}
+
+// ---------------------------------------------------------------------------
+// Route: one warp per token (blockDim 32, grid batch). p_e = sqrt(softplus(
+// logit_e)) in double (like the host); the ranking key p_e + bias_e is
+// float32. Without hash, k rounds of a warp argmax over (key desc, index asc)
+// pick the experts; weights are p/Σp·scale with Σ taken in pick order.
+// Shared memory: experts·(4 + 8) bytes. A hash id outside [0, experts) gives
+// NaN weights for that token (the host cannot be told from here).
+extern "C" __global__ void route(int *ids, float *weights, const float *logits, const float *bias, const int *hash,
+                                 int experts, int k, float scale) {
+  extern __shared__ u64 rsm[];
+  u64 *comp = rsm;
+  float *p = (float *)(rsm + experts);
+  const int lane = threadIdx.x;
+  const size_t b = blockIdx.x;
+  const float *lg = logits + b * experts;
+  for (int e = lane; e < experts; e += 32) {
+    const float g = lg[e];
+    const double sp = g > 20.f ? (double)g : log1p(exp((double)g));
+    const float pe = (float)sqrt(sp);
+    p[e] = pe;
+    const float key = bias ? pe + bias[e] : pe;
+    comp[e] = ((u64)rank_key(key) << 32) | (u64)(0xffffffffu - (u32)e);
+  }
+  __syncwarp();
+  int *ib = ids + b * k;
+  float *wb = weights + b * k;
+  if (hash) {
+    for (int j = lane; j < k; j += 32) ib[j] = hash[b * k + j];
+  } else {
+    for (int j = 0; j < k; j++) {
+      u64 best = 0;
+      int be = -1;
+      for (int e = lane; e < experts; e += 32) {
+        if (be < 0 || comp[e] > best) {
+          best = comp[e];
+          be = e;
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const u64 ob = __shfl_xor_sync(FULL, best, o);
+        const int oe = __shfl_xor_sync(FULL, be, o);
+        if (oe >= 0 && (be < 0 || ob > best)) {
+          best = ob;
+          be = oe;
+        }
+      }
+      if (lane == 0) {
+        ib[j] = be;
+        comp[be] = 0;  // below every real entry, whose low word is > 0
+      }
+      __syncwarp();
+    }
+  }
+  __syncwarp();
+  if (lane == 0) {
+    float sum = 0.f;
+    bool bad = false;
+    for (int j = 0; j < k; j++) {
+      const int e = ib[j];
+      if (e < 0 || e >= experts) {
+        bad = true;
+        break;
+      }
+      sum += p[e];
+    }
+    for (int j = 0; j < k; j++) {
+      const int e = ib[j];
+      wb[j] = bad ? __int_as_float(0x7fc00000) : p[e] / sum * scale;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// SwiGLU: h = silu(g)·u·rowScale[row], with the optional clamp. h may alias g or u.
+extern "C" __global__ void swiglu(float *h, const float *g, const float *u, const float *rowScale, int rows, int width,
+                                  float limit) {
+  const long long total = (long long)rows * width;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+    float gi = g[i], ui = u[i];
+    if (limit > 0.f) {
+      gi = fminf(gi, limit);
+      ui = fmaxf(fminf(ui, limit), -limit);
+    }
+    float v = gi * sigmoidf_(gi) * ui;
+    if (rowScale) v *= rowScale[i / width];
+    h[i] = v;
+  }
+}
+
+// EmbedBF16: x[i, j, :] = float(table[tokens[i], :]) for every stream j < hc.
+extern "C" __global__ void embed_bf16(float *x, const u16 *table, const int *tokens, int n, int dim, int hc) {
+  const long long total = (long long)n * dim;
+  for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
+    const long long i = t / dim;
+    const int c = (int)(t % dim);
+    const float v = bf16f(table[(long long)tokens[i] * dim + c]);
+    for (int j = 0; j < hc; j++) x[(i * hc + j) * dim + c] = v;
+  }
+}
+
+// Axpy: y += a·x; Scale: y *= a.
+extern "C" __global__ void axpy(float *y, const float *x, float a, long long n) {
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    y[i] += a * x[i];
+}
+
+extern "C" __global__ void scale_f32(float *y, float a, long long n) {
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    y[i] *= a;
+}

@@ -34,6 +34,7 @@ import (
 	"moxie/checkpoint"
 	"moxie/compute"
 	"moxie/compute/cpu"
+	"moxie/compute/cuda"
 	"moxie/dsv4/config"
 	"moxie/format"
 )
@@ -74,6 +75,15 @@ type Options struct {
 	// longer prefills run as consecutive chunks (the same function, bounded
 	// activation memory). 0 means DefaultMaxChunk.
 	MaxChunk int
+	// Device, if set, makes the model GPU-resident: Load uploads the main
+	// stack (dense weights, embedding, head and every routed expert) to this
+	// device, or fails naming the bytes needed and free, and NewSequence
+	// returns DeviceSessions (see device_session.go). Experts must be nil.
+	// Close frees the device memory; the device stays open.
+	Device *cuda.Device
+	// DeviceContext is the most tokens a device session holds (its state is
+	// allocated for it); 0 means DefaultDeviceContext.
+	DeviceContext int
 }
 
 // DefaultMaxChunk is the prefill chunk size when Options.MaxChunk is 0.
@@ -123,6 +133,8 @@ type Model struct {
 	maxChunk   int
 
 	freqPlain, freqCompress []float32
+
+	dev *deviceModel // Options.Device
 }
 
 type compressor struct {
@@ -237,12 +249,23 @@ func Load(src checkpoint.Source, opts Options) (*Model, error) {
 	m.freqPlain = compute.RopeFreqs(cfg.RopeTheta, cfg.RopeHeadDim, nil)
 	m.freqCompress = compute.RopeFreqs(cfg.CompressRopeTheta, cfg.RopeHeadDim, &compute.YaRN{
 		Factor: cfg.RopeFactor, OriginalSeqLen: cfg.OriginalSeqLen, BetaFast: cfg.BetaFast, BetaSlow: cfg.BetaSlow})
+	if opts.Device != nil {
+		if m.dev, err = loadDevice(m, src, opts); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("dsv4: %s: %w", src.Name(), err)
+		}
+	}
 	return m, nil
 }
 
-// Close releases what Load created (the default CPU backend's workers). It
-// does not close the source or a backend passed in Options.
+// Close releases what Load created (the default CPU backend's workers, the
+// device copy of Options.Device). It does not close the source, a backend
+// or a device passed in Options.
 func (m *Model) Close() error {
+	if m.dev != nil {
+		m.dev.close()
+		m.dev = nil
+	}
 	if m.ownBackend != nil {
 		m.ownBackend.Close()
 		m.ownBackend = nil

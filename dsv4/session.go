@@ -113,14 +113,26 @@ func (s *Session) Close() error {
 	return nil
 }
 
-// NewSequence implements generate.Model.
-func (m *Model) NewSequence() (generate.Sequence, error) { return m.NewSession(), nil }
+// NewSequence implements generate.Model: a DeviceSession when the model was
+// loaded with Options.Device, otherwise a Session.
+func (m *Model) NewSequence() (generate.Sequence, error) {
+	if m.dev != nil {
+		return m.NewDeviceSession()
+	}
+	return m.NewSession(), nil
+}
 
 // VocabSize implements generate.Model.
 func (m *Model) VocabSize() int { return m.Cfg.VocabSize }
 
-// MaxContext implements generate.Model.
-func (m *Model) MaxContext() int { return m.Cfg.MaxPositions }
+// MaxContext implements generate.Model (the device context limit with
+// Options.Device).
+func (m *Model) MaxContext() int {
+	if m.dev != nil {
+		return m.dev.maxCtx
+	}
+	return m.Cfg.MaxPositions
+}
 
 var _ generate.Model = (*Model)(nil)
 

@@ -1,0 +1,314 @@
+package cuda
+
+import (
+	_ "embed"
+	"fmt"
+	"unsafe"
+)
+
+//go:embed kernels/fwd.cu
+var fwdSrc string
+
+// FwdSource returns the CUDA source of the forward-pass kernels (kernels/fwd.cu).
+func FwdSource() string { return fwdSrc }
+
+// Fwd holds the kernels of the device-resident DeepSeek-V4 forward pass
+// (package dsv4's device session) for one device. Get it once with Ctx.Fwd
+// and keep it for the device's life; its methods take the device thread's
+// Ctx and enqueue asynchronously on s. Every buffer is a device pointer to
+// float32 unless marked int32; size arguments are element counts. Bad sizes
+// are errors naming the kernel and the argument.
+type Fwd struct {
+	attn, compStore, compClose, indexScores      *Kernel
+	moeArgs, addRows, gather, scatter, gatherI32 *Kernel
+}
+
+// maxStaticShared is the dynamic shared memory a launch may use without the
+// opt-in attribute.
+const maxStaticShared = 48 << 10
+
+// Fwd compiles (or loads from the kernel cache) the forward-pass module.
+func (c *Ctx) Fwd() (*Fwd, error) {
+	m, err := c.Module("fwd", fwdSrc)
+	if err != nil {
+		return nil, fmt.Errorf("cuda fwd module: %w", err)
+	}
+	f := &Fwd{}
+	for _, k := range []struct {
+		name string
+		dst  **Kernel
+	}{
+		{"fwd_attention", &f.attn}, {"fwd_comp_store", &f.compStore}, {"fwd_comp_close", &f.compClose},
+		{"fwd_index_scores", &f.indexScores}, {"fwd_moe_args", &f.moeArgs}, {"fwd_add_rows", &f.addRows},
+		{"fwd_gather_rows", &f.gather}, {"fwd_scatter_add", &f.scatter}, {"fwd_gather_i32", &f.gatherI32},
+	} {
+		if *k.dst, err = m.Kernel(k.name); err != nil {
+			return nil, err
+		}
+	}
+	return f, nil
+}
+
+// attnArgs mirrors struct AttnArgs in kernels/fwd.cu.
+type attnArgs struct {
+	O, Q, Ring, Comp, Idx, Sinks                                      uint64
+	RingRows, Window, P0, Ratio, IdxStride, TopK, Heads, Dim, MaxKeys int32
+	Scale                                                             float32
+}
+
+// AttnParams describe one attention launch over T consecutive queries
+// (positions P0 .. P0+T-1); see AttentionRing.
+type AttnParams struct {
+	O, Q     DevicePtr // [T, Heads, Dim]
+	Ring     DevicePtr // window ring [RingRows, Dim], position p in slot p mod RingRows
+	Comp     DevicePtr // compressed entries [*, Dim], or 0 (window-only layer)
+	Idx      DevicePtr // int32 [T, IdxStride] selected entries (CSA), or 0 (all entries, HCA)
+	Sinks    DevicePtr // [Heads]
+	RingRows int
+	Window   int
+	P0, T    int
+	Ratio    int // compression ratio (Comp != 0)
+	// IdxStride is the row stride of Idx; TopK bounds the selected count.
+	IdxStride, TopK int
+	Heads, Dim      int
+	// MaxKeys bounds the keys of any query (Window + TopK, or Window +
+	// entries); it sizes the shared memory (4·MaxKeys bytes, at most 48 KiB).
+	MaxKeys int
+	Scale   float32
+}
+
+// AttentionRing enqueues the attention of T queries: query i (position
+// t = P0+i) attends to the window positions max(0, t−Window+1)..t read from
+// the ring, plus, if Comp != 0, the compressed entries w < (t+1)/Ratio (all of
+// them when Idx == 0; the first min(TopK, (t+1)/Ratio) of Idx's row i
+// otherwise), with the per-head sink in the denominator (compute.Backend's
+// Attention semantics, K = V). The caller guarantees that the ring holds
+// positions P0−Window+1 .. P0+T−1 (RingRows ≥ Window+T−1) and that the key
+// count never exceeds MaxKeys.
+func (f *Fwd) AttentionRing(c *Ctx, p AttnParams, s Stream) error {
+	switch {
+	case p.O == 0 || p.Q == 0 || p.Ring == 0 || p.Sinks == 0:
+		return fmt.Errorf("cuda fwd_attention: nil buffer (o %#x q %#x ring %#x sinks %#x)", p.O, p.Q, p.Ring, p.Sinks)
+	case p.T <= 0 || p.P0 < 0 || p.Heads <= 0 || p.Dim <= 0 || p.Window <= 0:
+		return fmt.Errorf("cuda fwd_attention: T %d, p0 %d, heads %d, dim %d, window %d", p.T, p.P0, p.Heads, p.Dim, p.Window)
+	case p.RingRows < p.Window+p.T-1:
+		return fmt.Errorf("cuda fwd_attention: ring of %d rows cannot hold window %d plus %d queries", p.RingRows, p.Window, p.T)
+	case p.Comp != 0 && p.Ratio <= 0:
+		return fmt.Errorf("cuda fwd_attention: compressed entries with ratio %d", p.Ratio)
+	case p.Idx != 0 && (p.TopK <= 0 || p.IdxStride < p.TopK):
+		return fmt.Errorf("cuda fwd_attention: top-k %d with index row stride %d", p.TopK, p.IdxStride)
+	case p.MaxKeys < p.Window || 4*p.MaxKeys > maxStaticShared:
+		return fmt.Errorf("cuda fwd_attention: max keys %d, want %d..%d", p.MaxKeys, p.Window, maxStaticShared/4)
+	}
+	a := attnArgs{O: uint64(p.O), Q: uint64(p.Q), Ring: uint64(p.Ring), Comp: uint64(p.Comp), Idx: uint64(p.Idx), Sinks: uint64(p.Sinks),
+		RingRows: int32(p.RingRows), Window: int32(p.Window), P0: int32(p.P0), Ratio: int32(max(p.Ratio, 1)),
+		IdxStride: int32(p.IdxStride), TopK: int32(p.TopK), Heads: int32(p.Heads), Dim: int32(p.Dim), MaxKeys: int32(p.MaxKeys), Scale: p.Scale}
+	return c.Launch(f.attn, Dim3{X: uint32(p.Heads), Y: uint32(p.T)}, Dim3{X: 256}, 4*p.MaxKeys, s, unsafe.Pointer(&a))
+}
+
+// CompStore enqueues the compressor's per-token store: for i < T (position
+// p = p0+i), ringKV[p mod ringRows] = kv[i] and ringZ[p mod ringRows] =
+// z[i] + ape[p mod ratio], rows of width floats.
+func (f *Fwd) CompStore(c *Ctx, ringKV, ringZ, kv, z, ape DevicePtr, p0, T, ratio, ringRows, width int, s Stream) error {
+	if T <= 0 || p0 < 0 || ratio <= 0 || width <= 0 || ringRows < T {
+		return fmt.Errorf("cuda fwd_comp_store: T %d, p0 %d, ratio %d, width %d, ring rows %d", T, p0, ratio, width, ringRows)
+	}
+	a0, a1, a2, a3 := int32(p0), int32(ratio), int32(ringRows), int32(width)
+	return c.Launch(f.compStore, Dim3{X: uint32(T)}, Dim3{X: 128}, 0, s, unsafe.Pointer(&ringKV), unsafe.Pointer(&ringZ),
+		unsafe.Pointer(&kv), unsafe.Pointer(&z), unsafe.Pointer(&ape), unsafe.Pointer(&a0), unsafe.Pointer(&a1),
+		unsafe.Pointer(&a2), unsafe.Pointer(&a3))
+}
+
+// CompCloseParams describe the closing of compressed entries E0 .. E0+N−1.
+type CompCloseParams struct {
+	Out           DevicePtr // entries [*, DW]; entry e is written at row e
+	RingKV, RingZ DevicePtr // compressor rings [RingRows, Width] (CompStore)
+	RingRows      int
+	Ratio         int
+	Width, DW     int  // Width = 2·DW when Overlap (CSA), DW otherwise
+	Overlap       bool // CSA: previous window's A halves + this window's B halves
+	E0, N         int
+	Norm          DevicePtr // [DW]
+	Eps           float32
+	Freq          DevicePtr // [NFreq] rotation frequencies (the last 2·NFreq dims rotate)
+	NFreq         int
+}
+
+// CompClose enqueues the pooling of N closed windows (dsv4-flash.md §4.5):
+// per channel a softmax over the window's z rows weighting its kv rows (CSA:
+// the A halves of window e−1's rows, if e > 0, then the B halves of window
+// e's rows), then RMSNorm with Norm and RoPE at position e·Ratio.
+func (f *Fwd) CompClose(c *Ctx, p CompCloseParams, s Stream) error {
+	want := p.DW
+	if p.Overlap {
+		want = 2 * p.DW
+	}
+	switch {
+	case p.N <= 0:
+		return nil
+	case p.Ratio <= 0 || p.DW <= 0 || p.Width != want || 2*p.NFreq > p.DW || p.E0 < 0:
+		return fmt.Errorf("cuda fwd_comp_close: ratio %d, width %d, dw %d, overlap %v, nfreq %d, e0 %d", p.Ratio, p.Width, p.DW, p.Overlap, p.NFreq, p.E0)
+	case p.RingRows < 2*p.Ratio || 4*p.DW > maxStaticShared:
+		return fmt.Errorf("cuda fwd_comp_close: ring rows %d for ratio %d, dw %d", p.RingRows, p.Ratio, p.DW)
+	}
+	ov := int32(0)
+	if p.Overlap {
+		ov = 1
+	}
+	rr, ra, wi, dw, e0, nf := int32(p.RingRows), int32(p.Ratio), int32(p.Width), int32(p.DW), int32(p.E0), int32(p.NFreq)
+	eps := p.Eps
+	return c.Launch(f.compClose, Dim3{X: uint32(p.N)}, Dim3{X: 256}, 4*p.DW, s,
+		unsafe.Pointer(&p.Out), unsafe.Pointer(&p.RingKV), unsafe.Pointer(&p.RingZ), unsafe.Pointer(&rr), unsafe.Pointer(&ra),
+		unsafe.Pointer(&wi), unsafe.Pointer(&dw), unsafe.Pointer(&ov), unsafe.Pointer(&e0), unsafe.Pointer(&p.Norm),
+		unsafe.Pointer(&eps), unsafe.Pointer(&p.Freq), unsafe.Pointer(&nf))
+}
+
+// IndexScores enqueues the indexer scores of T queries (positions p0+i):
+// sc[i, e] = Σ_h w[i, h]·ReLU(q[i, h]·keys[e]) for e < (p0+i+1)/ratio (later
+// entries of a row are not written). q is [T, heads, dim], w [T, heads],
+// keys [*, dim], sc [T, stride]; stride must be ≥ (p0+T)/ratio.
+func (f *Fwd) IndexScores(c *Ctx, sc, q, w, keys DevicePtr, p0, T, ratio, heads, dim, stride int, s Stream) error {
+	if T <= 0 || p0 < 0 || ratio <= 0 || heads <= 0 || dim <= 0 || stride < (p0+T)/ratio {
+		return fmt.Errorf("cuda fwd_index_scores: T %d, p0 %d, ratio %d, heads %d, dim %d, stride %d", T, p0, ratio, heads, dim, stride)
+	}
+	n := (p0 + T) / ratio
+	if n == 0 {
+		return nil
+	}
+	a0, a1, a2, a3, a4 := int32(p0), int32(ratio), int32(heads), int32(dim), int32(stride)
+	return c.Launch(f.indexScores, Dim3{X: uint32((n + 7) / 8), Y: uint32(T)}, Dim3{X: 256}, 0, s,
+		unsafe.Pointer(&sc), unsafe.Pointer(&q), unsafe.Pointer(&w), unsafe.Pointer(&keys), unsafe.Pointer(&a0),
+		unsafe.Pointer(&a1), unsafe.Pointer(&a2), unsafe.Pointer(&a3), unsafe.Pointer(&a4))
+}
+
+// GatherRows enqueues dst[j] = src[rows[j]] for j < n (rows int32, width floats each).
+func (f *Fwd) GatherRows(c *Ctx, dst, src, rows DevicePtr, n, width int, s Stream) error {
+	if n <= 0 || width <= 0 {
+		return fmt.Errorf("cuda fwd_gather_rows: n %d, width %d", n, width)
+	}
+	w := int32(width)
+	return c.Launch(f.gather, Dim3{X: uint32(n)}, Dim3{X: 256}, 0, s, unsafe.Pointer(&dst), unsafe.Pointer(&src), unsafe.Pointer(&rows), unsafe.Pointer(&w))
+}
+
+// ScatterAdd enqueues dst[rows[j]] += src[j] for j < n (rows int32 and
+// distinct, width floats each).
+func (f *Fwd) ScatterAdd(c *Ctx, dst, src, rows DevicePtr, n, width int, s Stream) error {
+	if n <= 0 || width <= 0 {
+		return fmt.Errorf("cuda fwd_scatter_add: n %d, width %d", n, width)
+	}
+	w := int32(width)
+	return c.Launch(f.scatter, Dim3{X: uint32(n)}, Dim3{X: 256}, 0, s, unsafe.Pointer(&dst), unsafe.Pointer(&src), unsafe.Pointer(&rows), unsafe.Pointer(&w))
+}
+
+// GatherI32 enqueues dst[i] = table[tokens[i]] for i < n: int32 rows of k
+// (e.g. the hash layers' tid2eid rows of the chunk's tokens).
+func (f *Fwd) GatherI32(c *Ctx, dst, table, tokens DevicePtr, n, k int, s Stream) error {
+	if n <= 0 || k <= 0 {
+		return fmt.Errorf("cuda fwd_gather_i32: n %d, k %d", n, k)
+	}
+	kk := int32(k)
+	return c.Launch(f.gatherI32, Dim3{X: uint32(n)}, Dim3{X: 32}, 0, s, unsafe.Pointer(&dst), unsafe.Pointer(&table), unsafe.Pointer(&tokens), unsafe.Pointer(&kk))
+}
+
+// AddRows enqueues out[d] += Σ_k y[k, d] (k in order) for y [K, dim].
+func (f *Fwd) AddRows(c *Ctx, out, y DevicePtr, K, dim int, s Stream) error {
+	if K <= 0 || dim <= 0 {
+		return fmt.Errorf("cuda fwd_add_rows: K %d, dim %d", K, dim)
+	}
+	k, d := int32(K), int32(dim)
+	return c.Launch(f.addRows, Dim3{X: uint32((dim + 255) / 256)}, Dim3{X: 256}, 0, s, unsafe.Pointer(&out), unsafe.Pointer(&y), unsafe.Pointer(&k), unsafe.Pointer(&d))
+}
+
+// ExpertTable is one layer's routed experts prepared for selection on the
+// device: the multi-linear argument records of every expert's w1 and w3
+// (interleaved) and w2, in device memory.
+type ExpertTable struct {
+	all13, all2   *MultiLinear
+	w1, w3, w2    *DeviceWeight // expert 0: the launch shape of a run
+	E, Inter, Dim int
+	Bytes         int // stored bytes of one expert (w1 + w3 + w2)
+}
+
+// PrepareExpertTable validates that the experts (w1, w3 [inter, dim] and w2
+// [dim, inter] each, all of one format) fit the multi-linear kernels and
+// uploads their argument records into a. An error means the decode step must
+// route through the host instead.
+func (c *Ctx) PrepareExpertTable(a *Arena, w1, w3, w2 []*DeviceWeight) (*ExpertTable, error) {
+	E := len(w1)
+	if E == 0 || len(w3) != E || len(w2) != E {
+		return nil, fmt.Errorf("cuda expert table: %d w1, %d w3, %d w2", len(w1), len(w3), len(w2))
+	}
+	inter, dim := w1[0].Rows, w1[0].Cols
+	w13 := make([]*DeviceWeight, 0, 2*E)
+	for e := range E {
+		if w1[e].Rows != inter || w1[e].Cols != dim || w3[e].Rows != inter || w3[e].Cols != dim || w2[e].Rows != dim || w2[e].Cols != inter {
+			return nil, fmt.Errorf("cuda expert table: expert %d has w1 [%d, %d], w3 [%d, %d], w2 [%d, %d], want [%d, %d] and [%d, %d]",
+				e, w1[e].Rows, w1[e].Cols, w3[e].Rows, w3[e].Cols, w2[e].Rows, w2[e].Cols, inter, dim, dim, inter)
+		}
+		w13 = append(w13, w1[e], w3[e])
+	}
+	zeros := func(n int) []DevicePtr { return make([]DevicePtr, n) }
+	t := &ExpertTable{E: E, Inter: inter, Dim: dim, Bytes: w1[0].Bytes + w3[0].Bytes + w2[0].Bytes, w1: w1[0], w3: w3[0], w2: w2[0]}
+	var err error
+	if t.all13, err = c.PrepareMultiLinear(a, w13, zeros(2*E), zeros(2*E), 1, LinearVariant{}); err != nil {
+		return nil, err
+	}
+	if t.all2, err = c.PrepareMultiLinear(a, w2, zeros(E), zeros(E), 1, LinearVariant{}); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// ExpertRun is the launch state of K experts selected on the device for one
+// token: argument tables rewritten by SelectExperts before each launch.
+type ExpertRun struct {
+	t             *ExpertTable
+	run13, run2   *MultiLinear
+	K             int
+	x, g, u, h, y DevicePtr
+}
+
+// PrepareExpertRun allocates, in a, the argument tables of a K-expert launch
+// over table t's experts, with x [dim] the input, g and u [K, inter] the w1
+// and w3 outputs, h [K, inter] the w2 input and y [K, dim] the w2 outputs.
+func (c *Ctx) PrepareExpertRun(a *Arena, t *ExpertTable, K int, x, g, u, h, y DevicePtr) (*ExpertRun, error) {
+	if K <= 0 || K > t.E {
+		return nil, fmt.Errorf("cuda expert run: %d of %d experts", K, t.E)
+	}
+	// K copies of expert 0 give the launch shape (every expert has it); the
+	// records are overwritten by RunExperts13 before each launch.
+	w13, w2 := make([]*DeviceWeight, 0, 2*K), make([]*DeviceWeight, 0, K)
+	for range K {
+		w13 = append(w13, t.w1, t.w3)
+		w2 = append(w2, t.w2)
+	}
+	r := &ExpertRun{t: t, K: K, x: x, g: g, u: u, h: h, y: y}
+	var err error
+	if r.run13, err = c.PrepareMultiLinear(a, w13, make([]DevicePtr, 2*K), make([]DevicePtr, 2*K), 1, LinearVariant{}); err != nil {
+		return nil, err
+	}
+	if r.run2, err = c.PrepareMultiLinear(a, w2, make([]DevicePtr, K), make([]DevicePtr, K), 1, LinearVariant{}); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// RunExperts13 enqueues the selection of the experts ids (int32 [K], device)
+// into r's tables (recording them as
+// selected for RunExperts2) and the launch of their w1 and w3 products (g, u).
+func (f *Fwd) RunExperts13(c *Ctx, r *ExpertRun, ids DevicePtr, s Stream) error {
+	k, e, in, d := int32(r.K), int32(r.t.E), int32(r.t.Inter), int32(r.t.Dim)
+	if err := c.Launch(f.moeArgs, Dim3{X: 1}, Dim3{X: uint32((r.K + 31) / 32 * 32)}, 0, s,
+		unsafe.Pointer(&r.run13.args), unsafe.Pointer(&r.run2.args), unsafe.Pointer(&r.t.all13.args), unsafe.Pointer(&r.t.all2.args),
+		unsafe.Pointer(&ids), unsafe.Pointer(&k), unsafe.Pointer(&e), unsafe.Pointer(&r.x), unsafe.Pointer(&r.g),
+		unsafe.Pointer(&r.u), unsafe.Pointer(&r.h), unsafe.Pointer(&r.y), unsafe.Pointer(&in), unsafe.Pointer(&d)); err != nil {
+		return err
+	}
+	return c.LaunchMultiLinear(r.run13, s)
+}
+
+// RunExperts2 enqueues the w2 products of the experts selected by the last
+// RunExperts13 (h → y).
+func (f *Fwd) RunExperts2(c *Ctx, r *ExpertRun, s Stream) error {
+	return c.LaunchMultiLinear(r.run2, s)
+}

@@ -1,0 +1,289 @@
+// Kernels of the device-resident DeepSeek-V4 forward pass (package dsv4's
+// device session): the stateful per-layer steps (window ring attention with
+// compressed entries, compressor store and close, batched indexer scores),
+// the device-side expert selection for the MoE, and small gathers.
+// All float buffers are float32, row-major; every kernel reads its
+// position-dependent sizes from its arguments (p0 = absolute position of the
+// chunk's first token). No headers: NVRTC needs none.
+
+typedef unsigned char u8;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Block-wide sum; every thread gets the result. red holds >= 32 floats.
+__device__ float block_sum(float v, float *red) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) red[w] = v;
+  __syncthreads();
+  float t = 0.f;
+  for (int i = 0; i < nw; i++) t += red[i];
+  return t;
+}
+
+__device__ float block_max(float v, float *red) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) red[w] = v;
+  __syncthreads();
+  float t = red[0];
+  for (int i = 1; i < nw; i++) t = fmaxf(t, red[i]);
+  return t;
+}
+
+// ---------------------------------------------------------------------------
+// Attention of T queries over the window ring plus compressed entries.
+//
+// Query i (absolute position t = p0 + i) of head h attends to
+//   - the window positions max(0, t-window+1) .. t, stored in ring slot
+//     p mod ring_rows (ring [ring_rows, dim]);
+//   - if comp != 0: n = (t+1)/ratio compressed entries comp [*, dim]: all of
+//     them (idx == 0, HCA), or the first min(topk, n) indices of the row
+//     idx[i*idx_stride ...] (CSA, the indexer's selection).
+// o = sum_j e^(s_j-M) k_j / (sum_j e^(s_j-M) + e^(sink_h-M)), s_j = scale q.k_j,
+// M = max(sink_h, max_j s_j); K = V. Grid (heads, T); dynamic shared memory
+// holds max_keys floats (the host bounds the key count).
+struct AttnArgs {
+  float *o;             // [T, heads, dim]
+  const float *q;       // [T, heads, dim]
+  const float *ring;    // [ring_rows, dim]
+  const float *comp;    // [entries, dim] or 0
+  const int *idx;       // [T, idx_stride] or 0
+  const float *sinks;   // [heads]
+  int ring_rows, window, p0, ratio, idx_stride, topk, heads, dim, max_keys;
+  float scale;
+};
+
+extern "C" __global__ void __launch_bounds__(256) fwd_attention(AttnArgs a) {
+  extern __shared__ float sc[];
+  __shared__ float red[32];
+  const int h = blockIdx.x, i = blockIdx.y;
+  const int t = a.p0 + i;
+  const int nw = min(t + 1, a.window);
+  int nc = 0;
+  if (a.comp != 0) {
+    nc = (t + 1) / a.ratio;
+    if (a.idx != 0) nc = min(nc, a.topk);
+  }
+  const int nk = min(nw + nc, a.max_keys);
+  const float *qh = a.q + ((long long)i * a.heads + h) * a.dim;
+  const int first = t - nw + 1;
+  auto key = [&](int j) -> const float * {
+    if (j < nw) return a.ring + (long long)((first + j) % a.ring_rows) * a.dim;
+    j -= nw;
+    const int e = a.idx != 0 ? a.idx[(long long)i * a.idx_stride + j] : j;
+    return a.comp + (long long)e * a.dim;
+  };
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
+  for (int j = warp; j < nk; j += nwarp) {
+    const float *k = key(j);
+    float d = 0.f;
+    for (int c = lane; c < a.dim; c += 32) d = fmaf(qh[c], k[c], d);
+    d = warp_sum(d);
+    if (lane == 0) sc[j] = d * a.scale;
+  }
+  __syncthreads();
+  const float sink = a.sinks[h];
+  float m = sink;
+  for (int j = threadIdx.x; j < nk; j += blockDim.x) m = fmaxf(m, sc[j]);
+  m = block_max(m, red);
+  float den = 0.f;
+  for (int j = threadIdx.x; j < nk; j += blockDim.x) {
+    const float e = expf(sc[j] - m);
+    sc[j] = e;
+    den += e;
+  }
+  den = block_sum(den, red) + expf(sink - m);  // block_sum synchronises: sc is visible
+  float *oh = a.o + ((long long)i * a.heads + h) * a.dim;
+  for (int c = threadIdx.x; c < a.dim; c += blockDim.x) {
+    float acc = 0.f;
+    for (int j = 0; j < nk; j++) acc = fmaf(sc[j] / den, key(j)[c], acc);
+    oh[c] = acc;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Compressor store: token i of the chunk (position p = p0 + i) writes its
+// kv row and z row + ape[p mod ratio] into slot p mod ring_rows of the
+// compressor rings [ring_rows, width]. Grid T.
+extern "C" __global__ void fwd_comp_store(float *ring_kv, float *ring_z, const float *kv, const float *z,
+                                          const float *ape, int p0, int ratio, int ring_rows, int width) {
+  const int i = blockIdx.x;
+  const int p = p0 + i;
+  const long long dst = (long long)(p % ring_rows) * width;
+  const float *ap = ape + (long long)(p % ratio) * width;
+  for (int c = threadIdx.x; c < width; c += blockDim.x) {
+    ring_kv[dst + c] = kv[(long long)i * width + c];
+    ring_z[dst + c] = z[(long long)i * width + c] + ap[c];
+  }
+}
+
+// Compressor close: entry e = e0 + blockIdx.x pools its window per channel
+// (softmax over slots of z, weights on kv), RMS-normalises with norm [dw]
+// and rotates the last 2*nfreq dims at position e*ratio, into out[e, dw].
+// overlap (CSA): the slots are the A halves (channels 0..dw-1) of the
+// previous window's rows (when e > 0), then the B halves (dw..2dw-1) of this
+// window's rows; otherwise (HCA) this window's rows, channels 0..dw-1.
+// Dynamic shared memory: dw floats.
+extern "C" __global__ void __launch_bounds__(256) fwd_comp_close(float *out, const float *ring_kv, const float *ring_z,
+                                                               int ring_rows, int ratio, int width, int dw, int overlap,
+                                                               int e0, const float *norm, float eps, const float *freq,
+                                                               int nfreq) {
+  extern __shared__ float buf[];
+  __shared__ float red[32];
+  const int e = e0 + blockIdx.x;
+  float ss = 0.f;
+  for (int ch = threadIdx.x; ch < dw; ch += blockDim.x) {
+    float m = __int_as_float(0xff800000u);
+    // pass 1: max
+    if (overlap && e > 0)
+      for (int r = 0; r < ratio; r++) {
+        const long long row = (long long)(((e - 1) * ratio + r) % ring_rows) * width;
+        m = fmaxf(m, ring_z[row + ch]);
+      }
+    for (int r = 0; r < ratio; r++) {
+      const long long row = (long long)((e * ratio + r) % ring_rows) * width;
+      m = fmaxf(m, ring_z[row + (overlap ? dw : 0) + ch]);
+    }
+    float den = 0.f, num = 0.f;
+    if (overlap && e > 0)
+      for (int r = 0; r < ratio; r++) {
+        const long long row = (long long)(((e - 1) * ratio + r) % ring_rows) * width;
+        const float x = expf(ring_z[row + ch] - m);
+        den += x;
+        num += x * ring_kv[row + ch];
+      }
+    for (int r = 0; r < ratio; r++) {
+      const long long row = (long long)((e * ratio + r) % ring_rows) * width + (overlap ? dw : 0);
+      const float x = expf(ring_z[row + ch] - m);
+      den += x;
+      num += x * ring_kv[row + ch];
+    }
+    const float v = num / den;
+    buf[ch] = v;
+    ss += v * v;
+  }
+  ss = block_sum(ss, red);
+  const float inv = (float)(1.0 / sqrt((double)(ss / (float)dw + eps)));
+  for (int ch = threadIdx.x; ch < dw; ch += blockDim.x) buf[ch] = norm[ch] * (buf[ch] * inv);
+  __syncthreads();
+  const int r0 = dw - 2 * nfreq;
+  const float pos = (float)(e * ratio);
+  float *dst = out + (long long)e * dw;
+  for (int ch = threadIdx.x; ch < dw; ch += blockDim.x) {
+    if (ch < r0) {
+      dst[ch] = buf[ch];
+      continue;
+    }
+    const int f = (ch - r0) >> 1;
+    const double ang = (double)(pos * freq[f]);
+    const float c = (float)cos(ang), s = (float)sin(ang);
+    const float re = buf[r0 + 2 * f], im = buf[r0 + 2 * f + 1];
+    dst[ch] = ((ch - r0) & 1) == 0 ? re * c - im * s : re * s + im * c;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Indexer scores of T queries: for query i (position p0 + i) and entry
+// s < (p0+i+1)/ratio, sc[i*stride + s] = sum_h w[i,h] * ReLU(q[i,h] . keys[s]).
+// Entries past a query's count are not written. Grid (ceil(stride/8), T),
+// 256 threads: one warp per (query, entry).
+extern "C" __global__ void __launch_bounds__(256) fwd_index_scores(float *sc, const float *q, const float *w,
+                                                                 const float *keys, int p0, int ratio, int heads,
+                                                                 int dim, int stride) {
+  const int i = blockIdx.y;
+  const int s = blockIdx.x * 8 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  const int n = (p0 + i + 1) / ratio;
+  if (s >= n || s >= stride) return;
+  const float *k = keys + (long long)s * dim;
+  const float *qi = q + (long long)i * heads * dim;
+  float acc = 0.f;
+  for (int h = 0; h < heads; h++) {
+    float d = 0.f;
+    for (int c = lane; c < dim; c += 32) d = fmaf(qi[h * dim + c], k[c], d);
+    d = warp_sum(d);
+    if (d > 0.f) acc += w[(long long)i * heads + h] * d;
+  }
+  if (lane == 0) sc[(long long)i * stride + s] = acc;
+}
+
+// ---------------------------------------------------------------------------
+// Expert selection without a host round trip. LinArgs mirrors struct LinArgs
+// of linear.cu (the multi-linear kernels' argument table).
+struct LinArgs {
+  const u8 *W;
+  const u8 *S;
+  const float *x;
+  float *y;
+  int rows, cols, sdivr, sdivc, srshift, scshift, sstride, rpg, xstride, ystride, batch;
+};
+
+// For k < K: e = ids[k]; run13[2k] = all13[2e] (w1) with x -> g + k*inter,
+// run13[2k+1] = all13[2e+1] (w3) with x -> u + k*inter, run2[k] = all2[e]
+// with h + k*inter -> y + k*dim. ids outside [0, experts) select expert 0
+// (Route never produces them). One thread per k.
+extern "C" __global__ void fwd_moe_args(LinArgs *run13, LinArgs *run2, const LinArgs *all13, const LinArgs *all2,
+                                        const int *ids, int K, int experts, const float *x, float *g, float *u,
+                                        const float *h, float *y, int inter, int dim) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= K) return;
+  int e = ids[k];
+  if (e < 0 || e >= experts) e = 0;
+  LinArgs a = all13[2 * e];
+  a.x = x;
+  a.y = g + (long long)k * inter;
+  run13[2 * k] = a;
+  a = all13[2 * e + 1];
+  a.x = x;
+  a.y = u + (long long)k * inter;
+  run13[2 * k + 1] = a;
+  a = all2[e];
+  a.x = h + (long long)k * inter;
+  a.y = y + (long long)k * dim;
+  run2[k] = a;
+}
+
+// out[d] += sum_k y[k, d] (k in order) for d < dim.
+extern "C" __global__ void fwd_add_rows(float *out, const float *y, int K, int dim) {
+  const int d = blockIdx.x * blockDim.x + threadIdx.x;
+  if (d >= dim) return;
+  float s = out[d];
+  for (int k = 0; k < K; k++) s += y[(long long)k * dim + d];
+  out[d] = s;
+}
+
+// dst[j, :] = src[rows[j], :] for j < n (width floats per row). Grid n.
+extern "C" __global__ void fwd_gather_rows(float *dst, const float *src, const int *rows, int width) {
+  const int j = blockIdx.x;
+  const long long r = rows[j];
+  for (int c = threadIdx.x; c < width; c += blockDim.x) dst[(long long)j * width + c] = src[r * width + c];
+}
+
+// dst[rows[j], :] += src[j, :] for j < n; rows must be distinct. Grid n.
+extern "C" __global__ void fwd_scatter_add(float *dst, const float *src, const int *rows, int width) {
+  const int j = blockIdx.x;
+  const long long r = rows[j];
+  for (int c = threadIdx.x; c < width; c += blockDim.x) dst[r * width + c] += src[(long long)j * width + c];
+}
+
+// dst[i, :] = table[tokens[i], :] for int32 rows of width k; grid T.
+extern "C" __global__ void fwd_gather_i32(int *dst, const int *table, const int *tokens, int k) {
+  const int i = blockIdx.x;
+  const long long r = tokens[i];
+  for (int c = threadIdx.x; c < k; c += blockDim.x) dst[(long long)i * k + c] = table[r * k + c];
+}

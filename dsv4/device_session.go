@@ -1,0 +1,696 @@
+package dsv4
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"unsafe"
+
+	"moxie/compute/cuda"
+	"moxie/dsv4/config"
+	"moxie/generate"
+)
+
+// DeviceSession is one sequence whose forward pass runs resident on the GPU
+// of Options.Device: activations, per-layer state and weights stay in device
+// memory; per chunk only the token ids and positions go up and the logits
+// come down (a decode step synchronises once, for its logits). It computes
+// the same function as Session (dsv4-flash.md §4, the order in the package
+// comment) for any chunking, up to float32 rounding.
+//
+// Per-layer state, allocated for the session's context limit at creation:
+//   - window ring [Window + MaxChunk, HeadDim]: position p in slot p mod rows
+//     (room for a whole chunk's queries plus their window);
+//   - compressor rings [2R + MaxChunk, c·dw] of κ and z + ape, and the
+//     closed entries [limit/R, dw] (main KV and indexer keys);
+//   - the indexer's scores [MaxChunk, limit/4] and selections [MaxChunk, topk].
+//
+// A chunk of T tokens runs every matrix product batched over T. Within a
+// layer the stateful steps are batched too: all T window rows enter the
+// ring, all compressor rows are stored and the windows they close are
+// pooled, then each query attends to exactly its own key set (window
+// positions ≤ t, entries < ⌊(t+1)/R⌋, the indexer's top-k over entries
+// < ⌊(t+1)/R⌋ computed per query) — which is the token-by-token order of
+// Session, since nothing a query reads is written by a later token.
+//
+// MoE: routing runs on the device. A one-token step selects its experts on
+// the device (a kernel writes the chosen experts' records into the
+// multi-linear argument tables; no host round trip); a longer chunk, or a
+// model with Options.Routes, downloads the routing, groups tokens by expert
+// on the host and runs each used expert on its gathered rows (one
+// synchronisation per layer).
+//
+// Not safe for concurrent use; sessions of one model run one pass at a time.
+type DeviceSession struct {
+	m      *Model
+	d      *deviceModel
+	pos    int
+	limit  int // context limit (tokens)
+	chunk  int // tokens per pass (Model.maxChunk)
+	failed error
+
+	arena  *cuda.Arena
+	host   *cuda.HostBuffer // tokens and positions, int32 [chunk] each
+	layers []*devLayerState
+	runs   []*cuda.ExpertRun // per layer; nil: host-routed
+
+	// scratch (device)
+	tok, posBuf                cuda.DevicePtr // int32 [chunk]
+	x, xmid                    cuda.DevicePtr // [chunk, hc, D]
+	pre, post, comb            cuda.DevicePtr
+	a, attnOut, moeOut         cuda.DevicePtr // [chunk, D]
+	qlat, q, kv, o, u          cuda.DevicePtr
+	cin, zin                   cuda.DevicePtr // compressor inputs [chunk, 2·HeadDim]
+	qi, wts, scores, idx       cuda.DevicePtr
+	glog, ids, rw, hash        cuda.DevicePtr
+	xe, eg, eu, eh, ey         cuda.DevicePtr
+	rows, roww                 cuda.DevicePtr // int32 / float [chunk·K]
+	logits                     cuda.DevicePtr // [chunk, V]
+	entries                    int            // limit / 4: indexer score row stride
+	expertRows, interMax, topk int
+
+	// selHook, if set (tests only), sees the indexer's selection for each CSA
+	// layer and query position (downloaded; the slice is reused).
+	selHook func(layer, pos int, sel []int)
+	// layerHook, if set (tests only), sees the streams [T, hc, D] after each
+	// layer (downloaded; the slice is reused).
+	layerHook func(layer int, X []float32)
+}
+
+type devCompState struct {
+	ringKV, ringZ cuda.DevicePtr // [rows, c·dw]
+	rows          int
+	entries       cuda.DevicePtr // [limit/R, dw]
+}
+
+type devLayerState struct {
+	ring     cuda.DevicePtr // [ringRows, HeadDim]
+	ringRows int
+	comp     *devCompState
+	icomp    *devCompState
+}
+
+// allocPlan collects device buffers and allocates them from one arena.
+type allocPlan struct {
+	items []struct {
+		p *cuda.DevicePtr
+		n int
+	}
+	total int
+}
+
+func (pl *allocPlan) add(p *cuda.DevicePtr, n int) {
+	n = max(n, 4)
+	pl.items = append(pl.items, struct {
+		p *cuda.DevicePtr
+		n int
+	}{p, n})
+	pl.total += alignUp(n)
+}
+
+func (pl *allocPlan) alloc(a *cuda.Arena) error {
+	for _, it := range pl.items {
+		var err error
+		if *it.p, err = a.Alloc(it.n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// NewDeviceSession starts an empty device sequence at position 0, allocating
+// its state for the model's device context limit. It fails without
+// Options.Device, or when the device lacks the memory (the error says how
+// much was needed).
+func (m *Model) NewDeviceSession() (*DeviceSession, error) {
+	d := m.dev
+	if d == nil {
+		return nil, fmt.Errorf("dsv4: the model was loaded without Options.Device")
+	}
+	c := m.Cfg
+	s := &DeviceSession{m: m, d: d, limit: d.maxCtx, chunk: min(m.maxChunk, d.maxCtx)}
+	T, D, hc, K := s.chunk, c.Dim, c.HCMult, c.NActivatedExperts
+	s.topk = c.IndexTopK
+	s.entries = max(s.limit/config.CSARatio, 1)
+	s.interMax = max(c.MoEInterDim, c.MoEInterDim*c.NSharedExperts)
+	s.expertRows = max(T, K)
+	pl := &allocPlan{}
+	f := 4
+	pl.add(&s.tok, 4*T)
+	pl.add(&s.posBuf, 4*T)
+	pl.add(&s.x, f*T*hc*D)
+	pl.add(&s.xmid, f*T*hc*D)
+	pl.add(&s.pre, f*T*hc)
+	pl.add(&s.post, f*T*hc)
+	pl.add(&s.comb, f*T*hc*hc)
+	pl.add(&s.a, f*T*D)
+	pl.add(&s.attnOut, f*T*D)
+	pl.add(&s.moeOut, f*T*D)
+	pl.add(&s.qlat, f*T*c.QLoraRank)
+	pl.add(&s.q, f*T*c.NHeads*c.HeadDim)
+	pl.add(&s.kv, f*T*c.HeadDim)
+	pl.add(&s.o, f*T*c.NHeads*c.HeadDim)
+	pl.add(&s.u, f*T*c.OGroups*c.OLoraRank)
+	pl.add(&s.cin, f*T*2*c.HeadDim)
+	pl.add(&s.zin, f*T*2*c.HeadDim)
+	pl.add(&s.qi, f*T*c.IndexNHeads*c.IndexHeadDim)
+	pl.add(&s.wts, f*T*c.IndexNHeads)
+	pl.add(&s.scores, f*T*s.entries)
+	pl.add(&s.idx, 4*T*max(s.topk, 1))
+	pl.add(&s.glog, f*T*c.NRoutedExperts)
+	pl.add(&s.ids, 4*T*K)
+	pl.add(&s.rw, f*T*K)
+	pl.add(&s.hash, 4*T*K)
+	pl.add(&s.xe, f*s.expertRows*D)
+	pl.add(&s.eg, f*s.expertRows*s.interMax)
+	pl.add(&s.eu, f*s.expertRows*s.interMax)
+	pl.add(&s.eh, f*s.expertRows*s.interMax)
+	pl.add(&s.ey, f*s.expertRows*D)
+	pl.add(&s.rows, 4*T*K)
+	pl.add(&s.roww, f*T*K)
+	pl.add(&s.logits, f*T*c.VocabSize)
+	for _, b := range d.layers {
+		ls := &devLayerState{ringRows: c.Window + T}
+		pl.add(&ls.ring, f*ls.ringRows*c.HeadDim)
+		comp := func(cp *devComp) *devCompState {
+			if cp == nil {
+				return nil
+			}
+			cs := &devCompState{rows: 2*cp.ratio + T}
+			pl.add(&cs.ringKV, f*cs.rows*cp.c*cp.dw)
+			pl.add(&cs.ringZ, f*cs.rows*cp.c*cp.dw)
+			pl.add(&cs.entries, f*max(s.limit/cp.ratio, 1)*cp.dw)
+			return cs
+		}
+		ls.comp, ls.icomp = comp(b.comp), comp(b.icomp)
+		s.layers = append(s.layers, ls)
+	}
+	// The expert runs' argument tables (PrepareExpertRun): 3K records of 80 bytes.
+	size := pl.total + len(d.layers)*2*alignUp(3*K*80) + 1<<16
+	err := d.dev.Do(func(cc *cuda.Ctx) error {
+		free, _, err := cc.MemInfo()
+		if err != nil {
+			return err
+		}
+		if uint64(size) > free {
+			return fmt.Errorf("dsv4: a device session for %d tokens (chunks of %d) needs %d bytes of GPU memory, %d free", s.limit, s.chunk, size, free)
+		}
+		if s.arena, err = cc.NewArena(size); err != nil {
+			return fmt.Errorf("dsv4: device session state (%d bytes): %w", size, err)
+		}
+		if err := pl.alloc(s.arena); err != nil {
+			return fmt.Errorf("dsv4: device session state: %w", err)
+		}
+		if s.host, err = cc.NewHostBuffer(8 * T); err != nil {
+			return err
+		}
+		s.runs = make([]*cuda.ExpertRun, len(d.layers))
+		for l, b := range d.layers {
+			if b.table == nil {
+				continue
+			}
+			if s.runs[l], err = cc.PrepareExpertRun(s.arena, b.table, K, s.a, s.eg, s.eu, s.eh, s.ey); err != nil {
+				return fmt.Errorf("dsv4: layer %d expert run: %w", l, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		s.release()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *DeviceSession) release() {
+	a, h := s.arena, s.host
+	s.arena, s.host = nil, nil
+	if a == nil && h == nil {
+		return
+	}
+	_ = s.d.dev.Do(func(c *cuda.Ctx) error {
+		if h != nil {
+			_ = c.FreeHost(h)
+		}
+		if a != nil {
+			return c.ReleaseArena(a)
+		}
+		return nil
+	})
+}
+
+// Pos is the number of tokens processed so far (the next token's position).
+func (s *DeviceSession) Pos() int { return s.pos }
+
+// Limit is the most tokens the session can hold.
+func (s *DeviceSession) Limit() int { return s.limit }
+
+// Prefill runs tokens at the next positions and returns the logits
+// [VocabSize] predicting the token after the last one (owned by the caller).
+func (s *DeviceSession) Prefill(tokens []int) ([]float32, error) { return s.forward(tokens, false) }
+
+// PrefillAll is Prefill returning every position's logits [len(tokens), VocabSize].
+func (s *DeviceSession) PrefillAll(tokens []int) ([]float32, error) { return s.forward(tokens, true) }
+
+// Decode runs one token and returns its logits [VocabSize].
+func (s *DeviceSession) Decode(tok int) ([]float32, error) { return s.forward([]int{tok}, false) }
+
+// Append implements generate.Sequence.
+func (s *DeviceSession) Append(ctx context.Context, tokens []int) ([]float32, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return s.Prefill(tokens)
+}
+
+// Len implements generate.Sequence.
+func (s *DeviceSession) Len() int { return s.pos }
+
+// Close implements generate.Sequence: it frees the session's device memory.
+func (s *DeviceSession) Close() error {
+	s.release()
+	s.failed = fmt.Errorf("dsv4: device session closed")
+	return nil
+}
+
+var _ generate.Sequence = (*DeviceSession)(nil)
+
+func (s *DeviceSession) forward(tokens []int, all bool) ([]float32, error) {
+	if s.failed != nil {
+		return nil, s.failed
+	}
+	s.m.pass.Lock()
+	defer s.m.pass.Unlock()
+	c := s.m.Cfg
+	if len(tokens) == 0 {
+		return nil, fmt.Errorf("dsv4: no tokens")
+	}
+	for i, t := range tokens {
+		if t < 0 || t >= c.VocabSize {
+			return nil, fmt.Errorf("dsv4: token %d at index %d is outside the vocabulary of %d", t, i, c.VocabSize)
+		}
+	}
+	if s.pos+len(tokens) > s.limit {
+		return nil, fmt.Errorf("dsv4: %d tokens at position %d exceed the device session's context of %d (Options.DeviceContext)", len(tokens), s.pos, s.limit)
+	}
+	var out []float32
+	for at := 0; at < len(tokens); at += s.chunk {
+		end := min(at+s.chunk, len(tokens))
+		rows := 0
+		switch {
+		case all:
+			rows = end - at
+		case end == len(tokens):
+			rows = 1
+		}
+		var l []float32
+		err := s.d.dev.Do(func(cc *cuda.Ctx) error {
+			var err error
+			l, err = s.run(cc, tokens[at:end], rows)
+			return err
+		})
+		if err != nil {
+			s.failed = fmt.Errorf("dsv4: device forward at position %d: %w", s.pos, err)
+			return nil, s.failed
+		}
+		if all {
+			out = append(out, l...)
+		} else {
+			out = l
+		}
+	}
+	return out, nil
+}
+
+func off(p cuda.DevicePtr, floats int) cuda.DevicePtr { return p + cuda.DevicePtr(4*floats) }
+
+// run is one chunk on the device thread.
+func (s *DeviceSession) run(c *cuda.Ctx, tokens []int, rows int) ([]float32, error) {
+	m, d := s.m, s.d
+	cfg := m.Cfg
+	T, D, hc := len(tokens), cfg.Dim, cfg.HCMult
+	st := c.Stream()
+	p0 := s.pos
+	if err := c.Sync(st); err != nil { // the host buffer may be rewritten
+		return nil, err
+	}
+	hb := s.host.Bytes()
+	for i, t := range tokens {
+		binary.LittleEndian.PutUint32(hb[4*i:], uint32(t))
+		binary.LittleEndian.PutUint32(hb[4*(s.chunk+i):], uint32(p0+i))
+	}
+	if err := c.UploadAsync(s.tok, s.host, 0, 4*T, st); err != nil {
+		return nil, err
+	}
+	if err := c.UploadAsync(s.posBuf, s.host, 4*s.chunk, 4*T, st); err != nil {
+		return nil, err
+	}
+	if err := c.EmbedBF16(s.x, d.embed, s.tok, T, D, hc, st); err != nil {
+		return nil, err
+	}
+	for l, b := range d.layers {
+		if err := s.layer(c, b, s.layers[l], l, T, p0); err != nil {
+			return nil, fmt.Errorf("layer %d: %w", l, err)
+		}
+		if s.layerHook != nil {
+			X := make([]float32, T*hc*D)
+			if err := c.CopyFloatsFromDevice(X, s.x); err != nil {
+				return nil, err
+			}
+			s.layerHook(l, X)
+		}
+	}
+	s.pos += T
+	if rows == 0 {
+		return nil, c.Sync(st)
+	}
+	first := T - rows
+	xs := off(s.x, first*hc*D)
+	eps := float32(cfg.NormEps)
+	if err := c.HCHeadPre(s.pre, xs, &d.hcHead, rows, st); err != nil {
+		return nil, err
+	}
+	if err := c.HCCollapse(s.a, xs, s.pre, hc, D, rows, st); err != nil {
+		return nil, err
+	}
+	if err := c.RMSNorm(s.a, s.a, d.norm, rows, D, eps, st); err != nil {
+		return nil, err
+	}
+	if err := c.Linear(d.head, s.logits, s.a, rows, st); err != nil {
+		return nil, err
+	}
+	out := make([]float32, rows*cfg.VocabSize)
+	if err := c.CopyFloatsFromDevice(out, s.logits); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// errs runs steps in order and returns the first error.
+func errs(steps ...func() error) error {
+	for _, f := range steps {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// layer runs decoder block b on s.x [T, hc, D] (the result replaces s.x).
+func (s *DeviceSession) layer(c *cuda.Ctx, b *devBlock, ls *devLayerState, l, T, p0 int) error {
+	cfg := s.m.Cfg
+	D, hc := cfg.Dim, cfg.HCMult
+	eps := float32(cfg.NormEps)
+	st := c.Stream()
+	if err := errs(
+		func() error { return c.HCMix(s.pre, s.post, s.comb, s.x, &b.hcAttn, T, st) },
+		func() error { return c.HCCollapse(s.a, s.x, s.pre, hc, D, T, st) },
+		func() error { return c.RMSNorm(s.a, s.a, b.attnNorm, T, D, eps, st) },
+	); err != nil {
+		return err
+	}
+	if err := s.attention(c, b, ls, T, p0); err != nil {
+		return err
+	}
+	if err := errs(
+		func() error { return c.HCExpand(s.xmid, s.x, s.attnOut, s.post, s.comb, hc, D, T, st) },
+		func() error { return c.HCMix(s.pre, s.post, s.comb, s.xmid, &b.hcFFN, T, st) },
+		func() error { return c.HCCollapse(s.a, s.xmid, s.pre, hc, D, T, st) },
+		func() error { return c.RMSNorm(s.a, s.a, b.ffnNorm, T, D, eps, st) },
+	); err != nil {
+		return err
+	}
+	if err := s.moe(c, b, l, T, p0); err != nil {
+		return err
+	}
+	return c.HCExpand(s.x, s.xmid, s.moeOut, s.post, s.comb, hc, D, T, st)
+}
+
+// attention is §4.4 for the chunk's T queries (input s.a, output s.attnOut).
+func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T, p0 int) error {
+	m, d := s.m, s.d
+	cfg := m.Cfg
+	st := c.Stream()
+	D, H, hd := cfg.Dim, cfg.NHeads, cfg.HeadDim
+	eps := float32(cfg.NormEps)
+	nf := d.nfreq
+	freq := d.freqPlain
+	if b.ratio > 0 {
+		freq = d.freqCompress
+	}
+	_ = D
+	if err := errs(
+		// Query path.
+		func() error { return c.Linear(b.wqA, s.qlat, s.a, T, st) },
+		func() error { return c.RMSNorm(s.qlat, s.qlat, b.qNorm, T, cfg.QLoraRank, eps, st) },
+		func() error { return c.Linear(b.wqB, s.q, s.qlat, T, st) },
+		func() error { return c.RMSNorm(s.q, s.q, 0, T*H, hd, eps, st) },
+		func() error { return c.RoPE(s.q, s.posBuf, freq, T, H*hd, hd, nf, false, st) },
+		// Window KV into the ring.
+		func() error { return c.Linear(b.wkv, s.kv, s.a, T, st) },
+		func() error { return c.RMSNorm(s.kv, s.kv, b.kvNorm, T, hd, eps, st) },
+		func() error { return c.RoPE(s.kv, s.posBuf, freq, T, hd, hd, nf, false, st) },
+		func() error {
+			start := p0 % ls.ringRows
+			n1 := min(T, ls.ringRows-start)
+			if err := c.CopyAsync(off(ls.ring, start*hd), s.kv, 4*n1*hd, st); err != nil {
+				return err
+			}
+			if n1 < T {
+				return c.CopyAsync(ls.ring, off(s.kv, n1*hd), 4*(T-n1)*hd, st)
+			}
+			return nil
+		},
+	); err != nil {
+		return err
+	}
+	var idx cuda.DevicePtr
+	if b.icomp != nil {
+		IH, ID := cfg.IndexNHeads, cfg.IndexHeadDim
+		sc := float32(1 / math.Sqrt(float64(ID)) / math.Sqrt(float64(IH)))
+		R := b.icomp.ratio
+		if err := errs(
+			func() error { return c.Linear(b.idxWqB, s.qi, s.qlat, T, st) },
+			func() error { return c.RoPE(s.qi, s.posBuf, freq, T, IH*ID, ID, nf, false, st) },
+			func() error { return c.Linear(b.idxProj, s.wts, s.a, T, st) },
+			func() error { return c.Scale(s.wts, sc, T*IH, st) },
+			func() error { return s.compStep(c, b.icomp, ls.icomp, T, p0, freq) },
+			func() error {
+				return d.fwd.IndexScores(c, s.scores, s.qi, s.wts, ls.icomp.entries, p0, T, R, IH, ID, s.entries, st)
+			},
+		); err != nil {
+			return err
+		}
+		for i := range T {
+			n := (p0 + i + 1) / R
+			if n == 0 {
+				continue
+			}
+			if err := c.TopK(off(s.idx, i*s.topk), off(s.scores, i*s.entries), n, min(s.topk, n), st); err != nil {
+				return err
+			}
+		}
+		idx = s.idx
+		if s.selHook != nil {
+			if err := s.reportSelections(c, b, T, p0, R); err != nil {
+				return err
+			}
+		}
+	}
+	var comp cuda.DevicePtr
+	maxKeys := cfg.Window
+	if b.comp != nil {
+		if err := s.compStep(c, b.comp, ls.comp, T, p0, freq); err != nil {
+			return err
+		}
+		comp = ls.comp.entries
+		if b.kind == config.CSA {
+			maxKeys += s.topk
+		} else {
+			maxKeys += s.limit / b.comp.ratio
+		}
+	}
+	return errs(
+		func() error {
+			return d.fwd.AttentionRing(c, cuda.AttnParams{O: s.o, Q: s.q, Ring: ls.ring, Comp: comp, Idx: idx, Sinks: b.sink,
+				RingRows: ls.ringRows, Window: cfg.Window, P0: p0, T: T, Ratio: b.ratio, IdxStride: s.topk, TopK: s.topk,
+				Heads: H, Dim: hd, MaxKeys: maxKeys, Scale: float32(1 / math.Sqrt(float64(hd)))}, st)
+		},
+		func() error { return c.RoPE(s.o, s.posBuf, freq, T, H*hd, hd, nf, true, st) },
+		func() error { return c.GroupedLinear(b.woA, s.u, s.o, T, cfg.OGroups, st) },
+		func() error { return c.Linear(b.woB, s.attnOut, s.u, T, st) },
+	)
+}
+
+// compStep stores the chunk's compressor rows (κ = wkv·a, z = wgate·a + ape)
+// and closes the windows that end inside the chunk.
+func (s *DeviceSession) compStep(c *cuda.Ctx, cp *devComp, cs *devCompState, T, p0 int, freq cuda.DevicePtr) error {
+	st := c.Stream()
+	w := cp.c * cp.dw
+	R := cp.ratio
+	e0, e1 := p0/R, (p0+T)/R
+	return errs(
+		func() error { return c.Linear(cp.wkv, s.cin, s.a, T, st) },
+		func() error { return c.Linear(cp.wgate, s.zin, s.a, T, st) },
+		func() error {
+			return s.d.fwd.CompStore(c, cs.ringKV, cs.ringZ, s.cin, s.zin, cp.ape, p0, T, R, cs.rows, w, st)
+		},
+		func() error {
+			return s.d.fwd.CompClose(c, cuda.CompCloseParams{Out: cs.entries, RingKV: cs.ringKV, RingZ: cs.ringZ, RingRows: cs.rows,
+				Ratio: R, Width: w, DW: cp.dw, Overlap: cp.c == 2, E0: e0, N: e1 - e0, Norm: cp.norm,
+				Eps: float32(s.m.Cfg.NormEps), Freq: freq, NFreq: s.d.nfreq}, st)
+		},
+	)
+}
+
+// reportSelections downloads the chunk's indexer selections for selHook.
+func (s *DeviceSession) reportSelections(c *cuda.Ctx, b *devBlock, T, p0, R int) error {
+	buf := make([]byte, 4*T*s.topk)
+	if err := c.CopyFromDevice(buf, s.idx); err != nil {
+		return err
+	}
+	sel := make([]int, 0, s.topk)
+	for i := range T {
+		n := min(s.topk, (p0+i+1)/R)
+		if n == 0 {
+			continue
+		}
+		sel = sel[:0]
+		for j := range n {
+			sel = append(sel, int(int32(binary.LittleEndian.Uint32(buf[4*(i*s.topk+j):]))))
+		}
+		s.selHook(b.layer, p0+i, sel)
+	}
+	return nil
+}
+
+// moe is §4.7 for the chunk (input s.a, output s.moeOut).
+func (s *DeviceSession) moe(c *cuda.Ctx, b *devBlock, l, T, p0 int) error {
+	m := s.m
+	cfg := m.Cfg
+	st := c.Stream()
+	D, E, K, I := cfg.Dim, cfg.NRoutedExperts, cfg.NActivatedExperts, cfg.MoEInterDim
+	limit := float32(cfg.SwigluLimit)
+	var hash cuda.DevicePtr
+	if b.hash {
+		if err := s.d.fwd.GatherI32(c, s.hash, b.tid2eid, s.tok, T, K, st); err != nil {
+			return err
+		}
+		hash = s.hash
+	}
+	if err := errs(
+		func() error { return c.Linear(b.gate, s.glog, s.a, T, st) },
+		func() error { return c.Route(s.ids, s.rw, s.glog, b.bias, hash, T, E, K, float32(cfg.RouteScale), st) },
+		func() error { return c.Memset(s.moeOut, 0, 4*T*D, st) },
+	); err != nil {
+		return err
+	}
+	if run := s.runs[l]; T == 1 && run != nil && m.routes == nil {
+		// Device-selected experts: no host round trip.
+		if err := errs(
+			func() error { return s.d.fwd.RunExperts13(c, run, s.ids, st) },
+			func() error { return c.SwiGLU(s.eh, s.eg, s.eu, s.rw, K, I, limit, st) },
+			func() error { return s.d.fwd.RunExperts2(c, run, st) },
+			func() error { return s.d.fwd.AddRows(c, s.moeOut, s.ey, K, D, st) },
+		); err != nil {
+			return err
+		}
+	} else if err := s.moeHost(c, b, T, p0); err != nil {
+		return err
+	}
+	if b.shared == nil {
+		return nil
+	}
+	Is := I * cfg.NSharedExperts
+	return errs(
+		func() error { return c.Linear(b.shared.w1, s.eg, s.a, T, st) },
+		func() error { return c.Linear(b.shared.w3, s.eu, s.a, T, st) },
+		func() error { return c.SwiGLU(s.eh, s.eg, s.eu, 0, T, Is, 0, st) },
+		func() error { return c.Linear(b.shared.w2, s.ey, s.eh, T, st) },
+		func() error { return c.Axpy(s.moeOut, s.ey, 1, T*D, st) },
+	)
+}
+
+// moeHost downloads the routing, records it (Options.Routes), and runs each
+// used expert, in index order, on the rows routed to it.
+func (s *DeviceSession) moeHost(c *cuda.Ctx, b *devBlock, T, p0 int) error {
+	m := s.m
+	cfg := m.Cfg
+	st := c.Stream()
+	D, E, K, I := cfg.Dim, cfg.NRoutedExperts, cfg.NActivatedExperts, cfg.MoEInterDim
+	limit := float32(cfg.SwigluLimit)
+	idsB := make([]byte, 4*T*K)
+	wts := make([]float32, T*K)
+	if err := c.CopyFromDevice(idsB, s.ids); err != nil { // synchronises the stream
+		return err
+	}
+	if err := c.CopyFloatsFromDevice(wts, s.rw); err != nil {
+		return err
+	}
+	ids := make([]int, T*K)
+	for i := range ids {
+		ids[i] = int(int32(binary.LittleEndian.Uint32(idsB[4*i:])))
+		if ids[i] < 0 || ids[i] >= E {
+			return fmt.Errorf("router chose expert %d (token %d), want 0..%d", ids[i], i/K, E-1)
+		}
+	}
+	if m.routes != nil {
+		for i := range T {
+			m.routes.RecordRoute(p0+i, b.layer, ids[i*K:(i+1)*K], wts[i*K:(i+1)*K])
+		}
+	}
+	// Rows and weights grouped by expert (index order), packed in one upload.
+	start := make([]int, E+1)
+	for _, e := range ids {
+		start[e+1]++
+	}
+	for e := range E {
+		start[e+1] += start[e]
+	}
+	fill := append([]int(nil), start[:E]...)
+	rows := make([]int32, T*K)
+	rw := make([]float32, T*K)
+	for i := range T {
+		for k := range K {
+			e := ids[i*K+k]
+			rows[fill[e]] = int32(i)
+			rw[fill[e]] = wts[i*K+k]
+			fill[e]++
+		}
+	}
+	// The stream is idle (the download above synchronised it), so the
+	// synchronous copies cannot race with kernels reading these buffers.
+	if err := c.CopyToDevice(s.rows, unsafe.Slice((*byte)(unsafe.Pointer(&rows[0])), 4*len(rows))); err != nil {
+		return err
+	}
+	if err := c.CopyFloatsToDevice(s.roww, rw); err != nil {
+		return err
+	}
+	for e := range E {
+		// A segment has distinct rows (a hash row naming an expert twice
+		// puts the same token twice in a row: it starts a new segment), so
+		// its scatter-add has no conflicting writes.
+		for a := start[e]; a < start[e+1]; {
+			z := a + 1
+			for z < start[e+1] && rows[z] != rows[z-1] {
+				z++
+			}
+			n := z - a
+			x := b.experts[e]
+			r, w := off(s.rows, a), off(s.roww, a)
+			if err := errs(
+				func() error { return s.d.fwd.GatherRows(c, s.xe, s.a, r, n, D, st) },
+				func() error { return c.Linear(x.w1, s.eg, s.xe, n, st) },
+				func() error { return c.Linear(x.w3, s.eu, s.xe, n, st) },
+				func() error { return c.SwiGLU(s.eh, s.eg, s.eu, w, n, I, limit, st) },
+				func() error { return c.Linear(x.w2, s.ey, s.eh, n, st) },
+				func() error { return s.d.fwd.ScatterAdd(c, s.moeOut, s.ey, r, n, D, st) },
+			); err != nil {
+				return fmt.Errorf("expert %d: %w", e, err)
+			}
+			a = z
+		}
+	}
+	return nil
+}

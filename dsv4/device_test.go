@@ -1,0 +1,475 @@
+package dsv4
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"moxie/checkpoint"
+	"moxie/compute/cpu"
+	"moxie/compute/cuda"
+)
+
+// The device tests compare the GPU-resident forward pass (DeviceSession) with
+// the CPU Session on the same checkpoint, and with the oracle's golden logits.
+// They skip when no GPU is usable (cuda.Open fails). Run from the package
+// directory (testdata/ is read relative to it), e.g. on the GPU machine:
+//
+//	cd dsv4 && ../.carry/dsv4.test -test.run Device -test.v
+
+var testDevice struct {
+	once sync.Once
+	d    *cuda.Device
+	err  error
+}
+
+// deviceForTest opens GPU 0 once per test binary (never closed: the process
+// exit releases it).
+func deviceForTest(t testing.TB) *cuda.Device {
+	t.Helper()
+	testDevice.once.Do(func() { testDevice.d, testDevice.err = cuda.Open(0) })
+	if testDevice.err != nil {
+		t.Skipf("no GPU: %v", testDevice.err)
+	}
+	return testDevice.d
+}
+
+// loadDeviceModel loads spec with Options.Device set (plus opts).
+func loadDeviceModel(t testing.TB, spec string, opts Options) *Model {
+	t.Helper()
+	dev := deviceForTest(t)
+	src, err := checkpoint.Open(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Close() })
+	be := cpu.New(2)
+	t.Cleanup(be.Close)
+	opts.Backend, opts.Device = be, dev
+	t0 := time.Now()
+	m, err := Load(src, opts)
+	if err != nil {
+		t.Fatalf("Load(%s) with a device: %v", spec, err)
+	}
+	t.Cleanup(func() { m.Close() })
+	t.Logf("%s on %s: %d bytes of weights resident, loaded in %v", spec, dev.Info(), m.DeviceBytes(), time.Since(t0).Round(time.Millisecond))
+	return m
+}
+
+func newDeviceSession(t testing.TB, m *Model) *DeviceSession {
+	t.Helper()
+	s, err := m.NewDeviceSession()
+	if err != nil {
+		t.Fatalf("NewDeviceSession: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// runSchedule feeds toks to run in chunks (PrefillAll each) and returns all logits.
+func runSchedule(t testing.TB, prefillAll func([]int) ([]float32, error), toks []int, chunks []int) []float32 {
+	t.Helper()
+	var out []float32
+	at := 0
+	for _, n := range chunks {
+		l, err := prefillAll(toks[at : at+n])
+		if err != nil {
+			t.Fatalf("chunk [%d, %d): %v", at, at+n, err)
+		}
+		out = append(out, l...)
+		at += n
+	}
+	return out
+}
+
+// decodeSchedule is one prefill of n tokens, then one decode step per token.
+func decodeSchedule(total, n int) []int {
+	s := []int{n}
+	for range total - n {
+		s = append(s, 1)
+	}
+	return s
+}
+
+// compareDevice checks every position's logits: max|a−b|/max|b| ≤ tol and
+// the same argmax; it logs the worst error and lists the first failures.
+func compareDevice(t *testing.T, what string, got, want []float32, V int, tol float64) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d logits from the device, want %d (%d positions)", what, len(got), len(want), len(want)/V)
+	}
+	worst, bad := 0.0, 0
+	for i := 0; i < len(want)/V; i++ {
+		a, b := got[i*V:(i+1)*V], want[i*V:(i+1)*V]
+		r := maxRel(a, b)
+		if r > worst || r != r {
+			worst = r
+		}
+		if r > tol || r != r || argmax(a) != argmax(b) {
+			bad++
+			if bad <= 10 {
+				t.Errorf("%s: position %d: max|dev-ref|/max|ref| = %.3g (limit %.0g), argmax %d vs %d", what, i, r, tol, argmax(a), argmax(b))
+			}
+		}
+	}
+	if bad > 10 {
+		t.Errorf("%s: %d positions failed in all", what, bad)
+	}
+	t.Logf("%s: worst per-position relative error %.3g over %d positions", what, worst, len(want)/V)
+}
+
+// diagnoseLayers reruns toks as one prefill on both sides with layer hooks
+// and logs how far the device's streams are from the CPU's after each layer
+// (the first layer that diverges localises a failure).
+func diagnoseLayers(t *testing.T, mc, md *Model, toks []int) {
+	t.Helper()
+	var cpuX, devX [][]float32
+	cs := mc.NewSession()
+	cs.layerHook = func(l int, X []float32) { cpuX = append(cpuX, append([]float32(nil), X...)) }
+	if _, err := cs.PrefillAll(toks); err != nil {
+		t.Logf("diagnosis: CPU prefill: %v", err)
+		return
+	}
+	ds, err := md.NewDeviceSession()
+	if err != nil {
+		t.Logf("diagnosis: %v", err)
+		return
+	}
+	defer ds.Close()
+	ds.layerHook = func(l int, X []float32) { devX = append(devX, append([]float32(nil), X...)) }
+	if _, err := ds.PrefillAll(toks); err != nil {
+		t.Logf("diagnosis: device prefill: %v", err)
+		return
+	}
+	c := mc.Cfg
+	n := c.HCMult * c.Dim
+	for l := range min(len(cpuX), len(devX)) {
+		first := -1
+		for i := 0; i < len(toks) && i*n < len(cpuX[l]); i++ {
+			if maxRel(devX[l][i*n:(i+1)*n], cpuX[l][i*n:(i+1)*n]) > 1e-4 {
+				first = i
+				break
+			}
+		}
+		t.Logf("diagnosis: layer %d (%v, ratio %d, hash %v): streams max rel diff %.3g, first position above 1e-4: %d",
+			l, c.Kind(l), c.Ratio(l), c.HashRouted(l), maxRel(devX[l], cpuX[l]), first)
+	}
+}
+
+// selections runs toks through a session's hook and returns layer → pos → sorted selection.
+func recordSelections(set func(func(layer, pos int, sel []int))) map[int]map[int][]int {
+	out := map[int]map[int][]int{}
+	set(func(l, p int, sel []int) {
+		if out[l] == nil {
+			out[l] = map[int][]int{}
+		}
+		out[l][p] = slices.Sorted(slices.Values(sel))
+	})
+	return out
+}
+
+// TestDeviceTiny compares the device forward pass with the CPU one on
+// synth:tiny (every block type: window, CSA with indexer top-4, HCA ratio 8,
+// hash and score routing, shared expert) for prefill, chunked prefill,
+// decode after prefill and pure decode, and the indexer's selections.
+func TestDeviceTiny(t *testing.T) {
+	md := loadDeviceModel(t, "synth:tiny", Options{})
+	src, err := checkpoint.Open("synth:tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	mc := loadTiny(t, src)
+	V := mc.Cfg.VocabSize
+	toks := testTokens(40, V, 11)
+	cpuFull, err := mc.NewSession().PrefillAll(toks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name   string
+		chunks []int
+	}{
+		{"prefill40", []int{40}},
+		{"chunked 13+11+16", []int{13, 11, 16}},
+		{"prefill17 then decode", decodeSchedule(40, 17)},
+		{"decode only", decodeSchedule(40, 1)},
+		{"chunks 3+5+8+1+23", []int{3, 5, 8, 1, 23}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			// The CPU reference with the same schedule (its chunkings agree
+			// with each other to 1e-5: TestPrefillChunkDecodeAgree).
+			cs := mc.NewSession()
+			want := runSchedule(t, cs.PrefillAll, toks, tc.chunks)
+			ds := newDeviceSession(t, md)
+			got := runSchedule(t, ds.PrefillAll, toks, tc.chunks)
+			if ds.Pos() != len(toks) || ds.Len() != len(toks) {
+				t.Errorf("Pos %d, Len %d after %d tokens", ds.Pos(), ds.Len(), len(toks))
+			}
+			compareDevice(t, "device vs CPU", got, want, V, 1e-4)
+			compareDevice(t, "device vs CPU single prefill", got, cpuFull, V, 1e-4)
+			if t.Failed() {
+				diagnoseLayers(t, mc, md, toks)
+			}
+		})
+	}
+	t.Run("prefill last row", func(t *testing.T) {
+		ds := newDeviceSession(t, md)
+		got, err := ds.Prefill(toks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		compareDevice(t, "Prefill", got, cpuFull[(len(toks)-1)*V:], V, 1e-4)
+	})
+	t.Run("indexer selections", func(t *testing.T) {
+		cs := mc.NewSession()
+		want := recordSelections(func(f func(int, int, []int)) { cs.selHook = f })
+		if _, err := cs.PrefillAll(toks); err != nil {
+			t.Fatal(err)
+		}
+		ds := newDeviceSession(t, md)
+		got := recordSelections(func(f func(int, int, []int)) { ds.selHook = f })
+		runSchedule(t, ds.PrefillAll, toks, decodeSchedule(len(toks), 9))
+		n := 0
+		for l, byPos := range want {
+			for p, sel := range byPos {
+				n++
+				if !slices.Equal(got[l][p], sel) {
+					t.Errorf("layer %d position %d: device selected %v, CPU %v", l, p, got[l][p], sel)
+				}
+			}
+		}
+		if n == 0 {
+			t.Fatal("the CPU session reported no indexer selections")
+		}
+		t.Logf("%d selections compared", n)
+	})
+	t.Run("generate.Model", func(t *testing.T) {
+		seq, err := md.NewSequence()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer seq.Close()
+		if _, ok := seq.(*DeviceSession); !ok {
+			t.Fatalf("NewSequence returned %T, want *DeviceSession", seq)
+		}
+		if md.MaxContext() != DefaultDeviceContext {
+			t.Errorf("MaxContext %d, want the device context %d", md.MaxContext(), DefaultDeviceContext)
+		}
+		if _, err := seq.(*DeviceSession).Prefill([]int{V}); err == nil || !strings.Contains(err.Error(), "vocabulary") {
+			t.Errorf("token %d (outside the vocabulary): error %v", V, err)
+		}
+	})
+}
+
+// TestDeviceLong runs 300 tokens through a device model with small chunks
+// (MaxChunk 64, so the window ring and the compressor rings wrap many times
+// and HCA/CSA windows close inside and across chunks; top-4 of up to 75
+// entries) against the CPU, then checks the context limit.
+func TestDeviceLong(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long sequence")
+	}
+	md := loadDeviceModel(t, "synth:tiny", Options{MaxChunk: 64, DeviceContext: 320})
+	src, err := checkpoint.Open("synth:tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	mc := loadTiny(t, src)
+	V := mc.Cfg.VocabSize
+	toks := testTokens(300, V, 3)
+	for _, tc := range []struct {
+		name   string
+		chunks []int
+	}{
+		{"prefill200 then decode", decodeSchedule(300, 200)},
+		{"odd chunks", []int{1, 63, 64, 65, 7, 100}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want := runSchedule(t, mc.NewSession().PrefillAll, toks, tc.chunks)
+			ds := newDeviceSession(t, md)
+			got := runSchedule(t, ds.PrefillAll, toks, tc.chunks)
+			compareDevice(t, "device vs CPU", got, want, V, 1e-4)
+			if t.Failed() {
+				diagnoseLayers(t, mc, md, toks[:64])
+			}
+		})
+	}
+	t.Run("context limit", func(t *testing.T) {
+		ds := newDeviceSession(t, md)
+		if _, err := ds.Prefill(toks[:300]); err != nil {
+			t.Fatal(err)
+		}
+		_, err := ds.Prefill(toks[:21])
+		if err == nil || !strings.Contains(err.Error(), "context of 320") {
+			t.Errorf("21 tokens at position 300 of a 320-token device context: error %v, want one naming the context", err)
+		}
+	})
+}
+
+// TestDeviceGoldenTiny compares the device forward pass with the oracle's
+// golden logits (testdata/golden/tiny, as TestGoldenTiny does for the CPU):
+// max|a−b|/max|b| ≤ 1e-4 and the same argmax per position, and the indexer's
+// selections.
+func TestDeviceGoldenTiny(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(goldenDir, "cases.json"))
+	if err != nil {
+		t.Skipf("no golden files (run from the dsv4 directory): %v", err)
+	}
+	md := loadDeviceModel(t, "synth:tiny", Options{})
+	V := md.Cfg.VocabSize
+	cases, err := parseGoldenCases(raw, V)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, gc := range cases {
+		t.Run(gc.Name, func(t *testing.T) {
+			T := len(gc.Tokens)
+			want := loadGolden(t, gc.Logits, T, V)
+			s := newDeviceSession(t, md)
+			sels := map[string]map[string][]int{}
+			s.selHook = func(l, pos int, sel []int) {
+				k := fmt.Sprint(l)
+				if sels[k] == nil {
+					sels[k] = map[string][]int{}
+				}
+				sels[k][fmt.Sprint(pos)] = slices.Sorted(slices.Values(sel))
+			}
+			got := runSchedule(t, s.PrefillAll, gc.Tokens, gc.schedule())
+			compareLogits(t, "device cached", got, want, V)
+			if gc.UncachedLogits != "" {
+				compareLogits(t, "device vs uncached", got, loadGolden(t, gc.UncachedLogits, T, V), V)
+			}
+			compareSelections(t, gc.Name, sels)
+		})
+	}
+}
+
+// TestDeviceRejects checks the load-time errors of the device path.
+func TestDeviceRejects(t *testing.T) {
+	dev := deviceForTest(t)
+	src, err := checkpoint.Open("synth:tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	be := cpu.New(1)
+	defer be.Close()
+	_, err = Load(src, Options{Backend: be, Device: dev, Experts: failingExperts{}})
+	if err == nil || !strings.Contains(err.Error(), "Experts") {
+		t.Errorf("Options.Experts with Options.Device: error %v, want one naming Experts", err)
+	}
+	m, err := Load(src, Options{Backend: be})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.NewDeviceSession(); err == nil {
+		t.Error("NewDeviceSession on a model loaded without a device succeeded")
+	}
+}
+
+var deviceBench struct {
+	once sync.Once
+	m    *Model
+	err  error
+}
+
+// benchDeviceModel loads $MOXIE_DEVICE_BENCH (default synth:flash?layers=2:
+// the exact V4-Flash widths, 2 window layers with hash routing, all 256
+// experts per layer resident) once per test binary, with an 8192-token
+// device context.
+func benchDeviceModel(b *testing.B) *Model {
+	dev := deviceForTest(b)
+	deviceBench.once.Do(func() {
+		spec := os.Getenv("MOXIE_DEVICE_BENCH")
+		if spec == "" {
+			spec = "synth:flash?layers=2"
+		}
+		src, err := checkpoint.Open(spec)
+		if err != nil {
+			deviceBench.err = err
+			return
+		}
+		t0 := time.Now()
+		deviceBench.m, deviceBench.err = Load(src, Options{Device: dev, DeviceContext: 8192})
+		if deviceBench.err == nil {
+			fmt.Fprintf(os.Stderr, "benchmark model %s: %d bytes on %s, loaded in %v\n", spec, deviceBench.m.DeviceBytes(), dev.Info(), time.Since(t0).Round(time.Second))
+		}
+	})
+	if deviceBench.err != nil {
+		b.Fatal(deviceBench.err)
+	}
+	return deviceBench.m
+}
+
+// BenchmarkDeviceDecode measures one device decode step (batch 1) after a
+// 16-token prefill; bytes per op are the weight bytes one step reads
+// (dense + top-k routed experts + head), so MB/s compares with HBM bandwidth.
+func BenchmarkDeviceDecode(b *testing.B) {
+	m := benchDeviceModel(b)
+	s, err := m.NewDeviceSession()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Prefill(testTokens(16, m.Cfg.VocabSize, 1)); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(decodeBytes(m))
+	n := 0
+	t0 := time.Now()
+	b.ResetTimer()
+	for b.Loop() {
+		if s.Pos() >= s.Limit() {
+			b.StopTimer()
+			s.Close()
+			if s, err = m.NewDeviceSession(); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := s.Prefill(testTokens(16, m.Cfg.VocabSize, 1)); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+		}
+		if _, err := s.Decode(s.Pos()*7919%m.Cfg.VocabSize + 3); err != nil {
+			b.Fatal(err)
+		}
+		n++
+	}
+	b.ReportMetric(float64(n)/time.Since(t0).Seconds(), "tok/s")
+	b.ReportMetric(float64(decodeBytes(m)), "bytes/token")
+}
+
+// BenchmarkDevicePrefill measures a prefill of $MOXIE_DEVICE_PREFILL tokens
+// (default 4096) on a fresh device session (last-position logits).
+func BenchmarkDevicePrefill(b *testing.B) {
+	m := benchDeviceModel(b)
+	n := 4096
+	if v := os.Getenv("MOXIE_DEVICE_PREFILL"); v != "" {
+		if _, err := fmt.Sscan(v, &n); err != nil || n < 1 {
+			b.Fatalf("MOXIE_DEVICE_PREFILL=%q", v)
+		}
+	}
+	toks := testTokens(n, m.Cfg.VocabSize, 2)
+	var d time.Duration
+	for b.Loop() {
+		s, err := m.NewDeviceSession()
+		if err != nil {
+			b.Fatal(err)
+		}
+		t0 := time.Now()
+		if _, err := s.Prefill(toks); err != nil {
+			b.Fatal(err)
+		}
+		d += time.Since(t0)
+		s.Close()
+	}
+	b.ReportMetric(float64(n*b.N)/d.Seconds(), "tok/s")
+}

@@ -28,34 +28,41 @@ var v4Shapes = []struct {
 }
 
 type benchRow struct {
-	Name    string  `json:"name"`
-	Format  string  `json:"format"`
-	Rows    int     `json:"rows"`
-	Cols    int     `json:"cols"`
-	Batch   int     `json:"batch"`
-	Variant string  `json:"variant"`
-	Copies  int     `json:"copies"`
-	Bytes   int     `json:"weight_bytes"`
-	US      float64 `json:"us_median"`
-	USMin   float64 `json:"us_min"`
-	GBps    float64 `json:"gbps"`
-	PctHBM  float64 `json:"pct_hbm_read"`
+	Name    string `json:"name"`
+	Format  string `json:"format"`
+	Rows    int    `json:"rows"`
+	Cols    int    `json:"cols"`
+	Batch   int    `json:"batch"`
+	Variant string `json:"variant"`
+	Kernel  string `json:"kernel"`
+	Grid    int    `json:"grid_blocks"`
+	Block   int    `json:"block_threads"`
+	// Matrices is the number of projections in one multi launch (0: single).
+	Matrices int     `json:"matrices,omitempty"`
+	Copies   int     `json:"copies"`
+	Bytes    int     `json:"weight_bytes"`
+	US       float64 `json:"us_median"`
+	USMin    float64 `json:"us_min"`
+	GBps     float64 `json:"gbps"`
+	PctHBM   float64 `json:"pct_hbm_read"`
 }
 
 type benchReport struct {
-	Device       string     `json:"device"`
-	When         string     `json:"when"`
-	HBMReadGBps  float64    `json:"hbm_read_gbps"`
-	HBMBytes     int64      `json:"hbm_read_bytes"`
-	CompileMS    float64    `json:"linear_module_compile_ms"`
-	FromCache    bool       `json:"linear_module_from_cache"`
-	Linear       []benchRow `json:"linear"`
-	GraphKernels int        `json:"graph_kernels"`
-	PlainUSPerK  float64    `json:"plain_launch_us_per_kernel"`
-	PlainHostUS  float64    `json:"plain_launch_host_us_per_kernel"`
-	GraphUSPerK  float64    `json:"graph_us_per_kernel"`
-	GraphHostUS  float64    `json:"graph_launch_host_us"`
-	Notes        []string   `json:"notes"`
+	Device         string     `json:"device"`
+	When           string     `json:"when"`
+	HBMReadGBps    float64    `json:"hbm_read_gbps"`
+	HBMBytes       int64      `json:"hbm_read_bytes"`
+	CompileMS      float64    `json:"linear_module_compile_ms"`
+	FromCache      bool       `json:"linear_module_from_cache"`
+	BenchCompileMS float64    `json:"linear_bench_module_compile_ms"`
+	BenchFromCache bool       `json:"linear_bench_module_from_cache"`
+	Linear         []benchRow `json:"linear"`
+	GraphKernels   int        `json:"graph_kernels"`
+	PlainUSPerK    float64    `json:"plain_launch_us_per_kernel"`
+	PlainHostUS    float64    `json:"plain_launch_host_us_per_kernel"`
+	GraphUSPerK    float64    `json:"graph_us_per_kernel"`
+	GraphHostUS    float64    `json:"graph_launch_host_us"`
+	Notes          []string   `json:"notes"`
 }
 
 func median(v []float64) float64 {
@@ -162,11 +169,18 @@ func BenchmarkV4(b *testing.B) {
 	err := dev.Do(func(c *Ctx) error {
 		var err error
 		t0 := time.Now()
-		if lin, err = c.Module("linear", linearSrc); err != nil {
+		if lin, err = c.linearModule(); err != nil {
 			return err
 		}
 		rep.CompileMS = float64(time.Since(t0).Microseconds()) / 1000
 		rep.FromCache = lin.FromCache
+		t0 = time.Now()
+		bm, err := c.linearBenchModule()
+		if err != nil {
+			return err
+		}
+		rep.BenchCompileMS = float64(time.Since(t0).Microseconds()) / 1000
+		rep.BenchFromCache = bm.FromCache
 		spin, err = lin.Kernel("spin")
 		return err
 	})
@@ -209,34 +223,7 @@ func BenchmarkV4(b *testing.B) {
 		}
 	})
 
-	type variant struct {
-		name string
-		v    LinearVariant
-	}
-	W := WidthWide
-	b1Variants := []variant{
-		{"auto", LinearVariant{}}, {"bits", LinearVariant{Decode: DecodeBits}},
-		{"r2u8", LinearVariant{RB: 2, U: 8}}, {"r4u4", LinearVariant{RB: 4, U: 4}},
-		{"kw1", LinearVariant{KW: 1}}, {"kw2", LinearVariant{KW: 2}}, {"kw4", LinearVariant{KW: 4}}, {"kw8", LinearVariant{KW: 8}},
-		{"wide", LinearVariant{Width: W}}, {"wide_bits", LinearVariant{Width: W, Decode: DecodeBits}},
-		{"wide_u4", LinearVariant{Width: W, U: 4}}, {"wide_u1", LinearVariant{Width: W, U: 1}}, {"wide_r4", LinearVariant{Width: W, RB: 4}},
-		{"wide_kw1", LinearVariant{Width: W, KW: 1}}, {"wide_kw2", LinearVariant{Width: W, KW: 2}},
-		{"wide_kw4", LinearVariant{Width: W, KW: 4}}, {"wide_kw8", LinearVariant{Width: W, KW: 8}},
-	}
-	bnVariants := map[int][]variant{
-		4: {{"auto", LinearVariant{}}, {"bits", LinearVariant{Decode: DecodeBits}}, {"r4u4", LinearVariant{RB: 4, U: 4}},
-			{"wide", LinearVariant{Width: W}}, {"wide_bits", LinearVariant{Width: W, Decode: DecodeBits}}, {"wide_r4", LinearVariant{Width: W, RB: 4}}},
-		16: {{"auto", LinearVariant{}}, {"bits", LinearVariant{Decode: DecodeBits}}, {"r4u4", LinearVariant{RB: 4, U: 4}},
-			{"wide", LinearVariant{Width: W}}, {"wide_bits", LinearVariant{Width: W, Decode: DecodeBits}}},
-	}
 	quick := os.Getenv("MOXIE_BENCH_QUICK") != ""
-	if quick {
-		P := WidthPersist
-		b1Variants = []variant{{"auto", LinearVariant{}}, {"wide_r4", LinearVariant{Width: W, RB: 4}},
-			{"persist", LinearVariant{Width: P}}, {"persist_bits", LinearVariant{Width: P, Decode: DecodeBits}},
-			{"persist_rb1", LinearVariant{Width: P, RB: 1}}}
-		bnVariants = map[int][]variant{4: {{"auto", LinearVariant{}}, {"persist", LinearVariant{Width: P}}}}
-	}
 	rng := rand.New(rand.NewPCG(42, 7))
 	for _, sh := range v4Shapes {
 		if quick && sh.f == compute.BF16 {
@@ -245,17 +232,10 @@ func BenchmarkV4(b *testing.B) {
 		d := randomWeight(rng, sh.f, sh.rows, sh.cols)
 		bytes := len(d.Data) + len(d.Scale)
 		copies := max(2, (5*dev.Info().L2Bytes+bytes-1)/bytes)
-		for _, batch := range []int{1, 4, 16} {
-			if quick && batch == 16 {
-				continue
-			}
-			vs := b1Variants
-			if batch > 1 {
-				vs = bnVariants[batch]
-			}
-			for _, v := range vs {
-				if sh.f == compute.BF16 && (v.v.Decode == DecodeBits || v.v.Width == WidthWide) {
-					continue // one kernel family only
+		for _, batch := range []int{1, 4} {
+			for _, v := range benchVariantList() {
+				if !benchVariantFor(v, sh.f, batch, quick) {
+					continue
 				}
 				name := fmt.Sprintf("%s_%s_%dx%d_b%d_%s", sh.name, sh.f, sh.rows, sh.cols, batch, v.name)
 				b.Run(name, func(b *testing.B) {
@@ -314,8 +294,12 @@ func BenchmarkV4(b *testing.B) {
 							return err
 						}
 						us := median(ts)
+						p, err := planLinear(sh.f, sh.rows, sh.cols, 128, 1, batch, v.v, c.d.info.SMs)
+						if err != nil {
+							return err
+						}
 						row := benchRow{Name: sh.name, Format: sh.f.String(), Rows: sh.rows, Cols: sh.cols, Batch: batch,
-							Variant: v.name, Copies: copies, Bytes: bytes, US: us, USMin: slices.Min(ts),
+							Variant: v.name, Kernel: p.name, Grid: int(p.grid.X), Block: int(p.block.X), Copies: copies, Bytes: bytes, US: us, USMin: slices.Min(ts),
 							GBps: float64(bytes) / (us * 1e3)}
 						if rep.HBMReadGBps > 0 {
 							row.PctHBM = 100 * row.GBps / rep.HBMReadGBps
@@ -350,16 +334,10 @@ func BenchmarkV4(b *testing.B) {
 		bytes := len(d.Data) + len(d.Scale)
 		sets := max(2, (5*dev.Info().L2Bytes+mu.n*bytes-1)/(mu.n*bytes))
 		for _, batch := range []int{1, 4} {
-			if quick && batch > 1 {
-				continue
-			}
-			mvs := []variant{{"auto", LinearVariant{}}, {"bits", LinearVariant{Decode: DecodeBits}},
-				{"wide", LinearVariant{Width: W}}, {"wide_bits", LinearVariant{Width: W, Decode: DecodeBits}},
-				{"persist", LinearVariant{Width: WidthPersist}}, {"persist_bits", LinearVariant{Width: WidthPersist, Decode: DecodeBits}}}
-			if quick {
-				mvs = []variant{mvs[0], mvs[1], mvs[4], mvs[5]}
-			}
-			for _, v := range mvs {
+			for _, v := range multiVariantList() {
+				if !multiVariantApplies(v.v, compute.MXFP4, batch) || quick && !v.quick {
+					continue
+				}
 				name := fmt.Sprintf("%s_mxfp4_%dx%dx%d_b%d_%s", mu.name, mu.n, mu.rows, mu.cols, batch, v.name)
 				b.Run(name, func(b *testing.B) {
 					err := dev.Do(func(c *Ctx) error {
@@ -424,7 +402,7 @@ func BenchmarkV4(b *testing.B) {
 						}
 						us := median(ts)
 						row := benchRow{Name: mu.name, Format: "mxfp4", Rows: mu.rows, Cols: mu.cols, Batch: batch,
-							Variant: fmt.Sprintf("x%d_%s", mu.n, v.name), Copies: sets, Bytes: ms[0].Bytes(), US: us, USMin: slices.Min(ts),
+							Variant: v.name, Kernel: ms[0].Kernel(), Grid: int(ms[0].grid.X * ms[0].grid.Y), Block: int(ms[0].block.X), Matrices: mu.n, Copies: sets, Bytes: ms[0].Bytes(), US: us, USMin: slices.Min(ts),
 							GBps: float64(ms[0].Bytes()) / (us * 1e3)}
 						if rep.HBMReadGBps > 0 {
 							row.PctHBM = 100 * row.GBps / rep.HBMReadGBps
@@ -537,12 +515,110 @@ func BenchmarkV4(b *testing.B) {
 
 func printReport(b *testing.B, r *benchReport) {
 	b.Logf("device %s", r.Device)
-	b.Logf("linear module: %.1f ms (from cache: %v)", r.CompileMS, r.FromCache)
+	b.Logf("linear modules: default %.1f ms (from cache: %v), bench %.1f ms (from cache: %v)", r.CompileMS, r.FromCache, r.BenchCompileMS, r.BenchFromCache)
 	b.Logf("HBM read (8 GiB, median of 21): %.0f GB/s", r.HBMReadGBps)
-	b.Logf("%-10s %-9s %-12s %5s %-6s %7s %9s %8s %6s", "shape", "format", "rows x cols", "batch", "var", "copies", "us (med)", "GB/s", "%HBM")
+	b.Logf("%-13s %-8s %-11s %2s %-12s %8s %6s %5s  %s", "shape", "format", "rows x cols", "b", "variant", "us(med)", "GB/s", "%HBM", "kernel grid x block")
 	for _, x := range r.Linear {
-		b.Logf("%-10s %-9s %-12s %5d %-6s %7d %9.2f %8.0f %6.1f", x.Name, x.Format, fmt.Sprintf("%dx%d", x.Rows, x.Cols), x.Batch, x.Variant, x.Copies, x.US, x.GBps, x.PctHBM)
+		shape := fmt.Sprintf("%dx%d", x.Rows, x.Cols)
+		if x.Matrices > 0 {
+			shape = fmt.Sprintf("%dx%s", x.Matrices, shape)
+		}
+		b.Logf("%-13s %-8s %-11s %2d %-12s %8.2f %6.0f %5.1f  %s %dx%d", x.Name, x.Format, shape, x.Batch, x.Variant, x.US, x.GBps, x.PctHBM, x.Kernel, x.Grid, x.Block)
 	}
 	b.Logf("%d tiny launches: plain %.2f us/kernel on the device (host %.2f us/launch), graph %.2f us/kernel (host %.1f us per graph launch)",
 		r.GraphKernels, r.PlainUSPerK, r.PlainHostUS, r.GraphUSPerK, r.GraphHostUS)
+}
+
+// namedVariant is a LinearVariant with the name the tests and benchmarks
+// report; quick marks the ones MOXIE_BENCH_QUICK keeps.
+type namedVariant struct {
+	name  string
+	v     LinearVariant
+	quick bool
+}
+
+// benchVariantList is every single-matrix variant BenchmarkV4 may run:
+// the default (narrow) and the best earlier ones, then the vec family.
+func benchVariantList() []namedVariant {
+	W, V := WidthWide, WidthVec
+	return []namedVariant{
+		{"narrow", LinearVariant{}, true},
+		{"narrow_bits", LinearVariant{Decode: DecodeBits}, false},
+		{"narrow_kw8", LinearVariant{KW: 8}, false},
+		{"narrow_r4", LinearVariant{RB: 4, U: 4}, false},
+		{"wide", LinearVariant{Width: W}, false},
+		{"wide_r4", LinearVariant{Width: W, RB: 4}, true},
+		{"vec", LinearVariant{Width: V}, true},
+		{"vec_bits", LinearVariant{Width: V, Decode: DecodeBits}, true},
+		{"vec_hint", LinearVariant{Width: V, Hint: 1}, true},
+		{"vec_u2", LinearVariant{Width: V, U: 2}, false},
+		{"vec_u4", LinearVariant{Width: V, U: 4}, false},
+		{"vec_u8", LinearVariant{Width: V, U: 8}, false},
+		{"vec_bps1", LinearVariant{Width: V, Blocks: 1}, false},
+		{"vec_bps3", LinearVariant{Width: V, Blocks: 3}, false},
+		{"vec_bps4", LinearVariant{Width: V, Blocks: 4}, false},
+	}
+}
+
+// variantApplies reports whether v has kernels for format f at batch tile
+// pow2ceil(nb) (the instantiation lists of kernels/linear.cu).
+func variantApplies(v LinearVariant, f compute.Format, nb int) bool {
+	NB := pow2ceil(nb)
+	wideFmt := f == compute.FP8Block || f == compute.MXFP4 || f == compute.MXFP8
+	switch {
+	case v.Hint != 0:
+		return (f == compute.FP8Block || f == compute.MXFP4) && NB == 1
+	case v.Width == WidthVec && v.Decode == DecodeBits && NB <= maxVecNB:
+		return f == compute.MXFP4 || f == compute.FP8Block && NB == 1 || !wideFmt
+	case v.RB == 4:
+		return (f == compute.FP8Block || f == compute.MXFP4 || f == compute.BF16) && (NB == 1 || NB == 4)
+	}
+	return true
+}
+
+// benchVariantFor reports whether BenchmarkV4 runs v for a format and batch:
+// BF16 (the LM head) runs the narrow family only; the load hint only at
+// batch 1; the vec shape sweeps only at batch 1 and 4 for FP8 and MXFP4.
+func benchVariantFor(v namedVariant, f compute.Format, batch int, quick bool) bool {
+	if quick && !v.quick || !variantApplies(v.v, f, batch) {
+		return false
+	}
+	if f == compute.BF16 {
+		return v.v.Width == WidthAuto && v.v.Decode == DecodeAuto
+	}
+	if batch > 1 {
+		switch v.name {
+		case "narrow_kw8", "wide", "vec_bps1", "vec_bps3", "vec_bps4":
+			return false
+		}
+	}
+	return true
+}
+
+// multiVariantList is every multi-projection variant BenchmarkV4 and
+// TestMultiLinear run.
+func multiVariantList() []namedVariant {
+	V := WidthVec
+	return []namedVariant{
+		{"narrow", LinearVariant{}, true},
+		{"narrow_bits", LinearVariant{Decode: DecodeBits}, true},
+		{"vec", LinearVariant{Width: V}, true},
+		{"vec_bits", LinearVariant{Width: V, Decode: DecodeBits}, true},
+		{"vec_hint", LinearVariant{Width: V, Hint: 1}, true},
+		{"vec_u2", LinearVariant{Width: V, U: 2}, false},
+		{"vec_u8", LinearVariant{Width: V, U: 8}, false},
+		{"vec_bps4", LinearVariant{Width: V, Blocks: 4}, false},
+	}
+}
+
+// multiVariantApplies is variantApplies for multi-projection kernels.
+func multiVariantApplies(v LinearVariant, f compute.Format, nb int) bool {
+	NB := pow2ceil(nb)
+	switch {
+	case v.Hint != 0:
+		return f == compute.MXFP4 && NB == 1
+	case v.Width == WidthVec && v.Decode == DecodeBits && NB <= maxVecNB:
+		return f != compute.FP8Block
+	}
+	return true
 }

@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -203,21 +202,6 @@ func TestCacheReadWrite(t *testing.T) {
 	}
 }
 
-func TestPersistSource(t *testing.T) {
-	src, err := persistSource()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{"struct LinArgs", "e8m0(", "struct Dec<FMT_MXFP4", "linear_persist", "LINP_NB(mxfp4"} {
-		if !strings.Contains(src, want) {
-			t.Errorf("persist module source lacks %q", want)
-		}
-	}
-	if strings.Contains(src, "void linear_fast(") {
-		t.Error("persist module source includes the linear kernels")
-	}
-}
-
 func TestCompliance(t *testing.T) {
 	dev := testDevice(t)
 	t.Logf("device: %s", dev.Info())
@@ -247,20 +231,21 @@ func TestLinearShapes(t *testing.T) {
 		{compute.FP8Block, 100, 512, 1, 64}, {compute.FP8Block, 100, 480, 1, 96}, // fast / generic (non-power-of-two block)
 		{compute.MXFP4, 66, 2080, 1, 0}, {compute.MXFP8, 34, 2064, 1, 0}, // wide kernels' tail chunk
 	}
-	variants := map[string]LinearVariant{
-		"cvt": {Decode: DecodeCvt}, "bits": {Decode: DecodeBits}, "generic": {Generic: true},
-		"wide": {Width: WidthWide}, "wide_bits": {Width: WidthWide, Decode: DecodeBits},
-		"persist": {Width: WidthPersist}, "persist_bits": {Width: WidthPersist, Decode: DecodeBits},
-		"persist_rb1": {Width: WidthPersist, RB: 1},
-	}
+	variants := testLinearVariants()
 	var maxErr = map[string]float64{}
 	err := dev.Do(func(c *Ctx) error {
 		t0 := time.Now()
-		m, err := c.Module("linear", linearSrc)
+		m, err := c.linearModule()
 		if err != nil {
 			return err
 		}
 		t.Logf("linear module: from cache %v, NVRTC %v, load %v", m.FromCache, m.CompileTime, time.Since(t0))
+		t0 = time.Now()
+		bm, err := c.linearBenchModule()
+		if err != nil {
+			return err
+		}
+		t.Logf("linear_bench module: from cache %v, NVRTC %v, load %v", bm.FromCache, bm.CompileTime, time.Since(t0))
 		a, err := c.NewArena(512 << 20)
 		if err != nil {
 			return err
@@ -268,7 +253,11 @@ func TestLinearShapes(t *testing.T) {
 		defer c.ReleaseArena(a)
 		for i, tc := range cases {
 			for _, batch := range []int{1, 2, 3, 5, 16, 19} {
-				for vname, v := range variants {
+				for _, nv := range variants {
+					vname, v := nv.name, nv.v
+					if !variantApplies(v, tc.f, min(batch, maxNB)) || batch > maxNB && !variantApplies(v, tc.f, batch-maxNB) {
+						continue
+					}
 					name := fmt.Sprintf("%s_%dx%d_g%d_blk%d_b%d_%s", tc.f, tc.rows, tc.cols, tc.groups, tc.block, batch, vname)
 					rng := rand.New(rand.NewPCG(uint64(i), uint64(batch)))
 					block := tc.block
@@ -333,7 +322,7 @@ func TestLinearShapes(t *testing.T) {
 func TestGraph(t *testing.T) {
 	dev := testDevice(t)
 	err := dev.Do(func(c *Ctx) error {
-		m, err := c.Module("linear", linearSrc)
+		m, err := c.linearModule()
 		if err != nil {
 			return err
 		}
@@ -443,16 +432,7 @@ func TestPinnedRoundTrip(t *testing.T) {
 // inputs and outputs) against the float64 reference, per decoder.
 func TestMultiLinear(t *testing.T) {
 	dev := testDevice(t)
-	sets := []struct {
-		f     compute.Format
-		shape [][2]int
-	}{
-		{compute.MXFP4, [][2]int{{64, 4096}, {130, 512}, {2, 1032}, {64, 4096}}},
-		{compute.MXFP4, [][2]int{{64, 4096}, {130, 512}, {2, 2080}}},
-		{compute.FP8Block, [][2]int{{256, 1024}, {40, 2048}, {130, 132}}},
-		{compute.FP8Block, [][2]int{{256, 1024}, {40, 2048}, {130, 144}}},
-		{compute.BF16, [][2]int{{100, 516}, {32, 64}}},
-	}
+	sets := multiTestSets()
 	err := dev.Do(func(c *Ctx) error {
 		a, err := c.NewArena(256 << 20)
 		if err != nil {
@@ -461,8 +441,11 @@ func TestMultiLinear(t *testing.T) {
 		defer c.ReleaseArena(a)
 		for si, set := range sets {
 			for _, batch := range []int{1, 3, 16} {
-				for _, v := range []LinearVariant{{Decode: DecodeCvt}, {Decode: DecodeBits}, {Width: WidthWide}, {Width: WidthWide, Decode: DecodeBits},
-					{Width: WidthPersist}, {Width: WidthPersist, Decode: DecodeBits}} {
+				for _, nv := range multiVariantList() {
+					v := nv.v
+					if !multiVariantApplies(v, set.f, batch) {
+						continue
+					}
 					rng := rand.New(rand.NewPCG(uint64(si), uint64(batch)))
 					var ws []*DeviceWeight
 					var ys, xs []DevicePtr
@@ -519,6 +502,38 @@ func TestMultiLinear(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// testLinearVariants is the variants TestLinearShapes checks (each where
+// variantApplies): every family and decoder, and the vec tile shapes.
+func testLinearVariants() []namedVariant {
+	V := WidthVec
+	return []namedVariant{
+		{"cvt", LinearVariant{Decode: DecodeCvt}, true}, {"bits", LinearVariant{Decode: DecodeBits}, true},
+		{"generic", LinearVariant{Generic: true}, true}, {"wide", LinearVariant{Width: WidthWide}, true},
+		{"vec", LinearVariant{Width: V}, true}, {"vec_bits", LinearVariant{Width: V, Decode: DecodeBits}, true},
+		{"vec_hint", LinearVariant{Width: V, Hint: 1}, true}, {"vec_u2", LinearVariant{Width: V, U: 2}, true},
+		{"vec_u4", LinearVariant{Width: V, U: 4}, true}, {"vec_u8", LinearVariant{Width: V, U: 8}, true},
+		{"vec_bps1", LinearVariant{Width: V, Blocks: 1}, true},
+	}
+}
+
+// multiTestSets is the projection sets TestMultiLinear checks.
+func multiTestSets() []struct {
+	f     compute.Format
+	shape [][2]int
+} {
+	return []struct {
+		f     compute.Format
+		shape [][2]int
+	}{
+		{compute.MXFP4, [][2]int{{64, 4096}, {130, 512}, {2, 1032}, {64, 4096}}},
+		{compute.MXFP4, [][2]int{{64, 4096}, {130, 512}, {2, 2080}}},
+		{compute.MXFP4, [][2]int{{2048, 4096}, {2048, 4096}, {66, 2080}}},
+		{compute.FP8Block, [][2]int{{256, 1024}, {40, 2048}, {130, 132}}},
+		{compute.FP8Block, [][2]int{{256, 1024}, {40, 2048}, {130, 144}}},
+		{compute.BF16, [][2]int{{100, 516}, {32, 64}}},
 	}
 }
 

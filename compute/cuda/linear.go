@@ -11,25 +11,105 @@ import (
 	"moxie/compute"
 )
 
-var (
-	//go:embed kernels/linear.cu
-	linearSrc string
-	//go:embed kernels/persist.cu
-	persistOnlySrc string
-)
+//go:embed kernels/linear.cu
+var linearSrc string
 
-// persistSource returns the persistent kernels' module source: linear.cu's
-// definitions (everything before linear_fast) followed by persist.cu.
-func persistSource() (string, error) {
-	i := strings.Index(linearSrc, "template <int FMT, int NB, int RB, int U, int DEC>\n__device__ __forceinline__ void linear_fast")
-	if i < 0 {
-		return "", fmt.Errorf("cuda: kernels/linear.cu has no linear_fast template to split its definitions at")
+// LinearSource returns the CUDA source of the linear kernels: the whole of
+// kernels/linear.cu, both modules' sections (nvcc compiles it as one unit).
+func LinearSource() string { return linearSrc }
+
+// LinearModuleSources returns the sources of the two linear modules: def, the
+// default module (every kernel LinearVariant{} can launch, plus the utility
+// kernels), compiled on first use of any linear function; bench, the other
+// variants, compiled only when one of them is first launched.
+func LinearModuleSources() (def, bench string, err error) {
+	sec := map[string]string{}
+	name := ""
+	var b strings.Builder
+	flush := func() error {
+		if name == "" {
+			return nil
+		}
+		if _, dup := sec[name]; dup {
+			return fmt.Errorf("cuda: kernels/linear.cu has two %q sections", name)
+		}
+		sec[name] = b.String()
+		b.Reset()
+		return nil
 	}
-	return linearSrc[:i] + persistOnlySrc, nil
+	for line := range strings.Lines(linearSrc) {
+		if rest, ok := strings.CutPrefix(line, "//@module "); ok {
+			if err := flush(); err != nil {
+				return "", "", err
+			}
+			name = strings.TrimSpace(rest)
+			continue
+		}
+		if name != "" {
+			b.WriteString(line)
+		}
+	}
+	if err := flush(); err != nil {
+		return "", "", err
+	}
+	for _, n := range []string{"common", "linear", "bench"} {
+		if _, ok := sec[n]; !ok {
+			return "", "", fmt.Errorf("cuda: kernels/linear.cu lacks its %q section", n)
+		}
+	}
+	return sec["common"] + sec["linear"], sec["common"] + sec["bench"], nil
 }
 
-// LinearSource returns the CUDA source of the linear kernels' module.
-func LinearSource() string { return linearSrc }
+// linearModule returns the default linear module, compiling it on first use.
+func (c *Ctx) linearModule() (*Module, error) {
+	if c.d.linear == nil {
+		def, _, err := LinearModuleSources()
+		if err != nil {
+			return nil, err
+		}
+		m, err := c.Module("linear", def)
+		if err != nil {
+			return nil, err
+		}
+		c.d.linear = m
+	}
+	return c.d.linear, nil
+}
+
+// linearBenchModule returns the benchmark-variant module, compiling it on
+// first use (memoised by Module through its cache key).
+func (c *Ctx) linearBenchModule() (*Module, error) {
+	_, bench, err := LinearModuleSources()
+	if err != nil {
+		return nil, err
+	}
+	return c.Module("linear_bench", bench)
+}
+
+// linKernel returns the named linear kernel from the default module, or from
+// the benchmark module when the default one lacks it.
+func (c *Ctx) linKernel(name string) (*Kernel, error) {
+	key := linKey{suffix: name}
+	if k := c.d.linKernels[key]; k != nil {
+		return k, nil
+	}
+	m, err := c.linearModule()
+	if err != nil {
+		return nil, err
+	}
+	k, err := m.Kernel(name)
+	if err != nil {
+		bm, berr := c.linearBenchModule()
+		if berr != nil {
+			return nil, berr
+		}
+		if k, berr = bm.Kernel(name); berr != nil {
+			return nil, fmt.Errorf("cuda linear: no kernel %s in either linear module: %w", name, berr)
+		}
+	}
+	c.d.linKernels[key] = k
+	return k, nil
+}
 
 // DeviceWeight is a weight matrix resident in device memory in its stored
 // format (the bytes of compute.WeightData, uploaded unchanged).
@@ -105,18 +185,34 @@ func fmtInfo(f compute.Format) (name string, code int32, cpw int) {
 
 // LinearVariant picks a kernel shape; zero fields mean automatic.
 type LinearVariant struct {
-	RB int // rows per block: 1 or 2 (2 when the row count allows)
-	U  int // 32-word chunks each lane loads before use: 4 (8 for RB 1 in the benchmark set)
-	KW int // warps per block splitting a row's columns (1..8)
-	// Decode picks the E4M3 decoder of FP8Block, MXFP8 and MXFP4 weights:
+	// RB is the rows per block (narrow: 2, or 4 at batch tiles 1 and 4;
+	// wide: 2 or 4) or per warp tile (vec: 1, 2 or 4, with U = 8/RB).
+	RB int
+	// U is the 32-word chunks each lane loads per row before use (narrow: 4;
+	// wide: 2; vec: 2, 4 or 8, with RB = 8/U; automatic: the smallest that
+	// covers a row, at least 2).
+	U int
+	// KW is the warps per block splitting a row's columns (narrow and wide,
+	// 1..8).
+	KW int
+	// Decode picks the decoder of FP8Block, MXFP8 and MXFP4 weights:
 	// DecodeAuto, DecodeCvt (hardware f16x2 conversion) or DecodeBits
-	// (integer operations; maps the E4M3 NaN code to ±480 instead of NaN).
+	// (integer operations; maps the E4M3 NaN code to ±480 instead of NaN; in
+	// the vec family MXFP4 codes are placed straight into f16 bits instead).
 	Decode int
 	// Width picks the fast kernel family for FP8Block, MXFP8 and MXFP4:
-	// WidthAuto, WidthNarrow (4-byte words per lane) or WidthWide (16-byte
+	// WidthAuto, WidthNarrow (4-byte words per lane), WidthWide (16-byte
 	// words; needs columns a multiple of 16, or 32 for MXFP4, and FP8 blocks
-	// of at least 16). BF16 and F32 always use the narrow family.
+	// of at least 16) or WidthVec (persistent warps over 16-byte words, same
+	// shape rules as WidthWide, batch tiles up to 4: larger batches use the
+	// narrow family). BF16 and F32 always use the narrow family.
 	Width int
+	// Blocks is the vec family's blocks of 256 threads per SM in its grid
+	// (1..4; automatic: 2, the number the kernels are compiled to fit).
+	Blocks int
+	// Hint 1 loads the vec family's weights with ld.global.nc.L1::no_allocate
+	// .L2::256B instead of __ldg (batch tile 1, FP8Block and MXFP4 only).
+	Hint int
 	// Generic forces the element-wise kernel.
 	Generic bool
 }
@@ -126,23 +222,22 @@ const (
 	WidthAuto = iota
 	WidthNarrow
 	WidthWide
-	// WidthPersist: wide words, each warp walks a contiguous range of rows
-	// with the next chunk's loads in flight (same shape rules as WidthWide).
-	WidthPersist
+	WidthVec
 )
 
 // defaultWidth is the family WidthAuto selects where the shape allows it.
 const defaultWidth = WidthNarrow
 
-// wideOK reports whether w can use the wide kernels.
-func wideOK(w *DeviceWeight) bool {
-	switch w.Format {
+// wideOK reports whether a weight of this format, width and FP8 block edge
+// can use the 16-byte-word kernels (wide and vec families).
+func wideOK(f compute.Format, cols, block int) bool {
+	switch f {
 	case compute.FP8Block:
-		return w.Cols%16 == 0 && w.Block >= 16 && w.Block&(w.Block-1) == 0
+		return cols%16 == 0 && block >= 16 && block&(block-1) == 0
 	case compute.MXFP8:
-		return w.Cols%16 == 0
+		return cols%16 == 0
 	case compute.MXFP4:
-		return w.Cols%32 == 0
+		return cols%32 == 0
 	}
 	return false
 }
@@ -157,85 +252,11 @@ const (
 // defaultDecode is the decoder DecodeAuto selects.
 const defaultDecode = DecodeCvt
 
-func (c *Ctx) persistModule() (*Module, error) {
-	if c.d.persist == nil {
-		src, err := persistSource()
-		if err != nil {
-			return nil, err
-		}
-		m, err := c.Module("persist", src)
-		if err != nil {
-			return nil, err
-		}
-		c.d.persist = m
-	}
-	return c.d.persist, nil
-}
+// vecBlocks is the vec family's default blocks per SM (its kernels are
+// compiled with __launch_bounds__(256, 2)).
+const vecBlocks = 2
 
-// linearPersist launches the persistent kernels (wideOK(w) holds).
-func (c *Ctx) linearPersist(w *DeviceWeight, y, x DevicePtr, batch, groups int, v LinearVariant, dec int, s Stream) error {
-	m, err := c.persistModule()
-	if err != nil {
-		return err
-	}
-	name, code, _ := fmtInfo(w.Format)
-	a := linArgs{W: uint64(w.Data), S: uint64(w.Scale), Rows: int32(w.Rows), Cols: int32(w.Cols), Sdivr: 1, Sdivc: 1,
-		Rpg: int32(w.Rows / groups), Xstride: int32(groups * w.Cols), Ystride: int32(w.Rows)}
-	switch w.Format {
-	case compute.FP8Block:
-		a.Sdivr, a.Sdivc, a.Sstride = int32(w.Block), int32(w.Block), int32((w.Cols+w.Block-1)/w.Block)
-		a.Srshift = int32(bits.TrailingZeros(uint(w.Block)))
-		a.Scshift = a.Srshift
-	case compute.MXFP4, compute.MXFP8:
-		a.Sdivc, a.Sstride, a.Scshift = 32, int32((w.Cols+31)/32), 5
-	}
-	rpg := w.Rows / groups
-	warps := c.d.info.SMs * 32
-	rb := v.RB
-	if rb == 0 {
-		rb = 1
-		if rpg%2 == 0 && w.Rows/2 >= warps {
-			rb = 2
-		}
-	}
-	if rb != 1 && rb != 2 || rpg%rb != 0 {
-		return fmt.Errorf("cuda linear: persistent kernels take RB 1 or 2 dividing %d rows per group, not %d", rpg, rb)
-	}
-	d := 0
-	if dec == DecodeBits {
-		d = 1
-	}
-	G := (w.Rows + rb - 1) / rb
-	tw := min(G, warps)
-	for b0 := 0; b0 < batch; b0 += maxNB {
-		nb := min(batch-b0, maxNB)
-		NB := 1
-		for NB < nb {
-			NB *= 2
-		}
-		a.Batch = int32(nb)
-		a.X = uint64(x) + uint64(4*b0*groups*w.Cols)
-		a.Y = uint64(y) + uint64(4*b0*w.Rows)
-		dd := d
-		if NB > 1 {
-			dd = 0 // the integer decoder is instantiated for batch tile 1 only
-		}
-		key := linKey{code, NB, rb, 2, fmt.Sprint("linp", dd)}
-		k := c.d.linKernels[key]
-		if k == nil {
-			if k, err = m.Kernel(fmt.Sprintf("linp_%s_b%d_r%d_u2_d%d", name, NB, rb, dd)); err != nil {
-				return err
-			}
-			c.d.linKernels[key] = k
-		}
-		if err := c.Launch(k, Dim3{X: uint32((tw + 3) / 4)}, Dim3{X: 128}, 0, s, unsafe.Pointer(&a)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// linKey names one instantiated fast linear kernel.
+// linKey names one loaded linear kernel.
 type linKey struct {
 	format    int32
 	nb, rb, u int
@@ -244,6 +265,119 @@ type linKey struct {
 
 // maxNB is the largest batch one launch of the fast kernels takes.
 const maxNB = 16
+
+// maxVecNB is the largest batch tile of the vec family.
+const maxVecNB = 4
+
+// linPlan is one launch of a linear kernel.
+type linPlan struct {
+	name    string
+	grid    Dim3
+	block   Dim3
+	generic bool // linear_generic: takes the format code as a second argument
+}
+
+func pow2ceil(n int) int {
+	p := 1
+	for p < n {
+		p *= 2
+	}
+	return p
+}
+
+// vecShape returns the vec family's U and RB for rows of nw 16-byte words.
+func vecShape(v LinearVariant, nw int) (u, rb int, err error) {
+	u, rb = v.U, v.RB
+	switch {
+	case u == 0 && rb == 0:
+		u = min(max(pow2ceil((nw+31)/32), 2), 8)
+		rb = 8 / u
+	case u == 0:
+		u = 8 / max(rb, 1)
+	case rb == 0:
+		rb = 8 / max(u, 1)
+	}
+	if !(u == 2 && rb == 4 || u == 4 && rb == 2 || u == 8 && rb == 1) {
+		return 0, 0, fmt.Errorf("cuda linear: the vec family takes U, RB = 2, 4 or 4, 2 or 8, 1, not %d, %d", u, rb)
+	}
+	return u, rb, nil
+}
+
+// planLinear picks the kernel and launch shape of one launch of up to maxNB
+// batch rows (nb) of a [rows, cols] weight of format f (FP8 block edge
+// block) with groups input groups, on a device of sms multiprocessors. It
+// needs no device, so the kernels every variant can launch can be listed
+// (linear_compile_test.go checks they exist).
+func planLinear(f compute.Format, rows, cols, block, groups, nb int, v LinearVariant, sms int) (linPlan, error) {
+	name, _, cpw := fmtInfo(f)
+	if name == "" {
+		return linPlan{}, fmt.Errorf("cuda linear: unknown weight format %v", f)
+	}
+	rpg := rows / groups
+	pow2 := f != compute.FP8Block || block&(block-1) == 0
+	generic := v.Generic || cols%cpw != 0 || !pow2
+	width := v.Width
+	if width == WidthAuto {
+		width = defaultWidth
+	}
+	genericPlan := linPlan{name: "linear_generic", grid: Dim3{X: uint32((rows + 7) / 8)}, block: Dim3{X: 256}, generic: true}
+	if generic {
+		return genericPlan, nil
+	}
+	dec := v.Decode
+	if dec == DecodeAuto {
+		dec = defaultDecode
+	}
+	d := 0
+	if dec == DecodeBits && f != compute.BF16 && f != compute.F32 {
+		d = 1
+	}
+	NB := pow2ceil(nb)
+	wide := wideOK(f, cols, block)
+	if width == WidthVec && wide && NB <= maxVecNB {
+		nw := cols / (4 * cpw)
+		u, rb, err := vecShape(v, nw)
+		if err != nil {
+			return linPlan{}, err
+		}
+		if groups == 1 || rpg%rb == 0 {
+			bps := v.Blocks
+			if bps == 0 {
+				bps = vecBlocks
+			}
+			tiles := (rows + rb - 1) / rb
+			blocks := min(sms*bps, (tiles+7)/8)
+			return linPlan{name: fmt.Sprintf("linv_%s_b%d_r%d_u%d_d%d_h%d", name, NB, rb, u, d, v.Hint),
+				grid: Dim3{X: uint32(blocks)}, block: Dim3{X: 256}}, nil
+		}
+	}
+	rb := v.RB
+	if rb == 0 || width == WidthVec {
+		rb = 2
+	}
+	if rpg%rb != 0 && groups > 1 {
+		if v.RB == 0 || width == WidthVec {
+			return genericPlan, nil // a block's rows would span two x groups
+		}
+		return linPlan{}, fmt.Errorf("cuda linear: %d rows per group is not a multiple of RB %d", rpg, rb)
+	}
+	prefix, u, suffix := "linear", 4, fmt.Sprintf("_d%d", d)
+	if width == WidthWide && wide {
+		prefix, u, cpw = "linw", 2, 4*cpw
+	}
+	if v.U != 0 && width != WidthVec {
+		u = v.U
+	}
+	kw := v.KW
+	if kw == 0 {
+		blocks := (rows + rb - 1) / rb
+		target := sms * 48 // warps wanted in flight
+		kw = min(max((target+blocks-1)/blocks, 1), 8)
+		kw = min(kw, max((cols/cpw+32*u-1)/(32*u), 1))
+	}
+	return linPlan{name: fmt.Sprintf("%s_%s_b%d_r%d_u%d%s", prefix, name, NB, rb, u, suffix),
+		grid: Dim3{X: uint32((rows + rb - 1) / rb)}, block: Dim3{X: uint32(32 * kw)}}, nil
+}
 
 // Linear enqueues y[b, r] = Σ_c W[r, c]·x[b, c] on s for device buffers
 // x [batch, Cols] and y [batch, Rows] (float32).
@@ -257,111 +391,57 @@ func (c *Ctx) GroupedLinear(w *DeviceWeight, y, x DevicePtr, batch, groups int, 
 	return c.LinearWith(w, y, x, batch, groups, LinearVariant{}, s)
 }
 
+// linArgsFor returns the kernel arguments of w with x and y unset.
+func linArgsFor(w *DeviceWeight, groups int) linArgs {
+	a := linArgs{W: uint64(w.Data), S: uint64(w.Scale), Rows: int32(w.Rows), Cols: int32(w.Cols), Sdivr: 1, Sdivc: 1,
+		Rpg: int32(w.Rows / groups), Xstride: int32(groups * w.Cols), Ystride: int32(w.Rows)}
+	switch w.Format {
+	case compute.FP8Block:
+		a.Sdivr, a.Sdivc, a.Sstride = int32(w.Block), int32(w.Block), int32((w.Cols+w.Block-1)/w.Block)
+		if w.Block&(w.Block-1) == 0 {
+			a.Srshift = int32(bits.TrailingZeros(uint(w.Block)))
+			a.Scshift = a.Srshift
+		}
+	case compute.MXFP4, compute.MXFP8:
+		a.Sdivc, a.Sstride, a.Scshift = 32, int32((w.Cols+31)/32), 5
+	}
+	return a
+}
+
 // LinearWith is Linear/GroupedLinear with an explicit kernel variant.
+// Variants outside the default module compile the benchmark module on first
+// use; a variant with no kernel for the shape is an error naming the kernel.
 func (c *Ctx) LinearWith(w *DeviceWeight, y, x DevicePtr, batch, groups int, v LinearVariant, s Stream) error {
-	name, code, cpw := fmtInfo(w.Format)
-	if name == "" {
+	_, code, _ := fmtInfo(w.Format)
+	if code == 0 {
 		return fmt.Errorf("cuda linear: unknown weight format %v", w.Format)
 	}
 	if batch <= 0 || groups <= 0 || w.Rows%groups != 0 {
 		return fmt.Errorf("cuda linear: batch %d, groups %d for a [%d, %d] weight", batch, groups, w.Rows, w.Cols)
 	}
-	m := c.d.linear
-	if m == nil {
-		var err error
-		if m, err = c.Module("linear", linearSrc); err != nil {
+	a := linArgsFor(w, groups)
+	for b0 := 0; b0 < batch; {
+		nb := min(batch-b0, maxNB)
+		p, err := planLinear(w.Format, w.Rows, w.Cols, w.Block, groups, nb, v, c.d.info.SMs)
+		if err != nil {
 			return err
 		}
-		c.d.linear = m
-	}
-	a := linArgs{W: uint64(w.Data), S: uint64(w.Scale), X: uint64(x), Y: uint64(y),
-		Rows: int32(w.Rows), Cols: int32(w.Cols), Sdivr: 1, Sdivc: 1,
-		Rpg: int32(w.Rows / groups), Xstride: int32(groups * w.Cols), Ystride: int32(w.Rows)}
-	pow2 := true
-	switch w.Format {
-	case compute.FP8Block:
-		a.Sdivr, a.Sdivc, a.Sstride = int32(w.Block), int32(w.Block), int32((w.Cols+w.Block-1)/w.Block)
-		pow2 = w.Block&(w.Block-1) == 0
-		a.Srshift = int32(bits.TrailingZeros(uint(w.Block)))
-		a.Scshift = a.Srshift
-	case compute.MXFP4, compute.MXFP8:
-		a.Sdivc, a.Sstride, a.Scshift = 32, int32((w.Cols+31)/32), 5
-	}
-	rpg := w.Rows / groups
-	generic := v.Generic || w.Cols%cpw != 0 || !pow2
-	dec := v.Decode
-	if dec == DecodeAuto {
-		dec = defaultDecode
-	}
-	suffix := "_d0"
-	if dec == DecodeBits && (w.Format == compute.FP8Block || w.Format == compute.MXFP8 || w.Format == compute.MXFP4) {
-		suffix = "_d1"
-	}
-	width := v.Width
-	if width == WidthAuto {
-		width = defaultWidth
-	}
-	if width == WidthPersist && wideOK(w) && !generic {
-		return c.linearPersist(w, y, x, batch, groups, v, dec, s)
-	}
-	wide := width == WidthWide && wideOK(w)
-	prefix, defU := "linear", 4
-	if wide {
-		prefix, defU, cpw = "linw", 2, 4*cpw
-	}
-	for b0 := 0; b0 < batch; b0 += maxNB {
-		nb := min(batch-b0, maxNB)
+		k, err := c.linKernel(p.name)
+		if err != nil {
+			return err
+		}
 		a.Batch = int32(nb)
 		a.X = uint64(x) + uint64(4*b0*groups*w.Cols)
 		a.Y = uint64(y) + uint64(4*b0*w.Rows)
-		if generic {
-			k, err := m.Kernel("linear_generic")
-			if err != nil {
-				return err
-			}
-			if err := c.Launch(k, Dim3{X: uint32((w.Rows + 7) / 8)}, Dim3{X: 256}, 0, s, unsafe.Pointer(&a), unsafe.Pointer(&code)); err != nil {
-				return err
-			}
-			continue
+		if p.generic {
+			err = c.Launch(k, p.grid, p.block, 0, s, unsafe.Pointer(&a), unsafe.Pointer(&code))
+		} else {
+			err = c.Launch(k, p.grid, p.block, 0, s, unsafe.Pointer(&a))
 		}
-		NB := 1
-		for NB < nb {
-			NB *= 2
-		}
-		rb := v.RB
-		if rb == 0 {
-			rb = 1
-			if rpg%2 == 0 {
-				rb = 2
-			}
-		}
-		if rpg%rb != 0 {
-			return fmt.Errorf("cuda linear: %d rows per group is not a multiple of RB %d", rpg, rb)
-		}
-		u := v.U
-		if u == 0 {
-			u = defU
-		}
-		kw := v.KW
-		if kw == 0 {
-			blocks := (w.Rows + rb - 1) / rb
-			target := c.d.info.SMs * 48 // warps wanted in flight
-			kw = min(max((target+blocks-1)/blocks, 1), 8)
-			nw := w.Cols / cpw
-			kw = min(kw, max((nw+32*u-1)/(32*u), 1))
-		}
-		key := linKey{code, NB, rb, u, prefix + suffix}
-		k := c.d.linKernels[key]
-		if k == nil {
-			var err error
-			if k, err = m.Kernel(fmt.Sprintf("%s_%s_b%d_r%d_u%d%s", prefix, name, NB, rb, u, suffix)); err != nil {
-				return fmt.Errorf("no %s kernel for batch tile %d, RB %d, U %d: %w", name, NB, rb, u, err)
-			}
-			c.d.linKernels[key] = k
-		}
-		if err := c.Launch(k, Dim3{X: uint32((w.Rows + rb - 1) / rb)}, Dim3{X: uint32(32 * kw)}, 0, s, unsafe.Pointer(&a)); err != nil {
+		if err != nil {
 			return err
 		}
+		b0 += nb
 	}
 	return nil
 }
@@ -372,7 +452,8 @@ func (c *Ctx) LinearWith(w *DeviceWeight, y, x DevicePtr, batch, groups int, v L
 // table lives in device memory, so the launch can be captured in a graph.
 type MultiLinear struct {
 	args    DevicePtr
-	n       int
+	n       int32
+	vec     bool // vec kernel: takes the matrix count as a second argument
 	kernel  *Kernel
 	grid    Dim3
 	block   Dim3
@@ -382,9 +463,65 @@ type MultiLinear struct {
 // Bytes returns the stored bytes of all the launch's weights.
 func (m *MultiLinear) Bytes() int { return m.weights }
 
+// Kernel returns the name of the kernel the launch runs.
+func (m *MultiLinear) Kernel() string { return m.kernel.Name() }
+
+// planMulti picks the kernel and launch shape of a multi-projection launch
+// of weights of format f with the given shapes ([rows, cols] each, FP8 block
+// edge block) at batch (1..maxNB). Like planLinear it needs no device.
+func planMulti(f compute.Format, shapes [][2]int, block, batch int, v LinearVariant, sms int) (linPlan, bool, error) {
+	name, _, cpw := fmtInfo(f)
+	if name == "" || f == compute.F32 || f == compute.MXFP8 {
+		return linPlan{}, false, fmt.Errorf("cuda multi-linear: no multi kernel for %v weights", f)
+	}
+	maxRows, totalRows, maxCols := 0, 0, 0
+	wide := f != compute.BF16
+	for i, sh := range shapes {
+		if sh[0]%2 != 0 || sh[1]%cpw != 0 || (f == compute.FP8Block && block&(block-1) != 0) {
+			return linPlan{}, false, fmt.Errorf("cuda multi-linear: weight %d (%v [%d, %d]) does not fit a %v set (even rows, columns a multiple of %d)", i, f, sh[0], sh[1], f, cpw)
+		}
+		maxRows, totalRows, maxCols = max(maxRows, sh[0]), totalRows+sh[0], max(maxCols, sh[1])
+		wide = wide && wideOK(f, sh[1], block)
+	}
+	NB := pow2ceil(batch)
+	d := 0
+	if v.Decode == DecodeBits && f != compute.BF16 {
+		d = 1
+	}
+	width := v.Width
+	if width == WidthAuto {
+		width = defaultWidth
+	}
+	if width == WidthVec && wide && NB <= maxVecNB {
+		u, rb, err := vecShape(v, maxCols/(4*cpw))
+		if err != nil {
+			return linPlan{}, false, err
+		}
+		tiles := 0
+		for _, sh := range shapes {
+			tiles += (sh[0] + rb - 1) / rb
+		}
+		bps := v.Blocks
+		if bps == 0 {
+			bps = vecBlocks
+		}
+		return linPlan{name: fmt.Sprintf("linvmulti_%s_b%d_r%d_u%d_d%d_h%d", name, NB, rb, u, d, v.Hint),
+			grid: Dim3{X: uint32(min(sms*bps, (tiles+7)/8))}, block: Dim3{X: 256}}, true, nil
+	}
+	kw := v.KW
+	if kw == 0 {
+		blocks := totalRows / 2
+		kw = min(max((sms*48+blocks-1)/blocks, 1), 8)
+		kw = min(kw, max((shapes[0][1]/cpw+32*4-1)/(32*4), 1))
+	}
+	return linPlan{name: fmt.Sprintf("linmulti_%s_b%d_r2_u4_d%d", name, NB, d),
+		grid: Dim3{X: uint32(maxRows / 2), Y: uint32(len(shapes))}, block: Dim3{X: uint32(32 * kw)}}, false, nil
+}
+
 // PrepareMultiLinear validates the set (same format, even row counts, columns
 // a multiple of the decode width, batch <= 16) and uploads the argument table
 // into a. ys[i] and xs[i] are device buffers [batch, Rows_i] and [batch, Cols_i].
+// Width WidthVec takes batch <= 4 (larger batches use the narrow kernels).
 func (c *Ctx) PrepareMultiLinear(a *Arena, ws []*DeviceWeight, ys, xs []DevicePtr, batch int, v LinearVariant) (*MultiLinear, error) {
 	if len(ws) == 0 || len(ys) != len(ws) || len(xs) != len(ws) {
 		return nil, fmt.Errorf("cuda multi-linear: %d weights, %d outputs, %d inputs", len(ws), len(ys), len(xs))
@@ -393,95 +530,28 @@ func (c *Ctx) PrepareMultiLinear(a *Arena, ws []*DeviceWeight, ys, xs []DevicePt
 		return nil, fmt.Errorf("cuda multi-linear: batch %d, want 1..%d", batch, maxNB)
 	}
 	f := ws[0].Format
-	name, _, cpw := fmtInfo(f)
-	if name == "" || f == compute.F32 || f == compute.MXFP8 {
-		return nil, fmt.Errorf("cuda multi-linear: no multi kernel for %v weights", f)
-	}
+	shapes := make([][2]int, len(ws))
 	args := make([]linArgs, len(ws))
-	maxRows, totalRows, bytes := 0, 0, 0
+	bytes := 0
 	for i, w := range ws {
-		if w.Format != f || w.Rows%2 != 0 || w.Cols%cpw != 0 || (f == compute.FP8Block && w.Block&(w.Block-1) != 0) {
-			return nil, fmt.Errorf("cuda multi-linear: weight %d (%v [%d, %d]) does not fit a %v set (even rows, columns a multiple of %d)", i, w.Format, w.Rows, w.Cols, f, cpw)
+		if w.Format != f || w.Block != ws[0].Block {
+			return nil, fmt.Errorf("cuda multi-linear: weight %d is %v (block %d), the set is %v (block %d)", i, w.Format, w.Block, f, ws[0].Block)
 		}
-		la := linArgs{W: uint64(w.Data), S: uint64(w.Scale), X: uint64(xs[i]), Y: uint64(ys[i]),
-			Rows: int32(w.Rows), Cols: int32(w.Cols), Sdivr: 1, Sdivc: 1, Rpg: int32(w.Rows),
-			Xstride: int32(w.Cols), Ystride: int32(w.Rows), Batch: int32(batch)}
-		switch f {
-		case compute.FP8Block:
-			la.Sdivr, la.Sdivc, la.Sstride = int32(w.Block), int32(w.Block), int32((w.Cols+w.Block-1)/w.Block)
-			la.Srshift = int32(bits.TrailingZeros(uint(w.Block)))
-			la.Scshift = la.Srshift
-		case compute.MXFP4:
-			la.Sdivc, la.Sstride, la.Scshift = 32, int32((w.Cols+31)/32), 5
-		}
+		shapes[i] = [2]int{w.Rows, w.Cols}
+		la := linArgsFor(w, 1)
+		la.X, la.Y, la.Batch = uint64(xs[i]), uint64(ys[i]), int32(batch)
 		args[i] = la
-		maxRows = max(maxRows, w.Rows)
-		totalRows += w.Rows
 		bytes += w.Bytes
 	}
-	NB := 1
-	for NB < batch {
-		NB *= 2
-	}
-	dec := v.Decode
-	if dec == DecodeAuto {
-		dec = defaultDecode
-	}
-	suffix := "_d0"
-	if dec == DecodeBits && f != compute.BF16 {
-		suffix = "_d1"
-	}
-	mod := c.d.linear
-	if mod == nil {
-		var err error
-		if mod, err = c.Module("linear", linearSrc); err != nil {
-			return nil, err
-		}
-		c.d.linear = mod
-	}
-	width := v.Width
-	if width == WidthAuto {
-		width = defaultWidth
-	}
-	wide := width == WidthWide && f != compute.BF16
-	for _, w := range ws {
-		wide = wide && wideOK(w)
-	}
-	persist := width == WidthPersist && f != compute.BF16
-	for _, w := range ws {
-		persist = persist && wideOK(w)
-	}
-	kname, u := fmt.Sprintf("linmulti_%s_b%d_r2_u4%s", name, NB, suffix), 4
-	if wide {
-		kname, u, cpw = fmt.Sprintf("linmultiw_%s_b%d_r2_u2%s", name, NB, suffix), 2, 4*cpw
-	}
-	if persist {
-		pm, err := c.persistModule()
-		if err != nil {
-			return nil, err
-		}
-		mod = pm
-		d := 0
-		if suffix == "_d1" && NB == 1 {
-			d = 1
-		}
-		kname = fmt.Sprintf("linpmulti_%s_b%d_r2_u2_d%d", name, NB, d)
-	}
-	k, err := mod.Kernel(kname)
+	p, vec, err := planMulti(f, shapes, ws[0].Block, batch, v, c.d.info.SMs)
 	if err != nil {
 		return nil, err
 	}
-	kw := v.KW
-	if kw == 0 {
-		blocks := totalRows / 2
-		kw = min(max((c.d.info.SMs*48+blocks-1)/blocks, 1), 8)
-		kw = min(kw, max((ws[0].Cols/cpw+32*u-1)/(32*u), 1))
+	k, err := c.linKernel(p.name)
+	if err != nil {
+		return nil, err
 	}
-	m := &MultiLinear{n: len(ws), kernel: k, grid: Dim3{X: uint32(maxRows / 2), Y: uint32(len(ws))}, block: Dim3{X: uint32(32 * kw)}, weights: bytes}
-	if persist { // warps per matrix: a share of the chip, at most one per row pair
-		tw := min(maxRows/2, max(c.d.info.SMs*32/len(ws), 1))
-		m.grid.X, m.block.X = uint32((tw+3)/4), 128
-	}
+	m := &MultiLinear{n: int32(len(ws)), vec: vec, kernel: k, grid: p.grid, block: p.block, weights: bytes}
 	size := len(args) * int(unsafe.Sizeof(linArgs{}))
 	if m.args, err = a.Alloc(size); err != nil {
 		return nil, err
@@ -494,5 +564,8 @@ func (c *Ctx) PrepareMultiLinear(a *Arena, ws []*DeviceWeight, ys, xs []DevicePt
 
 // LaunchMultiLinear enqueues a prepared set on s.
 func (c *Ctx) LaunchMultiLinear(m *MultiLinear, s Stream) error {
+	if m.vec {
+		return c.Launch(m.kernel, m.grid, m.block, 0, s, unsafe.Pointer(&m.args), unsafe.Pointer(&m.n))
+	}
 	return c.Launch(m.kernel, m.grid, m.block, 0, s, unsafe.Pointer(&m.args))
 }

@@ -2,11 +2,21 @@
 // Weights are read in their stored formats straight from device memory and
 // decoded in registers; accumulation is float32. No headers: NVRTC needs none.
 //
-// Layout of the fast kernels: a block of KW warps owns RB consecutive rows;
+// The file has three sections, split by the "//@module" lines (compute/cuda
+// /linear.go): "common" (types, decoders, templates, macros; no kernels) is
+// part of both modules; "linear" is the default module, every kernel the
+// default variant (LinearVariant{}) can launch, compiled on a user's first
+// run; "bench" holds the variants only benchmarks and explicit LinearWith
+// variants use, compiled only when one of them is first asked for.
+// nvcc can compile the whole file as one unit.
+//
+// Narrow family (linear_*): a block of KW warps owns RB consecutive rows;
 // the row's words (4 or 8 columns each) are split over the KW warps in chunks
 // of 32*U words; every lane issues U*RB weight loads before using any (bytes
 // in flight), then reads x (float4, coalesced across the warp, L1-resident)
 // and accumulates. Partial sums are reduced by shuffles and shared memory.
+
+//@module common
 
 typedef unsigned char u8;
 typedef unsigned short u16;
@@ -239,49 +249,6 @@ __device__ __forceinline__ void linear_fast(const LinArgs &a) {
   LINM(FMTN, FMT, 1, RB, U, DEC, SUF) LINM(FMTN, FMT, 2, RB, U, DEC, SUF) LINM(FMTN, FMT, 4, RB, U, DEC, SUF) \
   LINM(FMTN, FMT, 8, RB, U, DEC, SUF) LINM(FMTN, FMT, 16, RB, U, DEC, SUF)
 
-LINM_NB(fp8, FMT_FP8, 2, 4, 0, _d0)
-LINM_NB(fp8, FMT_FP8, 2, 4, 1, _d1)
-LINM_NB(mxfp4, FMT_MXFP4, 2, 4, 0, _d0)
-LINM_NB(mxfp4, FMT_MXFP4, 2, 4, 1, _d1)
-LINM_NB(bf16, FMT_BF16, 2, 4, 0, _d0)
-
-// Suffix _d0: E4M3 decoded by the hardware conversion (cvt.f16x2.e4m3x2);
-// _d1: by integer operations (e4m3x4_bits). BF16 and F32 have one decoder.
-LIN_NB(fp8, FMT_FP8, 1, 4, 0, _d0)
-LIN_NB(fp8, FMT_FP8, 2, 4, 0, _d0)
-LIN_NB(fp8, FMT_FP8, 1, 4, 1, _d1)
-LIN_NB(fp8, FMT_FP8, 2, 4, 1, _d1)
-LIN_NB(mxfp8, FMT_MXFP8, 1, 4, 0, _d0)
-LIN_NB(mxfp8, FMT_MXFP8, 2, 4, 0, _d0)
-LIN_NB(mxfp8, FMT_MXFP8, 1, 4, 1, _d1)
-LIN_NB(mxfp8, FMT_MXFP8, 2, 4, 1, _d1)
-LIN_NB(mxfp4, FMT_MXFP4, 1, 4, 0, _d0)
-LIN_NB(mxfp4, FMT_MXFP4, 2, 4, 0, _d0)
-LIN_NB(mxfp4, FMT_MXFP4, 1, 4, 1, _d1)
-LIN_NB(mxfp4, FMT_MXFP4, 2, 4, 1, _d1)
-LIN_NB(bf16, FMT_BF16, 1, 4, 0, _d0)
-LIN_NB(bf16, FMT_BF16, 2, 4, 0, _d0)
-LIN_NB(f32, FMT_F32, 1, 4, 0, _d0)
-LIN_NB(f32, FMT_F32, 2, 4, 0, _d0)
-// Variants for the benchmark's comparison of loads in flight.
-LIN(fp8, FMT_FP8, 1, 2, 8, 0, _d0)
-LIN(fp8, FMT_FP8, 1, 4, 4, 0, _d0)
-LIN(fp8, FMT_FP8, 1, 2, 8, 1, _d1)
-LIN(fp8, FMT_FP8, 1, 4, 4, 1, _d1)
-LIN(mxfp4, FMT_MXFP4, 1, 2, 8, 0, _d0)
-LIN(mxfp4, FMT_MXFP4, 1, 4, 4, 0, _d0)
-LIN(mxfp4, FMT_MXFP4, 1, 2, 8, 1, _d1)
-LIN(mxfp4, FMT_MXFP4, 1, 4, 4, 1, _d1)
-LIN(bf16, FMT_BF16, 1, 2, 8, 0, _d0)
-LIN(bf16, FMT_BF16, 1, 4, 4, 0, _d0)
-// Four rows per block at batch 4 and 16: x is read once per four rows.
-LIN(fp8, FMT_FP8, 4, 4, 4, 0, _d0)
-LIN(fp8, FMT_FP8, 16, 4, 4, 0, _d0)
-LIN(mxfp4, FMT_MXFP4, 4, 4, 4, 0, _d0)
-LIN(mxfp4, FMT_MXFP4, 16, 4, 4, 0, _d0)
-LIN(bf16, FMT_BF16, 4, 4, 4, 0, _d0)
-LIN(bf16, FMT_BF16, 16, 4, 4, 0, _d0)
-
 // Wide variant: every lane loads 16-byte words (16 FP8 or 32 FP4 values; an
 // MXFP4 word is exactly one scale group), U per row ahead of use; full chunks
 // run without bounds checks, one guarded tail chunk follows. Each 32-bit
@@ -407,39 +374,198 @@ __device__ __forceinline__ void linear_wide(const LinArgs &a) {
   LINW(FMTN, FMT, 1, RB, U, DEC) LINW(FMTN, FMT, 2, RB, U, DEC) LINW(FMTN, FMT, 4, RB, U, DEC) \
   LINW(FMTN, FMT, 8, RB, U, DEC) LINW(FMTN, FMT, 16, RB, U, DEC)
 
-LINW_NB(fp8, FMT_FP8, 1, 2, 0)
-LINW_NB(fp8, FMT_FP8, 2, 2, 0)
-LINW_NB(mxfp8, FMT_MXFP8, 1, 2, 0)
-LINW_NB(mxfp8, FMT_MXFP8, 2, 2, 0)
-LINW_NB(mxfp4, FMT_MXFP4, 1, 2, 0)
-LINW_NB(mxfp4, FMT_MXFP4, 2, 2, 0)
-LINW_NB(fp8, FMT_FP8, 1, 2, 1)
-LINW_NB(fp8, FMT_FP8, 2, 2, 1)
-LINW_NB(mxfp8, FMT_MXFP8, 1, 2, 1)
-LINW_NB(mxfp8, FMT_MXFP8, 2, 2, 1)
-LINW_NB(mxfp4, FMT_MXFP4, 1, 2, 1)
-LINW_NB(mxfp4, FMT_MXFP4, 2, 2, 1)
-LINW(fp8, FMT_FP8, 1, 2, 4, 0)
-LINW(fp8, FMT_FP8, 1, 4, 2, 0)
-LINW(fp8, FMT_FP8, 1, 2, 1, 0)
-LINW(mxfp4, FMT_MXFP4, 1, 2, 4, 0)
-LINW(mxfp4, FMT_MXFP4, 1, 4, 2, 0)
-LINW(mxfp4, FMT_MXFP4, 1, 2, 1, 0)
-LINW(fp8, FMT_FP8, 4, 4, 2, 0)
-LINW(mxfp4, FMT_MXFP4, 4, 4, 2, 0)
+// Vec family (persistent warps): a warp owns a tile of RB whole rows and
+// walks them in chunks of 32*U 16-byte words per row, issuing all U*RB word
+// loads (and their scale bytes) of a chunk before decoding any; it reduces its
+// own accumulators with shuffles, writes, and moves on to the tile
+// gridDim*warps further (grid-stride), so blocks live for the whole launch and
+// there is no shared memory or barrier. The grid is sized on the host to the
+// blocks that fit on the chip at once. E8M0 scales are applied once per word
+// (a word never straddles a scale group) as an exponent built with integer
+// operations. Rows of a tile share one x group: RB divides the rows per group
+// or there is one group.
+//   FMT: FMT_FP8, FMT_MXFP8 or FMT_MXFP4; NB: batch tile (<= 4 here);
+//   DEC: 0 hardware E4M3 conversion (E2M1 via an E4M3 lookup), 1 integer
+//        E4M3 decoder / E2M1 placed straight into f16 bits;
+//   HINT: 0 __ldg, 1 ld.global.nc.L1::no_allocate.L2::256B (weights stream
+//         past L1, which then holds x only).
+__device__ __forceinline__ float e8m0_exp(u32 s) {
+  // 2^(s-127) as bits s<<23; s = 0 gives 2^-127 (0x00400000) and s = 255 NaN
+  // (0x7fc00000), as e8m0 defines them, without branches: ((s+1)&0xfe) == 0
+  // exactly for s in {0, 255}.
+  return __int_as_float((s << 23) | ((((s + 1u) & 0xfeu) == 0u) ? 0x00400000u : 0u));
+}
 
-#define LINMW(FMTN, FMT, NB, RB, U, DEC) \
-  extern "C" __global__ void __launch_bounds__(256) linmultiw_##FMTN##_b##NB##_r##RB##_u##U##_d##DEC(const LinArgs *__restrict__ all) { \
-    const LinArgs a = all[blockIdx.y]; \
-    if ((int)blockIdx.x * RB >= a.rows) return; \
-    linear_wide<FMT, NB, RB, U, DEC>(a); }
-#define LINMW_NB(FMTN, FMT, RB, U, DEC) \
-  LINMW(FMTN, FMT, 1, RB, U, DEC) LINMW(FMTN, FMT, 2, RB, U, DEC) LINMW(FMTN, FMT, 4, RB, U, DEC) \
-  LINMW(FMTN, FMT, 8, RB, U, DEC) LINMW(FMTN, FMT, 16, RB, U, DEC)
-LINMW_NB(mxfp4, FMT_MXFP4, 2, 2, 0)
-LINMW_NB(mxfp4, FMT_MXFP4, 2, 2, 1)
-LINMW_NB(fp8, FMT_FP8, 2, 2, 0)
-LINMW_NB(fp8, FMT_FP8, 2, 2, 1)
+template <int HINT> __device__ __forceinline__ uint4 ldw(const uint4 *p) {
+  if (HINT == 0) return __ldg(p);
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// Eight E2M1 codes (nibble i = element i) to floats times 2^-14: nibbles k
+// and k+4 become the two halves of one f16x2 (exponent and mantissa bits at
+// f16 bits 11..9, the sign at bit 15: E2M1's subnormal 0.5 lands on the f16
+// subnormal 2^-15), so every E2M1 value v decodes to v * 2^-14 exactly.
+__device__ __forceinline__ void e2m1x8_h(u32 w, float *f) {
+  u32 h0 = ((w << 9) & 0x0E000E00u) | ((w << 12) & 0x80008000u);
+  u32 h1 = ((w << 5) & 0x0E000E00u) | ((w << 8) & 0x80008000u);
+  u32 h2 = ((w << 1) & 0x0E000E00u) | ((w << 4) & 0x80008000u);
+  u32 h3 = ((w >> 3) & 0x0E000E00u) | (w & 0x80008000u);
+  h2x2(h0, f[0], f[4]);
+  h2x2(h1, f[1], f[5]);
+  h2x2(h2, f[2], f[6]);
+  h2x2(h3, f[3], f[7]);
+}
+
+template <int FMT, int DEC> struct VecDec;
+template <int DEC> struct VecDec<FMT_FP8, DEC> {
+  enum { CPW = 16, QC = 4 };
+  static __device__ __forceinline__ float post() { return 1.f; }
+  static __device__ __forceinline__ void run(u32 w, float *f) { if (DEC) e4m3x4_bits(w, f); else e4m3x4(w, f); }
+};
+template <int DEC> struct VecDec<FMT_MXFP8, DEC> {
+  enum { CPW = 16, QC = 4 };
+  static __device__ __forceinline__ float post() { return 1.f; }
+  static __device__ __forceinline__ void run(u32 w, float *f) { if (DEC) e4m3x4_bits(w, f); else e4m3x4(w, f); }
+};
+template <int DEC> struct VecDec<FMT_MXFP4, DEC> {
+  enum { CPW = 32, QC = 8 };
+  static __device__ __forceinline__ float post() { return DEC ? 16384.f : 1.f; }
+  static __device__ __forceinline__ void run(u32 w, float *f) { if (DEC) e2m1x8_h(w, f); else e2m1x8(w, f); }
+};
+
+template <int FMT, int NB, int RB, int U, int DEC, int HINT>
+__device__ __forceinline__ void vec_tile(const LinArgs &a, int r0, int lane) {
+  typedef VecDec<FMT, DEC> D;
+  const int CPW = D::CPW, QC = D::QC;
+  const int nw = a.cols / CPW;
+  const float *xg = a.x + (long long)(r0 / a.rpg) * a.cols;
+  const uint4 *wrow[RB];
+  const u8 *srow[RB];
+#pragma unroll
+  for (int r = 0; r < RB; r++) {
+    const int row = min(r0 + r, a.rows - 1);
+    wrow[r] = reinterpret_cast<const uint4 *>(a.W) + (long long)row * nw;
+    srow[r] = a.S + (long long)(row >> a.srshift) * a.sstride;
+  }
+  float acc[RB][NB];
+#pragma unroll
+  for (int r = 0; r < RB; r++)
+#pragma unroll
+    for (int b = 0; b < NB; b++) acc[r][b] = 0.f;
+
+  for (int k0 = 0; k0 < nw; k0 += 32 * U) {
+    const bool full = k0 + 32 * U <= nw;
+    uint4 w[U][RB];
+    u32 s[U][RB];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int kw = k0 + u * 32 + lane;
+#pragma unroll
+      for (int r = 0; r < RB; r++) {
+        if (full || kw < nw) {
+          w[u][r] = ldw<HINT>(wrow[r] + kw);
+          s[u][r] = __ldg(srow[r] + ((kw * CPW) >> a.scshift));
+        } else {
+          w[u][r] = zero<uint4>();
+          s[u][r] = 127u;
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int kw = k0 + u * 32 + lane;
+      if (!full && kw >= nw) break;
+      float p[RB][NB];
+#pragma unroll
+      for (int r = 0; r < RB; r++)
+#pragma unroll
+        for (int b = 0; b < NB; b++) p[r][b] = 0.f;
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        float f[RB][QC];
+#pragma unroll
+        for (int r = 0; r < RB; r++) D::run(quarter(w[u][r], q), f[r]);
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+          if (NB == 1 || b < a.batch) {
+            const float4 *xp = reinterpret_cast<const float4 *>(xg + (long long)b * a.xstride + kw * CPW + q * QC);
+            float xv[QC];
+#pragma unroll
+            for (int h = 0; h < QC / 4; h++) {
+              const float4 t = __ldg(xp + h);
+              xv[4 * h] = t.x; xv[4 * h + 1] = t.y; xv[4 * h + 2] = t.z; xv[4 * h + 3] = t.w;
+            }
+#pragma unroll
+            for (int r = 0; r < RB; r++)
+#pragma unroll
+              for (int c = 0; c < QC; c++) p[r][b] = fmaf(f[r][c], xv[c], p[r][b]);
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < RB; r++) {
+        const float sc = e8m0_exp(s[u][r]);
+#pragma unroll
+        for (int b = 0; b < NB; b++) acc[r][b] = fmaf(D::post() == 1.f ? p[r][b] : p[r][b] * D::post(), sc, acc[r][b]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < RB; r++)
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+      float v = acc[r][b];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0 && b < a.batch && r0 + r < a.rows) a.y[(long long)b * a.ystride + r0 + r] = v;
+    }
+}
+
+template <int FMT, int NB, int RB, int U, int DEC, int HINT>
+__device__ __forceinline__ void linear_vec(const LinArgs &a) {
+  const int lane = threadIdx.x & 31;
+  const int wpb = blockDim.x >> 5;
+  const int total = gridDim.x * wpb;
+  const int tiles = (a.rows + RB - 1) / RB;
+  for (int t = blockIdx.x * wpb + (threadIdx.x >> 5); t < tiles; t += total)
+    vec_tile<FMT, NB, RB, U, DEC, HINT>(a, t * RB, lane);
+}
+
+// The same over n projections (all[0..n)): the tiles of all matrices form one
+// sequence, matrix i's after matrix i-1's, walked grid-stride.
+template <int FMT, int NB, int RB, int U, int DEC, int HINT>
+__device__ __forceinline__ void linear_vec_multi(const LinArgs *__restrict__ all, int n) {
+  const int lane = threadIdx.x & 31;
+  const int wpb = blockDim.x >> 5;
+  const int total = gridDim.x * wpb;
+  int mi = 0, base = 0, tiles = (all[0].rows + RB - 1) / RB;
+  for (int t = blockIdx.x * wpb + (threadIdx.x >> 5);; t += total) {
+    while (t >= base + tiles) {
+      base += tiles;
+      if (++mi >= n) return;
+      tiles = (all[mi].rows + RB - 1) / RB;
+    }
+    vec_tile<FMT, NB, RB, U, DEC, HINT>(all[mi], (t - base) * RB, lane);
+  }
+}
+
+// Kernel names: linv_<fmt>_b<NB>_r<RB>_u<U>_d<DEC>_h<HINT> and
+// linvmulti_<fmt>_b<NB>_r<RB>_u<U>_d<DEC>_h<HINT>. Two blocks of 256 threads
+// per SM are guaranteed to fit (at most 128 registers a thread).
+#define LINV(FMTN, FMT, NB, RB, U, DEC, HINT) \
+  extern "C" __global__ void __launch_bounds__(256, 2) linv_##FMTN##_b##NB##_r##RB##_u##U##_d##DEC##_h##HINT(LinArgs a) { \
+    linear_vec<FMT, NB, RB, U, DEC, HINT>(a); }
+#define LINVM(FMTN, FMT, NB, RB, U, DEC, HINT) \
+  extern "C" __global__ void __launch_bounds__(256, 2) linvmulti_##FMTN##_b##NB##_r##RB##_u##U##_d##DEC##_h##HINT(const LinArgs *__restrict__ all, int n) { \
+    linear_vec_multi<FMT, NB, RB, U, DEC, HINT>(all, n); }
+// The three tile shapes: U 2, 4, 8 with RB 4, 2, 1 (eight 16-byte loads per lane in flight).
+#define LINV_U(M, FMTN, FMT, NB, DEC, HINT) \
+  M(FMTN, FMT, NB, 4, 2, DEC, HINT) M(FMTN, FMT, NB, 2, 4, DEC, HINT) M(FMTN, FMT, NB, 1, 8, DEC, HINT)
+#define LINV_NB(M, FMTN, FMT, DEC, HINT) \
+  LINV_U(M, FMTN, FMT, 1, DEC, HINT) LINV_U(M, FMTN, FMT, 2, DEC, HINT) LINV_U(M, FMTN, FMT, 4, DEC, HINT)
 
 // Generic element-wise path for shapes the fast kernels do not take (columns
 // not a multiple of the word width). One warp per row, scalar decode.
@@ -476,7 +602,7 @@ __device__ __forceinline__ float weight_at(int fmt, const LinArgs &a, int r, int
   }
 }
 
-extern "C" __global__ void linear_generic(LinArgs a, int fmt) {
+__device__ __forceinline__ void linear_generic_body(const LinArgs &a, int fmt) {
   const int lane = threadIdx.x & 31;
   const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (r >= a.rows) return;
@@ -488,6 +614,21 @@ extern "C" __global__ void linear_generic(LinArgs a, int fmt) {
     if (lane == 0) a.y[(long long)b * a.ystride + r] = s;
   }
 }
+
+//@module linear
+// The default variant's kernels: narrow family, hardware E4M3 decoder, two
+// rows per block (odd row counts are clamped; grouped shapes with odd rows per
+// group use linear_generic), every batch tile; the multi-projection launch.
+LIN_NB(fp8, FMT_FP8, 2, 4, 0, _d0)
+LIN_NB(mxfp8, FMT_MXFP8, 2, 4, 0, _d0)
+LIN_NB(mxfp4, FMT_MXFP4, 2, 4, 0, _d0)
+LIN_NB(bf16, FMT_BF16, 2, 4, 0, _d0)
+LIN_NB(f32, FMT_F32, 2, 4, 0, _d0)
+LINM_NB(fp8, FMT_FP8, 2, 4, 0, _d0)
+LINM_NB(mxfp4, FMT_MXFP4, 2, 4, 0, _d0)
+LINM_NB(bf16, FMT_BF16, 2, 4, 0, _d0)
+
+extern "C" __global__ void linear_generic(LinArgs a, int fmt) { linear_generic_body(a, fmt); }
 
 // Launch/graph overhead probe: adds v to p[threadIdx.x].
 extern "C" __global__ void tiny_add(float *p, float v) {
@@ -518,3 +659,38 @@ extern "C" __global__ void read_bw4(const float4 *__restrict__ p, long long n, f
   }
   if (s == 1234.5678f) out[0] = s;
 }
+
+//@module bench
+// Narrow family with the integer E4M3 decoder (_d1), and four rows per block.
+LIN_NB(fp8, FMT_FP8, 2, 4, 1, _d1)
+LIN_NB(mxfp8, FMT_MXFP8, 2, 4, 1, _d1)
+LIN_NB(mxfp4, FMT_MXFP4, 2, 4, 1, _d1)
+LINM_NB(fp8, FMT_FP8, 2, 4, 1, _d1)
+LINM_NB(mxfp4, FMT_MXFP4, 2, 4, 1, _d1)
+LIN(fp8, FMT_FP8, 1, 4, 4, 0, _d0)
+LIN(fp8, FMT_FP8, 4, 4, 4, 0, _d0)
+LIN(mxfp4, FMT_MXFP4, 1, 4, 4, 0, _d0)
+LIN(mxfp4, FMT_MXFP4, 4, 4, 4, 0, _d0)
+LIN(bf16, FMT_BF16, 1, 4, 4, 0, _d0)
+LIN(bf16, FMT_BF16, 4, 4, 4, 0, _d0)
+// Wide family (16-byte words, blocks of KW warps), two or four rows per block.
+LINW_NB(fp8, FMT_FP8, 2, 2, 0)
+LINW_NB(mxfp8, FMT_MXFP8, 2, 2, 0)
+LINW_NB(mxfp4, FMT_MXFP4, 2, 2, 0)
+LINW(fp8, FMT_FP8, 1, 4, 2, 0)
+LINW(fp8, FMT_FP8, 4, 4, 2, 0)
+LINW(mxfp4, FMT_MXFP4, 1, 4, 2, 0)
+LINW(mxfp4, FMT_MXFP4, 4, 4, 2, 0)
+// Vec family: batch tiles 1, 2, 4, the three tile shapes, hardware decoder.
+LINV_NB(LINV, fp8, FMT_FP8, 0, 0)
+LINV_NB(LINV, mxfp8, FMT_MXFP8, 0, 0)
+LINV_NB(LINV, mxfp4, FMT_MXFP4, 0, 0)
+LINV_NB(LINVM, fp8, FMT_FP8, 0, 0)
+LINV_NB(LINVM, mxfp4, FMT_MXFP4, 0, 0)
+// Vec family: the integer/f16-bit decoders and the streaming load hint.
+LINV_U(LINV, fp8, FMT_FP8, 1, 1, 0)
+LINV_NB(LINV, mxfp4, FMT_MXFP4, 1, 0)
+LINV_NB(LINVM, mxfp4, FMT_MXFP4, 1, 0)
+LINV_U(LINV, fp8, FMT_FP8, 1, 0, 1)
+LINV_U(LINV, mxfp4, FMT_MXFP4, 1, 0, 1)
+LINV_U(LINVM, mxfp4, FMT_MXFP4, 1, 0, 1)

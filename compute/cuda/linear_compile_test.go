@@ -1,0 +1,193 @@
+package cuda
+
+import (
+	"bytes"
+	"debug/elf"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"moxie/compute"
+	"moxie/compute/cuda/driver"
+)
+
+// TestLinearModuleSources checks the split of kernels/linear.cu into the
+// default and benchmark modules.
+func TestLinearModuleSources(t *testing.T) {
+	def, bench, err := LinearModuleSources()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, src string
+		want      []string
+		notWant   []string
+	}{
+		{"default", def, []string{"struct LinArgs", "LIN_NB(fp8, FMT_FP8, 2, 4, 0, _d0)", "void spin(", "void read_bw4("}, []string{"LINV_NB(LINV, fp8"}},
+		{"bench", bench, []string{"struct LinArgs", "LINV_NB(LINV, fp8", "LINW_NB(fp8"}, []string{"void spin(", "LIN_NB(fp8, FMT_FP8, 2, 4, 0, _d0)"}},
+	} {
+		for _, w := range tc.want {
+			if !strings.Contains(tc.src, w) {
+				t.Errorf("%s module source lacks %q", tc.name, w)
+			}
+		}
+		for _, w := range tc.notWant {
+			if strings.Contains(tc.src, w) {
+				t.Errorf("%s module source contains %q", tc.name, w)
+			}
+		}
+	}
+	if len(def)+len(bench) <= len(linearSrc)/2 {
+		t.Errorf("module sources (%d + %d bytes) miss most of linear.cu (%d bytes)", len(def), len(bench), len(linearSrc))
+	}
+}
+
+// kernelSymbols returns the global function symbols of a CUBIN.
+func kernelSymbols(t *testing.T, cubin []byte) map[string]bool {
+	t.Helper()
+	// CUBINs carry the CUDA ABI version in the ELF version fields, which
+	// debug/elf rejects: read a copy with those set to EV_CURRENT.
+	if len(cubin) < 24 {
+		t.Fatalf("CUBIN of %d bytes", len(cubin))
+	}
+	img := bytes.Clone(cubin)
+	img[elf.EI_VERSION] = byte(elf.EV_CURRENT)
+	binary.LittleEndian.PutUint32(img[20:], uint32(elf.EV_CURRENT))
+	f, err := elf.NewFile(bytes.NewReader(img))
+	if err != nil {
+		t.Fatalf("NVRTC output is not ELF: %v", err)
+	}
+	syms, err := f.Symbols()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, s := range syms {
+		if elf.ST_TYPE(s.Info) == elf.STT_FUNC && elf.ST_BIND(s.Info) == elf.STB_GLOBAL {
+			out[s.Name] = true
+		}
+	}
+	return out
+}
+
+// plannedKernels lists, per module that must hold them, the kernels that
+// planLinear and planMulti choose: for the default variant at every batch
+// tile and shape class (these must be in the default module), and for the
+// variants the tests and benchmarks ask for (default or benchmark module).
+func plannedKernels(t *testing.T) (def, any map[string]string) {
+	def, any = map[string]string{}, map[string]string{}
+	type shape struct {
+		rows, cols, block, groups int
+	}
+	shapes := []shape{
+		{32768, 1024, 128, 1}, {4096, 8192, 128, 1}, {2048, 4096, 128, 1}, {4096, 2048, 128, 1}, {129280, 4096, 128, 1},
+		{257, 2176, 128, 1}, {256, 640, 128, 4}, {129, 2056, 128, 1}, {130, 4100, 128, 1}, {33, 50, 128, 1},
+		{40, 130, 128, 1}, {100, 480, 96, 1}, {66, 2080, 128, 1}, {34, 2064, 128, 1}, {6, 1024, 128, 2}, {8, 64, 128, 8},
+	}
+	formats := []compute.Format{compute.FP8Block, compute.MXFP4, compute.MXFP8, compute.BF16, compute.F32}
+	add := func(m map[string]string, name, why string) {
+		if _, ok := m[name]; !ok {
+			m[name] = why
+		}
+	}
+	variants := slices.Concat(testLinearVariants(), benchVariantList())
+	for _, f := range formats {
+		for _, sh := range shapes {
+			for nb := 1; nb <= maxNB; nb++ {
+				why := fmt.Sprintf("%v [%d, %d] block %d groups %d batch %d", f, sh.rows, sh.cols, sh.block, sh.groups, nb)
+				p, err := planLinear(f, sh.rows, sh.cols, sh.block, sh.groups, nb, LinearVariant{}, 132)
+				if err != nil {
+					t.Fatalf("%s, default variant: %v", why, err)
+				}
+				add(def, p.name, why)
+				for _, v := range variants {
+					if !variantApplies(v.v, f, nb) {
+						continue
+					}
+					p, err := planLinear(f, sh.rows, sh.cols, sh.block, sh.groups, nb, v.v, 132)
+					if err != nil {
+						if v.v.RB == 4 && sh.groups > 1 {
+							continue // RB 4 needs rows per group divisible by 4
+						}
+						t.Fatalf("%s, variant %s: %v", why, v.name, err)
+					}
+					add(any, p.name, why+", variant "+v.name)
+				}
+			}
+		}
+	}
+	for _, set := range multiTestSets() {
+		for nb := 1; nb <= maxNB; nb++ {
+			why := fmt.Sprintf("multi %v %v batch %d", set.f, set.shape, nb)
+			p, _, err := planMulti(set.f, set.shape, 128, nb, LinearVariant{}, 132)
+			if err != nil {
+				t.Fatalf("%s: %v", why, err)
+			}
+			add(def, p.name, why)
+			for _, v := range multiVariantList() {
+				if !multiVariantApplies(v.v, set.f, nb) {
+					continue
+				}
+				p, _, err := planMulti(set.f, set.shape, 128, nb, v.v, 132)
+				if err != nil {
+					t.Fatalf("%s, variant %s: %v", why, v.name, err)
+				}
+				add(any, p.name, why+", variant "+v.name)
+			}
+		}
+	}
+	return def, any
+}
+
+// TestLinearCompile compiles both linear modules with NVRTC for sm_90 when
+// NVRTC is present (no GPU needed; $MOXIE_NVRTC names the library) and
+// checks that every kernel the planners can choose exists in the module it
+// must come from, and that no kernel is defined by both modules. The
+// benchmark module (the slow one) is skipped in -short mode.
+func TestLinearCompile(t *testing.T) {
+	nv, err := driver.LoadNVRTC()
+	if err != nil {
+		t.Skipf("no NVRTC: %v", err)
+	}
+	def, bench, err := LinearModuleSources()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := []string{"--gpu-architecture=sm_90", "--std=c++17"}
+	compile := func(name, src string) map[string]bool {
+		t0 := time.Now()
+		img, err := nv.Compile(src, name+".cu", opts)
+		if err != nil {
+			t.Fatalf("%s module: %v", name, err)
+		}
+		syms := kernelSymbols(t, img)
+		t.Logf("%s module: %d kernels, NVRTC %d.%d %v, %d-byte CUBIN", name, len(syms), nv.Major, nv.Minor, time.Since(t0).Round(time.Millisecond), len(img))
+		return syms
+	}
+	wantDef, wantAny := plannedKernels(t)
+	defSyms := compile("linear", def)
+	for name, why := range wantDef {
+		if !defSyms[name] {
+			t.Errorf("default module lacks %s (default variant, %s)", name, why)
+		}
+	}
+	if testing.Short() && os.Getenv("MOXIE_COMPILE_BENCH") == "" {
+		t.Log("-short: benchmark module not compiled (set MOXIE_COMPILE_BENCH=1)")
+		return
+	}
+	benchSyms := compile("linear_bench", bench)
+	for name := range benchSyms {
+		if defSyms[name] {
+			t.Errorf("kernel %s is in both modules", name)
+		}
+	}
+	for name, why := range wantAny {
+		if !defSyms[name] && !benchSyms[name] {
+			t.Errorf("neither module has %s (%s)", name, why)
+		}
+	}
+}

@@ -130,6 +130,9 @@ func (p *HC) check(op string, rows int) (fmtCode int32, err error) {
 }
 
 func (c *Ctx) hcMix(op string, pre, post, comb, x DevicePtr, p *HC, batch int, head int32, s Stream) error {
+	if p == nil {
+		return opErr(op, "nil HC parameters")
+	}
 	rows := (2 + p.HC) * p.HC
 	if head != 0 {
 		rows = p.HC

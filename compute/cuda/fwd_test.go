@@ -1,0 +1,501 @@
+package cuda
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"moxie/compute"
+	"moxie/compute/computetest"
+	"moxie/compute/ref"
+)
+
+// The fwd kernels are checked against compute/ref (float64), each on shapes
+// that exercise its edge cases (ring wrap, early positions, CSA entry 0,
+// entries past a query's count). GPU tests skip without a device.
+
+func fwdF64(x []float32) []float64 {
+	y := make([]float64, len(x))
+	for i, v := range x {
+		y[i] = float64(v)
+	}
+	return y
+}
+
+// fwdEnv gives a test an arena and helpers on the device thread.
+type fwdEnv struct {
+	t *testing.T
+	c *Ctx
+	a *Arena
+	f *Fwd
+}
+
+func (e *fwdEnv) up(x []float32) DevicePtr {
+	e.t.Helper()
+	p, err := e.a.Alloc(4 * max(len(x), 1))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := e.c.CopyFloatsToDevice(p, x); err != nil {
+		e.t.Fatal(err)
+	}
+	return p
+}
+
+func (e *fwdEnv) upInts(x []int) DevicePtr {
+	e.t.Helper()
+	b := make([]byte, 4*max(len(x), 1))
+	for i, v := range x {
+		binary.LittleEndian.PutUint32(b[4*i:], uint32(int32(v)))
+	}
+	p, err := e.a.Alloc(len(b))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := e.c.CopyToDevice(p, b); err != nil {
+		e.t.Fatal(err)
+	}
+	return p
+}
+
+// poisoned allocates n floats filled with NaN.
+func (e *fwdEnv) poisoned(n int) DevicePtr {
+	e.t.Helper()
+	p, err := e.a.Alloc(4 * n)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := e.c.Memset(p, 0xff, 4*n, e.c.Stream()); err != nil {
+		e.t.Fatal(err)
+	}
+	return p
+}
+
+func (e *fwdEnv) down(p DevicePtr, n int) []float32 {
+	e.t.Helper()
+	out := make([]float32, n)
+	if err := e.c.CopyFloatsFromDevice(out, p); err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+// withFwd runs f on the device thread with a 256 MiB arena.
+func withFwd(t *testing.T, f func(e *fwdEnv)) {
+	dev := testDevice(t)
+	err := dev.Do(func(c *Ctx) error {
+		fw, err := c.Fwd()
+		if err != nil {
+			return err
+		}
+		a, err := c.NewArena(256 << 20)
+		if err != nil {
+			return err
+		}
+		defer c.ReleaseArena(a)
+		f(&fwdEnv{t: t, c: c, a: a, f: fw})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestFwdAttentionRing(t *testing.T) {
+	cases := []struct {
+		name                 string
+		window, ringRows, p0 int
+		T, heads, dim        int
+		kind                 string // "window", "hca", "csa"
+		ratio, topk          int
+	}{
+		{"window early positions", 8, 12, 0, 5, 4, 48, "window", 0, 0},
+		{"window ring wraps", 8, 13, 21, 6, 4, 48, "window", 0, 0},
+		{"hca all entries", 8, 16, 30, 8, 3, 64, "hca", 8, 0},
+		{"csa top-k", 8, 11, 17, 4, 4, 48, "csa", 4, 3},
+		{"csa fewer entries than k", 8, 16, 2, 8, 2, 32, "csa", 4, 4},
+		{"flash-like decode", 128, 129, 700, 1, 8, 512, "csa", 4, 64},
+	}
+	withFwd(t, func(e *fwdEnv) {
+		for i, tc := range cases {
+			rng := rand.New(rand.NewPCG(uint64(i), 7))
+			last := tc.p0 + tc.T - 1
+			keys := computetest.Normal(rng, (last+1)*tc.dim, 1) // key of every position
+			ring := make([]float32, tc.ringRows*tc.dim)
+			for p := max(0, tc.p0-tc.window+1); p <= last; p++ {
+				copy(ring[(p%tc.ringRows)*tc.dim:], keys[p*tc.dim:(p+1)*tc.dim])
+			}
+			nEnt := 0
+			if tc.ratio > 0 {
+				nEnt = (last + 1) / tc.ratio
+			}
+			ent := computetest.Normal(rng, max(nEnt, 1)*tc.dim, 1)
+			q := computetest.Normal(rng, tc.T*tc.heads*tc.dim, 1)
+			sinks := computetest.Normal(rng, tc.heads, 1)
+			idxStride := max(tc.topk, 1)
+			idx := make([]int, tc.T*idxStride)
+			for qi := range tc.T {
+				n := (tc.p0 + qi + 1) / max(tc.ratio, 1)
+				perm := rng.Perm(max(n, 1))
+				for j := 0; j < min(n, tc.topk); j++ {
+					idx[qi*idxStride+j] = perm[j]
+				}
+			}
+			scale := 1 / math.Sqrt(float64(tc.dim))
+			p := AttnParams{O: e.poisoned(tc.T * tc.heads * tc.dim), Q: e.up(q), Ring: e.up(ring), Sinks: e.up(sinks),
+				RingRows: tc.ringRows, Window: tc.window, P0: tc.p0, T: tc.T, Ratio: tc.ratio, IdxStride: idxStride, TopK: tc.topk,
+				Heads: tc.heads, Dim: tc.dim, MaxKeys: tc.window + max(tc.topk, nEnt), Scale: float32(scale)}
+			if tc.kind != "window" {
+				p.Comp = e.up(ent)
+			}
+			if tc.kind == "csa" {
+				p.Idx = e.upInts(idx)
+			}
+			if err := e.f.AttentionRing(e.c, p, e.c.Stream()); err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			got := e.down(p.O, tc.T*tc.heads*tc.dim)
+			for qi := range tc.T {
+				t0 := tc.p0 + qi
+				var kv []float32
+				for pp := max(0, t0-tc.window+1); pp <= t0; pp++ {
+					kv = append(kv, keys[pp*tc.dim:(pp+1)*tc.dim]...)
+				}
+				switch tc.kind {
+				case "hca":
+					kv = append(kv, ent[:(t0+1)/tc.ratio*tc.dim]...)
+				case "csa":
+					n := min((t0+1)/tc.ratio, tc.topk)
+					for j := range n {
+						en := idx[qi*idxStride+j]
+						kv = append(kv, ent[en*tc.dim:(en+1)*tc.dim]...)
+					}
+				}
+				want := ref.Attention(fwdF64(q[qi*tc.heads*tc.dim:(qi+1)*tc.heads*tc.dim]), fwdF64(kv), fwdF64(sinks), len(kv)/tc.dim, tc.heads, tc.dim, scale)
+				if r := computetest.MaxRel(got[qi*tc.heads*tc.dim:(qi+1)*tc.heads*tc.dim], want); !(r <= computetest.TolAttention) {
+					t.Errorf("%s: query %d (position %d, %d keys): max relative error %.3g > %.3g", tc.name, qi, t0, len(kv)/tc.dim, r, computetest.TolAttention)
+				}
+			}
+		}
+		// Bad sizes are errors, not launches.
+		if err := e.f.AttentionRing(e.c, AttnParams{O: 1, Q: 1, Ring: 1, Sinks: 1, RingRows: 4, Window: 8, T: 1, Heads: 1, Dim: 8, MaxKeys: 8}, e.c.Stream()); err == nil {
+			t.Error("a ring smaller than the window was accepted")
+		}
+		if err := e.f.AttentionRing(e.c, AttnParams{O: 1, Q: 1, Ring: 1, Sinks: 1, RingRows: 8, Window: 8, T: 1, Heads: 1, Dim: 8, MaxKeys: 1 << 20}, e.c.Stream()); err == nil {
+			t.Error("max keys beyond the shared memory was accepted")
+		}
+	})
+}
+
+func TestFwdCompressor(t *testing.T) {
+	cases := []struct {
+		name      string
+		ratio, dw int
+		overlap   bool
+		ringRows  int
+		p0, T     int
+		nfreq     int
+	}{
+		{"hca ratio 8", 8, 48, false, 16 + 5, 0, 21, 8},
+		{"hca across chunks with wrap", 8, 48, false, 16 + 7, 13, 7, 8},
+		{"csa entry 0 and later", 4, 32, true, 8 + 9, 0, 9, 8},
+		{"csa wrap", 4, 32, true, 8 + 6, 22, 6, 8},
+		{"flash csa", 4, 512, true, 8 + 16, 40, 16, 32},
+	}
+	withFwd(t, func(e *fwdEnv) {
+		for i, tc := range cases {
+			rng := rand.New(rand.NewPCG(uint64(i), 11))
+			width := tc.dw
+			if tc.overlap {
+				width = 2 * tc.dw
+			}
+			last := tc.p0 + tc.T - 1
+			// Every position's κ and z (before ape); the ring gets the
+			// positions before p0 directly, the chunk through CompStore.
+			kvAll := computetest.Normal(rng, (last+1)*width, 1)
+			zAll := computetest.Normal(rng, (last+1)*width, 1)
+			ape := computetest.Normal(rng, tc.ratio*width, 0.5)
+			ringKV := make([]float32, tc.ringRows*width)
+			ringZ := make([]float32, tc.ringRows*width)
+			for p := max(0, tc.p0-2*tc.ratio); p < tc.p0; p++ {
+				for c := range width {
+					ringKV[(p%tc.ringRows)*width+c] = kvAll[p*width+c]
+					ringZ[(p%tc.ringRows)*width+c] = zAll[p*width+c] + ape[(p%tc.ratio)*width+c]
+				}
+			}
+			norm := computetest.Normal(rng, tc.dw, 1)
+			freq := compute.RopeFreqs(160000, 2*tc.nfreq, &compute.YaRN{Factor: 16, OriginalSeqLen: 64, BetaFast: 32, BetaSlow: 1})
+			dRK, dRZ := e.up(ringKV), e.up(ringZ)
+			e0, e1 := tc.p0/tc.ratio, (tc.p0+tc.T)/tc.ratio
+			out := e.poisoned((e1 + 1) * tc.dw)
+			if err := e.f.CompStore(e.c, dRK, dRZ, e.up(kvAll[tc.p0*width:]), e.up(zAll[tc.p0*width:]), e.up(ape), tc.p0, tc.T, tc.ratio, tc.ringRows, width, e.c.Stream()); err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			if err := e.f.CompClose(e.c, CompCloseParams{Out: out, RingKV: dRK, RingZ: dRZ, RingRows: tc.ringRows, Ratio: tc.ratio,
+				Width: width, DW: tc.dw, Overlap: tc.overlap, E0: e0, N: e1 - e0, Norm: e.up(norm), Eps: 1e-6,
+				Freq: e.up(freq), NFreq: tc.nfreq}, e.c.Stream()); err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			got := e.down(out, (e1+1)*tc.dw)
+			if e1 == e0 {
+				t.Fatalf("%s: no window closes", tc.name)
+			}
+			for en := e0; en < e1; en++ {
+				var kv, z []float64
+				addRow := func(p, off int) {
+					for c := range tc.dw {
+						kv = append(kv, float64(kvAll[p*width+off+c]))
+						z = append(z, float64(zAll[p*width+off+c])+float64(ape[(p%tc.ratio)*width+off+c]))
+					}
+				}
+				if tc.overlap && en > 0 {
+					for r := range tc.ratio {
+						addRow((en-1)*tc.ratio+r, 0)
+					}
+				}
+				off := 0
+				if tc.overlap {
+					off = tc.dw
+				}
+				for r := range tc.ratio {
+					addRow(en*tc.ratio+r, off)
+				}
+				want := ref.CompressPool(kv, z, len(kv)/tc.dw, tc.dw)
+				want = ref.RMSNorm(want, fwdF64(norm), tc.dw, 1e-6)
+				want = ref.RoPE(want, en*tc.ratio, freq, tc.dw, false)
+				if r := computetest.MaxRel(got[en*tc.dw:(en+1)*tc.dw], want); !(r <= 2*computetest.TolElemwise) {
+					t.Errorf("%s: entry %d: max relative error %.3g > %.3g", tc.name, en, r, 2*computetest.TolElemwise)
+				}
+			}
+			// Rows outside [e0, e1) are untouched (NaN poison).
+			for _, en := range []int{e1} {
+				if v := got[en*tc.dw]; v == v {
+					t.Errorf("%s: entry %d (not closed) was written: %g", tc.name, en, v)
+				}
+			}
+		}
+	})
+}
+
+func TestFwdIndexScores(t *testing.T) {
+	withFwd(t, func(e *fwdEnv) {
+		for i, tc := range []struct{ p0, T, ratio, heads, dim, stride int }{
+			{0, 9, 4, 16, 32, 8}, {37, 5, 4, 16, 32, 12}, {500, 2, 4, 64, 128, 200},
+		} {
+			rng := rand.New(rand.NewPCG(uint64(i), 3))
+			n := (tc.p0 + tc.T) / tc.ratio
+			q := computetest.Normal(rng, tc.T*tc.heads*tc.dim, 1)
+			w := computetest.Normal(rng, tc.T*tc.heads, 1)
+			keys := computetest.Normal(rng, max(n, 1)*tc.dim, 1)
+			sc := e.poisoned(tc.T * tc.stride)
+			if err := e.f.IndexScores(e.c, sc, e.up(q), e.up(w), e.up(keys), tc.p0, tc.T, tc.ratio, tc.heads, tc.dim, tc.stride, e.c.Stream()); err != nil {
+				t.Fatal(err)
+			}
+			got := e.down(sc, tc.T*tc.stride)
+			for qi := range tc.T {
+				ni := (tc.p0 + qi + 1) / tc.ratio
+				want := ref.IndexScores(fwdF64(q[qi*tc.heads*tc.dim:(qi+1)*tc.heads*tc.dim]), fwdF64(w[qi*tc.heads:(qi+1)*tc.heads]), fwdF64(keys), ni, tc.heads, tc.dim)
+				row := got[qi*tc.stride : qi*tc.stride+ni]
+				if r := computetest.MaxRel(row, want); !(r <= computetest.TolAttention) {
+					t.Errorf("case %d query %d (%d entries): max relative error %.3g", i, qi, ni, r)
+				}
+				for s := ni; s < tc.stride; s++ {
+					if v := got[qi*tc.stride+s]; v == v {
+						t.Errorf("case %d query %d: entry %d past the count %d was written (%g)", i, qi, s, ni, v)
+						break
+					}
+				}
+			}
+		}
+		if err := e.f.IndexScores(e.c, 1, 1, 1, 1, 0, 9, 4, 16, 32, 1, e.c.Stream()); err == nil {
+			t.Error("a score row stride below the entry count was accepted")
+		}
+	})
+}
+
+func TestFwdGathers(t *testing.T) {
+	withFwd(t, func(e *fwdEnv) {
+		rng := rand.New(rand.NewPCG(5, 5))
+		const rowsN, width = 7, 33
+		src := computetest.Normal(rng, rowsN*width, 1)
+		sel := []int{4, 0, 6}
+		dst := e.poisoned(len(sel) * width)
+		if err := e.f.GatherRows(e.c, dst, e.up(src), e.upInts(sel), len(sel), width, e.c.Stream()); err != nil {
+			t.Fatal(err)
+		}
+		got := e.down(dst, len(sel)*width)
+		for j, r := range sel {
+			for c := range width {
+				if got[j*width+c] != src[r*width+c] {
+					t.Fatalf("GatherRows: row %d col %d = %g, want %g", j, c, got[j*width+c], src[r*width+c])
+				}
+			}
+		}
+		base := computetest.Normal(rng, rowsN*width, 1)
+		dBase := e.up(base)
+		if err := e.f.ScatterAdd(e.c, dBase, e.up(src[:len(sel)*width]), e.upInts(sel), len(sel), width, e.c.Stream()); err != nil {
+			t.Fatal(err)
+		}
+		got = e.down(dBase, rowsN*width)
+		want := append([]float32(nil), base...)
+		for j, r := range sel {
+			for c := range width {
+				want[r*width+c] += src[j*width+c]
+			}
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("ScatterAdd: element %d = %g, want %g", i, got[i], want[i])
+			}
+		}
+		out := computetest.Normal(rng, width, 1)
+		dOut := e.up(out)
+		if err := e.f.AddRows(e.c, dOut, e.up(src[:3*width]), 3, width, e.c.Stream()); err != nil {
+			t.Fatal(err)
+		}
+		got = e.down(dOut, width)
+		for c := range width {
+			w := out[c] + src[c] + src[width+c] + src[2*width+c]
+			if math.Abs(float64(got[c]-w)) > 1e-6*math.Max(1, math.Abs(float64(w))) {
+				t.Fatalf("AddRows: %d = %g, want %g", c, got[c], w)
+			}
+		}
+		table := []int{5, 1, 7, 2, 0, 3} // 3 tokens × 2
+		toks := []int{2, 0, 2, 1}
+		ids, err := e.a.Alloc(4 * len(toks) * 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.f.GatherI32(e.c, ids, e.upInts(table), e.upInts(toks), len(toks), 2, e.c.Stream()); err != nil {
+			t.Fatal(err)
+		}
+		b := make([]byte, 4*len(toks)*2)
+		if err := e.c.CopyFromDevice(b, ids); err != nil {
+			t.Fatal(err)
+		}
+		for i, tk := range toks {
+			for k := range 2 {
+				if g := int(int32(binary.LittleEndian.Uint32(b[4*(2*i+k):]))); g != table[2*tk+k] {
+					t.Fatalf("GatherI32: [%d, %d] = %d, want %d", i, k, g, table[2*tk+k])
+				}
+			}
+		}
+	})
+}
+
+// TestFwdExperts selects experts on the device (ids in device memory) and
+// checks every selected expert's w1, w3 and w2 products against the float64
+// reference of that expert's weights.
+func TestFwdExperts(t *testing.T) {
+	for _, f := range []compute.Format{compute.MXFP4, compute.FP8Block} {
+		t.Run(f.String(), func(t *testing.T) {
+			withFwd(t, func(e *fwdEnv) {
+				const E, K, inter, dim = 5, 3, 64, 256
+				rng := rand.New(rand.NewPCG(9, uint64(f)))
+				var w1, w3, w2 []*DeviceWeight
+				var d1, d3, d2 []compute.WeightData
+				for range E {
+					a := computetest.RandomWeight(rng, f, inter, dim, 0.05)
+					b := computetest.RandomWeight(rng, f, inter, dim, 0.05)
+					c := computetest.RandomWeight(rng, f, dim, inter, 0.05)
+					for _, p := range []struct {
+						d   compute.WeightData
+						dst *[]*DeviceWeight
+					}{{a, &w1}, {b, &w3}, {c, &w2}} {
+						w, err := e.c.UploadWeight(e.a, p.d)
+						if err != nil {
+							t.Fatal(err)
+						}
+						*p.dst = append(*p.dst, w)
+					}
+					d1, d3, d2 = append(d1, a), append(d3, b), append(d2, c)
+				}
+				tab, err := e.c.PrepareExpertTable(e.a, w1, w3, w2)
+				if err != nil {
+					t.Fatal(err)
+				}
+				x := computetest.Normal(rng, dim, 1)
+				h := computetest.Normal(rng, K*inter, 1)
+				dx, dh := e.up(x), e.up(h)
+				g, u, y := e.poisoned(K*inter), e.poisoned(K*inter), e.poisoned(K*dim)
+				run, err := e.c.PrepareExpertRun(e.a, tab, K, dx, g, u, dh, y)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, ids := range [][]int{{3, 0, 4}, {1, 1, 2}} {
+					if err := e.f.RunExperts13(e.c, run, e.upInts(ids), e.c.Stream()); err != nil {
+						t.Fatal(err)
+					}
+					if err := e.f.RunExperts2(e.c, run, e.c.Stream()); err != nil {
+						t.Fatal(err)
+					}
+					gg, uu, yy := e.down(g, K*inter), e.down(u, K*inter), e.down(y, K*dim)
+					for k, id := range ids {
+						name := fmt.Sprintf("ids %v slot %d (expert %d)", ids, k, id)
+						check := func(what string, got []float32, d compute.WeightData, rows, cols int, in []float32) {
+							want := ref.Linear(ref.Dequant(d), rows, cols, fwdF64(in), 1)
+							if r := computetest.MaxRel(got, want); !(r <= computetest.TolLinear) {
+								t.Errorf("%s %s: max relative error %.3g", name, what, r)
+							}
+						}
+						check("w1", gg[k*inter:(k+1)*inter], d1[id], inter, dim, x)
+						check("w3", uu[k*inter:(k+1)*inter], d3[id], inter, dim, x)
+						check("w2", yy[k*dim:(k+1)*dim], d2[id], dim, inter, h[k*inter:(k+1)*inter])
+					}
+				}
+			})
+		})
+	}
+}
+
+// TestFwdLinArgsMirror checks that kernels/fwd.cu's LinArgs has the fields
+// of kernels/linear.cu's, in order, and that the Go mirror is 80 bytes (the
+// record size fwd_moe_args copies and dsv4 budgets for).
+func TestFwdLinArgsMirror(t *testing.T) {
+	fields := func(src, file string) string {
+		m := regexp.MustCompile(`(?s)struct LinArgs \{(.*?)\};`).FindStringSubmatch(src)
+		if m == nil {
+			t.Fatalf("%s has no struct LinArgs", file)
+		}
+		body := regexp.MustCompile(`//[^\n]*`).ReplaceAllString(m[1], "")
+		var names []string
+		for _, decl := range strings.Split(body, ";") {
+			decl = strings.TrimSpace(decl)
+			if decl == "" {
+				continue
+			}
+			// "const u8 *W" or "int rows, cols": keep the type and the names.
+			decl = strings.Join(strings.Fields(strings.ReplaceAll(decl, "*", " * ")), " ")
+			names = append(names, decl)
+		}
+		// Split "int a, b" into "int a", "int b".
+		var out []string
+		for _, d := range names {
+			if i := strings.Index(d, ","); i >= 0 && strings.HasPrefix(d, "int ") {
+				for _, n := range strings.Split(strings.TrimPrefix(d, "int "), ",") {
+					out = append(out, "int "+strings.TrimSpace(n))
+				}
+				continue
+			}
+			out = append(out, d)
+		}
+		return strings.Join(out, "; ")
+	}
+	lin, err := os.ReadFile("kernels/linear.cu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := fields(string(lin), "linear.cu"), fields(fwdSrc, "fwd.cu")
+	if a != b {
+		t.Errorf("LinArgs differ:\nlinear.cu: %s\nfwd.cu:    %s", a, b)
+	}
+	if n := unsafe.Sizeof(linArgs{}); n != 80 {
+		t.Errorf("linArgs is %d bytes, want 80", n)
+	}
+}

@@ -145,13 +145,27 @@ func (c *Ctx) hcMix(op string, pre, post, comb, x DevicePtr, p *HC, batch int, h
 		return opErr(op, "batch %d, pre %#x, post %#x, comb %#x, x %#x: want a positive batch and non-null buffers", batch, pre, post, comb, x)
 	}
 	fn := p.Fn.Data
-	hc, n, iters := int32(p.HC), int32(p.Fn.Cols), int32(p.Iters)
+	hc, n, iters, nm, b32 := int32(p.HC), int32(p.Fn.Cols), int32(p.Iters), int32(rows), int32(batch)
 	eps, neps := p.Eps, p.NormEps
 	base, scale := p.Base, p.Scale
-	return c.launchOp("hc_mix", Dim3{X: uint32(batch)}, Dim3{X: 256}, 0, s,
-		ptr(&pre), ptr(&post), ptr(&comb), ptr(&x), ptr(&fn), ptr(&code), ptr(&base), ptr(&scale),
-		ptr(&hc), ptr(&n), ptr(&iters), ptr(&eps), ptr(&neps), ptr(&head))
+	dots, grid := "hc_dots_r1_t1", Dim3{X: uint32(rows), Y: uint32(batch)}
+	if batch > hcSmallBatch {
+		dots, grid = "hc_dots_r8_t8", Dim3{X: uint32((rows + 7) / 8), Y: uint32((batch + 7) / 8)}
+	}
+	if grid.Y > opsMaxGridY {
+		return opErr(op, "batch %d is too large (at most %d)", batch, 8*opsMaxGridY)
+	}
+	if err := c.launchOp(dots, grid, Dim3{X: 256}, 0, s,
+		ptr(&pre), ptr(&post), ptr(&comb), ptr(&x), ptr(&fn), ptr(&code), ptr(&hc), ptr(&n), ptr(&nm), ptr(&b32), ptr(&head)); err != nil {
+		return err
+	}
+	return c.launchOp("hc_finish", Dim3{X: uint32(batch)}, Dim3{X: 256}, 0, s,
+		ptr(&pre), ptr(&post), ptr(&comb), ptr(&x), ptr(&base), ptr(&scale), ptr(&hc), ptr(&n), ptr(&iters), ptr(&eps), ptr(&neps), ptr(&head))
 }
+
+// hcSmallBatch is the largest batch HCMix computes with one block per
+// (token, Fn row); larger batches use 8×8 tiles.
+const hcSmallBatch = 16
 
 // HCMix enqueues the hyper-connection coefficients of `batch` tokens from the
 // streams x [batch, HC, D] (D = Fn.Cols/HC): pre [batch, HC], post [batch, HC]
@@ -225,8 +239,14 @@ func (c *Ctx) RoPE(x, pos, freq DevicePtr, rows, rowLen, dim, nfreq int, inverse
 		ptr(&x), ptr(&pos), ptr(&freq), ptr(&r), ptr(&rl), ptr(&d), ptr(&nf), ptr(&inv))
 }
 
-// attnWarps is the number of warps that split one head's keys.
-const attnWarps = 8
+// attnWarps returns the number of warps that split one head's keys (their
+// partial outputs, 4·(2+dim) bytes each, share 48 KiB of shared memory).
+func attnWarps(dim int) int {
+	if dim <= 512 {
+		return 16
+	}
+	return 8
+}
 
 // Attention enqueues one query token's attention with sinks
 // (compute.Backend.Attention): q [heads, dim], kv [nKeys, dim] (K = V),
@@ -246,8 +266,9 @@ func (c *Ctx) Attention(o, q, kv, sinks DevicePtr, nKeys, heads, dim int, scale 
 		name = "attention16"
 	}
 	nk, d := int32(nKeys), int32(dim)
-	shared := 4 * attnWarps * (2 + dim)
-	return c.launchOp(name, Dim3{X: uint32(heads)}, Dim3{X: 32 * attnWarps}, shared, s,
+	nw := attnWarps(dim)
+	shared := 4 * nw * (2 + dim)
+	return c.launchOp(name, Dim3{X: uint32(heads)}, Dim3{X: uint32(32 * nw)}, shared, s,
 		ptr(&o), ptr(&q), ptr(&kv), ptr(&sinks), ptr(&nk), ptr(&d), ptr(&scale))
 }
 

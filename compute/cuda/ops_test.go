@@ -411,9 +411,13 @@ func TestOpsBatched(t *testing.T) {
 			expectRel(t, fmt.Sprint("in place rows ", rows, " dim ", dim), inPlace, ref.RMSNorm(f64s(x), nil, dim, 1e-6), computetest.TolElemwise)
 		}
 	})
-	for _, f := range []compute.Format{compute.F32, compute.BF16} {
-		t.Run(fmt.Sprint("HCMix_", f), func(t *testing.T) {
-			const hc, D, batch = 4, 4096, 37
+	for _, sh := range []struct {
+		f             compute.Format
+		hc, D, batch int
+	}{{compute.F32, 4, 4096, 1}, {compute.F32, 4, 4096, 5}, {compute.F32, 4, 4096, 37}, {compute.BF16, 4, 4096, 2},
+		{compute.BF16, 4, 4096, 70}, {compute.F32, 6, 100, 3}, {compute.F32, 6, 100, 20}} { // hc 6: comb on one thread
+		f, hc, D, batch := sh.f, sh.hc, sh.D, sh.batch
+		t.Run(fmt.Sprintf("HCMix_%s_hc%d_b%d", f, hc, batch), func(t *testing.T) {
 			nm := (2 + hc) * hc
 			fd := computetest.RandomWeight(rng, f, nm, hc*D, 0.02)
 			hd := fd // the head collapse: the first hc rows of the same Fn

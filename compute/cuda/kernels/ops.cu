@@ -66,79 +66,142 @@ extern "C" __global__ void rmsnorm(float *y, const float *x, const float *w, int
 }
 
 // ---------------------------------------------------------------------------
-// Hyper-connection mixing (dsv4-flash.md §4.3). One block per token computes
-// m = ρ·(Fn·x) for the token's flattened streams x [n = hc·D], eight rows of
-// Fn at a time (x is re-read from L1/L2 per group of rows), then thread 0
-// applies the sigmoids and the Sinkhorn iterations in exactly the host's order
+// Hyper-connection mixing (dsv4-flash.md §4.3), in two kernels that use the
+// outputs as their scratch: the nm = (2+hc)·hc mix logits of a token map one
+// to one onto its pre [hc], post [hc] and comb [hc·hc] slots.
+//
+// hc_dots<RB, TB>: block (row group, token group) computes the raw dot
+// products Fn[r]·x[b] for RB rows × TB tokens (Fn F32, fmt 4, or BF16, fmt
+// 3) and stores each in its slot. RB = TB = 1 for decode (nm·batch blocks),
+// 8 × 8 for prefill batches (Fn and x each read once per tile).
+//
+// hc_finish: block per token: ρ = 1/sqrt(mean(x²) + normEps), m = ρ·dot,
+// the sigmoids, and the Sinkhorn iterations in exactly the host's order
 // (compute/cpu HCMix: row softmax + eps, one column pass, then iters−1 ×
-// (row pass, column pass); sums left to right, eps added after each sum).
-// fmt: 4 = F32 Fn, 3 = BF16 Fn. head != 0: HCHeadPre (nm = hc rows, pre only).
+// (row pass, column pass); every sum left to right from 0, eps added after
+// each sum). With hc·hc <= 32 lane l of warp 0 holds comb[l / hc, l % hc]
+// and gathers its row or column by shuffles in index order; larger hc runs
+// on thread 0 over shared memory. head != 0: HCHeadPre (nm = hc, pre only).
 
-#define HC_ROWS 8
 #define HC_MAXNM 128
 
-extern "C" __global__ void hc_mix(float *pre, float *post, float *comb, const float *x, const void *fn, int fmt,
-                                  const float *base, const float *scale, int hc, int n, int iters, float eps,
-                                  float normEps, int head) {
-  __shared__ float red[32];
-  __shared__ float m[HC_MAXNM];
-  __shared__ float part[32][HC_ROWS];
-  const int nm = head ? hc : (2 + hc) * hc;
-  const float *xb = x + (size_t)blockIdx.x * n;
+__device__ __forceinline__ float *hc_slot(float *pre, float *post, float *comb, int hc, int head, size_t b, int r) {
+  if (r < hc) return pre + b * hc + r;
+  if (r < 2 * hc) return post + b * hc + (r - hc);
+  return comb + b * hc * hc + (r - 2 * hc);
+}
+
+template <int RB, int TB>
+__device__ __forceinline__ void hc_dots_body(float *pre, float *post, float *comb, const float *x, const void *fn, int fmt,
+                                             int hc, int n, int nm, int batch, int head) {
+  __shared__ float part[32][RB * TB];
+  const int r0 = blockIdx.x * RB, b0 = blockIdx.y * TB;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  float acc[RB][TB];
+#pragma unroll
+  for (int j = 0; j < RB; j++)
+#pragma unroll
+    for (int t = 0; t < TB; t++) acc[j][t] = 0.f;
+  for (int c = threadIdx.x; c < n; c += blockDim.x) {
+    float fv[RB], xv[TB];
+#pragma unroll
+    for (int j = 0; j < RB; j++) {
+      const int r = r0 + j;
+      fv[j] = r >= nm ? 0.f
+              : fmt == 3 ? bf16f(((const u16 *)fn)[(size_t)r * n + c])
+                         : ((const float *)fn)[(size_t)r * n + c];
+    }
+#pragma unroll
+    for (int t = 0; t < TB; t++) xv[t] = b0 + t < batch ? x[(size_t)(b0 + t) * n + c] : 0.f;
+#pragma unroll
+    for (int j = 0; j < RB; j++)
+#pragma unroll
+      for (int t = 0; t < TB; t++) acc[j][t] += fv[j] * xv[t];
+  }
+#pragma unroll
+  for (int j = 0; j < RB; j++)
+#pragma unroll
+    for (int t = 0; t < TB; t++) {
+      const float s = warp_sum(acc[j][t]);
+      if (lane == 0) part[w][j * TB + t] = s;
+    }
+  __syncthreads();
+  for (int q = threadIdx.x; q < RB * TB; q += blockDim.x) {
+    const int r = r0 + q / TB, b = b0 + q % TB;
+    if (r < nm && b < batch) {
+      float s = 0.f;
+      for (int i = 0; i < nw; i++) s += part[i][q];
+      *hc_slot(pre, post, comb, hc, head, b, r) = s;
+    }
+  }
+}
+
+extern "C" __global__ void hc_dots_r1_t1(float *pre, float *post, float *comb, const float *x, const void *fn, int fmt,
+                                         int hc, int n, int nm, int batch, int head) {
+  hc_dots_body<1, 1>(pre, post, comb, x, fn, fmt, hc, n, nm, batch, head);
+}
+extern "C" __global__ void hc_dots_r8_t8(float *pre, float *post, float *comb, const float *x, const void *fn, int fmt,
+                                         int hc, int n, int nm, int batch, int head) {
+  hc_dots_body<8, 8>(pre, post, comb, x, fn, fmt, hc, n, nm, batch, head);
+}
+
+extern "C" __global__ void hc_finish(float *pre, float *post, float *comb, const float *x, const float *base,
+                                     const float *scale, int hc, int n, int iters, float eps, float normEps, int head) {
+  __shared__ float red[32];
+  __shared__ float cm[HC_MAXNM];
+  const size_t b = blockIdx.x;
+  const float *xb = x + b * n;
   float ss = 0.f;
   for (int c = threadIdx.x; c < n; c += blockDim.x) {
-    float v = xb[c];
+    const float v = xb[c];
     ss += v * v;
   }
   ss = block_sum(ss, red);
   const float rho = 1.0f / sqrtf(ss / (float)n + normEps);
-  for (int r0 = 0; r0 < nm; r0 += HC_ROWS) {
-    float acc[HC_ROWS];
-#pragma unroll
-    for (int j = 0; j < HC_ROWS; j++) acc[j] = 0.f;
-    for (int c = threadIdx.x; c < n; c += blockDim.x) {
-      const float v = xb[c];
-#pragma unroll
-      for (int j = 0; j < HC_ROWS; j++) {
-        const int r = r0 + j;
-        if (r < nm) {
-          float f = fmt == 3 ? bf16f(((const u16 *)fn)[(size_t)r * n + c]) : ((const float *)fn)[(size_t)r * n + c];
-          acc[j] += f * v;
-        }
-      }
+  const int lane = threadIdx.x;
+  if (lane < hc) {
+    const float m = pre[b * hc + lane] * rho;
+    pre[b * hc + lane] = sigmoidf_(m * scale[0] + base[lane]) + eps;
+    if (!head) {
+      const float m2 = post[b * hc + lane] * rho;
+      post[b * hc + lane] = 2.0f * sigmoidf_(m2 * scale[1] + base[hc + lane]);
     }
-#pragma unroll
-    for (int j = 0; j < HC_ROWS; j++) {
-      float s = warp_sum(acc[j]);
-      if (lane == 0) part[w][j] = s;
-    }
-    __syncthreads();
-    if (threadIdx.x < HC_ROWS && r0 + threadIdx.x < nm) {
-      float s = 0.f;
-      for (int i = 0; i < nw; i++) s += part[i][threadIdx.x];
-      m[r0 + threadIdx.x] = s * rho;
-    }
-    __syncthreads();
   }
-  if (threadIdx.x != 0) return;
-  const size_t b = blockIdx.x;
-  if (head) {
-    for (int j = 0; j < hc; j++) pre[b * hc + j] = sigmoidf_(m[j] * scale[0] + base[j]) + eps;
+  if (head) return;
+  const int its = iters < 1 ? 1 : iters;  // the host always makes the first column pass
+  float *cb = comb + b * hc * hc;
+  const int hh = hc * hc;
+  if (hh <= 32) {
+    if (threadIdx.x >= 32) return;
+    const bool own = lane < hh;
+    const int j = lane / hc, k = lane % hc;
+    float L = own ? __fadd_rn(__fmul_rn(cb[lane] * rho, scale[2]), base[2 * hc + lane]) : 0.f;
+    float mx = -__int_as_float(0x7f800000);
+    for (int kk = 0; kk < hc; kk++) mx = fmaxf(mx, __shfl_sync(FULL, L, j * hc + kk));
+    const float e = (float)exp((double)(L - mx));
+    float s = 0.f;
+    for (int kk = 0; kk < hc; kk++) s += __shfl_sync(FULL, e, j * hc + kk);
+    float v = e / s + eps;
+    for (int it = 0; it < its; it++) {
+      if (it > 0) {
+        s = 0.f;
+        for (int kk = 0; kk < hc; kk++) s += __shfl_sync(FULL, v, j * hc + kk);
+        v = v / (s + eps);
+      }
+      s = 0.f;
+      for (int jj = 0; jj < hc; jj++) s += __shfl_sync(FULL, v, jj * hc + k);
+      v = v / (s + eps);
+    }
+    if (own) cb[lane] = v;
     return;
   }
-  for (int j = 0; j < hc; j++) {
-    pre[b * hc + j] = sigmoidf_(m[j] * scale[0] + base[j]) + eps;
-    post[b * hc + j] = 2.0f * sigmoidf_(m[hc + j] * scale[1] + base[hc + j]);
-  }
-  float *c = comb + b * hc * hc;
+  if (threadIdx.x != 0) return;
+  float *c = cm;
+  for (int jk = 0; jk < hh; jk++) c[jk] = __fadd_rn(__fmul_rn(cb[jk] * rho, scale[2]), base[2 * hc + jk]);
   for (int j = 0; j < hc; j++) {
     float *row = c + j * hc;
     float mx = -__int_as_float(0x7f800000);
-    for (int k = 0; k < hc; k++) {
-      row[k] = __fadd_rn(__fmul_rn(m[2 * hc + j * hc + k], scale[2]), base[2 * hc + j * hc + k]);
-      mx = fmaxf(mx, row[k]);
-    }
+    for (int k = 0; k < hc; k++) mx = fmaxf(mx, row[k]);
     float s = 0.f;
     for (int k = 0; k < hc; k++) {
       row[k] = (float)exp((double)(row[k] - mx));
@@ -146,7 +209,6 @@ extern "C" __global__ void hc_mix(float *pre, float *post, float *comb, const fl
     }
     for (int k = 0; k < hc; k++) row[k] = row[k] / s + eps;
   }
-  const int its = iters < 1 ? 1 : iters;  // the host always makes the first column pass
   for (int it = 0; it < its; it++) {
     if (it > 0) {
       for (int j = 0; j < hc; j++) {
@@ -161,6 +223,7 @@ extern "C" __global__ void hc_mix(float *pre, float *post, float *comb, const fl
       for (int j = 0; j < hc; j++) c[j * hc + k] /= s + eps;
     }
   }
+  for (int jk = 0; jk < hh; jk++) cb[jk] = c[jk];
 }
 
 // HCCollapse: y[b, i] = Σ_j pre[b, j]·x[b, j, i]; grid (ceil(dim/blockDim), batch).
@@ -239,23 +302,34 @@ __device__ __forceinline__ void attention_body(float *o, const float *q, const f
     acc[t] = 0.f;
   }
   float mx = -__int_as_float(0x7f800000), l = 0.f;
-  for (int i = w; i < nKeys; i += nw) {
+  // Two keys per step (i and i + nw) so that their loads are in flight together.
+  for (int i = w; i < nKeys; i += 2 * nw) {
+    const int i2 = i + nw;
+    const bool two = i2 < nKeys;
     const float *k = kv + (size_t)i * dim;
-    float kr[T];
-    float d = 0.f;
+    const float *k2 = kv + (size_t)(two ? i2 : i) * dim;
+    float kr[T], kr2[T];
+    float d = 0.f, d2 = 0.f;
 #pragma unroll
     for (int t = 0; t < T; t++) {
       const int c = lane + 32 * t;
       kr[t] = c < dim ? k[c] : 0.f;
+      kr2[t] = c < dim ? k2[c] : 0.f;
+    }
+#pragma unroll
+    for (int t = 0; t < T; t++) {
       d += qr[t] * kr[t];
+      d2 += qr[t] * kr2[t];
     }
     const float s = warp_sum(d) * scale;
-    const float mn = fmaxf(mx, s);
+    const float s2 = two ? warp_sum(d2) * scale : -__int_as_float(0x7f800000);  // two is warp-uniform
+    const float mn = fmaxf(mx, fmaxf(s, s2));
     const float a = mx == mn ? 1.f : expf(mx - mn);  // mx may be -inf
     const float p = expf(s - mn);
-    l = l * a + p;
+    const float p2 = two ? expf(s2 - mn) : 0.f;
+    l = l * a + p + p2;
 #pragma unroll
-    for (int t = 0; t < T; t++) acc[t] = acc[t] * a + p * kr[t];
+    for (int t = 0; t < T; t++) acc[t] = acc[t] * a + p * kr[t] + p2 * kr2[t];
     mx = mn;
   }
   float *ms = sm, *ls = sm + nw, *as = sm + 2 * nw;

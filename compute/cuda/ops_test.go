@@ -412,7 +412,7 @@ func TestOpsBatched(t *testing.T) {
 		}
 	})
 	for _, sh := range []struct {
-		f             compute.Format
+		f            compute.Format
 		hc, D, batch int
 	}{{compute.F32, 4, 4096, 1}, {compute.F32, 4, 4096, 5}, {compute.F32, 4, 4096, 37}, {compute.BF16, 4, 4096, 2},
 		{compute.BF16, 4, 4096, 70}, {compute.F32, 6, 100, 3}, {compute.F32, 6, 100, 20}} { // hc 6: comb on one thread

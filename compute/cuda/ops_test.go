@@ -663,3 +663,133 @@ func TestOpsNoops(t *testing.T) {
 		}
 	}
 }
+
+// benchOp times f (which enqueues one op on the compute stream) with CUDA
+// events around b.N back-to-back calls, after one warm-up call (which also
+// compiles or loads the ops module), and reports device microseconds per call.
+// Tiny kernels are bound by the host's launch rate (see NOTES.md), which the
+// figure then measures instead.
+func benchOp(b *testing.B, setup func(c *Ctx, d *devBufs) func() error) {
+	dev := testDevice(b)
+	var us float64
+	err := dev.Do(func(c *Ctx) error {
+		d := &devBufs{c: c}
+		defer d.free()
+		f := setup(c, d)
+		d.synced()
+		if d.err != nil {
+			return d.err
+		}
+		if err := f(); err != nil {
+			return err
+		}
+		e0, err := c.NewEvent(true)
+		if err != nil {
+			return err
+		}
+		defer c.DestroyEvent(e0)
+		e1, err := c.NewEvent(true)
+		if err != nil {
+			return err
+		}
+		defer c.DestroyEvent(e1)
+		if err := c.Sync(c.Stream()); err != nil {
+			return err
+		}
+		b.ResetTimer()
+		if err := c.Record(e0, c.Stream()); err != nil {
+			return err
+		}
+		for range b.N {
+			if err := f(); err != nil {
+				return err
+			}
+		}
+		if err := c.Record(e1, c.Stream()); err != nil {
+			return err
+		}
+		if err := c.WaitEvent(e1); err != nil {
+			return err
+		}
+		b.StopTimer()
+		ms, err := c.Elapsed(e0, e1)
+		us = ms * 1000 / float64(b.N)
+		return err
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(us, "device-us/op")
+}
+
+func BenchmarkOpsTopK(b *testing.B) {
+	for _, sh := range [][2]int{{1 << 20, 2048}, {1 << 18, 512}, {16384, 512}} {
+		n, k := sh[0], sh[1]
+		b.Run(fmt.Sprintf("n%d_k%d", n, k), func(b *testing.B) {
+			benchOp(b, func(c *Ctx, d *devBufs) func() error {
+				sc := computetest.Normal(rand.New(rand.NewPCG(1, 1)), n, 1)
+				ds, idx := d.floats(sc), d.alloc(4*k)
+				return func() error { return c.TopK(idx, ds, n, k, c.Stream()) }
+			})
+		})
+	}
+}
+
+func BenchmarkOpsHCMix(b *testing.B) {
+	const hc, D = 4, 4096
+	for _, batch := range []int{1, 16, 256} {
+		b.Run(fmt.Sprint("b", batch), func(b *testing.B) {
+			benchOp(b, func(c *Ctx, d *devBufs) func() error {
+				rng := rand.New(rand.NewPCG(2, 2))
+				nm := (2 + hc) * hc
+				p := &HC{Fn: d.weight(computetest.RandomWeight(rng, compute.F32, nm, hc*D, 0.02)),
+					Base: d.floats(computetest.Normal(rng, nm, 1)), Scale: d.floats(computetest.Normal(rng, 3, 1)),
+					HC: hc, Iters: 20, Eps: 1e-6, NormEps: 1e-6}
+				x := d.floats(computetest.Normal(rng, batch*hc*D, 1))
+				pre, post, comb := d.alloc(4*batch*hc), d.alloc(4*batch*hc), d.alloc(4*batch*hc*hc)
+				return func() error { return c.HCMix(pre, post, comb, x, p, batch, c.Stream()) }
+			})
+		})
+	}
+}
+
+func BenchmarkOpsAttention(b *testing.B) {
+	const heads, dim = 64, 512
+	for _, nKeys := range []int{640, 8192} {
+		b.Run(fmt.Sprint("keys", nKeys), func(b *testing.B) {
+			benchOp(b, func(c *Ctx, d *devBufs) func() error {
+				rng := rand.New(rand.NewPCG(3, 3))
+				q, kv := d.floats(computetest.Normal(rng, heads*dim, 1)), d.floats(computetest.Normal(rng, nKeys*dim, 1))
+				sinks, o := d.floats(computetest.Normal(rng, heads, 1)), d.alloc(4*heads*dim)
+				return func() error { return c.Attention(o, q, kv, sinks, nKeys, heads, dim, 0.044, c.Stream()) }
+			})
+		})
+	}
+}
+
+func BenchmarkOpsRMSNorm(b *testing.B) {
+	for _, sh := range [][2]int{{1, 4096}, {64, 512}, {4096, 4096}} {
+		rows, dim := sh[0], sh[1]
+		b.Run(fmt.Sprintf("%dx%d", rows, dim), func(b *testing.B) {
+			benchOp(b, func(c *Ctx, d *devBufs) func() error {
+				rng := rand.New(rand.NewPCG(4, 4))
+				x, w := d.floats(computetest.Normal(rng, rows*dim, 1)), d.floats(computetest.Normal(rng, dim, 1))
+				return func() error { return c.RMSNorm(x, x, w, rows, dim, 1e-6, c.Stream()) }
+			})
+		})
+	}
+}
+
+func BenchmarkOpsRoute(b *testing.B) {
+	const E, k = 256, 6
+	for _, batch := range []int{1, 4096} {
+		b.Run(fmt.Sprint("b", batch), func(b *testing.B) {
+			benchOp(b, func(c *Ctx, d *devBufs) func() error {
+				rng := rand.New(rand.NewPCG(5, 5))
+				lg, bias := d.floats(computetest.Normal(rng, batch*E, 2)), d.floats(computetest.Normal(rng, E, 0.3))
+				ids, w := d.alloc(4*batch*k), d.alloc(4*batch*k)
+				return func() error { return c.Route(ids, w, lg, bias, 0, batch, E, k, 2.5, c.Stream()) }
+			})
+		})
+	}
+}

@@ -482,9 +482,15 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk(int *idx, const 
     const int sh = shifts[pass], nb = 1 << widths[pass];
     for (int i = tid; i < nb; i += blockDim.x) hist[i] = 0;
     __syncthreads();
-    for (int i = tid; i < n; i += blockDim.x) {
-      const u32 key = rank_key(scores[i]);
-      if ((key & mask) == prefix) atomicAdd(&hist[(key >> sh) & (nb - 1)], 1u);
+    // Warp-uniform trip count; lanes with the same bin add once together
+    // (ties and narrow value ranges would otherwise serialise the atomics).
+    for (int i0 = wp * 32; i0 < n; i0 += blockDim.x) {
+      const int i = i0 + lane;
+      const u32 key = i < n ? rank_key(scores[i]) : 0u;
+      const bool in = i < n && (key & mask) == prefix;
+      const u32 bin = in ? (key >> sh) & (u32)(nb - 1) : 0xffffffffu;
+      const u32 peers = __match_any_sync(FULL, bin);
+      if (in && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (u32)__popc(peers));
     }
     __syncthreads();
     if (wp == 0) {

@@ -159,7 +159,7 @@ func (c *Ctx) hcMix(op string, pre, post, comb, x DevicePtr, p *HC, batch int, h
 		ptr(&pre), ptr(&post), ptr(&comb), ptr(&x), ptr(&fn), ptr(&code), ptr(&hc), ptr(&n), ptr(&nm), ptr(&b32), ptr(&head)); err != nil {
 		return err
 	}
-	return c.launchOp("hc_finish", Dim3{X: uint32(batch)}, Dim3{X: 256}, 0, s,
+	return c.launchOp("hc_finish", Dim3{X: uint32(batch)}, Dim3{X: 512}, 0, s,
 		ptr(&pre), ptr(&post), ptr(&comb), ptr(&x), ptr(&base), ptr(&scale), ptr(&hc), ptr(&n), ptr(&iters), ptr(&eps), ptr(&neps), ptr(&head))
 }
 

@@ -793,3 +793,59 @@ func BenchmarkOpsRoute(b *testing.B) {
 		})
 	}
 }
+
+// TestOpsBackend checks what the compliance suite does not: that Backend
+// keeps host aliasing (SwiGLU's h over g or u) correct, and that it panics,
+// naming the op, on shapes the host backends reject.
+func TestOpsBackend(t *testing.T) {
+	dev := testDevice(t)
+	b, err := NewBackend(dev, 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	rng := rand.New(rand.NewPCG(26, 1))
+	const rows, width = 3, 40
+	g, u := computetest.Normal(rng, rows*width, 4), computetest.Normal(rng, rows*width, 4)
+	rs := []float32{0.5, 2, -1}
+	for _, alias := range []string{"g", "u"} {
+		t.Run("SwiGLU_h="+alias, func(t *testing.T) {
+			gc, uc := append([]float32(nil), g...), append([]float32(nil), u...)
+			h := gc
+			if alias == "u" {
+				h = uc
+			}
+			b.SwiGLU(h, gc, uc, rs, width, 10)
+			for r := range rows {
+				want := ref.SwiGLU(f64s(g[r*width:(r+1)*width]), f64s(u[r*width:(r+1)*width]), float64(rs[r]), 10)
+				expectRel(t, fmt.Sprint("row ", r), h[r*width:(r+1)*width], want, computetest.TolElemwise)
+			}
+		})
+	}
+	panics := []struct {
+		op   string
+		call func()
+	}{
+		{"RMSNorm", func() { b.RMSNorm(make([]float32, 8), make([]float32, 16), nil, 8, 1e-6) }},
+		{"SwiGLU", func() { b.SwiGLU(make([]float32, 8), make([]float32, 8), make([]float32, 8), []float32{1, 1, 1}, 4, 0) }},
+		{"Route", func() { b.Route(make([]int, 2), make([]float32, 2), make([]float32, 8), nil, []int{1, 8}, 1) }},
+		{"Attention", func() {
+			b.Attention(make([]float32, 8), make([]float32, 8), make([]float32, 7), []float32{0, 0}, 2, 2, 4, 1)
+		}},
+		{"HCCollapse", func() { b.HCCollapse(make([]float32, 4), make([]float32, 15), make([]float32, 4), 4, 4, 1) }},
+	}
+	for _, tc := range panics {
+		t.Run("panic_"+tc.op, func(t *testing.T) {
+			defer func() {
+				r := recover()
+				if r == nil {
+					t.Fatal("bad shapes accepted")
+				}
+				if msg := fmt.Sprint(r); !strings.Contains(msg, "cuda."+tc.op) {
+					t.Fatalf("panic %q does not name cuda.%s", msg, tc.op)
+				}
+			}()
+			tc.call()
+		})
+	}
+}

@@ -53,6 +53,7 @@ extern "C" __global__ void rmsnorm(float *y, const float *x, const float *w, int
   const float *xr = x + (size_t)blockIdx.x * dim;
   float *yr = y + (size_t)blockIdx.x * dim;
   float ss = 0.f;
+#pragma unroll 4
   for (int i = threadIdx.x; i < dim; i += blockDim.x) {
     float v = xr[i];
     ss += v * v;
@@ -91,7 +92,7 @@ __device__ __forceinline__ float *hc_slot(float *pre, float *post, float *comb, 
   return comb + b * hc * hc + (r - 2 * hc);
 }
 
-template <int RB, int TB>
+template <int RB, int TB, int U>
 __device__ __forceinline__ void hc_dots_body(float *pre, float *post, float *comb, const float *x, const void *fn, int fmt,
                                              int hc, int n, int nm, int batch, int head) {
   __shared__ float part[32][RB * TB];
@@ -102,7 +103,8 @@ __device__ __forceinline__ void hc_dots_body(float *pre, float *post, float *com
   for (int j = 0; j < RB; j++)
 #pragma unroll
     for (int t = 0; t < TB; t++) acc[j][t] = 0.f;
-  for (int c = threadIdx.x; c < n; c += blockDim.x) {
+#pragma unroll U
+  for (int c = threadIdx.x; c < n; c += blockDim.x) {  // U iterations' loads in flight together
     float fv[RB], xv[TB];
 #pragma unroll
     for (int j = 0; j < RB; j++) {
@@ -138,11 +140,11 @@ __device__ __forceinline__ void hc_dots_body(float *pre, float *post, float *com
 
 extern "C" __global__ void hc_dots_r1_t1(float *pre, float *post, float *comb, const float *x, const void *fn, int fmt,
                                          int hc, int n, int nm, int batch, int head) {
-  hc_dots_body<1, 1>(pre, post, comb, x, fn, fmt, hc, n, nm, batch, head);
+  hc_dots_body<1, 1, 8>(pre, post, comb, x, fn, fmt, hc, n, nm, batch, head);
 }
 extern "C" __global__ void hc_dots_r8_t8(float *pre, float *post, float *comb, const float *x, const void *fn, int fmt,
                                          int hc, int n, int nm, int batch, int head) {
-  hc_dots_body<8, 8>(pre, post, comb, x, fn, fmt, hc, n, nm, batch, head);
+  hc_dots_body<8, 8, 1>(pre, post, comb, x, fn, fmt, hc, n, nm, batch, head);
 }
 
 extern "C" __global__ void hc_finish(float *pre, float *post, float *comb, const float *x, const float *base,
@@ -152,6 +154,7 @@ extern "C" __global__ void hc_finish(float *pre, float *post, float *comb, const
   const size_t b = blockIdx.x;
   const float *xb = x + b * n;
   float ss = 0.f;
+#pragma unroll 8
   for (int c = threadIdx.x; c < n; c += blockDim.x) {
     const float v = xb[c];
     ss += v * v;

@@ -63,7 +63,7 @@ MODEL defaults to synth:tiny; use synth:flash?layers=2 for V4-Flash shapes.`, st
 	if err != nil {
 		return usagef("--bw-size: %v", err)
 	}
-	spec := defaultModel
+	spec := defaultModel()
 	if fs.NArg() == 1 {
 		spec = fs.Arg(0)
 	}

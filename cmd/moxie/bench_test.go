@@ -9,7 +9,7 @@ import (
 
 func TestBenchWritesConsistentReport(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "bench.json")
-	code, _, errs := moxie(t, "bench", "--prompt", "9", "--decode", "3", "--runs", "1", "--bw-size", "16MiB", "--json", out)
+	code, _, errs := moxie(t, "bench", "synth:tiny", "--prompt", "9", "--decode", "3", "--runs", "1", "--bw-size", "16MiB", "--json", out)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}

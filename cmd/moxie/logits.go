@@ -16,7 +16,7 @@ Run token ids through the model and save the logits, for checking moxie against
 another implementation. FILE holds a JSON array of token ids. The first N tokens
 go through one prefill, each later token through one decode step. OUT.npy gets
 float32 logits of shape [len(tokens), vocab]; row i predicts token i+1.`, stderr)
-	model := fs.String("model", defaultModel, "model: a checkpoint directory or synth:PRESET")
+	model := fs.String("model", defaultModel(), "model: a checkpoint directory or synth:PRESET")
 	tokFile := fs.String("tokens", "", "JSON file with an array of token ids")
 	prefill := fs.Int("prefill", 0, "how many leading tokens form the prefill (default: all)")
 	out := fs.String("out", "", "output .npy file")

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 )
 
@@ -37,8 +38,47 @@ func commands() []command {
 
 const version = "0.1.0-dev"
 
-// defaultModel is the model used when --model is not given.
-const defaultModel = "synth:tiny"
+// builtinModel is the built-in default model: the trained miniature of
+// DeepSeek-V4 (issue 8) shipped in the repository's models/brown-mini.
+const builtinModel = "models/brown-mini"
+
+// defaultModel returns the model used when --model is not given: $MOXIE_MODEL
+// if set, else the first models/brown-mini found in the working directory or
+// one of its parents (so any directory of the repository works), or beside the
+// executable; else builtinModel itself, which loadModel reports as missing
+// with what to do.
+func defaultModel() string {
+	if m := os.Getenv("MOXIE_MODEL"); m != "" {
+		return m
+	}
+	var roots []string
+	if wd, err := os.Getwd(); err == nil {
+		for d := wd; ; d = filepath.Dir(d) {
+			roots = append(roots, d)
+			if filepath.Dir(d) == d {
+				break
+			}
+		}
+	}
+	if exe, err := os.Executable(); err == nil {
+		roots = append(roots, filepath.Dir(exe), filepath.Dir(filepath.Dir(exe)))
+	}
+	for _, r := range roots {
+		d := filepath.Join(r, builtinModel)
+		if _, err := os.Stat(filepath.Join(d, "config.json")); err == nil {
+			if rel, err := filepath.Rel(mustGetwd(), d); err == nil && len(rel) < len(d) {
+				return rel
+			}
+			return d
+		}
+	}
+	return builtinModel
+}
+
+func mustGetwd() string {
+	wd, _ := os.Getwd()
+	return wd
+}
 
 func usage(w io.Writer) {
 	fmt.Fprintf(w, `moxie runs DeepSeek-V4-Flash (284B-parameter MoE) from its official checkpoint.

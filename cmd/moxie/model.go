@@ -83,6 +83,11 @@ func loadModel(spec string, mf *memFlags, stderr io.Writer) (*loadedModel, error
 	} else if budget, note, err = experts.DefaultBudget(); err != nil {
 		return nil, err
 	}
+	if spec == builtinModel {
+		if _, err := os.Stat(spec); err != nil {
+			return nil, fmt.Errorf("the built-in model %s was not found in this directory, its parents or beside the moxie executable: run moxie inside its repository, set MOXIE_MODEL to the model's directory, or pass --model (a checkpoint directory, or synth:tiny for a synthetic model that needs no files)", builtinModel)
+		}
+	}
 	src, err := checkpoint.Open(spec)
 	if err != nil {
 		return nil, err

@@ -32,7 +32,7 @@ windows of --window tokens (each evaluated from scratch, starting with BOS), and
 every text token is predicted once from the tokens before it in its window.
 Reports the mean negative log-likelihood (nats per token), the perplexity
 exp(mean NLL), and tokens per second.`, stderr)
-	model := fs.String("model", defaultModel, "model: a checkpoint directory or synth:PRESET")
+	model := fs.String("model", defaultModel(), "model: a checkpoint directory or synth:PRESET")
 	file := fs.String("file", "", "text file to score")
 	window := fs.Int("window", 1024, "tokens per window, BOS included (capped at the model's context)")
 	chunk := fs.Int("chunk", 256, "tokens per prefill call within a window")

@@ -24,7 +24,7 @@ func TestPerplexityMatchesDirectComputation(t *testing.T) {
 	os.WriteFile(file, []byte(text), 0o644)
 	out := filepath.Join(dir, "p.json")
 	const window = 40
-	code, _, errs := moxie(t, "perplexity", "--file", file, "--window", "40", "--chunk", "7", "--json", out)
+	code, _, errs := moxie(t, "perplexity", "--model", "synth:tiny", "--file", file, "--window", "40", "--chunk", "7", "--json", out)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}

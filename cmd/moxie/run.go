@@ -30,7 +30,7 @@ prompt. Text streams as it is generated; a stats line follows each answer
 (prompt tokens, time to first token, prefill and decode tokens/s, memory).
 Without --model, moxie uses its built-in tiny synthetic model, whose text is
 meaningless (random weights).`, stderr)
-	model := fs.String("model", defaultModel, "model: a checkpoint directory or synth:PRESET")
+	model := fs.String("model", defaultModel(), "model: a checkpoint directory or synth:PRESET")
 	maxTokens := fs.Int("max-tokens", 256, "most tokens to generate per answer")
 	temp := fs.Float64("temperature", 0.6, "sampling temperature; 0 is greedy")
 	topP := fs.Float64("top-p", 0.95, "nucleus sampling: keep the most likely tokens up to this probability mass (1 disables)")

@@ -17,10 +17,17 @@ func TestRunOneShotIsReproducibleAndReportsStats(t *testing.T) {
 	if out1 != out2 || out1 == "" {
 		t.Fatalf("same seed gave different answers:\n%q\n%q", out1, out2)
 	}
-	for _, want := range []string{"synthetic model", "[prompt ", "prefill", "decode", "12 tok, length", "memory"} {
+	for _, want := range []string{"[prompt ", "prefill", "decode", "12 tok, length", "memory"} {
 		if !strings.Contains(errs, want) {
 			t.Errorf("stderr lacks %q:\n%s", want, errs)
 		}
+	}
+	// The default is the trained miniature, not a synthetic model.
+	if strings.Contains(errs, "synthetic model") {
+		t.Errorf("the default model was announced as synthetic:\n%s", errs)
+	}
+	if _, _, errs := moxie(t, "run", "--model", "synth:tiny", "--max-tokens", "2", "Hi"); !strings.Contains(errs, "synthetic model") {
+		t.Errorf("synth:tiny was not announced as synthetic:\n%s", errs)
 	}
 	_, out3, _ := moxie(t, "run", "--max-tokens", "12", "--seed", "43", "--temperature", "0.8", "Hello, moxie")
 	if out3 == out1 {
@@ -33,7 +40,7 @@ func TestRunInteractive(t *testing.T) {
 	in := strings.NewReader("first question\n/reset\nsecond\n/exit\nnever read\n")
 	// A strings.Reader is not a terminal, so pass the conversation through the
 	// interactive loop directly.
-	lm, err := loadModel(defaultModel, nil, &errb)
+	lm, err := loadModel(defaultModel(), nil, &errb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,4 +98,32 @@ func TestRunBadFlags(t *testing.T) {
 			t.Errorf("%v: exit %d (%s), want 2", args, code, errs)
 		}
 	}
+}
+
+// TestDefaultModelResolution checks where the built-in model is looked for:
+// $MOXIE_MODEL first, then models/brown-mini in the working directory or a
+// parent, and a clear error naming what to do when it is nowhere.
+func TestDefaultModelResolution(t *testing.T) {
+	t.Run("from a subdirectory of the repository", func(t *testing.T) {
+		d := defaultModel()
+		if _, err := os.Stat(filepath.Join(d, "config.json")); err != nil || filepath.Base(d) != "brown-mini" {
+			t.Fatalf("defaultModel() = %q (%v), want the repository's models/brown-mini", d, err)
+		}
+	})
+	t.Run("MOXIE_MODEL wins", func(t *testing.T) {
+		t.Setenv("MOXIE_MODEL", "synth:tiny")
+		if d := defaultModel(); d != "synth:tiny" {
+			t.Fatalf("defaultModel() = %q, want synth:tiny", d)
+		}
+	})
+	t.Run("nowhere", func(t *testing.T) {
+		t.Chdir(t.TempDir())
+		if d := defaultModel(); d != builtinModel {
+			t.Skipf("found %q beside the test executable", d)
+		}
+		code, _, errs := moxie(t, "run", "Hi")
+		if code == 0 || !strings.Contains(errs, "MOXIE_MODEL") || !strings.Contains(errs, builtinModel) {
+			t.Fatalf("exit %d, stderr %q: want a failure naming %s and MOXIE_MODEL", code, errs, builtinModel)
+		}
+	})
 }

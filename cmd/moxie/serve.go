@@ -67,7 +67,7 @@ func runServe(args []string, _ io.Reader, stdout, stderr io.Writer) error {
 // with the listening address once the server accepts connections.
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer, ready func(addr string)) error {
 	fs := newFlags("serve", "[--model MODEL] [--addr HOST:PORT] [flags]", serveAbout, stderr)
-	model := fs.String("model", defaultModel, "the `MODEL` to serve: a checkpoint directory or synth:PRESET")
+	model := fs.String("model", defaultModel(), "the `MODEL` to serve: a checkpoint directory or synth:PRESET")
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address (`HOST:PORT`; port 0 picks a free one)")
 	concurrency := fs.Int("concurrency", 1, "generations run at once")
 	queue := fs.Int("queue", 16, "requests that may wait for a generation slot (0: none)")

@@ -82,7 +82,7 @@ func TestServeTinyModel(t *testing.T) {
 	addrc := make(chan string, 1)
 	errc := make(chan error, 1)
 	go func() {
-		errc <- serve(ctx, []string{"--addr", "127.0.0.1:0", "--api-key", "k", "--quiet"}, &out, &errb, func(a string) { addrc <- a })
+		errc <- serve(ctx, []string{"--model", "synth:tiny", "--addr", "127.0.0.1:0", "--api-key", "k", "--quiet"}, &out, &errb, func(a string) { addrc <- a })
 	}()
 	var addr string
 	select {

@@ -28,6 +28,9 @@ type deviceModel struct {
 	fwd    *cuda.Fwd
 	maxCtx int
 	bytes  int // arena bytes in use after the upload
+	// tableErr is why some layer's experts cannot be selected on the device
+	// (nil when every layer's can).
+	tableErr error
 
 	embed  cuda.DevicePtr // BF16 [V, D]
 	head   *cuda.DeviceWeight
@@ -263,8 +266,11 @@ func (d *deviceModel) upload(c *cuda.Ctx, m *Model, src checkpoint.Source) error
 			w1[e], w3[e], w2[e] = x.w1, x.w3, x.w2
 		}
 		// An unsupported format or shape leaves table nil: decode then routes
-		// through the host (correct, one sync per layer).
-		db.table, _ = c.PrepareExpertTable(d.arena, w1, w3, w2)
+		// through the host (correct, one sync per layer); tableErr says why.
+		var err error
+		if db.table, err = c.PrepareExpertTable(d.arena, w1, w3, w2); err != nil && d.tableErr == nil {
+			d.tableErr = fmt.Errorf("layer %d: %w", db.layer, err)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -191,15 +191,20 @@ func TestDeviceTiny(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if md.dev.tableErr != nil {
+		t.Errorf("decode cannot select experts on the device (it routes through the host): %v", md.dev.tableErr)
+	}
 	cases := []struct {
-		name   string
-		chunks []int
+		name     string
+		chunks   []int
+		noGraphs bool
 	}{
-		{"prefill40", []int{40}},
-		{"chunked 13+11+16", []int{13, 11, 16}},
-		{"prefill17 then decode", decodeSchedule(40, 17)},
-		{"decode only", decodeSchedule(40, 1)},
-		{"chunks 3+5+8+1+23", []int{3, 5, 8, 1, 23}},
+		{"prefill40", []int{40}, false},
+		{"chunked 13+11+16", []int{13, 11, 16}, false},
+		{"prefill17 then decode", decodeSchedule(40, 17), false},
+		{"prefill17 then decode without graphs", decodeSchedule(40, 17), true},
+		{"decode only", decodeSchedule(40, 1), false},
+		{"chunks 3+5+8+1+23", []int{3, 5, 8, 1, 23}, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -208,9 +213,19 @@ func TestDeviceTiny(t *testing.T) {
 			cs := mc.NewSession()
 			want := runSchedule(t, cs.PrefillAll, toks, tc.chunks)
 			ds := newDeviceSession(t, md)
+			ds.UseGraphs(!tc.noGraphs)
 			got := runSchedule(t, ds.PrefillAll, toks, tc.chunks)
 			if ds.Pos() != len(toks) || ds.Len() != len(toks) {
 				t.Errorf("Pos %d, Len %d after %d tokens", ds.Pos(), ds.Len(), len(toks))
+			}
+			if ds.runErr != nil {
+				t.Errorf("expert runs: %v", ds.runErr)
+			}
+			if ds.graphErr != nil {
+				t.Errorf("decode graph capture failed (the steps ran uncaptured): %v", ds.graphErr)
+			}
+			if decodes := len(tc.chunks) - 1; !tc.noGraphs && decodes >= 2 && ds.graph == nil {
+				t.Errorf("%d decode steps and no captured graph", decodes)
 			}
 			compareDevice(t, "device vs CPU", got, want, V, 1e-4)
 			compareDevice(t, "device vs CPU single prefill", got, cpuFull, V, 1e-4)
@@ -413,12 +428,23 @@ func benchDeviceModel(b *testing.B) *Model {
 // 16-token prefill; bytes per op are the weight bytes one step reads
 // (dense + top-k routed experts + head), so MB/s compares with HBM bandwidth.
 func BenchmarkDeviceDecode(b *testing.B) {
+	for _, graphs := range []bool{true, false} {
+		name := "graph"
+		if !graphs {
+			name = "launches"
+		}
+		b.Run(name, func(b *testing.B) { benchDeviceDecode(b, graphs) })
+	}
+}
+
+func benchDeviceDecode(b *testing.B, graphs bool) {
 	m := benchDeviceModel(b)
 	s, err := m.NewDeviceSession()
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer s.Close()
+	defer func() { s.Close() }()
+	s.UseGraphs(graphs)
 	if _, err := s.Prefill(testTokens(16, m.Cfg.VocabSize, 1)); err != nil {
 		b.Fatal(err)
 	}
@@ -433,6 +459,7 @@ func BenchmarkDeviceDecode(b *testing.B) {
 			if s, err = m.NewDeviceSession(); err != nil {
 				b.Fatal(err)
 			}
+			s.UseGraphs(graphs)
 			if _, err := s.Prefill(testTokens(16, m.Cfg.VocabSize, 1)); err != nil {
 				b.Fatal(err)
 			}
@@ -445,6 +472,12 @@ func BenchmarkDeviceDecode(b *testing.B) {
 	}
 	b.ReportMetric(float64(n)/time.Since(t0).Seconds(), "tok/s")
 	b.ReportMetric(float64(decodeBytes(m)), "bytes/token")
+	if s.graphErr != nil {
+		b.Errorf("decode graph capture failed: %v", s.graphErr)
+	}
+	if s.runErr != nil || m.dev.tableErr != nil {
+		b.Errorf("experts route through the host: %v %v", s.runErr, m.dev.tableErr)
+	}
 }
 
 // BenchmarkDevicePrefill measures a prefill of $MOXIE_DEVICE_PREFILL tokens

@@ -19,9 +19,12 @@ func FwdSource() string { return fwdSrc }
 // float32 unless marked int32; size arguments are element counts. Bad sizes
 // are errors naming the kernel and the argument.
 type Fwd struct {
-	attn, compStore, compClose, indexScores      *Kernel
-	moeArgs, addRows, gather, scatter, gatherI32 *Kernel
+	attn, ringStore, compStore, compClose, indexScores, topk *Kernel
+	moeArgs, addRows, gather, scatter, gatherI32             *Kernel
 }
+
+// FwdMaxTopK is the largest k TopKRows takes.
+const FwdMaxTopK = 2048
 
 // maxStaticShared is the dynamic shared memory a launch may use without the
 // opt-in attribute.
@@ -38,8 +41,9 @@ func (c *Ctx) Fwd() (*Fwd, error) {
 		name string
 		dst  **Kernel
 	}{
-		{"fwd_attention", &f.attn}, {"fwd_comp_store", &f.compStore}, {"fwd_comp_close", &f.compClose},
-		{"fwd_index_scores", &f.indexScores}, {"fwd_moe_args", &f.moeArgs}, {"fwd_add_rows", &f.addRows},
+		{"fwd_attention", &f.attn}, {"fwd_ring_store", &f.ringStore}, {"fwd_comp_store", &f.compStore},
+		{"fwd_comp_close", &f.compClose}, {"fwd_index_scores", &f.indexScores}, {"fwd_topk", &f.topk},
+		{"fwd_moe_args", &f.moeArgs}, {"fwd_add_rows", &f.addRows},
 		{"fwd_gather_rows", &f.gather}, {"fwd_scatter_add", &f.scatter}, {"fwd_gather_i32", &f.gatherI32},
 	} {
 		if *k.dst, err = m.Kernel(k.name); err != nil {
@@ -51,22 +55,23 @@ func (c *Ctx) Fwd() (*Fwd, error) {
 
 // attnArgs mirrors struct AttnArgs in kernels/fwd.cu.
 type attnArgs struct {
-	O, Q, Ring, Comp, Idx, Sinks                                      uint64
-	RingRows, Window, P0, Ratio, IdxStride, TopK, Heads, Dim, MaxKeys int32
-	Scale                                                             float32
+	O, Q, Ring, Comp, Idx, Sinks, Pos                             uint64
+	RingRows, Window, Ratio, IdxStride, TopK, Heads, Dim, MaxKeys int32
+	Scale                                                         float32
 }
 
-// AttnParams describe one attention launch over T consecutive queries
-// (positions P0 .. P0+T-1); see AttentionRing.
+// AttnParams describe one attention launch over T queries at the positions
+// Pos (int32 [T], device); see AttentionRing.
 type AttnParams struct {
 	O, Q     DevicePtr // [T, Heads, Dim]
 	Ring     DevicePtr // window ring [RingRows, Dim], position p in slot p mod RingRows
 	Comp     DevicePtr // compressed entries [*, Dim], or 0 (window-only layer)
 	Idx      DevicePtr // int32 [T, IdxStride] selected entries (CSA), or 0 (all entries, HCA)
 	Sinks    DevicePtr // [Heads]
+	Pos      DevicePtr // int32 [T]: each query's absolute position
 	RingRows int
 	Window   int
-	P0, T    int
+	T        int
 	Ratio    int // compression ratio (Comp != 0)
 	// IdxStride is the row stride of Idx; TopK bounds the selected count.
 	IdxStride, TopK int
@@ -78,19 +83,19 @@ type AttnParams struct {
 }
 
 // AttentionRing enqueues the attention of T queries: query i (position
-// t = P0+i) attends to the window positions max(0, t−Window+1)..t read from
+// t = Pos[i]) attends to the window positions max(0, t−Window+1)..t read from
 // the ring, plus, if Comp != 0, the compressed entries w < (t+1)/Ratio (all of
 // them when Idx == 0; the first min(TopK, (t+1)/Ratio) of Idx's row i
 // otherwise), with the per-head sink in the denominator (compute.Backend's
 // Attention semantics, K = V). The caller guarantees that the ring holds
-// positions P0−Window+1 .. P0+T−1 (RingRows ≥ Window+T−1) and that the key
-// count never exceeds MaxKeys.
+// every position a query reads (consecutive positions need RingRows ≥
+// Window+T−1) and that the key count never exceeds MaxKeys.
 func (f *Fwd) AttentionRing(c *Ctx, p AttnParams, s Stream) error {
 	switch {
-	case p.O == 0 || p.Q == 0 || p.Ring == 0 || p.Sinks == 0:
-		return fmt.Errorf("cuda fwd_attention: nil buffer (o %#x q %#x ring %#x sinks %#x)", p.O, p.Q, p.Ring, p.Sinks)
-	case p.T <= 0 || p.P0 < 0 || p.Heads <= 0 || p.Dim <= 0 || p.Window <= 0:
-		return fmt.Errorf("cuda fwd_attention: T %d, p0 %d, heads %d, dim %d, window %d", p.T, p.P0, p.Heads, p.Dim, p.Window)
+	case p.O == 0 || p.Q == 0 || p.Ring == 0 || p.Sinks == 0 || p.Pos == 0:
+		return fmt.Errorf("cuda fwd_attention: nil buffer (o %#x q %#x ring %#x sinks %#x pos %#x)", p.O, p.Q, p.Ring, p.Sinks, p.Pos)
+	case p.T <= 0 || p.T > 65535 || p.Heads <= 0 || p.Dim <= 0 || p.Window <= 0:
+		return fmt.Errorf("cuda fwd_attention: T %d, heads %d, dim %d, window %d", p.T, p.Heads, p.Dim, p.Window)
 	case p.RingRows < p.Window+p.T-1:
 		return fmt.Errorf("cuda fwd_attention: ring of %d rows cannot hold window %d plus %d queries", p.RingRows, p.Window, p.T)
 	case p.Comp != 0 && p.Ratio <= 0:
@@ -101,25 +106,38 @@ func (f *Fwd) AttentionRing(c *Ctx, p AttnParams, s Stream) error {
 		return fmt.Errorf("cuda fwd_attention: max keys %d, want %d..%d", p.MaxKeys, p.Window, maxStaticShared/4)
 	}
 	a := attnArgs{O: uint64(p.O), Q: uint64(p.Q), Ring: uint64(p.Ring), Comp: uint64(p.Comp), Idx: uint64(p.Idx), Sinks: uint64(p.Sinks),
-		RingRows: int32(p.RingRows), Window: int32(p.Window), P0: int32(p.P0), Ratio: int32(max(p.Ratio, 1)),
+		Pos: uint64(p.Pos), RingRows: int32(p.RingRows), Window: int32(p.Window), Ratio: int32(max(p.Ratio, 1)),
 		IdxStride: int32(p.IdxStride), TopK: int32(p.TopK), Heads: int32(p.Heads), Dim: int32(p.Dim), MaxKeys: int32(p.MaxKeys), Scale: p.Scale}
 	return c.Launch(f.attn, Dim3{X: uint32(p.Heads), Y: uint32(p.T)}, Dim3{X: 256}, 4*p.MaxKeys, s, unsafe.Pointer(&a))
 }
 
-// CompStore enqueues the compressor's per-token store: for i < T (position
-// p = p0+i), ringKV[p mod ringRows] = kv[i] and ringZ[p mod ringRows] =
-// z[i] + ape[p mod ratio], rows of width floats.
-func (f *Fwd) CompStore(c *Ctx, ringKV, ringZ, kv, z, ape DevicePtr, p0, T, ratio, ringRows, width int, s Stream) error {
-	if T <= 0 || p0 < 0 || ratio <= 0 || width <= 0 || ringRows < T {
-		return fmt.Errorf("cuda fwd_comp_store: T %d, p0 %d, ratio %d, width %d, ring rows %d", T, p0, ratio, width, ringRows)
+// RingStore enqueues ring[pos[i] mod ringRows] = kv[i] for i < T (rows of
+// dim floats; pos int32 [T]).
+func (f *Fwd) RingStore(c *Ctx, ring, kv, pos DevicePtr, T, ringRows, dim int, s Stream) error {
+	if T <= 0 || ringRows < T || dim <= 0 || ring == 0 || kv == 0 || pos == 0 {
+		return fmt.Errorf("cuda fwd_ring_store: T %d, ring rows %d, dim %d", T, ringRows, dim)
 	}
-	a0, a1, a2, a3 := int32(p0), int32(ratio), int32(ringRows), int32(width)
+	rr, d := int32(ringRows), int32(dim)
+	return c.Launch(f.ringStore, Dim3{X: uint32(T)}, Dim3{X: 128}, 0, s, unsafe.Pointer(&ring), unsafe.Pointer(&kv),
+		unsafe.Pointer(&pos), unsafe.Pointer(&rr), unsafe.Pointer(&d))
+}
+
+// CompStore enqueues the compressor's per-token store: for i < T (position
+// p = pos[i]), ringKV[p mod ringRows] = kv[i] and ringZ[p mod ringRows] =
+// z[i] + ape[p mod ratio], rows of width floats.
+func (f *Fwd) CompStore(c *Ctx, ringKV, ringZ, kv, z, ape, pos DevicePtr, T, ratio, ringRows, width int, s Stream) error {
+	if T <= 0 || ratio <= 0 || width <= 0 || ringRows < T || pos == 0 {
+		return fmt.Errorf("cuda fwd_comp_store: T %d, ratio %d, width %d, ring rows %d, pos %#x", T, ratio, width, ringRows, pos)
+	}
+	a1, a2, a3 := int32(ratio), int32(ringRows), int32(width)
 	return c.Launch(f.compStore, Dim3{X: uint32(T)}, Dim3{X: 128}, 0, s, unsafe.Pointer(&ringKV), unsafe.Pointer(&ringZ),
-		unsafe.Pointer(&kv), unsafe.Pointer(&z), unsafe.Pointer(&ape), unsafe.Pointer(&a0), unsafe.Pointer(&a1),
+		unsafe.Pointer(&kv), unsafe.Pointer(&z), unsafe.Pointer(&ape), unsafe.Pointer(&pos), unsafe.Pointer(&a1),
 		unsafe.Pointer(&a2), unsafe.Pointer(&a3))
 }
 
-// CompCloseParams describe the closing of compressed entries E0 .. E0+N−1.
+// CompCloseParams describe the closing of the compressed entries that the
+// T tokens at positions Pos[0] .. Pos[0]+T−1 complete: entries
+// Pos[0]/Ratio .. (Pos[0]+T)/Ratio − 1 (possibly none).
 type CompCloseParams struct {
 	Out           DevicePtr // entries [*, DW]; entry e is written at row e
 	RingKV, RingZ DevicePtr // compressor rings [RingRows, Width] (CompStore)
@@ -127,27 +145,28 @@ type CompCloseParams struct {
 	Ratio         int
 	Width, DW     int  // Width = 2·DW when Overlap (CSA), DW otherwise
 	Overlap       bool // CSA: previous window's A halves + this window's B halves
-	E0, N         int
+	Pos           DevicePtr
+	T             int
 	Norm          DevicePtr // [DW]
 	Eps           float32
 	Freq          DevicePtr // [NFreq] rotation frequencies (the last 2·NFreq dims rotate)
 	NFreq         int
 }
 
-// CompClose enqueues the pooling of N closed windows (dsv4-flash.md §4.5):
-// per channel a softmax over the window's z rows weighting its kv rows (CSA:
-// the A halves of window e−1's rows, if e > 0, then the B halves of window
-// e's rows), then RMSNorm with Norm and RoPE at position e·Ratio.
+// CompClose enqueues the pooling of the windows the chunk closes
+// (dsv4-flash.md §4.5): per channel a softmax over the window's z rows
+// weighting its kv rows (CSA: the A halves of window e−1's rows, if e > 0,
+// then the B halves of window e's rows), then RMSNorm with Norm and RoPE at
+// position e·Ratio. The ring must still hold those rows (RingRows ≥ 2·Ratio
+// + T covers any chunk).
 func (f *Fwd) CompClose(c *Ctx, p CompCloseParams, s Stream) error {
 	want := p.DW
 	if p.Overlap {
 		want = 2 * p.DW
 	}
 	switch {
-	case p.N <= 0:
-		return nil
-	case p.Ratio <= 0 || p.DW <= 0 || p.Width != want || 2*p.NFreq > p.DW || p.E0 < 0:
-		return fmt.Errorf("cuda fwd_comp_close: ratio %d, width %d, dw %d, overlap %v, nfreq %d, e0 %d", p.Ratio, p.Width, p.DW, p.Overlap, p.NFreq, p.E0)
+	case p.T <= 0 || p.Ratio <= 0 || p.DW <= 0 || p.Width != want || 2*p.NFreq > p.DW || p.Pos == 0:
+		return fmt.Errorf("cuda fwd_comp_close: T %d, ratio %d, width %d, dw %d, overlap %v, nfreq %d", p.T, p.Ratio, p.Width, p.DW, p.Overlap, p.NFreq)
 	case p.RingRows < 2*p.Ratio || 4*p.DW > maxStaticShared:
 		return fmt.Errorf("cuda fwd_comp_close: ring rows %d for ratio %d, dw %d", p.RingRows, p.Ratio, p.DW)
 	}
@@ -155,30 +174,45 @@ func (f *Fwd) CompClose(c *Ctx, p CompCloseParams, s Stream) error {
 	if p.Overlap {
 		ov = 1
 	}
-	rr, ra, wi, dw, e0, nf := int32(p.RingRows), int32(p.Ratio), int32(p.Width), int32(p.DW), int32(p.E0), int32(p.NFreq)
+	rr, ra, wi, dw, t, nf := int32(p.RingRows), int32(p.Ratio), int32(p.Width), int32(p.DW), int32(p.T), int32(p.NFreq)
 	eps := p.Eps
-	return c.Launch(f.compClose, Dim3{X: uint32(p.N)}, Dim3{X: 256}, 4*p.DW, s,
+	return c.Launch(f.compClose, Dim3{X: uint32(p.T/p.Ratio + 1)}, Dim3{X: 256}, 4*p.DW, s,
 		unsafe.Pointer(&p.Out), unsafe.Pointer(&p.RingKV), unsafe.Pointer(&p.RingZ), unsafe.Pointer(&rr), unsafe.Pointer(&ra),
-		unsafe.Pointer(&wi), unsafe.Pointer(&dw), unsafe.Pointer(&ov), unsafe.Pointer(&e0), unsafe.Pointer(&p.Norm),
-		unsafe.Pointer(&eps), unsafe.Pointer(&p.Freq), unsafe.Pointer(&nf))
+		unsafe.Pointer(&wi), unsafe.Pointer(&dw), unsafe.Pointer(&ov), unsafe.Pointer(&p.Pos), unsafe.Pointer(&t),
+		unsafe.Pointer(&p.Norm), unsafe.Pointer(&eps), unsafe.Pointer(&p.Freq), unsafe.Pointer(&nf))
 }
 
-// IndexScores enqueues the indexer scores of T queries (positions p0+i):
-// sc[i, e] = Σ_h w[i, h]·ReLU(q[i, h]·keys[e]) for e < (p0+i+1)/ratio (later
-// entries of a row are not written). q is [T, heads, dim], w [T, heads],
-// keys [*, dim], sc [T, stride]; stride must be ≥ (p0+T)/ratio.
-func (f *Fwd) IndexScores(c *Ctx, sc, q, w, keys DevicePtr, p0, T, ratio, heads, dim, stride int, s Stream) error {
-	if T <= 0 || p0 < 0 || ratio <= 0 || heads <= 0 || dim <= 0 || stride < (p0+T)/ratio {
-		return fmt.Errorf("cuda fwd_index_scores: T %d, p0 %d, ratio %d, heads %d, dim %d, stride %d", T, p0, ratio, heads, dim, stride)
+// IndexScores enqueues the indexer scores of T queries (positions pos[i],
+// int32 [T]): sc[i, e] = Σ_h w[i, h]·ReLU(q[i, h]·keys[e]) for
+// e < min((pos[i]+1)/ratio, stride) (later entries of a row are not
+// written). q is [T, heads, dim], w [T, heads], keys [*, dim], sc
+// [T, stride]. maxN bounds the entry count of any query (it sizes the grid).
+func (f *Fwd) IndexScores(c *Ctx, sc, q, w, keys, pos DevicePtr, T, maxN, ratio, heads, dim, stride int, s Stream) error {
+	if T <= 0 || T > 65535 || ratio <= 0 || heads <= 0 || dim <= 0 || stride <= 0 || pos == 0 {
+		return fmt.Errorf("cuda fwd_index_scores: T %d, ratio %d, heads %d, dim %d, stride %d", T, ratio, heads, dim, stride)
 	}
-	n := (p0 + T) / ratio
-	if n == 0 {
+	n := min(maxN, stride)
+	if n <= 0 {
 		return nil
 	}
-	a0, a1, a2, a3, a4 := int32(p0), int32(ratio), int32(heads), int32(dim), int32(stride)
-	return c.Launch(f.indexScores, Dim3{X: uint32((n + 7) / 8), Y: uint32(T)}, Dim3{X: 256}, 0, s,
-		unsafe.Pointer(&sc), unsafe.Pointer(&q), unsafe.Pointer(&w), unsafe.Pointer(&keys), unsafe.Pointer(&a0),
+	a1, a2, a3, a4 := int32(ratio), int32(heads), int32(dim), int32(stride)
+	return c.Launch(f.indexScores, Dim3{X: uint32(min((n+7)/8, 1024)), Y: uint32(T)}, Dim3{X: 256}, 0, s,
+		unsafe.Pointer(&sc), unsafe.Pointer(&q), unsafe.Pointer(&w), unsafe.Pointer(&keys), unsafe.Pointer(&pos),
 		unsafe.Pointer(&a1), unsafe.Pointer(&a2), unsafe.Pointer(&a3), unsafe.Pointer(&a4))
+}
+
+// TopKRows enqueues the indexer's selection for T queries: row i of sc
+// [T, stride] holds n = min((pos[i]+1)/ratio, stride) scores, and
+// idx[i, 0 .. min(topk, n)) (int32 [T, topk]) receives the indices of the
+// min(topk, n) largest in compute.TopK's order (descending, ties to the
+// lower index, NaN last, −0 == +0). Rows with n == 0 are not written.
+func (f *Fwd) TopKRows(c *Ctx, idx, sc, pos DevicePtr, T, ratio, topk, stride int, s Stream) error {
+	if T <= 0 || ratio <= 0 || topk <= 0 || topk > FwdMaxTopK || stride <= 0 || idx == 0 || sc == 0 || pos == 0 {
+		return fmt.Errorf("cuda fwd_topk: T %d, ratio %d, topk %d (at most %d), stride %d", T, ratio, topk, FwdMaxTopK, stride)
+	}
+	r, k, st := int32(ratio), int32(topk), int32(stride)
+	return c.Launch(f.topk, Dim3{X: uint32(T)}, Dim3{X: 1024}, 0, s, unsafe.Pointer(&idx), unsafe.Pointer(&sc),
+		unsafe.Pointer(&pos), unsafe.Pointer(&r), unsafe.Pointer(&k), unsafe.Pointer(&st))
 }
 
 // GatherRows enqueues dst[j] = src[rows[j]] for j < n (rows int32, width floats each).

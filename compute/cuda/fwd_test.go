@@ -64,6 +64,15 @@ func (e *fwdEnv) upInts(x []int) DevicePtr {
 	return p
 }
 
+// positions uploads the int32 positions p0 .. p0+T-1.
+func (e *fwdEnv) positions(p0, T int) DevicePtr {
+	pos := make([]int, T)
+	for i := range pos {
+		pos[i] = p0 + i
+	}
+	return e.upInts(pos)
+}
+
 // poisoned allocates n floats filled with NaN.
 func (e *fwdEnv) poisoned(n int) DevicePtr {
 	e.t.Helper()
@@ -149,7 +158,7 @@ func TestFwdAttentionRing(t *testing.T) {
 			}
 			scale := 1 / math.Sqrt(float64(tc.dim))
 			p := AttnParams{O: e.poisoned(tc.T * tc.heads * tc.dim), Q: e.up(q), Ring: e.up(ring), Sinks: e.up(sinks),
-				RingRows: tc.ringRows, Window: tc.window, P0: tc.p0, T: tc.T, Ratio: tc.ratio, IdxStride: idxStride, TopK: tc.topk,
+				Pos: e.positions(tc.p0, tc.T), RingRows: tc.ringRows, Window: tc.window, T: tc.T, Ratio: tc.ratio, IdxStride: idxStride, TopK: tc.topk,
 				Heads: tc.heads, Dim: tc.dim, MaxKeys: tc.window + max(tc.topk, nEnt), Scale: float32(scale)}
 			if tc.kind != "window" {
 				p.Comp = e.up(ent)
@@ -234,11 +243,12 @@ func TestFwdCompressor(t *testing.T) {
 			dRK, dRZ := e.up(ringKV), e.up(ringZ)
 			e0, e1 := tc.p0/tc.ratio, (tc.p0+tc.T)/tc.ratio
 			out := e.poisoned((e1 + 1) * tc.dw)
-			if err := e.f.CompStore(e.c, dRK, dRZ, e.up(kvAll[tc.p0*width:]), e.up(zAll[tc.p0*width:]), e.up(ape), tc.p0, tc.T, tc.ratio, tc.ringRows, width, e.c.Stream()); err != nil {
+			pos := e.positions(tc.p0, tc.T)
+			if err := e.f.CompStore(e.c, dRK, dRZ, e.up(kvAll[tc.p0*width:]), e.up(zAll[tc.p0*width:]), e.up(ape), pos, tc.T, tc.ratio, tc.ringRows, width, e.c.Stream()); err != nil {
 				t.Fatalf("%s: %v", tc.name, err)
 			}
 			if err := e.f.CompClose(e.c, CompCloseParams{Out: out, RingKV: dRK, RingZ: dRZ, RingRows: tc.ringRows, Ratio: tc.ratio,
-				Width: width, DW: tc.dw, Overlap: tc.overlap, E0: e0, N: e1 - e0, Norm: e.up(norm), Eps: 1e-6,
+				Width: width, DW: tc.dw, Overlap: tc.overlap, Pos: pos, T: tc.T, Norm: e.up(norm), Eps: 1e-6,
 				Freq: e.up(freq), NFreq: tc.nfreq}, e.c.Stream()); err != nil {
 				t.Fatalf("%s: %v", tc.name, err)
 			}
@@ -294,7 +304,7 @@ func TestFwdIndexScores(t *testing.T) {
 			w := computetest.Normal(rng, tc.T*tc.heads, 1)
 			keys := computetest.Normal(rng, max(n, 1)*tc.dim, 1)
 			sc := e.poisoned(tc.T * tc.stride)
-			if err := e.f.IndexScores(e.c, sc, e.up(q), e.up(w), e.up(keys), tc.p0, tc.T, tc.ratio, tc.heads, tc.dim, tc.stride, e.c.Stream()); err != nil {
+			if err := e.f.IndexScores(e.c, sc, e.up(q), e.up(w), e.up(keys), e.positions(tc.p0, tc.T), tc.T, n, tc.ratio, tc.heads, tc.dim, tc.stride, e.c.Stream()); err != nil {
 				t.Fatal(err)
 			}
 			got := e.down(sc, tc.T*tc.stride)
@@ -313,8 +323,8 @@ func TestFwdIndexScores(t *testing.T) {
 				}
 			}
 		}
-		if err := e.f.IndexScores(e.c, 1, 1, 1, 1, 0, 9, 4, 16, 32, 1, e.c.Stream()); err == nil {
-			t.Error("a score row stride below the entry count was accepted")
+		if err := e.f.IndexScores(e.c, 1, 1, 1, 1, 0, 9, 4, 4, 16, 32, 8, e.c.Stream()); err == nil {
+			t.Error("a null position buffer was accepted")
 		}
 	})
 }
@@ -498,4 +508,113 @@ func TestFwdLinArgsMirror(t *testing.T) {
 	if n := unsafe.Sizeof(linArgs{}); n != 80 {
 		t.Errorf("linArgs is %d bytes, want 80", n)
 	}
+}
+
+// TestFwdTopK checks the indexer top-k against compute.TopK (exact indices
+// and order) on rows with ties, NaN, ±0, ±Inf, k above the row count, empty
+// rows and long rows.
+func TestFwdTopK(t *testing.T) {
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	negZero := float32(math.Copysign(0, -1))
+	withFwd(t, func(e *fwdEnv) {
+		for ci, tc := range []struct {
+			name  string
+			ns    []int // entries per row
+			topk  int
+			ratio int
+			gen   func(rng *rand.Rand, i int) float32
+		}{
+			{"random", []int{1000, 500, 11, 1}, 512, 1, func(rng *rand.Rand, i int) float32 { return float32(rng.NormFloat64()) }},
+			{"ties", []int{100, 37, 64}, 7, 1, func(rng *rand.Rand, i int) float32 { return float32(rng.IntN(4)) }},
+			{"all equal", []int{300}, 16, 1, func(rng *rand.Rand, i int) float32 { return 0.5 }},
+			{"specials", []int{64, 200}, 20, 1, func(rng *rand.Rand, i int) float32 {
+				return []float32{nan, inf, -inf, 0, negZero, 1, -1, float32(rng.NormFloat64())}[rng.IntN(8)]
+			}},
+			{"k above n and empty rows", []int{5, 0, 3}, 64, 1, func(rng *rand.Rand, i int) float32 { return float32(rng.NormFloat64()) }},
+			{"ratio 4", []int{40, 3}, 4, 4, func(rng *rand.Rand, i int) float32 { return float32(rng.NormFloat64()) }},
+			{"long", []int{20000}, 2048, 1, func(rng *rand.Rand, i int) float32 { return float32(rng.IntN(5000)) / 7 }},
+		} {
+			rng := rand.New(rand.NewPCG(uint64(ci), 99))
+			T := len(tc.ns)
+			stride := 0
+			for _, n := range tc.ns {
+				stride = max(stride, n)
+			}
+			stride = max(stride, 1)
+			sc := make([]float32, T*stride)
+			pos := make([]int, T)
+			for i, n := range tc.ns {
+				for j := range n {
+					sc[i*stride+j] = tc.gen(rng, j)
+				}
+				for j := n; j < stride; j++ {
+					sc[i*stride+j] = 1e30 // past the row's count: must not be selected
+				}
+				pos[i] = n*tc.ratio - 1 // (pos+1)/ratio = n entries (n = 0: pos −1)
+			}
+			idx, err := e.a.Alloc(4 * T * tc.topk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := e.c.Memset(idx, 0xff, 4*T*tc.topk, e.c.Stream()); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.f.TopKRows(e.c, idx, e.up(sc), e.upInts(pos), T, tc.ratio, tc.topk, stride, e.c.Stream()); err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			b := make([]byte, 4*T*tc.topk)
+			if err := e.c.CopyFromDevice(b, idx); err != nil {
+				t.Fatal(err)
+			}
+			for i, n := range tc.ns {
+				want := compute.TopK(nil, sc[i*stride:i*stride+n], min(tc.topk, n))
+				got := make([]int, tc.topk)
+				for j := range got {
+					got[j] = int(int32(binary.LittleEndian.Uint32(b[4*(i*tc.topk+j):])))
+				}
+				for j, w := range want {
+					if got[j] != w {
+						t.Errorf("%s: row %d (n %d, k %d): index %d is %d, want %d (compute.TopK %v...)", tc.name, i, n, len(want), j, got[j], w, want[:min(len(want), 8)])
+						break
+					}
+				}
+				for j := len(want); j < tc.topk; j++ {
+					if got[j] != -1 {
+						t.Errorf("%s: row %d: slot %d past k = %d was written (%d)", tc.name, i, j, len(want), got[j])
+						break
+					}
+				}
+			}
+		}
+		if err := e.f.TopKRows(e.c, 1, 1, 1, 1, 1, FwdMaxTopK+1, 4096, e.c.Stream()); err == nil {
+			t.Errorf("k = %d was accepted", FwdMaxTopK+1)
+		}
+	})
+}
+
+// TestFwdRingStore checks the window ring's slot placement (with wrap).
+func TestFwdRingStore(t *testing.T) {
+	withFwd(t, func(e *fwdEnv) {
+		const rows, dim, T, p0 = 7, 5, 4, 12
+		kv := computetest.Normal(rand.New(rand.NewPCG(1, 2)), T*dim, 1)
+		ring := e.poisoned(rows * dim)
+		if err := e.f.RingStore(e.c, ring, e.up(kv), e.positions(p0, T), T, rows, dim, e.c.Stream()); err != nil {
+			t.Fatal(err)
+		}
+		got := e.down(ring, rows*dim)
+		for r := range rows {
+			i := -1
+			for j := range T {
+				if (p0+j)%rows == r {
+					i = j
+				}
+			}
+			for c := range dim {
+				v := got[r*dim+c]
+				if i < 0 && v == v || i >= 0 && v != kv[i*dim+c] {
+					t.Fatalf("slot %d col %d = %g (token %d)", r, c, v, i)
+				}
+			}
+		}
+	})
 }

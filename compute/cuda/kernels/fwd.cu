@@ -2,9 +2,12 @@
 // device session): the stateful per-layer steps (window ring attention with
 // compressed entries, compressor store and close, batched indexer scores),
 // the device-side expert selection for the MoE, and small gathers.
-// All float buffers are float32, row-major; every kernel reads its
-// position-dependent sizes from its arguments (p0 = absolute position of the
-// chunk's first token). No headers: NVRTC needs none.
+// All float buffers are float32, row-major. Positions are read from device
+// memory (pos, int32 [T]: the absolute position of each of the chunk's T
+// tokens, consecutive), never from kernel arguments, so that a decode step's
+// launches can be captured once in a CUDA graph and replayed at every
+// position; grids are sized by the host for the largest case. No headers:
+// NVRTC needs none.
 
 typedef unsigned char u8;
 typedef unsigned int u32;
@@ -48,7 +51,7 @@ __device__ float block_max(float v, float *red) {
 // ---------------------------------------------------------------------------
 // Attention of T queries over the window ring plus compressed entries.
 //
-// Query i (absolute position t = p0 + i) of head h attends to
+// Query i (absolute position t = pos[i]) of head h attends to
 //   - the window positions max(0, t-window+1) .. t, stored in ring slot
 //     p mod ring_rows (ring [ring_rows, dim]);
 //   - if comp != 0: n = (t+1)/ratio compressed entries comp [*, dim]: all of
@@ -64,7 +67,8 @@ struct AttnArgs {
   const float *comp;    // [entries, dim] or 0
   const int *idx;       // [T, idx_stride] or 0
   const float *sinks;   // [heads]
-  int ring_rows, window, p0, ratio, idx_stride, topk, heads, dim, max_keys;
+  const int *pos;       // [T]
+  int ring_rows, window, ratio, idx_stride, topk, heads, dim, max_keys;
   float scale;
 };
 
@@ -72,7 +76,7 @@ extern "C" __global__ void __launch_bounds__(256) fwd_attention(AttnArgs a) {
   extern __shared__ float sc[];
   __shared__ float red[32];
   const int h = blockIdx.x, i = blockIdx.y;
-  const int t = a.p0 + i;
+  const int t = a.pos[i];
   const int nw = min(t + 1, a.window);
   int nc = 0;
   if (a.comp != 0) {
@@ -117,13 +121,20 @@ extern "C" __global__ void __launch_bounds__(256) fwd_attention(AttnArgs a) {
 }
 
 // ---------------------------------------------------------------------------
-// Compressor store: token i of the chunk (position p = p0 + i) writes its
+// Window ring store: ring[pos[i] mod ring_rows] = kv[i] (rows of dim). Grid T.
+extern "C" __global__ void fwd_ring_store(float *ring, const float *kv, const int *pos, int ring_rows, int dim) {
+  const int i = blockIdx.x;
+  const long long dst = (long long)(pos[i] % ring_rows) * dim;
+  for (int c = threadIdx.x; c < dim; c += blockDim.x) ring[dst + c] = kv[(long long)i * dim + c];
+}
+
+// Compressor store: token i of the chunk (position p = pos[i]) writes its
 // kv row and z row + ape[p mod ratio] into slot p mod ring_rows of the
 // compressor rings [ring_rows, width]. Grid T.
 extern "C" __global__ void fwd_comp_store(float *ring_kv, float *ring_z, const float *kv, const float *z,
-                                          const float *ape, int p0, int ratio, int ring_rows, int width) {
+                                          const float *ape, const int *pos, int ratio, int ring_rows, int width) {
   const int i = blockIdx.x;
-  const int p = p0 + i;
+  const int p = pos[i];
   const long long dst = (long long)(p % ring_rows) * width;
   const float *ap = ape + (long long)(p % ratio) * width;
   for (int c = threadIdx.x; c < width; c += blockDim.x) {
@@ -132,7 +143,9 @@ extern "C" __global__ void fwd_comp_store(float *ring_kv, float *ring_z, const f
   }
 }
 
-// Compressor close: entry e = e0 + blockIdx.x pools its window per channel
+// Compressor close: the T tokens at positions pos[0] .. pos[0]+T-1 close
+// entries e0 = pos[0]/ratio .. (pos[0]+T)/ratio - 1; block b handles entry
+// e0 + b (blocks past the last exit). Each pools its window per channel
 // (softmax over slots of z, weights on kv), RMS-normalises with norm [dw]
 // and rotates the last 2*nfreq dims at position e*ratio, into out[e, dw].
 // overlap (CSA): the slots are the A halves (channels 0..dw-1) of the
@@ -141,11 +154,13 @@ extern "C" __global__ void fwd_comp_store(float *ring_kv, float *ring_z, const f
 // Dynamic shared memory: dw floats.
 extern "C" __global__ void __launch_bounds__(256) fwd_comp_close(float *out, const float *ring_kv, const float *ring_z,
                                                                int ring_rows, int ratio, int width, int dw, int overlap,
-                                                               int e0, const float *norm, float eps, const float *freq,
-                                                               int nfreq) {
+                                                               const int *pos, int T, const float *norm, float eps,
+                                                               const float *freq, int nfreq) {
   extern __shared__ float buf[];
   __shared__ float red[32];
+  const int e0 = pos[0] / ratio, e1 = (pos[0] + T) / ratio;
   const int e = e0 + blockIdx.x;
+  if (e >= e1) return;
   float ss = 0.f;
   for (int ch = threadIdx.x; ch < dw; ch += blockDim.x) {
     float m = __int_as_float(0xff800000u);
@@ -182,7 +197,7 @@ extern "C" __global__ void __launch_bounds__(256) fwd_comp_close(float *out, con
   for (int ch = threadIdx.x; ch < dw; ch += blockDim.x) buf[ch] = norm[ch] * (buf[ch] * inv);
   __syncthreads();
   const int r0 = dw - 2 * nfreq;
-  const float pos = (float)(e * ratio);
+  const float epos = (float)(e * ratio);
   float *dst = out + (long long)e * dw;
   for (int ch = threadIdx.x; ch < dw; ch += blockDim.x) {
     if (ch < r0) {
@@ -190,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(256) fwd_comp_close(float *out, con
       continue;
     }
     const int f = (ch - r0) >> 1;
-    const double ang = (double)(pos * freq[f]);
+    const double ang = (double)(epos * freq[f]);
     const float c = (float)cos(ang), s = (float)sin(ang);
     const float re = buf[r0 + 2 * f], im = buf[r0 + 2 * f + 1];
     dst[ch] = ((ch - r0) & 1) == 0 ? re * c - im * s : re * s + im * c;
@@ -198,28 +213,148 @@ extern "C" __global__ void __launch_bounds__(256) fwd_comp_close(float *out, con
 }
 
 // ---------------------------------------------------------------------------
-// Indexer scores of T queries: for query i (position p0 + i) and entry
-// s < (p0+i+1)/ratio, sc[i*stride + s] = sum_h w[i,h] * ReLU(q[i,h] . keys[s]).
-// Entries past a query's count are not written. Grid (ceil(stride/8), T),
-// 256 threads: one warp per (query, entry).
+// Indexer scores of T queries: for query i (position pos[i]) and entry
+// s < (pos[i]+1)/ratio, sc[i*stride + s] = sum_h w[i,h] * ReLU(q[i,h] . keys[s]).
+// Entries past a query's count are not written. Grid (any, T), 256 threads:
+// one warp per (query, entry), striding over the entries.
 extern "C" __global__ void __launch_bounds__(256) fwd_index_scores(float *sc, const float *q, const float *w,
-                                                                 const float *keys, int p0, int ratio, int heads,
+                                                                 const float *keys, const int *pos, int ratio, int heads,
                                                                  int dim, int stride) {
   const int i = blockIdx.y;
-  const int s = blockIdx.x * 8 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
-  const int n = (p0 + i + 1) / ratio;
-  if (s >= n || s >= stride) return;
-  const float *k = keys + (long long)s * dim;
+  const int n = min((pos[i] + 1) / ratio, stride);
   const float *qi = q + (long long)i * heads * dim;
-  float acc = 0.f;
-  for (int h = 0; h < heads; h++) {
-    float d = 0.f;
-    for (int c = lane; c < dim; c += 32) d = fmaf(qi[h * dim + c], k[c], d);
-    d = warp_sum(d);
-    if (d > 0.f) acc += w[(long long)i * heads + h] * d;
+  for (int s = blockIdx.x * 8 + (threadIdx.x >> 5); s < n; s += gridDim.x * 8) {
+    const float *k = keys + (long long)s * dim;
+    float acc = 0.f;
+    for (int h = 0; h < heads; h++) {
+      float d = 0.f;
+      for (int c = lane; c < dim; c += 32) d = fmaf(qi[h * dim + c], k[c], d);
+      d = warp_sum(d);
+      if (d > 0.f) acc += w[(long long)i * heads + h] * d;
+    }
+    if (lane == 0) sc[(long long)i * stride + s] = acc;
   }
-  if (lane == 0) sc[(long long)i * stride + s] = acc;
+}
+
+// Orderable key of a score: a larger float gives a larger key; -0 is +0;
+// NaN gives 0, below every number (-inf gives 0x007fffff).
+__device__ __forceinline__ u32 order_key(float f) {
+  if (f != f) return 0u;
+  if (f == 0.f) return 0x80000000u;
+  const u32 u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Exclusive block scan of two counters (blockDim a multiple of 32, <= 1024):
+// ea/eb are the sums over lower threads, ta/tb the block totals.
+__device__ __forceinline__ void block_scan2(int a, int b, int &ea, int &eb, int &ta, int &tb, int *sa, int *sb) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  int xa = a, xb = b;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int ya = __shfl_up_sync(0xffffffffu, xa, o), yb = __shfl_up_sync(0xffffffffu, xb, o);
+    if (lane >= o) {
+      xa += ya;
+      xb += yb;
+    }
+  }
+  __syncthreads();
+  if (lane == 31) {
+    sa[w] = xa;
+    sb[w] = xb;
+  }
+  __syncthreads();
+  int pa = 0, pb = 0, sumA = 0, sumB = 0;
+  for (int q = 0; q < nw; q++) {
+    if (q < w) {
+      pa += sa[q];
+      pb += sb[q];
+    }
+    sumA += sa[q];
+    sumB += sb[q];
+  }
+  ea = pa + xa - a;
+  eb = pb + xb - b;
+  ta = sumA;
+  tb = sumB;
+}
+
+#define TOPK_MAX 2048
+
+// Indexer top-k of T queries: row i of sc [T, stride] has n = (pos[i]+1)/ratio
+// scores; idx[i*topk .. +min(topk, n)) receives the indices of the
+// min(topk, n) largest, ordered like compute.TopK (descending score, ties to
+// the lower index, NaN last, -0 == +0). One block (a multiple of 32 threads)
+// per query: a 4-pass radix select finds the k-th largest key, an ordered
+// compaction takes every larger key and the lowest-index ties, then each
+// selected entry's rank gives its place.
+extern "C" __global__ void __launch_bounds__(1024) fwd_topk(int *idx, const float *sc, const int *pos, int ratio,
+                                                          int topk, int stride) {
+  __shared__ u32 hist[256];
+  __shared__ u32 s_prefix, s_need;
+  __shared__ int sa[32], sb[32];
+  __shared__ u32 skey[TOPK_MAX];
+  __shared__ int sidx[TOPK_MAX];
+  const int i = blockIdx.x;
+  const int n = min((pos[i] + 1) / ratio, stride);
+  const int k = min(min(topk, n), TOPK_MAX);
+  if (k <= 0) return;
+  const float *row = sc + (long long)i * stride;
+  int *out = idx + (long long)i * topk;
+  u32 prefix = 0u, mask = 0u, need = (u32)k;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0u;
+    __syncthreads();
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+      const u32 key = order_key(row[j]);
+      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      u32 cum = 0u;
+      int b = 255;
+      for (; b > 0; b--) {
+        if (cum + hist[b] >= need) break;
+        cum += hist[b];
+      }
+      s_prefix = prefix | ((u32)b << shift);
+      s_need = need - cum;
+    }
+    __syncthreads();
+    prefix = s_prefix;
+    need = s_need;
+    mask |= 255u << shift;
+    __syncthreads();
+  }
+  // prefix is the k-th largest key; the k - need larger keys are all taken,
+  // and the `need` lowest-index keys equal to it.
+  const int ngt = k - (int)need;
+  int gtBase = 0, eqBase = 0;
+  for (int base = 0; base < n; base += blockDim.x) {
+    const int j = base + threadIdx.x;
+    const u32 key = j < n ? order_key(row[j]) : 0u;
+    const int gt = j < n && key > prefix, eq = j < n && key == prefix;
+    int ea, eb, ta, tb;
+    block_scan2(gt, eq, ea, eb, ta, tb, sa, sb);
+    if (gt) sidx[gtBase + ea] = j;
+    if (eq && eqBase + eb < (int)need) sidx[ngt + eqBase + eb] = j;
+    gtBase += ta;
+    eqBase += tb;
+  }
+  __syncthreads();
+  for (int m = threadIdx.x; m < k; m += blockDim.x) skey[m] = order_key(row[sidx[m]]);
+  __syncthreads();
+  for (int m = threadIdx.x; m < k; m += blockDim.x) {
+    const u32 km = skey[m];
+    const int im = sidx[m];
+    int r = 0;
+    for (int q = 0; q < k; q++) {
+      const u32 kq = skey[q];
+      r += (kq > km) || (kq == km && sidx[q] < im);
+    }
+    out[r] = im;
+  }
 }
 
 // ---------------------------------------------------------------------------

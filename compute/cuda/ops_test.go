@@ -419,7 +419,8 @@ func TestOpsBatched(t *testing.T) {
 		f, hc, D, batch := sh.f, sh.hc, sh.D, sh.batch
 		t.Run(fmt.Sprintf("HCMix_%s_hc%d_b%d", f, hc, batch), func(t *testing.T) {
 			nm := (2 + hc) * hc
-			fd := computetest.RandomWeight(rng, f, nm, hc*D, 0.3/math.Sqrt(float64(hc*D))) // logits of O(0.3): float32 dot error stays far below TolHCMix
+			// Mix logits of O(0.3): the float32 dot error stays far below TolHCMix.
+			fd := computetest.RandomWeight(rng, f, nm, hc*D, 0.3/math.Sqrt(float64(hc*D)))
 			hd := fd // the head collapse: the first hc rows of the same Fn
 			hd.Rows = hc
 			hd.Data = fd.Data[:len(fd.Data)*hc/nm]

@@ -346,3 +346,61 @@ func TestPanics(t *testing.T) {
 		}
 	})
 }
+
+// TestMXFP4WideRows covers the vector MXFP4 path's edges on rows of whole
+// 512-column super-groups: E8M0 byte 0 (2^-127, the subnormal scale) and 255
+// (NaN) in any block, the last row of the matrix (whose offset loads would
+// read past the codes), and rows wider than the kernel's input chunk.
+func TestMXFP4WideRows(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	for _, cols := range []int{512, 1536, 4096 + 512, 8704} {
+		const rows = 6
+		m := randMX(rng, rows, cols)
+		nb := cols / 32
+		for c := range cols / 2 { // rows 0 and 5: every code 1.0
+			m.Packed[c] = 0x22
+			m.Packed[5*cols/2+c] = 0x22
+		}
+		for b := range nb {
+			m.Scale[b] = 0      // row 0: all 2^-127
+			m.Scale[5*nb+b] = 0 // row 5 (the last): all 2^-127
+		}
+		m.Scale[1*nb+nb-1] = 0xFF          // row 1: NaN in the last block
+		m.Scale[2*nb] = 0xFF               // row 2: NaN in the first block
+		m.Scale[3*nb+nb/2] = 0             // row 3: one 2^-127 block mid-row
+		m.Scale[4*nb+max(nb-17, 8)] = 0xFF // row 4: NaN in a middle super-group
+		x := make([]float32, cols)
+		for i := range x {
+			x[i] = 1
+		}
+		ref := refMX(m)
+		for _, path := range paths {
+			t.Run(fmt.Sprintf("%d/%s", cols, path.name), func(t *testing.T) {
+				checkProduct(t, path.mul, m, ref, nil, x, 1, 0, rows)
+				// Rows of 1.0 · 2^-127 sum to cols · 2^-127 exactly.
+				y := make([]float32, rows)
+				path.mul(m, nil, y, x, 1, 0, rows)
+				want := float32(math.Ldexp(float64(cols), -127))
+				for _, r := range []int{0, 5} {
+					if y[r] != want {
+						t.Errorf("row %d (scale byte 0): got %g, want %g", r, y[r], want)
+					}
+				}
+				for _, r := range []int{1, 2, 4} {
+					if !math.IsNaN(float64(y[r])) {
+						t.Errorf("row %d (a NaN scale byte): got %g, want NaN", r, y[r])
+					}
+				}
+			})
+		}
+		// Random inputs against the reference, every row range.
+		xr := randX(rng, cols)
+		for _, path := range paths {
+			for _, rr := range [][2]int{{0, rows}, {3, rows}, {rows - 1, rows}} {
+				t.Run(fmt.Sprintf("%d/%s/rows%d-%d/random", cols, path.name, rr[0], rr[1]), func(t *testing.T) {
+					checkProduct(t, path.mul, m, ref, nil, xr, 1, rr[0], rr[1])
+				})
+			}
+		}
+	}
+}

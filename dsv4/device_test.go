@@ -506,3 +506,57 @@ func BenchmarkDevicePrefill(b *testing.B) {
 	}
 	b.ReportMetric(float64(n*b.N)/d.Seconds(), "tok/s")
 }
+
+// routeRecord keeps every routing decision by (position, layer).
+type routeRecord struct {
+	experts map[[2]int][]int
+	weights map[[2]int][]float32
+}
+
+func (r *routeRecord) RecordRoute(pos, layer int, experts []int, weights []float32) {
+	k := [2]int{pos, layer}
+	r.experts[k] = append([]int(nil), experts...)
+	r.weights[k] = append([]float32(nil), weights...)
+}
+
+// TestDeviceRoutes records the routing of a device model (Options.Routes:
+// the MoE routes through the host, also for decode steps) and of the CPU
+// model: the same experts in the same order, weights within 1e-5, and the
+// logits within 1e-4.
+func TestDeviceRoutes(t *testing.T) {
+	dr := &routeRecord{map[[2]int][]int{}, map[[2]int][]float32{}}
+	md := loadDeviceModel(t, "synth:tiny", Options{Routes: dr})
+	src, err := checkpoint.Open("synth:tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	cr := &routeRecord{map[[2]int][]int{}, map[[2]int][]float32{}}
+	be := cpu.New(2)
+	defer be.Close()
+	mc, err := Load(src, Options{Backend: be, Routes: cr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	V := mc.Cfg.VocabSize
+	toks := testTokens(30, V, 4)
+	sched := decodeSchedule(30, 20)
+	want := runSchedule(t, mc.NewSession().PrefillAll, toks, sched)
+	ds := newDeviceSession(t, md)
+	got := runSchedule(t, ds.PrefillAll, toks, sched)
+	compareDevice(t, "device (host-routed) vs CPU", got, want, V, 1e-4)
+	if len(dr.experts) != len(cr.experts) || len(cr.experts) != len(toks)*mc.Cfg.NLayers {
+		t.Fatalf("%d device and %d CPU route records, want %d", len(dr.experts), len(cr.experts), len(toks)*mc.Cfg.NLayers)
+	}
+	for k, ce := range cr.experts {
+		if !slices.Equal(dr.experts[k], ce) {
+			t.Errorf("position %d layer %d: device routed to %v, CPU to %v", k[0], k[1], dr.experts[k], ce)
+			continue
+		}
+		for j, w := range cr.weights[k] {
+			if d := float64(dr.weights[k][j] - w); d > 1e-5*float64(max(w, 1)) || -d > 1e-5*float64(max(w, 1)) {
+				t.Errorf("position %d layer %d expert %d: device weight %g, CPU %g", k[0], k[1], ce[j], dr.weights[k][j], w)
+			}
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -37,12 +38,13 @@ type benchReport struct {
 
 func runBench(args []string, _ io.Reader, stdout, stderr io.Writer) error {
 	fs := newFlags("bench", "[MODEL]", `
-Measure prefill and decode speed at batch 1 on the CPU: a random prompt of
+Measure prefill and decode speed at batch 1: a random prompt of
 --prompt tokens is prefilled, then --decode tokens are decoded one at a time,
 --runs times. Reports median prefill tokens/s, median decode step, the weight
 bytes a decoded token reads, and the efficiency against the memory read
-bandwidth measured in the same run (bound = bandwidth / bytes per token).
-MODEL defaults to synth:tiny; use synth:flash?layers=2 for V4-Flash shapes.`, stderr)
+bandwidth measured in the same run (bound = bandwidth / bytes per token): host
+memory on the CPU backend, the GPU's memory with --backend cuda.
+MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shapes.`, stderr)
 	prompt := fs.Int("prompt", 64, "prompt tokens to prefill")
 	decode := fs.Int("decode", 16, "tokens to decode after the prompt")
 	runs := fs.Int("runs", 3, "repetitions (medians are reported)")
@@ -78,7 +80,7 @@ MODEL defaults to synth:tiny; use synth:flash?layers=2 for V4-Flash shapes.`, st
 	if *prompt+*decode > m.Cfg.MaxPositions {
 		return usagef("--prompt + --decode = %d exceeds the model's context of %d", *prompt+*decode, m.Cfg.MaxPositions)
 	}
-	rep := &benchReport{Model: lm.src.Name(), Synthetic: lm.src.Synthetic(), Backend: "cpu", Threads: runtime.NumCPU(), SIMD: kern.SIMD,
+	rep := &benchReport{Model: lm.src.Name(), Synthetic: lm.src.Synthetic(), Backend: lm.backendName(), Threads: runtime.NumCPU(), SIMD: kern.SIMD,
 		GoVersion: runtime.Version(), Date: time.Now().UTC().Format(time.RFC3339), PromptTokens: *prompt,
 		DecodeTokens: *decode, Runs: *runs, BytesPerToken: config.BytesPerToken(m.Cfg)}
 	r := rand.New(rand.NewPCG(*seed, 0))
@@ -90,16 +92,20 @@ MODEL defaults to synth:tiny; use synth:flash?layers=2 for V4-Flash shapes.`, st
 		for i := range toks {
 			toks[i] = r.IntN(m.Cfg.VocabSize)
 		}
-		s := m.NewSession()
+		ctx := context.Background()
+		s, err := m.NewSequence()
+		if err != nil {
+			return err
+		}
 		start := time.Now()
-		if _, err := s.Prefill(toks[:*prompt]); err != nil {
+		if _, err := s.Append(ctx, toks[:*prompt]); err != nil {
 			return err
 		}
 		prefillRates = append(prefillRates, float64(*prompt)/time.Since(start).Seconds())
 		bar.Add(1)
 		for _, t := range toks[*prompt:] {
 			st := time.Now()
-			if _, err := s.Decode(t); err != nil {
+			if _, err := s.Append(ctx, []int{t}); err != nil {
 				return err
 			}
 			steps = append(steps, time.Since(st))
@@ -108,24 +114,39 @@ MODEL defaults to synth:tiny; use synth:flash?layers=2 for V4-Flash shapes.`, st
 		s.Close()
 	}
 	bar.Done()
-	mbw := membw.Measure(bw, 0, 5)
+	var ceiling string
+	if lm.dev != nil {
+		gbps, err := lm.dev.ReadBandwidth(int(bw), 11)
+		if err != nil {
+			return err
+		}
+		rep.MemReadGBps = gbps / 1e9
+		ceiling = fmt.Sprintf("%s memory, measured now", lm.dev.Info().Name)
+	} else {
+		mbw := membw.Measure(bw, 0, 5)
+		rep.MemReadGBps = mbw.GBps()
+		ceiling = fmt.Sprintf("host memory, measured now, %d workers", mbw.Workers)
+	}
 	slices.Sort(prefillRates)
 	slices.Sort(steps)
 	step := steps[len(steps)/2]
 	rep.PrefillTokPerS = prefillRates[len(prefillRates)/2]
 	rep.DecodeStepMs = float64(step.Microseconds()) / 1000
 	rep.DecodeTokPerS = 1 / step.Seconds()
-	rep.MemReadGBps = mbw.GBps()
 	rep.DecodeBoundTokS = rep.MemReadGBps * 1e9 / float64(rep.BytesPerToken)
 	rep.Efficiency = rep.DecodeTokPerS / rep.DecodeBoundTokS
 	fmt.Fprintf(stdout, "model              %s%s\n", rep.Model, map[bool]string{true: " (synthetic)", false: ""}[rep.Synthetic])
-	fmt.Fprintf(stdout, "backend            cpu, %d threads, %s\n", rep.Threads, rep.GoVersion)
+	if lm.dev != nil {
+		fmt.Fprintf(stdout, "backend            cuda, %s, %s\n", lm.dev.Info().Name, rep.GoVersion)
+	} else {
+		fmt.Fprintf(stdout, "backend            cpu, %d threads, %s\n", rep.Threads, rep.GoVersion)
+	}
 	fmt.Fprintf(stdout, "prefill            %.1f tok/s (median of %d runs, %d-token prompt)\n", rep.PrefillTokPerS, rep.Runs, rep.PromptTokens)
 	fmt.Fprintf(stdout, "decode             %.2f tok/s (median step %.2f ms over %d steps)\n", rep.DecodeTokPerS, rep.DecodeStepMs, len(steps))
 	fmt.Fprintf(stdout, "weights per token  %s (%s)\n", commas(rep.BytesPerToken), progress.FormatBytes(rep.BytesPerToken))
-	fmt.Fprintf(stdout, "memory read        %.1f GB/s (measured now, %d workers) -> decode bound %.2f tok/s\n", rep.MemReadGBps, mbw.Workers, rep.DecodeBoundTokS)
+	fmt.Fprintf(stdout, "memory read        %.1f GB/s (%s) -> decode bound %.2f tok/s\n", rep.MemReadGBps, ceiling, rep.DecodeBoundTokS)
 	fmt.Fprintf(stdout, "efficiency         %.1f%% of the bandwidth bound\n", rep.Efficiency*100)
-	if !kern.SIMD {
+	if !kern.SIMD && lm.dev == nil {
 		fmt.Fprintf(stdout, "note               portable build: its kernels and bandwidth probe are scalar Go and may understate\n                   the machine; build with GOEXPERIMENT=simd for speed and a true ceiling\n")
 	}
 	if *jsonOut != "" {

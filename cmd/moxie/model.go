@@ -8,9 +8,11 @@ import (
 	"io"
 	"moxie/internal/progress"
 	"os"
+	"time"
 
 	"moxie/checkpoint"
 	"moxie/compute/cpu"
+	"moxie/compute/cuda"
 	"moxie/dsv4"
 	"moxie/dsv4/config"
 	"moxie/experts"
@@ -27,6 +29,15 @@ type loadedModel struct {
 	store  *experts.Store // nil when experts are bound straight from the source
 	plan   *experts.Plan
 	routes *trace.Writer
+	dev    *cuda.Device // the GPU the model is resident on (--backend cuda), or nil
+}
+
+// backendName is "cuda" when the model runs on a GPU, else "cpu".
+func (l *loadedModel) backendName() string {
+	if l.dev != nil {
+		return "cuda"
+	}
+	return "cpu"
 }
 
 // Close releases the store, finishes the route trace, and closes the source.
@@ -41,23 +52,30 @@ func (l *loadedModel) Close() error {
 	if l.be != nil {
 		l.be.Close()
 	}
+	if l.m != nil {
+		errs = append(errs, l.m.Close())
+	}
+	if l.dev != nil {
+		errs = append(errs, l.dev.Close())
+	}
 	errs = append(errs, l.src.Close())
 	return errors.Join(errs...)
 }
 
 // memFlags are the memory and residency flags shared by run, serve and bench.
 type memFlags struct {
-	mem, policy, routes string
-	ctx                 int
+	mem, policy, routes, backend string
+	ctx                          int
 }
 
-// addMemFlags registers --mem, --ctx, --policy and --record-routes on fs.
+// addMemFlags registers --mem, --ctx, --policy, --record-routes and --backend on fs.
 func addMemFlags(fs *flag.FlagSet) *memFlags {
 	f := &memFlags{}
 	fs.StringVar(&f.mem, "mem", "", "memory budget, e.g. 24GiB: dense weights and state stay resident, routed experts fill the rest and are read from the checkpoint on a miss (default: a safe share of available memory)")
 	fs.IntVar(&f.ctx, "ctx", 0, "context length in tokens the memory plan reserves state for (default 32768, or the model's maximum if smaller)")
 	fs.StringVar(&f.policy, "policy", "lru", "expert residency policy: lru, decay[:h=64,ratio=1.25,margin=4] or static:FREQFILE")
 	fs.StringVar(&f.routes, "record-routes", "", "write every routing decision to this trace file (see moxie residency)")
+	fs.StringVar(&f.backend, "backend", "cpu", "where the model runs: cpu; cuda (the whole model resident on GPU 0: weights, every routed expert and the sequence state); or auto (cuda when a GPU, its driver and NVRTC are found, else cpu)")
 	return f
 }
 
@@ -67,7 +85,12 @@ func addMemFlags(fs *flag.FlagSet) *memFlags {
 // when the weights are synthetic.
 func loadModel(spec string, mf *memFlags, stderr io.Writer) (*loadedModel, error) {
 	if mf == nil {
-		mf = &memFlags{policy: "lru"}
+		mf = &memFlags{policy: "lru", backend: "cpu"}
+	}
+	switch mf.backend {
+	case "", "cpu", "cuda", "auto":
+	default:
+		return nil, usagef("--backend %q: want cpu, cuda or auto", mf.backend)
 	}
 	pol, polName, err := experts.ParsePolicy(mf.policy)
 	if err != nil {
@@ -111,6 +134,18 @@ func loadModel(spec string, mf *memFlags, stderr io.Writer) (*loadedModel, error
 	ctx := mf.ctx
 	if ctx == 0 {
 		ctx = min(32768, cfg.MaxPositions)
+	}
+	if mf.backend == "cuda" || mf.backend == "auto" {
+		dev, err := cuda.Open(0)
+		switch {
+		case err == nil:
+			l.dev = dev
+			return loadOnDevice(l, cfg, ctx, mf, stderr)
+		case mf.backend == "cuda":
+			return fail(fmt.Errorf("--backend cuda: %w", err))
+		default:
+			fmt.Fprintf(stderr, "note: no usable CUDA device (%v); running on the CPU\n", err)
+		}
 	}
 	plan, err := experts.NewPlan(src, cfg, budget, ctx)
 	if err != nil {
@@ -178,4 +213,34 @@ func writeJSONFile(path string, v any) error {
 		return err
 	}
 	return nil
+}
+
+// loadOnDevice binds the model resident on l.dev: every weight and routed
+// expert is uploaded (the CPU memory plan and expert store are not used), and
+// sequences run as device sessions of up to ctx tokens.
+func loadOnDevice(l *loadedModel, cfg *config.Config, ctx int, mf *memFlags, stderr io.Writer) (*loadedModel, error) {
+	fail := func(err error) (*loadedModel, error) {
+		l.Close()
+		return nil, err
+	}
+	if mf.mem != "" || mf.policy != "lru" {
+		return fail(usagef("--mem and --policy plan host memory; with --backend cuda every expert is resident on the GPU"))
+	}
+	opts := dsv4.Options{Device: l.dev, DeviceContext: ctx}
+	if mf.routes != "" {
+		var err error
+		if l.routes, err = trace.Create(mf.routes, trace.HeaderFor(l.src.Name(), cfg)); err != nil {
+			return fail(err)
+		}
+		opts.Routes = l.routes
+	}
+	t0 := time.Now()
+	m, err := dsv4.Load(l.src, opts)
+	if err != nil {
+		return fail(fmt.Errorf("loading %s onto %s: %w", l.src.Name(), l.dev.Info().Name, err))
+	}
+	l.m = m
+	fmt.Fprintf(stderr, "device: %s; %s of weights resident (every routed expert), context %d tokens, uploaded in %s\n",
+		l.dev.Info().Name, progress.FormatBytes(int64(m.DeviceBytes())), ctx, time.Since(t0).Round(time.Millisecond))
+	return l, nil
 }

@@ -104,8 +104,17 @@ exp(mean NLL), and tokens per second.`, stderr)
 // returns the summed negative log-likelihood of seg[1:], each token predicted
 // from the logits at the position before it (log-softmax in float64).
 func windowNLL(m *dsv4.Model, seg []int, chunk int) (float64, error) {
-	s := m.NewSession()
-	defer s.Close()
+	seq, err := m.NewSequence() // a device session when the model is on a GPU
+	if err != nil {
+		return 0, err
+	}
+	defer seq.Close()
+	s, ok := seq.(interface {
+		PrefillAll([]int) ([]float32, error)
+	})
+	if !ok {
+		return 0, fmt.Errorf("perplexity: %T cannot return every position's logits", seq)
+	}
 	V := m.Cfg.VocabSize
 	var nll float64
 	for lo := 0; lo < len(seg)-1; lo += chunk {

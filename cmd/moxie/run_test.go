@@ -127,3 +127,21 @@ func TestDefaultModelResolution(t *testing.T) {
 		}
 	})
 }
+
+func TestBackendFlag(t *testing.T) {
+	t.Run("unknown backend is a usage error", func(t *testing.T) {
+		code, _, errs := moxie(t, "run", "--model", "synth:tiny", "--backend", "tpu", "Hi")
+		if code != 2 || !strings.Contains(errs, "--backend") || !strings.Contains(errs, "cpu, cuda or auto") {
+			t.Fatalf("exit %d, stderr %q", code, errs)
+		}
+	})
+	t.Run("auto runs on the GPU or says why not", func(t *testing.T) {
+		code, out, errs := moxie(t, "run", "--model", "synth:tiny", "--backend", "auto", "--max-tokens", "2", "Hi")
+		if code != 0 || out == "" {
+			t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errs)
+		}
+		if !strings.Contains(errs, "running on the CPU") && !strings.Contains(errs, "device: ") {
+			t.Fatalf("stderr says neither where the model ran nor why not the GPU: %q", errs)
+		}
+	})
+}

@@ -462,6 +462,7 @@ __device__ __forceinline__ u32 rank_key(float f) {
 // then a bitonic sort of the survivors by (key desc, index asc).
 #define TOPK_THREADS 1024
 #define TOPK_MAXK 2048
+#define TOPK_U 8  // loads in flight per thread in the passes over the scores
 
 __device__ __forceinline__ u32 lanemask_lt() {
   u32 m;
@@ -485,15 +486,25 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk(int *idx, const 
     const int sh = shifts[pass], nb = 1 << widths[pass];
     for (int i = tid; i < nb; i += blockDim.x) hist[i] = 0;
     __syncthreads();
-    // Warp-uniform trip count; lanes with the same bin add once together
-    // (ties and narrow value ranges would otherwise serialise the atomics).
-    for (int i0 = wp * 32; i0 < n; i0 += blockDim.x) {
-      const int i = i0 + lane;
-      const u32 key = i < n ? rank_key(scores[i]) : 0u;
-      const bool in = i < n && (key & mask) == prefix;
-      const u32 bin = in ? (key >> sh) & (u32)(nb - 1) : 0xffffffffu;
-      const u32 peers = __match_any_sync(FULL, bin);
-      if (in && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (u32)__popc(peers));
+    // Warp-uniform trip count; TOPK_U loads in flight per thread; lanes with
+    // the same bin add once together (ties and narrow value ranges would
+    // otherwise serialise the atomics).
+    for (int i0 = wp * 32; i0 < n; i0 += TOPK_U * blockDim.x) {
+      float v[TOPK_U];
+#pragma unroll
+      for (int u = 0; u < TOPK_U; u++) {
+        const int i = i0 + u * blockDim.x + lane;
+        v[u] = i < n ? scores[i] : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < TOPK_U; u++) {
+        const int i = i0 + u * blockDim.x + lane;
+        const u32 key = rank_key(v[u]);
+        const bool in = i < n && (key & mask) == prefix;
+        const u32 bin = in ? (key >> sh) & (u32)(nb - 1) : 0xffffffffu;
+        const u32 peers = __match_any_sync(FULL, bin);
+        if (in && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (u32)__popc(peers));
+      }
     }
     __syncthreads();
     if (wp == 0) {
@@ -536,12 +547,21 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk(int *idx, const 
   const int seg = ((n + nw - 1) / nw + 31) / 32 * 32;
   const int lo = wp * seg, hi = min(n, lo + seg);
   u32 cg = 0, ce = 0;
-  for (int b = lo; b < hi; b += 32) {
-    const int i = b + lane;
-    const u32 key = i < hi ? rank_key(scores[i]) : 0u;
-    const bool ok = i < hi;
-    cg += __popc(__ballot_sync(FULL, ok && key > thr));
-    ce += __popc(__ballot_sync(FULL, ok && key == thr));
+  for (int b0 = lo; b0 < hi; b0 += 32 * TOPK_U) {
+    float v[TOPK_U];
+#pragma unroll
+    for (int u = 0; u < TOPK_U; u++) {
+      const int i = b0 + 32 * u + lane;
+      v[u] = i < hi ? scores[i] : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < TOPK_U; u++) {
+      const int i = b0 + 32 * u + lane;
+      const bool ok = i < hi;
+      const u32 key = rank_key(v[u]);
+      cg += __popc(__ballot_sync(FULL, ok && key > thr));
+      ce += __popc(__ballot_sync(FULL, ok && key == thr));
+    }
   }
   if (lane == 0) {
     wgt[wp] = cg;
@@ -555,20 +575,30 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk(int *idx, const 
   }
   u32 ngt = 0;
   for (int i = 0; i < nw; i++) ngt += wgt[i];
-  for (int b = lo; b < hi; b += 32) {
-    const int i = b + lane;
-    const bool ok = i < hi;
-    const u32 key = ok ? rank_key(scores[i]) : 0u;
-    const u32 bg = __ballot_sync(FULL, ok && key > thr);
-    const u32 be = __ballot_sync(FULL, ok && key == thr);
-    const u64 comp = ((u64)key << 32) | (u64)(0xffffffffu - (u32)i);
-    if (ok && key > thr) surv[gbase + __popc(bg & lanemask_lt())] = comp;
-    if (ok && key == thr) {
-      const u32 e = ebase + __popc(be & lanemask_lt());
-      if (e < krem) surv[ngt + e] = comp;
+  const u32 below = lanemask_lt();
+  for (int b0 = lo; b0 < hi; b0 += 32 * TOPK_U) {
+    float v[TOPK_U];
+#pragma unroll
+    for (int u = 0; u < TOPK_U; u++) {
+      const int i = b0 + 32 * u + lane;
+      v[u] = i < hi ? scores[i] : 0.f;
     }
-    gbase += __popc(bg);
-    ebase += __popc(be);
+#pragma unroll
+    for (int u = 0; u < TOPK_U; u++) {  // in index order: ties keep their lowest indices
+      const int i = b0 + 32 * u + lane;
+      const bool ok = i < hi;
+      const u32 key = rank_key(v[u]);
+      const u32 bg = __ballot_sync(FULL, ok && key > thr);
+      const u32 be = __ballot_sync(FULL, ok && key == thr);
+      const u64 comp = ((u64)key << 32) | (u64)(0xffffffffu - (u32)i);
+      if (ok && key > thr) surv[gbase + __popc(bg & below)] = comp;
+      if (ok && key == thr) {
+        const u32 e = ebase + __popc(be & below);
+        if (e < krem) surv[ngt + e] = comp;
+      }
+      gbase += __popc(bg);
+      ebase += __popc(be);
+    }
   }
   // Pad to a power of two with 0 (ranks below every real entry).
   int P = 1;

@@ -3,6 +3,7 @@ package cuda
 import (
 	_ "embed"
 	"fmt"
+	"structs"
 	"unsafe"
 )
 
@@ -55,6 +56,7 @@ func (c *Ctx) Fwd() (*Fwd, error) {
 
 // attnArgs mirrors struct AttnArgs in kernels/fwd.cu.
 type attnArgs struct {
+	_                                                             structs.HostLayout
 	O, Q, Ring, Comp, Idx, Sinks, Pos                             uint64
 	RingRows, Window, Ratio, IdxStride, TopK, Heads, Dim, MaxKeys int32
 	Scale                                                         float32

@@ -508,6 +508,10 @@ func TestFwdLinArgsMirror(t *testing.T) {
 	if n := unsafe.Sizeof(linArgs{}); n != 80 {
 		t.Errorf("linArgs is %d bytes, want 80", n)
 	}
+	// struct AttnArgs in fwd.cu: 7 pointers, 8 ints, a float (static_assert 96).
+	if n, o := unsafe.Sizeof(attnArgs{}), unsafe.Offsetof(attnArgs{}.Scale); n != 96 || o != 88 {
+		t.Errorf("attnArgs is %d bytes with Scale at %d, want 96 and 88", n, o)
+	}
 }
 
 // TestFwdTopK checks the indexer top-k against compute.TopK (exact indices

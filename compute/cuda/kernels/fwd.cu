@@ -71,6 +71,7 @@ struct AttnArgs {
   int ring_rows, window, ratio, idx_stride, topk, heads, dim, max_keys;
   float scale;
 };
+static_assert(sizeof(AttnArgs) == 96, "AttnArgs must match attnArgs in fwd.go");
 
 extern "C" __global__ void __launch_bounds__(256) fwd_attention(AttnArgs a) {
   extern __shared__ float sc[];
@@ -367,6 +368,7 @@ struct LinArgs {
   float *y;
   int rows, cols, sdivr, sdivc, srshift, scshift, sstride, rpg, xstride, ystride, batch;
 };
+static_assert(sizeof(LinArgs) == 80, "LinArgs must match linArgs in linear.go");
 
 // For k < K: e = ids[k]; run13[2k] = all13[2e] (w1) with x -> g + k*inter,
 // run13[2k+1] = all13[2e+1] (w3) with x -> u + k*inter, run2[k] = all2[e]

@@ -30,6 +30,14 @@ func (c *Ctx) opsModule() (*Module, error) {
 	return c.Module(opsModuleName, opsSrc)
 }
 
+// LoadOps compiles (or loads from the disk cache) the ops module now, so
+// that the first op does not do it: call it before capturing a CUDA graph
+// that contains ops, since loading a module is not a stream operation.
+func (c *Ctx) LoadOps() error {
+	_, err := c.opsModule()
+	return err
+}
+
 // launchOp enqueues the ops kernel `name` on s.
 func (c *Ctx) launchOp(name string, grid, block Dim3, shared int, s Stream, args ...unsafe.Pointer) error {
 	m, err := c.opsModule()

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"moxie/compute"
@@ -848,5 +849,30 @@ func TestOpsBackend(t *testing.T) {
 			}()
 			tc.call()
 		})
+	}
+}
+
+// TestOpsLoad loads the ops module and looks up every kernel ops.go launches.
+func TestOpsLoad(t *testing.T) {
+	dev := testDevice(t)
+	err := dev.Do(func(c *Ctx) error {
+		t0 := time.Now()
+		if err := c.LoadOps(); err != nil {
+			return err
+		}
+		m, err := c.opsModule()
+		if err != nil {
+			return err
+		}
+		t.Logf("ops module: from cache %v, NVRTC %v, load %v", m.FromCache, m.CompileTime, time.Since(t0))
+		for _, name := range opsKernelNames {
+			if _, err := m.Kernel(name); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -534,7 +534,7 @@ func (c *Ctx) PrepareMultiLinear(a *Arena, ws []*DeviceWeight, ys, xs []DevicePt
 	args := make([]linArgs, len(ws))
 	bytes := 0
 	for i, w := range ws {
-		if w.Format != f || w.Block != ws[0].Block {
+		if w.Format != f || f == compute.FP8Block && w.Block != ws[0].Block {
 			return nil, fmt.Errorf("cuda multi-linear: weight %d is %v (block %d), the set is %v (block %d)", i, w.Format, w.Block, f, ws[0].Block)
 		}
 		shapes[i] = [2]int{w.Rows, w.Cols}

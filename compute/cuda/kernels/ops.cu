@@ -393,8 +393,9 @@ extern "C" __global__ void compress_pool(float *out, const float *kv, const floa
 // ---------------------------------------------------------------------------
 // IndexScores: s[i] = Σ_h w[h]·ReLU(q[h]·keys[i]). A block takes a tile of
 // IDX_KT keys into shared memory with q transposed (qT[c][h]); thread (key i,
-// head h) forms one dot product, then one warp per key sums its heads in
-// order. Shared memory: (dim·heads + IDX_KT·dim + IDX_KT·heads) floats.
+// head h) forms one dot product, then one warp per key sums its heads
+// (lane-strided, then a shuffle tree).
+// Shared memory: (dim·heads + IDX_KT·dim + IDX_KT·heads) floats.
 #define IDX_KT 16
 
 extern "C" __global__ void index_scores(float *sc, const float *q, const float *w, const float *keys, int nKeys,

@@ -60,7 +60,7 @@ const (
 	// OpsMaxAttentionDim is the largest head dimension Attention takes.
 	OpsMaxAttentionDim = 1024
 	// OpsMaxExperts is the largest expert count Route takes.
-	OpsMaxExperts = 4096
+	OpsMaxExperts = 2048
 	// OpsMaxHCRows is the largest Fn row count ((2+HC)·HC) HCMix takes.
 	OpsMaxHCRows = 128
 	// opsMaxGridY is CUDA's limit on gridDim.y (the batch of the per-row kernels).

@@ -23,6 +23,13 @@ func LinearSource() string { return linearSrc }
 // kernels), compiled on first use of any linear function; bench, the other
 // variants, compiled only when one of them is first launched.
 func LinearModuleSources() (def, bench string, err error) {
+	return splitLinearSource(linearSrc)
+}
+
+// splitLinearSource splits a linear.cu text at its "//@module NAME" lines
+// into the default module's source (common + linear) and the benchmark
+// module's (common + bench). Text before the first marker is dropped.
+func splitLinearSource(src string) (def, bench string, err error) {
 	sec := map[string]string{}
 	name := ""
 	var b strings.Builder
@@ -37,12 +44,15 @@ func LinearModuleSources() (def, bench string, err error) {
 		b.Reset()
 		return nil
 	}
-	for line := range strings.Lines(linearSrc) {
+	for line := range strings.Lines(src) {
 		if rest, ok := strings.CutPrefix(line, "//@module "); ok {
 			if err := flush(); err != nil {
 				return "", "", err
 			}
 			name = strings.TrimSpace(rest)
+			if name != "common" && name != "linear" && name != "bench" {
+				return "", "", fmt.Errorf("cuda: kernels/linear.cu has an unknown section %q (want common, linear, bench)", name)
+			}
 			continue
 		}
 		if name != "" {

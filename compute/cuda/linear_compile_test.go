@@ -191,3 +191,110 @@ func TestLinearCompile(t *testing.T) {
 		}
 	}
 }
+
+// TestSplitLinearSource checks the section split on small texts, bad ones
+// included.
+func TestSplitLinearSource(t *testing.T) {
+	cases := []struct {
+		name, src  string
+		def, bench string
+		err        string
+	}{
+		{"ok", "head\n//@module common\nC\n//@module linear\nL\n//@module bench\nB\n", "C\nL\n", "C\nB\n", ""},
+		{"order", "//@module bench\nB\n//@module common\nC\n//@module linear\nL", "C\nL", "C\nB\n", ""},
+		{"missing bench", "//@module common\nC\n//@module linear\nL\n", "", "", `lacks its "bench" section`},
+		{"duplicate", "//@module common\nC\n//@module linear\nL\n//@module bench\nB\n//@module linear\nL2\n", "", "", `two "linear" sections`},
+		{"unknown", "//@module common\n//@module extra\n", "", "", `unknown section "extra"`},
+		{"none", "just code\n", "", "", `lacks its "common" section`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			def, bench, err := splitLinearSource(tc.src)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want one containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if def != tc.def || bench != tc.bench {
+				t.Fatalf("split = %q, %q; want %q, %q", def, bench, tc.def, tc.bench)
+			}
+		})
+	}
+}
+
+// TestPlanLinear checks the kernel and launch shape the planners choose for
+// the documented cases (132 SMs).
+func TestPlanLinear(t *testing.T) {
+	V := WidthVec
+	cases := []struct {
+		name                      string
+		f                         compute.Format
+		rows, cols, block, groups int
+		nb                        int
+		v                         LinearVariant
+		kernel                    string
+		grid, threads             uint32
+	}{
+		{"wq_b default", compute.FP8Block, 32768, 1024, 128, 1, 1, LinearVariant{}, "linear_fp8_b1_r2_u4_d0", 16384, 32},
+		{"odd rows one group", compute.MXFP4, 129, 4096, 128, 1, 1, LinearVariant{}, "linear_mxfp4_b1_r2_u4_d0", 65, 0},
+		{"odd rows per group", compute.FP8Block, 6, 1024, 128, 2, 1, LinearVariant{}, "linear_generic", 1, 256},
+		{"batch 3 tile 4", compute.BF16, 64, 768, 128, 1, 3, LinearVariant{}, "linear_bf16_b4_r2_u4_d0", 32, 0},
+		{"non-pow2 block", compute.FP8Block, 100, 480, 96, 1, 1, LinearVariant{}, "linear_generic", 13, 256},
+		{"vec wq_b", compute.FP8Block, 32768, 1024, 128, 1, 1, LinearVariant{Width: V}, "linv_fp8_b1_r4_u2_d0_h0", 264, 256},
+		{"vec wo_b", compute.FP8Block, 4096, 8192, 128, 1, 1, LinearVariant{Width: V}, "linv_fp8_b1_r1_u8_d0_h0", 264, 256},
+		{"vec w1", compute.MXFP4, 2048, 4096, 128, 1, 4, LinearVariant{Width: V}, "linv_mxfp4_b4_r2_u4_d0_h0", 128, 256},
+		{"vec w2 bits", compute.MXFP4, 4096, 2048, 128, 1, 1, LinearVariant{Width: V, Decode: DecodeBits}, "linv_mxfp4_b1_r4_u2_d1_h0", 128, 256},
+		{"vec hint blocks 4", compute.FP8Block, 32768, 1024, 128, 1, 1, LinearVariant{Width: V, Hint: 1, Blocks: 4}, "linv_fp8_b1_r4_u2_d0_h1", 528, 256},
+		{"vec batch 8 falls back", compute.FP8Block, 4096, 8192, 128, 1, 8, LinearVariant{Width: V}, "linear_fp8_b8_r2_u4_d0", 2048, 0},
+		{"vec unaligned cols", compute.MXFP4, 64, 2056, 128, 1, 1, LinearVariant{Width: V}, "linear_mxfp4_b1_r2_u4_d0", 32, 0},
+		{"vec grouped", compute.FP8Block, 256, 640, 128, 4, 2, LinearVariant{Width: V}, "linv_fp8_b2_r4_u2_d0_h0", 8, 256},
+		{"vec grouped odd", compute.FP8Block, 6, 1024, 128, 2, 1, LinearVariant{Width: V}, "linear_generic", 1, 256},
+		{"wide r4", compute.MXFP4, 2048, 4096, 128, 1, 1, LinearVariant{Width: WidthWide, RB: 4}, "linw_mxfp4_b1_r4_u2_d0", 512, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := planLinear(tc.f, tc.rows, tc.cols, tc.block, tc.groups, tc.nb, tc.v, 132)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.name != tc.kernel || p.grid.X != tc.grid || tc.threads != 0 && p.block.X != tc.threads {
+				t.Fatalf("plan %s grid %d block %d; want %s grid %d block %d", p.name, p.grid.X, p.block.X, tc.kernel, tc.grid, tc.threads)
+			}
+			if p.block.X == 0 || p.block.X > 256 || p.block.X%32 != 0 {
+				t.Fatalf("block of %d threads", p.block.X)
+			}
+		})
+	}
+	for _, bad := range []LinearVariant{{Width: V, U: 3}, {Width: V, U: 2, RB: 2}} {
+		if _, err := planLinear(compute.FP8Block, 256, 1024, 128, 1, 1, bad, 132); err == nil {
+			t.Errorf("variant %+v accepted", bad)
+		}
+	}
+	if _, err := planLinear(compute.Format(99), 8, 64, 128, 1, 1, LinearVariant{}, 132); err == nil {
+		t.Error("unknown format accepted")
+	}
+
+	// Multi: 12 expert matrices; the vec grid covers the chip, capped by tiles.
+	w13 := make([][2]int, 12)
+	for i := range w13 {
+		w13[i] = [2]int{2048, 4096}
+	}
+	p, vec, err := planMulti(compute.MXFP4, w13, 128, 1, LinearVariant{Width: V}, 132)
+	if err != nil || !vec || p.name != "linvmulti_mxfp4_b1_r2_u4_d0_h0" || p.grid.X != 264 || p.block.X != 256 {
+		t.Errorf("vec multi plan %+v vec %v err %v", p, vec, err)
+	}
+	p, vec, err = planMulti(compute.MXFP4, w13, 128, 1, LinearVariant{}, 132)
+	if err != nil || vec || p.name != "linmulti_mxfp4_b1_r2_u4_d0" || p.grid.X != 1024 || p.grid.Y != 12 {
+		t.Errorf("default multi plan %+v vec %v err %v", p, vec, err)
+	}
+	if _, _, err := planMulti(compute.MXFP4, [][2]int{{3, 64}}, 128, 1, LinearVariant{}, 132); err == nil {
+		t.Error("odd rows accepted in a multi set")
+	}
+	if _, _, err := planMulti(compute.MXFP8, w13, 128, 1, LinearVariant{}, 132); err == nil {
+		t.Error("MXFP8 multi set accepted")
+	}
+}

@@ -333,6 +333,21 @@ func (c *Ctx) TopK(idx, scores DevicePtr, n, k int, s Stream) error {
 	return c.launchOp("topk", Dim3{X: 1}, Dim3{X: 1024}, 0, s, ptr(&idx), ptr(&scores), ptr(&n32), ptr(&k32))
 }
 
+// TopKRows enqueues TopK for `rows` rows at once: row r of scores [rows,
+// stride] is ranked over its first ns[r] entries (ns int32 [rows], clamped
+// to [0, stride]) and idx [rows, k] (int32) receives its min(k, ns[r]) best
+// indices in TopK's order, the rest of the row −1. 1 <= k <= OpsMaxTopK.
+func (c *Ctx) TopKRows(idx, scores, ns DevicePtr, rows, stride, k int, s Stream) error {
+	if !pos32(rows, stride, k) || k > OpsMaxTopK {
+		return opErr("TopKRows", "rows %d, stride %d, k %d: want positive sizes and k <= %d", rows, stride, k, OpsMaxTopK)
+	}
+	if !nonNull(idx, scores, ns) {
+		return opErr("TopKRows", "null idx, scores or ns")
+	}
+	st, k32 := int32(stride), int32(k)
+	return c.launchOp("topk_rows", Dim3{X: uint32(rows)}, Dim3{X: 1024}, 0, s, ptr(&idx), ptr(&scores), ptr(&ns), ptr(&st), ptr(&k32))
+}
+
 // Route enqueues compute.Backend.Route for `batch` tokens: logits
 // [batch, experts], bias [experts] or 0, hash int32 [batch, k] (the tokens'
 // tid2eid rows) or 0; ids int32 [batch, k], weights [batch, k]. A hash id

@@ -240,6 +240,41 @@ func TestOpsTopK(t *testing.T) {
 	}
 }
 
+// TestOpsTopKRows ranks rows of different lengths in one launch (the
+// indexer's causal prefix per token), each against compute.TopK.
+func TestOpsTopKRows(t *testing.T) {
+	const stride, k = 5000, 512
+	ns := []int32{0, 1, 100, 511, 512, 513, 4999, 5000, 7000, -3} // 7000 and -3 are clamped
+	rows := len(ns)
+	rng := rand.New(rand.NewPCG(27, 1))
+	sc := make([]float32, rows*stride)
+	for i := range sc {
+		sc[i] = float32(rng.IntN(50)) // ties across and within rows
+	}
+	var got []int32
+	onDevice(t, func(c *Ctx, d *devBufs) {
+		ds, dn := d.floats(sc), d.int32s(ns)
+		d.synced()
+		idx := d.poisoned(rows * k)
+		d.check(c.TopKRows(idx, ds, dn, rows, stride, k, c.Stream()))
+		got = d.getInt32s(idx, rows*k)
+	})
+	for r, n32 := range ns {
+		n := min(max(int(n32), 0), stride)
+		want := compute.TopK(nil, sc[r*stride:r*stride+n], k)
+		row := got[r*k : (r+1)*k]
+		for j := range k {
+			w := -1
+			if j < len(want) {
+				w = want[j]
+			}
+			if int(row[j]) != w {
+				t.Fatalf("row %d (n %d): idx[%d] = %d, want %d", r, n, j, row[j], w)
+			}
+		}
+	}
+}
+
 func scoreAt(sc []float32, i int32) float32 {
 	if i < 0 || int(i) >= len(sc) {
 		return float32(math.NaN())
@@ -624,6 +659,9 @@ func TestOpsErrors(t *testing.T) {
 		{"TopK", func() error { return c.TopK(p, p, 1<<20, OpsMaxTopK+1, s) }},
 		{"TopK", func() error { return c.TopK(p, p, -1, 0, s) }},
 		{"TopK", func() error { return c.TopK(0, p, 10, 3, s) }},
+		{"TopKRows", func() error { return c.TopKRows(p, p, p, 0, 10, 3, s) }},
+		{"TopKRows", func() error { return c.TopKRows(p, p, p, 2, 10, OpsMaxTopK+1, s) }},
+		{"TopKRows", func() error { return c.TopKRows(p, p, 0, 2, 10, 3, s) }},
 		{"Route", func() error { return c.Route(p, p, p, 0, 0, 1, 8, 9, 1, s) }},
 		{"Route", func() error { return c.Route(p, p, p, 0, 0, 0, 8, 2, 1, s) }},
 		{"Route", func() error { return c.Route(p, p, p, 0, 0, 1, OpsMaxExperts+1, 2, 1, s) }},

@@ -471,7 +471,7 @@ __device__ __forceinline__ u32 lanemask_lt() {
   return m;
 }
 
-extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk(int *idx, const float *scores, int n, int k) {
+__device__ __forceinline__ void topk_body(int *idx, const float *scores, int n, int k) {
   __shared__ u32 hist[2048];
   __shared__ u64 surv[TOPK_MAXK];
   __shared__ u32 wgt[32], weq[32];
@@ -624,6 +624,22 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk(int *idx, const 
     }
   }
   for (int i = tid; i < k; i += blockDim.x) idx[i] = (int)(0xffffffffu - (u32)(surv[i] & 0xffffffffull));
+}
+
+extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk(int *idx, const float *scores, int n, int k) {
+  topk_body(idx, scores, n, k);
+}
+
+// topk_rows: block r ranks row r of scores [rows, stride] over its first
+// ns[r] entries: idx[r, 0:min(k, ns[r])] as topk, the rest of the row −1.
+extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_rows(int *idx, const float *scores, const int *ns,
+                                                                    int stride, int k) {
+  const size_t r = blockIdx.x;
+  const int n = min(max(ns[r], 0), stride);
+  const int kk = min(k, n);
+  int *ir = idx + r * k;
+  for (int i = kk + threadIdx.x; i < k; i += blockDim.x) ir[i] = -1;
+  if (kk > 0) topk_body(ir, scores + r * stride, n, kk);
 }
 
 // ---------------------------------------------------------------------------

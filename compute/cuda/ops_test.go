@@ -914,3 +914,17 @@ func TestOpsLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func BenchmarkOpsTopKRows(b *testing.B) {
+	const rows, stride, k = 64, 16384, 512
+	benchOp(b, func(c *Ctx, d *devBufs) func() error {
+		rng := rand.New(rand.NewPCG(6, 6))
+		ns := make([]int32, rows)
+		for i := range ns {
+			ns[i] = int32(stride - rows + i)
+		}
+		sc, dn := d.floats(computetest.Normal(rng, rows*stride, 1)), d.int32s(ns)
+		idx := d.alloc(4 * rows * k)
+		return func() error { return c.TopKRows(idx, sc, dn, rows, stride, k, c.Stream()) }
+	})
+}

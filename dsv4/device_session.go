@@ -65,6 +65,7 @@ type DeviceSession struct {
 	graph    *cuda.Graph
 	graphErr error
 	runErr   error // why a layer's experts cannot be selected on the device
+	grouped  bool  // prefill chunks use the grouped attention kernel
 	layers   []*devLayerState
 	runs     []*cuda.ExpertRun // per layer; nil: host-routed
 
@@ -142,7 +143,7 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 		return nil, fmt.Errorf("dsv4: the model was loaded without Options.Device")
 	}
 	c := m.Cfg
-	s := &DeviceSession{m: m, d: d, limit: d.maxCtx, chunk: min(m.maxChunk, d.maxCtx), graphs: true}
+	s := &DeviceSession{m: m, d: d, limit: d.maxCtx, chunk: min(m.maxChunk, d.maxCtx), graphs: true, grouped: true}
 	T, D, hc, K := s.chunk, c.Dim, c.HCMult, c.NActivatedExperts
 	s.topk = c.IndexTopK
 	s.entries = max(s.limit/config.CSARatio, 1)
@@ -257,6 +258,11 @@ func (s *DeviceSession) release() {
 		return nil
 	})
 }
+
+// UseGroupedAttention switches the grouped attention kernel for chunks of
+// several tokens on or off (on by default; off runs one block per head and
+// query, as decode does).
+func (s *DeviceSession) UseGroupedAttention(on bool) { s.grouped = on }
 
 // UseGraphs switches the capture of decode steps into a CUDA graph on or off
 // (on by default: the first decode step runs plainly, the second is captured
@@ -594,12 +600,28 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 		func() error {
 			return d.fwd.AttentionRing(c, cuda.AttnParams{O: s.o, Q: s.q, Ring: ls.ring, Comp: comp, Idx: idx, Sinks: b.sink,
 				Pos: s.posBuf, RingRows: ls.ringRows, Window: cfg.Window, T: T, Ratio: b.ratio, IdxStride: s.topk, TopK: s.topk,
-				Heads: H, Dim: hd, MaxKeys: maxKeys, Scale: float32(1 / math.Sqrt(float64(hd)))}, st)
+				Heads: H, Dim: hd, MaxKeys: maxKeys, Scale: float32(1 / math.Sqrt(float64(hd))), HeadsPerBlock: s.headsPerBlock(T)}, st)
 		},
 		func() error { return c.RoPE(s.o, s.posBuf, freq, T, H*hd, hd, nf, true, st) },
 		func() error { return c.GroupedLinear(b.woA, s.u, s.o, T, cfg.OGroups, st) },
 		func() error { return c.Linear(b.woB, s.attnOut, s.u, T, st) },
 	)
+}
+
+// headsPerBlock picks the attention kernel: for a chunk of several queries
+// (prefill) the grouped kernel with the largest group that fits, which reads
+// each key once per group of heads; for one query (decode) one block per
+// head, which spreads the keys over more blocks.
+func (s *DeviceSession) headsPerBlock(T int) int {
+	c := s.m.Cfg
+	if T > 1 && s.grouped {
+		for _, g := range []int{8, 4, 2} {
+			if cuda.GroupedAttentionFits(g, c.NHeads, c.HeadDim) {
+				return g
+			}
+		}
+	}
+	return 1
 }
 
 // compStep stores the chunk's compressor rows (κ = wkv·a, z = wgate·a + ape)

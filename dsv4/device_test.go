@@ -195,16 +195,18 @@ func TestDeviceTiny(t *testing.T) {
 		t.Errorf("decode cannot select experts on the device (it routes through the host): %v", md.dev.tableErr)
 	}
 	cases := []struct {
-		name     string
-		chunks   []int
-		noGraphs bool
+		name      string
+		chunks    []int
+		noGraphs  bool
+		noGrouped bool
 	}{
-		{"prefill40", []int{40}, false},
-		{"chunked 13+11+16", []int{13, 11, 16}, false},
-		{"prefill17 then decode", decodeSchedule(40, 17), false},
-		{"prefill17 then decode without graphs", decodeSchedule(40, 17), true},
-		{"decode only", decodeSchedule(40, 1), false},
-		{"chunks 3+5+8+1+23", []int{3, 5, 8, 1, 23}, false},
+		{"prefill40", []int{40}, false, false},
+		{"prefill40 one head per block", []int{40}, false, true},
+		{"chunked 13+11+16", []int{13, 11, 16}, false, false},
+		{"prefill17 then decode", decodeSchedule(40, 17), false, false},
+		{"prefill17 then decode without graphs", decodeSchedule(40, 17), true, false},
+		{"decode only", decodeSchedule(40, 1), false, false},
+		{"chunks 3+5+8+1+23", []int{3, 5, 8, 1, 23}, false, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -214,6 +216,7 @@ func TestDeviceTiny(t *testing.T) {
 			want := runSchedule(t, cs.PrefillAll, toks, tc.chunks)
 			ds := newDeviceSession(t, md)
 			ds.UseGraphs(!tc.noGraphs)
+			ds.UseGroupedAttention(!tc.noGrouped)
 			got := runSchedule(t, ds.PrefillAll, toks, tc.chunks)
 			if ds.Pos() != len(toks) || ds.Len() != len(toks) {
 				t.Errorf("Pos %d, Len %d after %d tokens", ds.Pos(), ds.Len(), len(toks))

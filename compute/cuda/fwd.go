@@ -20,8 +20,8 @@ func FwdSource() string { return fwdSrc }
 // float32 unless marked int32; size arguments are element counts. Bad sizes
 // are errors naming the kernel and the argument.
 type Fwd struct {
-	attn, ringStore, compStore, compClose, indexScores, topk *Kernel
-	moeArgs, addRows, gather, scatter, gatherI32             *Kernel
+	attn, attnHG, ringStore, compStore, compClose, indexScores, topk *Kernel
+	moeArgs, addRows, gather, scatter, gatherI32                     *Kernel
 }
 
 // FwdMaxTopK is the largest k TopKRows takes.
@@ -42,7 +42,7 @@ func (c *Ctx) Fwd() (*Fwd, error) {
 		name string
 		dst  **Kernel
 	}{
-		{"fwd_attention", &f.attn}, {"fwd_ring_store", &f.ringStore}, {"fwd_comp_store", &f.compStore},
+		{"fwd_attention", &f.attn}, {"fwd_attention_hg", &f.attnHG}, {"fwd_ring_store", &f.ringStore}, {"fwd_comp_store", &f.compStore},
 		{"fwd_comp_close", &f.compClose}, {"fwd_index_scores", &f.indexScores}, {"fwd_topk", &f.topk},
 		{"fwd_moe_args", &f.moeArgs}, {"fwd_add_rows", &f.addRows},
 		{"fwd_gather_rows", &f.gather}, {"fwd_scatter_add", &f.scatter}, {"fwd_gather_i32", &f.gatherI32},
@@ -79,9 +79,27 @@ type AttnParams struct {
 	IdxStride, TopK int
 	Heads, Dim      int
 	// MaxKeys bounds the keys of any query (Window + TopK, or Window +
-	// entries); it sizes the shared memory (4·MaxKeys bytes, at most 48 KiB).
+	// entries); it sizes the shared memory of the one-head kernel (4·MaxKeys
+	// bytes, at most 48 KiB).
 	MaxKeys int
 	Scale   float32
+	// HeadsPerBlock 0 or 1 runs one block per (head, query); 2..8 (dividing
+	// Heads, Dim <= 1024) runs the grouped kernel: one block per (group of
+	// heads, query), keys read once per group and streamed with an online
+	// softmax (no key-count bound). GroupedAttentionFits says which fit.
+	HeadsPerBlock int
+}
+
+// attnHGTile is ATT_KT in kernels/fwd.cu.
+const attnHGTile = 8
+
+// attnHGShared is the grouped kernel's dynamic shared memory in bytes.
+func attnHGShared(g, dim int) int { return 4 * (g*dim + attnHGTile*dim + g*attnHGTile) }
+
+// GroupedAttentionFits reports whether AttentionRing can run g heads per
+// block for heads of width dim among `heads`.
+func GroupedAttentionFits(g, heads, dim int) bool {
+	return g >= 2 && g <= 8 && heads%g == 0 && dim <= 1024 && attnHGShared(g, dim) <= maxStaticShared
 }
 
 // AttentionRing enqueues the attention of T queries: query i (position
@@ -104,12 +122,19 @@ func (f *Fwd) AttentionRing(c *Ctx, p AttnParams, s Stream) error {
 		return fmt.Errorf("cuda fwd_attention: compressed entries with ratio %d", p.Ratio)
 	case p.Idx != 0 && (p.TopK <= 0 || p.IdxStride < p.TopK):
 		return fmt.Errorf("cuda fwd_attention: top-k %d with index row stride %d", p.TopK, p.IdxStride)
-	case p.MaxKeys < p.Window || 4*p.MaxKeys > maxStaticShared:
+	case p.HeadsPerBlock > 1 && !GroupedAttentionFits(p.HeadsPerBlock, p.Heads, p.Dim):
+		return fmt.Errorf("cuda fwd_attention: %d heads per block for %d heads of width %d (want 2..8 dividing the heads, width <= 1024, shared memory %d <= %d bytes)",
+			p.HeadsPerBlock, p.Heads, p.Dim, attnHGShared(p.HeadsPerBlock, p.Dim), maxStaticShared)
+	case p.HeadsPerBlock <= 1 && (p.MaxKeys < p.Window || 4*p.MaxKeys > maxStaticShared):
 		return fmt.Errorf("cuda fwd_attention: max keys %d, want %d..%d", p.MaxKeys, p.Window, maxStaticShared/4)
 	}
 	a := attnArgs{O: uint64(p.O), Q: uint64(p.Q), Ring: uint64(p.Ring), Comp: uint64(p.Comp), Idx: uint64(p.Idx), Sinks: uint64(p.Sinks),
 		Pos: uint64(p.Pos), RingRows: int32(p.RingRows), Window: int32(p.Window), Ratio: int32(max(p.Ratio, 1)),
 		IdxStride: int32(p.IdxStride), TopK: int32(p.TopK), Heads: int32(p.Heads), Dim: int32(p.Dim), MaxKeys: int32(p.MaxKeys), Scale: p.Scale}
+	if g := p.HeadsPerBlock; g > 1 {
+		g32 := int32(g)
+		return c.Launch(f.attnHG, Dim3{X: uint32(p.Heads / g), Y: uint32(p.T)}, Dim3{X: 256}, attnHGShared(g, p.Dim), s, unsafe.Pointer(&a), unsafe.Pointer(&g32))
+	}
 	return c.Launch(f.attn, Dim3{X: uint32(p.Heads), Y: uint32(p.T)}, Dim3{X: 256}, 4*p.MaxKeys, s, unsafe.Pointer(&a))
 }
 

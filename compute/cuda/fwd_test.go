@@ -130,6 +130,8 @@ func TestFwdAttentionRing(t *testing.T) {
 		{"csa top-k", 8, 11, 17, 4, 4, 48, "csa", 4, 3},
 		{"csa fewer entries than k", 8, 16, 2, 8, 2, 32, "csa", 4, 4},
 		{"flash-like decode", 128, 129, 700, 1, 8, 512, "csa", 4, 64},
+		{"flash-like prefill", 128, 128 + 3, 300, 3, 8, 512, "csa", 4, 64},
+		{"hca many tiles", 128, 128 + 4, 2000, 4, 8, 64, "hca", 8, 0},
 	}
 	withFwd(t, func(e *fwdEnv) {
 		for i, tc := range cases {
@@ -166,40 +168,60 @@ func TestFwdAttentionRing(t *testing.T) {
 			if tc.kind == "csa" {
 				p.Idx = e.upInts(idx)
 			}
-			if err := e.f.AttentionRing(e.c, p, e.c.Stream()); err != nil {
-				t.Fatalf("%s: %v", tc.name, err)
-			}
-			got := e.down(p.O, tc.T*tc.heads*tc.dim)
-			for qi := range tc.T {
-				t0 := tc.p0 + qi
-				var kv []float32
-				for pp := max(0, t0-tc.window+1); pp <= t0; pp++ {
-					kv = append(kv, keys[pp*tc.dim:(pp+1)*tc.dim]...)
+			for _, g := range []int{1, 2, 4, 8} {
+				if g > 1 && !GroupedAttentionFits(g, tc.heads, tc.dim) {
+					continue
 				}
-				switch tc.kind {
-				case "hca":
-					kv = append(kv, ent[:(t0+1)/tc.ratio*tc.dim]...)
-				case "csa":
-					n := min((t0+1)/tc.ratio, tc.topk)
-					for j := range n {
-						en := idx[qi*idxStride+j]
-						kv = append(kv, ent[en*tc.dim:(en+1)*tc.dim]...)
-					}
+				p.HeadsPerBlock = g
+				name := fmt.Sprintf("%s, %d heads per block", tc.name, g)
+				if err := e.c.Memset(p.O, 0xff, 4*tc.T*tc.heads*tc.dim, e.c.Stream()); err != nil {
+					t.Fatal(err)
 				}
-				want := ref.Attention(fwdF64(q[qi*tc.heads*tc.dim:(qi+1)*tc.heads*tc.dim]), fwdF64(kv), fwdF64(sinks), len(kv)/tc.dim, tc.heads, tc.dim, scale)
-				if r := computetest.MaxRel(got[qi*tc.heads*tc.dim:(qi+1)*tc.heads*tc.dim], want); !(r <= computetest.TolAttention) {
-					t.Errorf("%s: query %d (position %d, %d keys): max relative error %.3g > %.3g", tc.name, qi, t0, len(kv)/tc.dim, r, computetest.TolAttention)
+				if err := e.f.AttentionRing(e.c, p, e.c.Stream()); err != nil {
+					t.Fatalf("%s: %v", name, err)
 				}
+				got := e.down(p.O, tc.T*tc.heads*tc.dim)
+				checkAttention(t, name, got, q, keys, ent, sinks, idx, idxStride, tc.p0, tc.T, tc.window, tc.heads, tc.dim, tc.kind, tc.ratio, tc.topk, scale)
 			}
 		}
 		// Bad sizes are errors, not launches.
-		if err := e.f.AttentionRing(e.c, AttnParams{O: 1, Q: 1, Ring: 1, Sinks: 1, RingRows: 4, Window: 8, T: 1, Heads: 1, Dim: 8, MaxKeys: 8}, e.c.Stream()); err == nil {
+		if err := e.f.AttentionRing(e.c, AttnParams{O: 1, Q: 1, Ring: 1, Sinks: 1, Pos: 1, RingRows: 4, Window: 8, T: 1, Heads: 1, Dim: 8, MaxKeys: 8}, e.c.Stream()); err == nil {
 			t.Error("a ring smaller than the window was accepted")
 		}
-		if err := e.f.AttentionRing(e.c, AttnParams{O: 1, Q: 1, Ring: 1, Sinks: 1, RingRows: 8, Window: 8, T: 1, Heads: 1, Dim: 8, MaxKeys: 1 << 20}, e.c.Stream()); err == nil {
+		if err := e.f.AttentionRing(e.c, AttnParams{O: 1, Q: 1, Ring: 1, Sinks: 1, Pos: 1, RingRows: 8, Window: 8, T: 1, Heads: 1, Dim: 8, MaxKeys: 1 << 20}, e.c.Stream()); err == nil {
 			t.Error("max keys beyond the shared memory was accepted")
 		}
+		if err := e.f.AttentionRing(e.c, AttnParams{O: 1, Q: 1, Ring: 1, Sinks: 1, Pos: 1, RingRows: 8, Window: 8, T: 1, Heads: 6, Dim: 8, MaxKeys: 8, HeadsPerBlock: 4}, e.c.Stream()); err == nil {
+			t.Error("4 heads per block of 6 heads was accepted")
+		}
 	})
+}
+
+// checkAttention compares AttentionRing's output with ref.Attention over each
+// query's key list, gathered on the host.
+func checkAttention(t *testing.T, name string, got, q, keys, ent, sinks []float32, idx []int, idxStride, p0, T, window, heads, dim int, kind string, ratio, topk int, scale float64) {
+	t.Helper()
+	for qi := range T {
+		t0 := p0 + qi
+		var kv []float32
+		for pp := max(0, t0-window+1); pp <= t0; pp++ {
+			kv = append(kv, keys[pp*dim:(pp+1)*dim]...)
+		}
+		switch kind {
+		case "hca":
+			kv = append(kv, ent[:(t0+1)/ratio*dim]...)
+		case "csa":
+			n := min((t0+1)/ratio, topk)
+			for j := range n {
+				en := idx[qi*idxStride+j]
+				kv = append(kv, ent[en*dim:(en+1)*dim]...)
+			}
+		}
+		want := ref.Attention(fwdF64(q[qi*heads*dim:(qi+1)*heads*dim]), fwdF64(kv), fwdF64(sinks), len(kv)/dim, heads, dim, scale)
+		if r := computetest.MaxRel(got[qi*heads*dim:(qi+1)*heads*dim], want); !(r <= computetest.TolAttention) {
+			t.Errorf("%s: query %d (position %d, %d keys): max relative error %.3g > %.3g", name, qi, t0, len(kv)/dim, r, computetest.TolAttention)
+		}
+	}
 }
 
 func TestFwdCompressor(t *testing.T) {

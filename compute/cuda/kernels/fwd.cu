@@ -121,6 +121,113 @@ extern "C" __global__ void __launch_bounds__(256) fwd_attention(AttnArgs a) {
   }
 }
 
+// The same attention with G heads per block (grid (heads/G, T), 256
+// threads), for prefill: each key is read once per G heads instead of once
+// per head. Keys stream through shared memory in tiles of ATT_KT with an
+// online softmax (running max m and denominator l per head, starting from
+// the sink: m = sink, l = 1), so the key count is unbounded; each thread
+// accumulates its dims (d = tid + 256 r) for all G heads in registers.
+// Dynamic shared memory: 4 * (G*dim + ATT_KT*dim + G*ATT_KT) bytes.
+#define ATT_KT 8
+#define ATT_MAXG 8
+#define ATT_MAXR 4  // dim <= 256 * ATT_MAXR
+
+extern "C" __global__ void __launch_bounds__(256) fwd_attention_hg(AttnArgs a, int G) {
+  extern __shared__ float sm[];
+  float *qs = sm;                       // [G, dim]
+  float *ks = qs + G * a.dim;           // [ATT_KT, dim]
+  float *ps = ks + ATT_KT * a.dim;      // [G, ATT_KT]
+  __shared__ float mrun[ATT_MAXG], lrun[ATT_MAXG], alpha[ATT_MAXG];
+  const int h0 = blockIdx.x * G, i = blockIdx.y;
+  const int t = a.pos[i];
+  const int nw = min(t + 1, a.window);
+  int nc = 0;
+  if (a.comp != 0) {
+    nc = (t + 1) / a.ratio;
+    if (a.idx != 0) nc = min(nc, a.topk);
+  }
+  const int nk = nw + nc;
+  const int first = t - nw + 1;
+  for (int e = threadIdx.x; e < G * a.dim; e += blockDim.x)
+    qs[e] = a.q[((long long)i * a.heads + h0) * a.dim + e];
+  if (threadIdx.x < G) {
+    mrun[threadIdx.x] = a.sinks[h0 + threadIdx.x];
+    lrun[threadIdx.x] = 1.f;
+  }
+  float acc[ATT_MAXG][ATT_MAXR];
+#pragma unroll
+  for (int g = 0; g < ATT_MAXG; g++)
+#pragma unroll
+    for (int r = 0; r < ATT_MAXR; r++) acc[g][r] = 0.f;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
+  for (int j0 = 0; j0 < nk; j0 += ATT_KT) {
+    const int nt = min(ATT_KT, nk - j0);
+    __syncthreads();  // previous tile fully consumed (and qs/mrun written)
+    for (int e = threadIdx.x; e < nt * a.dim; e += blockDim.x) {
+      const int j = j0 + e / a.dim, c = e % a.dim;
+      const float *k;
+      if (j < nw) {
+        k = a.ring + (long long)((first + j) % a.ring_rows) * a.dim;
+      } else {
+        const int jj = j - nw;
+        const int en = a.idx != 0 ? a.idx[(long long)i * a.idx_stride + jj] : jj;
+        k = a.comp + (long long)en * a.dim;
+      }
+      ks[e] = k[c];
+    }
+    __syncthreads();
+    for (int pr = warp; pr < G * nt; pr += nwarp) {
+      const int g = pr / nt, j = pr % nt;
+      const float *qg = qs + g * a.dim, *kj = ks + j * a.dim;
+      float d = 0.f;
+      for (int c = lane; c < a.dim; c += 32) d = fmaf(qg[c], kj[c], d);
+      d = warp_sum(d);
+      if (lane == 0) ps[g * ATT_KT + j] = d * a.scale;
+    }
+    __syncthreads();
+    if (threadIdx.x < G) {
+      const int g = threadIdx.x;
+      float mx = mrun[g];
+      for (int j = 0; j < nt; j++) mx = fmaxf(mx, ps[g * ATT_KT + j]);
+      const float al = expf(mrun[g] - mx);
+      float l = lrun[g] * al;
+      for (int j = 0; j < nt; j++) {
+        const float p = expf(ps[g * ATT_KT + j] - mx);
+        ps[g * ATT_KT + j] = p;
+        l += p;
+      }
+      mrun[g] = mx;
+      lrun[g] = l;
+      alpha[g] = al;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < ATT_MAXR; r++) {
+      const int c = threadIdx.x + r * blockDim.x;
+      if (c < a.dim) {
+#pragma unroll
+        for (int g = 0; g < ATT_MAXG; g++) {
+          if (g < G) {
+            float v = acc[g][r] * alpha[g];
+            for (int j = 0; j < nt; j++) v = fmaf(ps[g * ATT_KT + j], ks[j * a.dim + c], v);
+            acc[g][r] = v;
+          }
+        }
+      }
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < ATT_MAXR; r++) {
+    const int c = threadIdx.x + r * blockDim.x;
+    if (c < a.dim) {
+#pragma unroll
+      for (int g = 0; g < ATT_MAXG; g++)
+        if (g < G) a.o[((long long)i * a.heads + h0 + g) * a.dim + c] = acc[g][r] / lrun[g];
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Window ring store: ring[pos[i] mod ring_rows] = kv[i] (rows of dim). Grid T.
 extern "C" __global__ void fwd_ring_store(float *ring, const float *kv, const int *pos, int ring_rows, int dim) {

@@ -65,7 +65,9 @@ type DeviceSession struct {
 	graph    *cuda.Graph
 	graphErr error
 	runErr   error // why a layer's experts cannot be selected on the device
-	grouped  bool  // prefill chunks use the grouped attention kernel
+	tiles    *cuda.ExpertTiles
+	devMoE   bool // chunks of several tokens group their experts on the device
+	grouped  bool // prefill chunks use the grouped attention kernel
 	layers   []*devLayerState
 	runs     []*cuda.ExpertRun // per layer; nil: host-routed
 
@@ -79,7 +81,8 @@ type DeviceSession struct {
 	qi, wts, scores, idx       cuda.DevicePtr
 	glog, ids, rw, hash        cuda.DevicePtr
 	xe, eg, eu, eh, ey         cuda.DevicePtr
-	rows, roww                 cuda.DevicePtr // int32 / float [chunk·K]
+	rows, roww, inv            cuda.DevicePtr // int32 / float / int32 [chunk·K]
+	tileBuf                    cuda.DevicePtr // int32 [max tiles, 3]
 	logits                     cuda.DevicePtr // [chunk, V]
 	entries                    int            // limit / 4: indexer score row stride
 	expertRows, interMax, topk int
@@ -143,12 +146,12 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 		return nil, fmt.Errorf("dsv4: the model was loaded without Options.Device")
 	}
 	c := m.Cfg
-	s := &DeviceSession{m: m, d: d, limit: d.maxCtx, chunk: min(m.maxChunk, d.maxCtx), graphs: true, grouped: true}
+	s := &DeviceSession{m: m, d: d, limit: d.maxCtx, chunk: min(m.maxChunk, d.maxCtx), graphs: true, grouped: true, devMoE: true}
 	T, D, hc, K := s.chunk, c.Dim, c.HCMult, c.NActivatedExperts
 	s.topk = c.IndexTopK
 	s.entries = max(s.limit/config.CSARatio, 1)
 	s.interMax = max(c.MoEInterDim, c.MoEInterDim*c.NSharedExperts)
-	s.expertRows = max(T, K)
+	s.expertRows = T * K // the tiled MoE's rows; ≥ T (host path) and ≥ K (decode)
 	pl := &allocPlan{}
 	f := 4
 	pl.add(&s.tok, 4*T)
@@ -183,6 +186,9 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 	pl.add(&s.ey, f*s.expertRows*D)
 	pl.add(&s.rows, 4*T*K)
 	pl.add(&s.roww, f*T*K)
+	pl.add(&s.inv, 4*T*K)
+	maxTiles := (T*K+15)/16 + c.NRoutedExperts
+	pl.add(&s.tileBuf, 4*3*maxTiles)
 	pl.add(&s.logits, f*T*c.VocabSize)
 	for _, b := range d.layers {
 		ls := &devLayerState{ringRows: c.Window + T}
@@ -200,8 +206,9 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 		ls.comp, ls.icomp = comp(b.comp), comp(b.icomp)
 		s.layers = append(s.layers, ls)
 	}
-	// The expert runs' argument tables (PrepareExpertRun): 3K records of 80 bytes.
-	size := pl.total + len(d.layers)*2*alignUp(3*K*80) + 1<<16
+	// The expert runs' argument tables (PrepareExpertRun: 3K records of 80
+	// bytes per layer; PrepareExpertTiles: 3 per tile).
+	size := pl.total + len(d.layers)*2*alignUp(3*K*80) + 2*alignUp(3*maxTiles*80) + 1<<16
 	err := d.dev.Do(func(cc *cuda.Ctx) error {
 		free, _, err := cc.MemInfo()
 		if err != nil {
@@ -223,6 +230,12 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 		for l, b := range d.layers {
 			if b.table == nil {
 				continue
+			}
+			if s.tiles == nil && s.runErr == nil {
+				bufs := cuda.ExpertTileBufs{RowTok: s.rows, RowW: s.roww, Inv: s.inv, Tiles: s.tileBuf, XE: s.xe, G: s.eg, U: s.eu, H: s.eh, Y: s.ey}
+				if s.tiles, err = cc.PrepareExpertTiles(s.arena, b.table, T, K, bufs); err != nil {
+					s.runErr = fmt.Errorf("expert tiles: %w", err)
+				}
 			}
 			// Without a run the layer routes through the host (correct,
 			// slower); runErr keeps the reason for tests and diagnostics.
@@ -263,6 +276,12 @@ func (s *DeviceSession) release() {
 // several tokens on or off (on by default; off runs one block per head and
 // query, as decode does).
 func (s *DeviceSession) UseGroupedAttention(on bool) { s.grouped = on }
+
+// UseDeviceExperts switches, for chunks of several tokens, between laying
+// the routed experts' rows out on the device (on, the default: no host
+// round trip, two multi-linear launches per layer) and grouping them on the
+// host (off: one synchronisation and a few launches per used expert).
+func (s *DeviceSession) UseDeviceExperts(on bool) { s.devMoE = on }
 
 // UseGraphs switches the capture of decode steps into a CUDA graph on or off
 // (on by default: the first decode step runs plainly, the second is captured
@@ -686,7 +705,20 @@ func (s *DeviceSession) moe(c *cuda.Ctx, b *devBlock, l, T, p0 int) error {
 	); err != nil {
 		return err
 	}
-	if run := s.runs[l]; T == 1 && run != nil && m.routes == nil {
+	if T > 1 && s.devMoE && s.tiles != nil && b.table != nil && m.routes == nil {
+		// Expert-major tiles laid out on the device: no host round trip.
+		n := T * K
+		if err := errs(
+			func() error { return s.d.fwd.PlanExperts(c, s.tiles, s.ids, s.rw, T, st) },
+			func() error { return s.d.fwd.GatherRows(c, s.xe, s.a, s.rows, n, D, st) },
+			func() error { return s.d.fwd.RunExpertTiles13(c, s.tiles, b.table, st) },
+			func() error { return c.SwiGLU(s.eh, s.eg, s.eu, s.roww, n, I, limit, st) },
+			func() error { return s.d.fwd.RunExpertTiles2(c, s.tiles, st) },
+			func() error { return s.d.fwd.CombineExperts(c, s.moeOut, s.tiles, T, st) },
+		); err != nil {
+			return err
+		}
+	} else if run := s.runs[l]; T == 1 && run != nil && m.routes == nil {
 		// Device-selected experts: no host round trip.
 		if err := errs(
 			func() error { return s.d.fwd.RunExperts13(c, run, s.ids, st) },

@@ -199,14 +199,16 @@ func TestDeviceTiny(t *testing.T) {
 		chunks    []int
 		noGraphs  bool
 		noGrouped bool
+		hostMoE   bool
 	}{
-		{"prefill40", []int{40}, false, false},
-		{"prefill40 one head per block", []int{40}, false, true},
-		{"chunked 13+11+16", []int{13, 11, 16}, false, false},
-		{"prefill17 then decode", decodeSchedule(40, 17), false, false},
-		{"prefill17 then decode without graphs", decodeSchedule(40, 17), true, false},
-		{"decode only", decodeSchedule(40, 1), false, false},
-		{"chunks 3+5+8+1+23", []int{3, 5, 8, 1, 23}, false, false},
+		{"prefill40", []int{40}, false, false, false},
+		{"prefill40 one head per block", []int{40}, false, true, false},
+		{"prefill40 experts grouped on the host", []int{40}, false, false, true},
+		{"chunked 13+11+16", []int{13, 11, 16}, false, false, false},
+		{"prefill17 then decode", decodeSchedule(40, 17), false, false, false},
+		{"prefill17 then decode without graphs", decodeSchedule(40, 17), true, false, false},
+		{"decode only", decodeSchedule(40, 1), false, false, false},
+		{"chunks 3+5+8+1+23", []int{3, 5, 8, 1, 23}, false, false, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -217,6 +219,10 @@ func TestDeviceTiny(t *testing.T) {
 			ds := newDeviceSession(t, md)
 			ds.UseGraphs(!tc.noGraphs)
 			ds.UseGroupedAttention(!tc.noGrouped)
+			ds.UseDeviceExperts(!tc.hostMoE)
+			if ds.tiles == nil {
+				t.Errorf("no device expert tiles (prefill groups experts on the host): %v", ds.runErr)
+			}
 			got := runSchedule(t, ds.PrefillAll, toks, tc.chunks)
 			if ds.Pos() != len(toks) || ds.Len() != len(toks) {
 				t.Errorf("Pos %d, Len %d after %d tokens", ds.Pos(), ds.Len(), len(toks))

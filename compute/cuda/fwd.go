@@ -22,6 +22,7 @@ func FwdSource() string { return fwdSrc }
 type Fwd struct {
 	attn, attnHG, ringStore, compStore, compClose, indexScores, topk *Kernel
 	moeArgs, addRows, gather, scatter, gatherI32                     *Kernel
+	moePlan, moeTiles, moeCombine                                    *Kernel
 }
 
 // FwdMaxTopK is the largest k TopKRows takes.
@@ -46,6 +47,7 @@ func (c *Ctx) Fwd() (*Fwd, error) {
 		{"fwd_comp_close", &f.compClose}, {"fwd_index_scores", &f.indexScores}, {"fwd_topk", &f.topk},
 		{"fwd_moe_args", &f.moeArgs}, {"fwd_add_rows", &f.addRows},
 		{"fwd_gather_rows", &f.gather}, {"fwd_scatter_add", &f.scatter}, {"fwd_gather_i32", &f.gatherI32},
+		{"fwd_moe_plan", &f.moePlan}, {"fwd_moe_tiles", &f.moeTiles}, {"fwd_moe_combine", &f.moeCombine},
 	} {
 		if *k.dst, err = m.Kernel(k.name); err != nil {
 			return nil, err
@@ -372,4 +374,107 @@ func (f *Fwd) RunExperts13(c *Ctx, r *ExpertRun, ids DevicePtr, s Stream) error 
 // RunExperts13 (h → y).
 func (f *Fwd) RunExperts2(c *Ctx, r *ExpertRun, s Stream) error {
 	return c.LaunchMultiLinear(r.run2, s)
+}
+
+// moeTile is MOE_TILE in kernels/fwd.cu: rows per expert tile.
+const moeTile = 16
+
+// ExpertTileBufs are the device buffers of a chunk's expert-major layout, for
+// up to N = T·K routed rows: RowTok (int32 [N]) and RowW ([N]) the token and
+// route weight of each slot, Inv (int32 [N]) the slot of each (token, k),
+// Tiles (int32 [MaxTiles, 3]); XE [N, dim] the gathered inputs, G, U, H
+// [N, inter] the w1 and w3 outputs and the w2 input, Y [N, dim] the outputs.
+type ExpertTileBufs struct {
+	RowTok, RowW, Inv, Tiles DevicePtr
+	XE, G, U, H, Y           DevicePtr
+}
+
+// ExpertTiles runs the routed experts of a chunk of tokens with the routing
+// on the device: PlanExperts lays the chunk's (token, k) entries out
+// expert-major in tiles of up to 16 rows, RunExpertTiles13/2 launch every
+// tile's products as two multi-linear launches (tiles past the last have 0
+// rows), CombineExperts sums each token's K outputs.
+type ExpertTiles struct {
+	run13, run2 *MultiLinear
+	maxRows, K  int
+	maxTiles    int
+	E           int
+	inter, dim  int
+	b           ExpertTileBufs
+}
+
+// expertMaxTiles returns the tile count a chunk of n routed rows over E experts can need.
+func expertMaxTiles(n, E int) int { return (n+moeTile-1)/moeTile + E }
+
+// PrepareExpertTiles allocates in a the argument tables of a tiled launch for
+// chunks of up to maxTokens tokens with K experts each over experts shaped
+// like t's (every layer's table has the same shapes), with b the buffers.
+func (c *Ctx) PrepareExpertTiles(a *Arena, t *ExpertTable, maxTokens, K int, b ExpertTileBufs) (*ExpertTiles, error) {
+	if maxTokens <= 0 || K <= 0 {
+		return nil, fmt.Errorf("cuda expert tiles: %d tokens, K %d", maxTokens, K)
+	}
+	if 12*t.E > maxStaticShared-1024 {
+		return nil, fmt.Errorf("cuda expert tiles: %d experts exceed the planner's shared memory", t.E)
+	}
+	et := &ExpertTiles{maxRows: maxTokens * K, K: K, E: t.E, inter: t.Inter, dim: t.Dim, b: b}
+	et.maxTiles = expertMaxTiles(et.maxRows, t.E)
+	w13, w2 := make([]*DeviceWeight, 0, 2*et.maxTiles), make([]*DeviceWeight, 0, et.maxTiles)
+	for range et.maxTiles {
+		w13 = append(w13, t.w1, t.w3)
+		w2 = append(w2, t.w2)
+	}
+	var err error
+	if et.run13, err = c.PrepareMultiLinear(a, w13, make([]DevicePtr, len(w13)), make([]DevicePtr, len(w13)), moeTile, LinearVariant{}); err != nil {
+		return nil, err
+	}
+	if et.run2, err = c.PrepareMultiLinear(a, w2, make([]DevicePtr, len(w2)), make([]DevicePtr, len(w2)), moeTile, LinearVariant{}); err != nil {
+		return nil, err
+	}
+	return et, nil
+}
+
+// PlanExperts enqueues the expert-major layout of T tokens' routing (ids
+// int32 [T, K], w [T, K]) into the tile buffers.
+func (f *Fwd) PlanExperts(c *Ctx, et *ExpertTiles, ids, w DevicePtr, T int, s Stream) error {
+	n := T * et.K
+	if T <= 0 || n > et.maxRows {
+		return fmt.Errorf("cuda fwd_moe_plan: %d tokens × %d experts, room for %d rows", T, et.K, et.maxRows)
+	}
+	n32, k32, e32, mt := int32(n), int32(et.K), int32(et.E), int32(et.maxTiles)
+	return c.Launch(f.moePlan, Dim3{X: 1}, Dim3{X: 1024}, 12*et.E, s, unsafe.Pointer(&et.b.RowTok), unsafe.Pointer(&et.b.RowW),
+		unsafe.Pointer(&et.b.Inv), unsafe.Pointer(&et.b.Tiles), unsafe.Pointer(&ids), unsafe.Pointer(&w), unsafe.Pointer(&n32),
+		unsafe.Pointer(&k32), unsafe.Pointer(&e32), unsafe.Pointer(&mt))
+}
+
+// RunExpertTiles13 enqueues the tiles' records for layer table t and the w1
+// and w3 products (XE → G, U) of every planned row.
+func (f *Fwd) RunExpertTiles13(c *Ctx, et *ExpertTiles, t *ExpertTable, s Stream) error {
+	if t.E != et.E || t.Inter != et.inter || t.Dim != et.dim {
+		return fmt.Errorf("cuda expert tiles: table of %d experts [%d, %d], tiles prepared for %d [%d, %d]", t.E, t.Inter, t.Dim, et.E, et.inter, et.dim)
+	}
+	mt, in, d := int32(et.maxTiles), int32(et.inter), int32(et.dim)
+	b := et.b
+	if err := c.Launch(f.moeTiles, Dim3{X: uint32((et.maxTiles + 127) / 128)}, Dim3{X: 128}, 0, s,
+		unsafe.Pointer(&et.run13.args), unsafe.Pointer(&et.run2.args), unsafe.Pointer(&t.all13.args), unsafe.Pointer(&t.all2.args),
+		unsafe.Pointer(&b.Tiles), unsafe.Pointer(&mt), unsafe.Pointer(&b.XE), unsafe.Pointer(&b.G), unsafe.Pointer(&b.U),
+		unsafe.Pointer(&b.H), unsafe.Pointer(&b.Y), unsafe.Pointer(&in), unsafe.Pointer(&d)); err != nil {
+		return err
+	}
+	return c.LaunchMultiLinear(et.run13, s)
+}
+
+// RunExpertTiles2 enqueues the w2 products (H → Y) of the tiles recorded by
+// the last RunExpertTiles13.
+func (f *Fwd) RunExpertTiles2(c *Ctx, et *ExpertTiles, s Stream) error {
+	return c.LaunchMultiLinear(et.run2, s)
+}
+
+// CombineExperts enqueues out[t] += Σ_k Y[Inv[t·K+k]] for t < T (out [T, dim]).
+func (f *Fwd) CombineExperts(c *Ctx, out DevicePtr, et *ExpertTiles, T int, s Stream) error {
+	if T <= 0 || T*et.K > et.maxRows {
+		return fmt.Errorf("cuda fwd_moe_combine: %d tokens", T)
+	}
+	k, d := int32(et.K), int32(et.dim)
+	return c.Launch(f.moeCombine, Dim3{X: uint32(T)}, Dim3{X: 256}, 0, s, unsafe.Pointer(&out), unsafe.Pointer(&et.b.Y),
+		unsafe.Pointer(&et.b.Inv), unsafe.Pointer(&k), unsafe.Pointer(&d))
 }

@@ -644,3 +644,141 @@ func TestFwdRingStore(t *testing.T) {
 		}
 	})
 }
+
+// TestFwdExpertTiles runs a chunk's experts laid out on the device (plan,
+// gather, tiled w1/w3 and w2 launches, combine) and checks the layout
+// against a host stable sort and every product against compute/ref.
+func TestFwdExpertTiles(t *testing.T) {
+	withFwd(t, func(e *fwdEnv) {
+		const E, K, inter, dim, T = 6, 3, 64, 128, 23
+		rng := rand.New(rand.NewPCG(4, 4))
+		var w1, w3, w2 []*DeviceWeight
+		var d1, d3, d2 []compute.WeightData
+		for range E {
+			ds := []compute.WeightData{computetest.RandomWeight(rng, compute.MXFP4, inter, dim, 0.05),
+				computetest.RandomWeight(rng, compute.MXFP4, inter, dim, 0.05), computetest.RandomWeight(rng, compute.MXFP4, dim, inter, 0.05)}
+			var ws []*DeviceWeight
+			for _, d := range ds {
+				w, err := e.c.UploadWeight(e.a, d)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ws = append(ws, w)
+			}
+			w1, w3, w2 = append(w1, ws[0]), append(w3, ws[1]), append(w2, ws[2])
+			d1, d3, d2 = append(d1, ds[0]), append(d3, ds[1]), append(d2, ds[2])
+		}
+		tab, err := e.c.PrepareExpertTable(e.a, w1, w3, w2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := T * K
+		// Expert 0 gets 20 rows (two tiles), expert 5 none; token 4 names
+		// expert 2 twice (a hash row may).
+		ids := make([]int, n)
+		for j := range ids {
+			ids[j] = rng.IntN(E - 1)
+			if j%K == 0 && j/K < 20 {
+				ids[j] = 0
+			} else if ids[j] == 0 {
+				ids[j] = 1 + rng.IntN(E-2)
+			}
+		}
+		ids[4*K+1], ids[4*K+2] = 2, 2
+		wts := computetest.Normal(rng, n, 1)
+		x := computetest.Normal(rng, T*dim, 1)
+		bufs := ExpertTileBufs{RowTok: e.upInts(make([]int, n)), RowW: e.poisoned(n), Inv: e.upInts(make([]int, n)),
+			Tiles: e.upInts(make([]int, 3*expertMaxTiles(n, E))), XE: e.poisoned(n * dim), G: e.poisoned(n * inter),
+			U: e.poisoned(n * inter), H: e.poisoned(n * inter), Y: e.poisoned(n * dim)}
+		et, err := e.c.PrepareExpertTiles(e.a, tab, T, K, bufs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := e.c.Stream()
+		if err := e.f.PlanExperts(e.c, et, e.upInts(ids), e.up(wts), T, s); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.f.GatherRows(e.c, bufs.XE, e.up(x), bufs.RowTok, n, dim, s); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.f.RunExpertTiles13(e.c, et, tab, s); err != nil {
+			t.Fatal(err)
+		}
+		// Host reference layout: stable by (expert, entry).
+		var slotTok, slotExp []int
+		inv := make([]int, n)
+		for ex := range E {
+			for j, id := range ids {
+				if id == ex {
+					inv[j] = len(slotTok)
+					slotTok, slotExp = append(slotTok, j/K), append(slotExp, ex)
+				}
+			}
+		}
+		ib := make([]byte, 4*n)
+		if err := e.c.CopyFromDevice(ib, bufs.Inv); err != nil {
+			t.Fatal(err)
+		}
+		for j := range n {
+			if g := int(int32(binary.LittleEndian.Uint32(ib[4*j:]))); g != inv[j] {
+				t.Fatalf("entry %d (token %d, expert %d): slot %d, want %d", j, j/K, ids[j], g, inv[j])
+			}
+		}
+		rw := e.down(bufs.RowW, n)
+		g, u := e.down(bufs.G, n*inter), e.down(bufs.U, n*inter)
+		for sl := range n {
+			if rw[sl] != wts[func() int {
+				for j := range n {
+					if inv[j] == sl {
+						return j
+					}
+				}
+				return 0
+			}()] {
+				t.Fatalf("slot %d: weight %g is not its entry's", sl, rw[sl])
+			}
+			xt := x[slotTok[sl]*dim : (slotTok[sl]+1)*dim]
+			for _, c := range []struct {
+				what string
+				got  []float32
+				d    compute.WeightData
+			}{{"w1", g[sl*inter : (sl+1)*inter], d1[slotExp[sl]]}, {"w3", u[sl*inter : (sl+1)*inter], d3[slotExp[sl]]}} {
+				want := ref.Linear(ref.Dequant(c.d), inter, dim, fwdF64(xt), 1)
+				if r := computetest.MaxRel(c.got, want); !(r <= computetest.TolLinear) {
+					t.Errorf("slot %d (token %d, expert %d) %s: max relative error %.3g", sl, slotTok[sl], slotExp[sl], c.what, r)
+				}
+			}
+		}
+		h := computetest.Normal(rng, n*inter, 1)
+		if err := e.c.CopyFloatsToDevice(bufs.H, h); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.f.RunExpertTiles2(e.c, et, s); err != nil {
+			t.Fatal(err)
+		}
+		y := e.down(bufs.Y, n*dim)
+		for sl := range n {
+			want := ref.Linear(ref.Dequant(d2[slotExp[sl]]), dim, inter, fwdF64(h[sl*inter:(sl+1)*inter]), 1)
+			if r := computetest.MaxRel(y[sl*dim:(sl+1)*dim], want); !(r <= computetest.TolLinear) {
+				t.Errorf("slot %d w2: max relative error %.3g", sl, r)
+			}
+		}
+		base := computetest.Normal(rng, T*dim, 1)
+		out := e.up(base)
+		if err := e.f.CombineExperts(e.c, out, et, T, s); err != nil {
+			t.Fatal(err)
+		}
+		got := e.down(out, T*dim)
+		for tk := range T {
+			for c := range dim {
+				w := float64(base[tk*dim+c])
+				for k := range K {
+					w += float64(y[inv[tk*K+k]*dim+c])
+				}
+				if math.Abs(float64(got[tk*dim+c])-w) > 1e-5*math.Max(1, math.Abs(w)) {
+					t.Fatalf("combine: token %d col %d = %g, want %g", tk, c, got[tk*dim+c], w)
+				}
+			}
+		}
+	})
+}

@@ -502,6 +502,112 @@ extern "C" __global__ void fwd_moe_args(LinArgs *run13, LinArgs *run2, const Lin
   run2[k] = a;
 }
 
+// ---------------------------------------------------------------------------
+// MoE of a chunk without a host round trip (prefill).
+//
+// fwd_moe_plan (one block): from the routing ids [n = T*K] (entry j is token
+// j / K's k-th choice), lay the entries out expert-major: slot
+// off[e] + (rank of j among expert e's entries, in entry order). Writes
+// row_tok[slot] = token, row_w[slot] = weight, inv[j] = slot, and the tiles
+// (expert, first slot, rows <= 16) of every expert's rows, in expert order,
+// into tiles [max_tiles, 3]; tiles past the last get rows 0. ids outside
+// [0, experts) count as expert 0 (Route never produces them). Dynamic shared
+// memory: 12 * experts bytes.
+#define MOE_TILE 16
+
+extern "C" __global__ void __launch_bounds__(1024) fwd_moe_plan(int *row_tok, float *row_w, int *inv, int *tiles,
+                                                              const int *ids, const float *w, int n, int K,
+                                                              int experts, int max_tiles) {
+  extern __shared__ int sh[];
+  int *cnt = sh, *off = sh + experts, *toff = sh + 2 * experts;
+  __shared__ int s_total;
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    int e = ids[j];
+    if (e < 0 || e >= experts) e = 0;
+    atomicAdd(&cnt[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int o = 0, to = 0;
+    for (int e = 0; e < experts; e++) {
+      off[e] = o;
+      toff[e] = to;
+      o += cnt[e];
+      to += (cnt[e] + MOE_TILE - 1) / MOE_TILE;
+    }
+    s_total = to;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) {
+    int r = 0;
+    for (int j = 0; j < n; j++) {
+      int ej = ids[j];
+      if (ej < 0 || ej >= experts) ej = 0;
+      if (ej != e) continue;
+      const int slot = off[e] + r;
+      row_tok[slot] = j / K;
+      row_w[slot] = w[j];
+      inv[j] = slot;
+      r++;
+    }
+    for (int q = 0; q * MOE_TILE < cnt[e]; q++) {
+      const int ti = toff[e] + q;
+      if (ti < max_tiles) {
+        tiles[3 * ti] = e;
+        tiles[3 * ti + 1] = off[e] + q * MOE_TILE;
+        tiles[3 * ti + 2] = min(MOE_TILE, cnt[e] - q * MOE_TILE);
+      }
+    }
+  }
+  for (int ti = s_total + threadIdx.x; ti < max_tiles; ti += blockDim.x) {
+    tiles[3 * ti] = 0;
+    tiles[3 * ti + 1] = 0;
+    tiles[3 * ti + 2] = 0;
+  }
+}
+
+// fwd_moe_tiles: the multi-linear records of every tile (grid-stride over
+// max_tiles): run13[2j] / run13[2j+1] = the tile's expert w1 / w3 over rows
+// xe[first .. first+rows) into g / u at the same rows, run2[j] = its w2 over
+// h into y; a tile with 0 rows gets records with 0 rows (its blocks exit).
+extern "C" __global__ void fwd_moe_tiles(LinArgs *run13, LinArgs *run2, const LinArgs *all13, const LinArgs *all2,
+                                         const int *tiles, int max_tiles, const float *xe, float *g, float *u,
+                                         const float *h, float *y, int inter, int dim) {
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < max_tiles; j += gridDim.x * blockDim.x) {
+    const int e = tiles[3 * j], r0 = tiles[3 * j + 1], nb = tiles[3 * j + 2];
+    LinArgs a = all13[2 * e];
+    a.x = xe + (long long)r0 * dim;
+    a.y = g + (long long)r0 * inter;
+    a.batch = nb;
+    if (nb == 0) a.rows = 0;
+    run13[2 * j] = a;
+    a = all13[2 * e + 1];
+    a.x = xe + (long long)r0 * dim;
+    a.y = u + (long long)r0 * inter;
+    a.batch = nb;
+    if (nb == 0) a.rows = 0;
+    run13[2 * j + 1] = a;
+    a = all2[e];
+    a.x = h + (long long)r0 * inter;
+    a.y = y + (long long)r0 * dim;
+    a.batch = nb;
+    if (nb == 0) a.rows = 0;
+    run2[j] = a;
+  }
+}
+
+// fwd_moe_combine: out[t, :] += sum_k y[inv[t*K + k], :] (k in order). Grid T.
+extern "C" __global__ void fwd_moe_combine(float *out, const float *y, const int *inv, int K, int dim) {
+  const int t = blockIdx.x;
+  for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+    float s = out[(long long)t * dim + c];
+    for (int k = 0; k < K; k++) s += y[(long long)inv[t * K + k] * dim + c];
+    out[(long long)t * dim + c] = s;
+  }
+}
+
 // out[d] += sum_k y[k, d] (k in order) for d < dim.
 extern "C" __global__ void fwd_add_rows(float *out, const float *y, int K, int dim) {
   const int d = blockIdx.x * blockDim.x + threadIdx.x;

@@ -34,12 +34,18 @@ import (
 // < ⌊(t+1)/R⌋ computed per query) — which is the token-by-token order of
 // Session, since nothing a query reads is written by a later token.
 //
-// MoE: routing runs on the device. A one-token step selects its experts on
-// the device (a kernel writes the chosen experts' records into the
-// multi-linear argument tables; no host round trip); a longer chunk, or a
-// model with Options.Routes, downloads the routing, groups tokens by expert
-// on the host and runs each used expert on its gathered rows (one
-// synchronisation per layer).
+// Attention: a chunk of several queries uses the grouped kernel (up to 8
+// heads per block share each key read; UseGroupedAttention), a decode step
+// one block per head.
+//
+// MoE: routing runs on the device, and so does the choice of experts. A
+// one-token step writes the chosen experts' records into the multi-linear
+// argument tables with a kernel; a longer chunk lays its (token, k) entries
+// out expert-major on the device and runs tiles of up to 16 rows per expert
+// as two multi-linear launches (UseDeviceExperts). A model with
+// Options.Routes (or UseDeviceExperts(false) for chunks) downloads the
+// routing, groups tokens by expert on the host and runs each used expert on
+// its gathered rows (one synchronisation per layer).
 //
 // Decode steps are captured once per session as a CUDA graph and replayed
 // (UseGraphs): every kernel reads the position and token from device

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -519,11 +518,7 @@ func TestFwdLinArgsMirror(t *testing.T) {
 		}
 		return strings.Join(out, "; ")
 	}
-	lin, err := os.ReadFile("kernels/linear.cu")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, b := fields(string(lin), "linear.cu"), fields(fwdSrc, "fwd.cu")
+	a, b := fields(LinearSource(), "linear.cu"), fields(fwdSrc, "fwd.cu")
 	if a != b {
 		t.Errorf("LinArgs differ:\nlinear.cu: %s\nfwd.cu:    %s", a, b)
 	}

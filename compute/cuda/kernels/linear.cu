@@ -436,11 +436,76 @@ template <int DEC> struct VecDec<FMT_MXFP4, DEC> {
   static __device__ __forceinline__ void run(u32 w, float *f) { if (DEC) e2m1x8_h(w, f); else e2m1x8(w, f); }
 };
 
-template <int FMT, int NB, int RB, int U, int DEC, int HINT>
-__device__ __forceinline__ void vec_tile(const LinArgs &a, int r0, int lane) {
+// One chunk of a vec tile: U words per row per lane, loaded (with their
+// scale bytes) before any is decoded. GUARD: the chunk may pass the row end.
+template <int FMT, int NB, int RB, int U, int DEC, int HINT, bool GUARD>
+__device__ __forceinline__ void vec_chunk(const LinArgs &a, const uint4 *const (&wrow)[RB], const u8 *const (&srow)[RB],
+                                          const float *xg, int k0, int nw, int lane, float (&acc)[RB][NB]) {
   typedef VecDec<FMT, DEC> D;
   const int CPW = D::CPW, QC = D::QC;
-  const int nw = a.cols / CPW;
+  uint4 w[U][RB];
+  u32 s[U][RB];
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    const int kw = k0 + u * 32 + lane;
+#pragma unroll
+    for (int r = 0; r < RB; r++) {
+      if (!GUARD || kw < nw) {
+        w[u][r] = ldw<HINT>(wrow[r] + kw);
+        s[u][r] = __ldg(srow[r] + ((kw * CPW) >> a.scshift));
+      } else {
+        w[u][r] = zero<uint4>();
+        s[u][r] = 127u;
+      }
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    const int kw = k0 + u * 32 + lane;
+    if (GUARD && kw >= nw) break;
+    float p[RB][NB];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      float f[RB][QC];
+#pragma unroll
+      for (int r = 0; r < RB; r++) D::run(quarter(w[u][r], q), f[r]);
+#pragma unroll
+      for (int b = 0; b < NB; b++) {
+        if (NB == 1 || b < a.batch) {
+          const float4 *xp = reinterpret_cast<const float4 *>(xg + (long long)b * a.xstride + kw * CPW + q * QC);
+          float xv[QC];
+#pragma unroll
+          for (int h = 0; h < QC / 4; h++) {
+            const float4 t = __ldg(xp + h);
+            xv[4 * h] = t.x; xv[4 * h + 1] = t.y; xv[4 * h + 2] = t.z; xv[4 * h + 3] = t.w;
+          }
+#pragma unroll
+          for (int r = 0; r < RB; r++) {
+            float v = q == 0 ? f[r][0] * xv[0] : fmaf(f[r][0], xv[0], p[r][b]);
+#pragma unroll
+            for (int c = 1; c < QC; c++) v = fmaf(f[r][c], xv[c], v);
+            p[r][b] = v;
+          }
+        } else if (q == 0) {
+#pragma unroll
+          for (int r = 0; r < RB; r++) p[r][b] = 0.f;
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < RB; r++) {
+      const float sc = e8m0_exp(s[u][r]);
+#pragma unroll
+      for (int b = 0; b < NB; b++) acc[r][b] = fmaf(D::post() == 1.f ? p[r][b] : p[r][b] * D::post(), sc, acc[r][b]);
+    }
+  }
+}
+
+// One tile: rows r0 .. r0+RB-1 (the last ones clamped to the final row and
+// not stored), all columns, every batch row; lane 0 stores the sums.
+template <int FMT, int NB, int RB, int U, int DEC, int HINT>
+__device__ __forceinline__ void vec_tile(const LinArgs &a, int r0, int lane) {
+  const int nw = a.cols / VecDec<FMT, DEC>::CPW;
   const float *xg = a.x + (long long)(r0 / a.rpg) * a.cols;
   const uint4 *wrow[RB];
   const u8 *srow[RB];
@@ -455,64 +520,9 @@ __device__ __forceinline__ void vec_tile(const LinArgs &a, int r0, int lane) {
   for (int r = 0; r < RB; r++)
 #pragma unroll
     for (int b = 0; b < NB; b++) acc[r][b] = 0.f;
-
-  for (int k0 = 0; k0 < nw; k0 += 32 * U) {
-    const bool full = k0 + 32 * U <= nw;
-    uint4 w[U][RB];
-    u32 s[U][RB];
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int kw = k0 + u * 32 + lane;
-#pragma unroll
-      for (int r = 0; r < RB; r++) {
-        if (full || kw < nw) {
-          w[u][r] = ldw<HINT>(wrow[r] + kw);
-          s[u][r] = __ldg(srow[r] + ((kw * CPW) >> a.scshift));
-        } else {
-          w[u][r] = zero<uint4>();
-          s[u][r] = 127u;
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int kw = k0 + u * 32 + lane;
-      if (!full && kw >= nw) break;
-      float p[RB][NB];
-#pragma unroll
-      for (int r = 0; r < RB; r++)
-#pragma unroll
-        for (int b = 0; b < NB; b++) p[r][b] = 0.f;
-#pragma unroll
-      for (int q = 0; q < 4; q++) {
-        float f[RB][QC];
-#pragma unroll
-        for (int r = 0; r < RB; r++) D::run(quarter(w[u][r], q), f[r]);
-#pragma unroll
-        for (int b = 0; b < NB; b++) {
-          if (NB == 1 || b < a.batch) {
-            const float4 *xp = reinterpret_cast<const float4 *>(xg + (long long)b * a.xstride + kw * CPW + q * QC);
-            float xv[QC];
-#pragma unroll
-            for (int h = 0; h < QC / 4; h++) {
-              const float4 t = __ldg(xp + h);
-              xv[4 * h] = t.x; xv[4 * h + 1] = t.y; xv[4 * h + 2] = t.z; xv[4 * h + 3] = t.w;
-            }
-#pragma unroll
-            for (int r = 0; r < RB; r++)
-#pragma unroll
-              for (int c = 0; c < QC; c++) p[r][b] = fmaf(f[r][c], xv[c], p[r][b]);
-          }
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < RB; r++) {
-        const float sc = e8m0_exp(s[u][r]);
-#pragma unroll
-        for (int b = 0; b < NB; b++) acc[r][b] = fmaf(D::post() == 1.f ? p[r][b] : p[r][b] * D::post(), sc, acc[r][b]);
-      }
-    }
-  }
+  int k0 = 0;
+  for (; k0 + 32 * U <= nw; k0 += 32 * U) vec_chunk<FMT, NB, RB, U, DEC, HINT, false>(a, wrow, srow, xg, k0, nw, lane, acc);
+  if (k0 < nw) vec_chunk<FMT, NB, RB, U, DEC, HINT, true>(a, wrow, srow, xg, k0, nw, lane, acc);
 #pragma unroll
   for (int r = 0; r < RB; r++)
 #pragma unroll

@@ -31,6 +31,9 @@ type deviceModel struct {
 	// tableErr is why some layer's experts cannot be selected on the device
 	// (nil when every layer's can).
 	tableErr error
+	// tier caches the routed experts when they do not all fit (nil: all
+	// resident in db.experts).
+	tier *expertTier
 
 	embed  cuda.DevicePtr // BF16 [V, D]
 	head   *cuda.DeviceWeight
@@ -145,14 +148,36 @@ func loadDevice(m *Model, src checkpoint.Source, opts Options) (*deviceModel, er
 	}
 	d.maxCtx = min(d.maxCtx, cfg.MaxPositions)
 	need := deviceWeightBytes(src, cfg)
+	expertBytes := 0
+	for _, t := range src.Tensors() {
+		if isRoutedExpert(t.Name) {
+			expertBytes += alignUp(int(t.Size))
+		}
+	}
+	dense := need - expertBytes
 	err := d.dev.Do(func(c *cuda.Ctx) error {
 		free, total, err := c.MemInfo()
 		if err != nil {
 			return err
 		}
-		if uint64(need) > free {
-			return fmt.Errorf("device: the weights need %s (%d bytes) of GPU memory, %s (%d bytes) of %s free on %s; an expert tier fed from host memory is not built yet",
-				progress.FormatBytes(int64(need)), need, progress.FormatBytes(int64(free)), free, progress.FormatBytes(int64(total)), d.dev.Info().Name)
+		slots := opts.deviceExpertSlots
+		if slots == 0 && uint64(need) > free {
+			// The experts do not all fit: keep the dense weights resident and
+			// cache as many experts as fit, leaving room for session state.
+			slotBytes := expertSlotBytes(src)
+			avail := int64(free) - int64(dense) - DeviceReserve
+			if slotBytes > 0 {
+				slots = int(max(avail, 0) / int64(slotBytes))
+			}
+			if slots < cfg.NActivatedExperts {
+				return fmt.Errorf("device: the weights need %s (%d bytes) of GPU memory and %s (%d bytes) of %s are free on %s; even an expert cache needs %s dense + %d experts of %s + %s reserved",
+					progress.FormatBytes(int64(need)), need, progress.FormatBytes(int64(free)), free, progress.FormatBytes(int64(total)), d.dev.Info().Name,
+					progress.FormatBytes(int64(dense)), cfg.NActivatedExperts, progress.FormatBytes(int64(slotBytes)), progress.FormatBytes(DeviceReserve))
+			}
+		}
+		if slots > 0 {
+			slots = min(max(slots, cfg.NActivatedExperts), cfg.NLayers*cfg.NRoutedExperts)
+			need = dense
 		}
 		if d.fwd, err = c.Fwd(); err != nil {
 			return err
@@ -160,10 +185,18 @@ func loadDevice(m *Model, src checkpoint.Source, opts Options) (*deviceModel, er
 		if d.arena, err = c.NewArena(need); err != nil {
 			return fmt.Errorf("device: reserving %d bytes for the weights: %w", need, err)
 		}
-		if err := d.upload(c, m, src); err != nil {
+		if err := d.upload(c, m, src, slots == 0); err != nil {
 			return err
 		}
+		if slots > 0 {
+			if d.tier, err = newExpertTier(c, d, src, cfg, slots); err != nil {
+				return fmt.Errorf("device: %w", err)
+			}
+		}
 		d.bytes = d.arena.Live()
+		if d.tier != nil {
+			d.bytes += d.tier.arena.Live()
+		}
 		return nil
 	})
 	if err != nil {
@@ -175,7 +208,7 @@ func loadDevice(m *Model, src checkpoint.Source, opts Options) (*deviceModel, er
 
 // upload binds every main-stack tensor through the uploader (the same
 // binder, names and checks as Load) and converts the result.
-func (d *deviceModel) upload(c *cuda.Ctx, m *Model, src checkpoint.Source) error {
+func (d *deviceModel) upload(c *cuda.Ctx, m *Model, src checkpoint.Source, experts bool) error {
 	cfg := m.Cfg
 	b := &binder{src: src, be: &uploader{c: c, a: d.arena}, cfg: cfg}
 	var errs []error
@@ -243,6 +276,9 @@ func (d *deviceModel) upload(c *cuda.Ctx, m *Model, src checkpoint.Source) error
 			db.shared = &devExpert{dw(bl.shared.W1), dw(bl.shared.W3), dw(bl.shared.W2)}
 		}
 		for e := range cfg.NRoutedExperts {
+			if !experts {
+				break // the expert cache loads them on demand
+			}
 			ew := b.expert(fmt.Sprintf("%sffn.experts.%d.", p, e))
 			db.experts = append(db.experts, devExpert{dw(ew.W1), dw(ew.W3), dw(ew.W2)})
 		}
@@ -261,6 +297,9 @@ func (d *deviceModel) upload(c *cuda.Ctx, m *Model, src checkpoint.Source) error
 		return fmt.Errorf("device: rope tables of %d and %d frequencies", d.nfreq, len(m.freqCompress))
 	}
 	for _, db := range d.layers {
+		if !experts {
+			break
+		}
 		w1, w3, w2 := make([]*cuda.DeviceWeight, len(db.experts)), make([]*cuda.DeviceWeight, len(db.experts)), make([]*cuda.DeviceWeight, len(db.experts))
 		for e, x := range db.experts {
 			w1[e], w3[e], w2[e] = x.w1, x.w3, x.w2
@@ -277,13 +316,32 @@ func (d *deviceModel) upload(c *cuda.Ctx, m *Model, src checkpoint.Source) error
 
 // close frees the device copy (weights become invalid).
 func (d *deviceModel) close() {
-	if d == nil || d.arena == nil {
+	if d == nil {
 		return
 	}
 	a := d.arena
+	var ta *cuda.Arena
+	if d.tier != nil {
+		ta, d.tier.arena = d.tier.arena, nil
+	}
 	d.arena = nil
-	_ = d.dev.Do(func(c *cuda.Ctx) error { return c.ReleaseArena(a) })
+	if a == nil && ta == nil {
+		return
+	}
+	_ = d.dev.Do(func(c *cuda.Ctx) error {
+		if ta != nil {
+			_ = c.ReleaseArena(ta)
+		}
+		if a != nil {
+			return c.ReleaseArena(a)
+		}
+		return nil
+	})
 }
+
+// DeviceReserve is the GPU memory Load leaves free for sessions when it
+// sizes the expert cache (the routed experts do not all fit).
+const DeviceReserve = 4 << 30
 
 // DeviceBytes returns the bytes of device memory the model's weights occupy
 // (0 without Options.Device).

@@ -440,7 +440,7 @@ func (s *DeviceSession) run(c *cuda.Ctx, tokens []int, rows int) ([]float32, err
 // depend on the host (positions and tokens are read from device memory):
 // one token with its logits, experts selected on the device, no hooks.
 func (s *DeviceSession) graphable(T, rows int) bool {
-	if !s.graphs || T != 1 || rows != 1 || s.m.routes != nil || s.selHook != nil || s.layerHook != nil {
+	if !s.graphs || T != 1 || rows != 1 || s.m.routes != nil || s.selHook != nil || s.layerHook != nil || s.d.tier != nil {
 		return false
 	}
 	for _, r := range s.runs {
@@ -711,7 +711,8 @@ func (s *DeviceSession) moe(c *cuda.Ctx, b *devBlock, l, T, p0 int) error {
 	); err != nil {
 		return err
 	}
-	if T > 1 && s.devMoE && s.tiles != nil && b.table != nil && m.routes == nil {
+	tier := s.d.tier
+	if T > 1 && s.devMoE && s.tiles != nil && b.table != nil && m.routes == nil && tier == nil {
 		// Expert-major tiles laid out on the device: no host round trip.
 		n := T * K
 		if err := errs(
@@ -725,7 +726,20 @@ func (s *DeviceSession) moe(c *cuda.Ctx, b *devBlock, l, T, p0 int) error {
 			return err
 		}
 	} else if run := s.runs[l]; T == 1 && run != nil && m.routes == nil {
-		// Device-selected experts: no host round trip.
+		// Device-selected experts: no host round trip (with the expert
+		// cache, one: the chosen experts are made resident first).
+		if tier != nil {
+			ids, _, err := s.routing(c, 1, K)
+			if err != nil {
+				return err
+			}
+			tier.pin()
+			for _, e := range ids {
+				if _, err := tier.ensure(c, b, l, e); err != nil {
+					return err
+				}
+			}
+		}
 		if err := errs(
 			func() error { return s.d.fwd.RunExperts13(c, run, s.ids, st) },
 			func() error { return c.SwiGLU(s.eh, s.eg, s.eu, s.rw, K, I, limit, st) },
@@ -750,6 +764,28 @@ func (s *DeviceSession) moe(c *cuda.Ctx, b *devBlock, l, T, p0 int) error {
 	)
 }
 
+// routing downloads the chunk's routing (ids, weights [T, K]); the copy
+// synchronises the stream.
+func (s *DeviceSession) routing(c *cuda.Ctx, T, K int) ([]int, []float32, error) {
+	E := s.m.Cfg.NRoutedExperts
+	idsB := make([]byte, 4*T*K)
+	wts := make([]float32, T*K)
+	if err := c.CopyFromDevice(idsB, s.ids); err != nil {
+		return nil, nil, err
+	}
+	if err := c.CopyFloatsFromDevice(wts, s.rw); err != nil {
+		return nil, nil, err
+	}
+	ids := make([]int, T*K)
+	for i := range ids {
+		ids[i] = int(int32(binary.LittleEndian.Uint32(idsB[4*i:])))
+		if ids[i] < 0 || ids[i] >= E {
+			return nil, nil, fmt.Errorf("router chose expert %d (token %d), want 0..%d", ids[i], i/K, E-1)
+		}
+	}
+	return ids, wts, nil
+}
+
 // moeHost downloads the routing, records it (Options.Routes), and runs each
 // used expert, in index order, on the rows routed to it.
 func (s *DeviceSession) moeHost(c *cuda.Ctx, b *devBlock, T, p0 int) error {
@@ -758,20 +794,9 @@ func (s *DeviceSession) moeHost(c *cuda.Ctx, b *devBlock, T, p0 int) error {
 	st := c.Stream()
 	D, E, K, I := cfg.Dim, cfg.NRoutedExperts, cfg.NActivatedExperts, cfg.MoEInterDim
 	limit := float32(cfg.SwigluLimit)
-	idsB := make([]byte, 4*T*K)
-	wts := make([]float32, T*K)
-	if err := c.CopyFromDevice(idsB, s.ids); err != nil { // synchronises the stream
+	ids, wts, err := s.routing(c, T, K)
+	if err != nil {
 		return err
-	}
-	if err := c.CopyFloatsFromDevice(wts, s.rw); err != nil {
-		return err
-	}
-	ids := make([]int, T*K)
-	for i := range ids {
-		ids[i] = int(int32(binary.LittleEndian.Uint32(idsB[4*i:])))
-		if ids[i] < 0 || ids[i] >= E {
-			return fmt.Errorf("router chose expert %d (token %d), want 0..%d", ids[i], i/K, E-1)
-		}
 	}
 	if m.routes != nil {
 		for i := range T {
@@ -815,7 +840,16 @@ func (s *DeviceSession) moeHost(c *cuda.Ctx, b *devBlock, T, p0 int) error {
 				z++
 			}
 			n := z - a
-			x := b.experts[e]
+			var x *devExpert
+			if s.d.tier != nil {
+				s.d.tier.pin()
+				var err error
+				if x, err = s.d.tier.ensure(c, b, b.layer, e); err != nil {
+					return err
+				}
+			} else {
+				x = &b.experts[e]
+			}
 			r, w := off(s.rows, a), off(s.roww, a)
 			if err := errs(
 				func() error { return s.d.fwd.GatherRows(c, s.xe, s.a, r, n, D, st) },

@@ -597,3 +597,41 @@ func TestDeviceRoutes(t *testing.T) {
 		}
 	}
 }
+
+// TestDeviceExpertTier forces the device expert cache (the path Load takes
+// when the routed experts do not all fit): with 3 slots for synth:tiny's 4×8
+// experts (2 per token) nearly every use misses and evicts; with 32 every
+// expert stays once loaded. Logits must match the CPU for prefill (experts
+// grouped on the host, loaded one by one) and decode (loaded per step).
+func TestDeviceExpertTier(t *testing.T) {
+	src, err := checkpoint.Open("synth:tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	mc := loadTiny(t, src)
+	V := mc.Cfg.VocabSize
+	toks := testTokens(40, V, 8)
+	for _, slots := range []int{3, 32} {
+		t.Run(fmt.Sprint(slots, " slots"), func(t *testing.T) {
+			md := loadDeviceModel(t, "synth:tiny", Options{deviceExpertSlots: slots})
+			if n, _, _ := md.DeviceExpertStats(); n != slots {
+				t.Fatalf("expert cache has %d slots, want %d", n, slots)
+			}
+			for _, sched := range [][]int{decodeSchedule(40, 25), {13, 11, 16}} {
+				want := runSchedule(t, mc.NewSession().PrefillAll, toks, sched)
+				ds := newDeviceSession(t, md)
+				got := runSchedule(t, ds.PrefillAll, toks, sched)
+				compareDevice(t, fmt.Sprintf("%d slots, chunks %v", slots, sched[:min(len(sched), 3)]), got, want, V, 1e-4)
+			}
+			n, hits, misses := md.DeviceExpertStats()
+			t.Logf("expert cache: %d slots, %d hits, %d misses", n, hits, misses)
+			if misses == 0 {
+				t.Errorf("expert cache reported %d misses and %d hits", misses, hits)
+			}
+			if slots == 32 && misses > 32 {
+				t.Errorf("%d misses with room for every expert (32)", misses)
+			}
+		})
+	}
+}

@@ -77,13 +77,20 @@ type Options struct {
 	MaxChunk int
 	// Device, if set, makes the model GPU-resident: Load uploads the main
 	// stack (dense weights, embedding, head and every routed expert) to this
-	// device, or fails naming the bytes needed and free, and NewSequence
-	// returns DeviceSessions (see device_session.go). Experts must be nil.
-	// Close frees the device memory; the device stays open.
+	// device, and NewSequence returns DeviceSessions (see
+	// device_session.go). When the routed experts do not all fit, they are
+	// cached on the device and loaded from host memory on demand (see
+	// expertTier); if not even that fits, Load fails naming the bytes needed
+	// and free. Experts must be nil. Close frees the device memory; the
+	// device stays open.
 	Device *cuda.Device
 	// DeviceContext is the most tokens a device session holds (its state is
 	// allocated for it); 0 means DefaultDeviceContext.
 	DeviceContext int
+
+	// deviceExpertSlots > 0 forces the device expert cache with that many
+	// slots (tests; Load sizes the cache itself when the experts do not fit).
+	deviceExpertSlots int
 }
 
 // DefaultMaxChunk is the prefill chunk size when Options.MaxChunk is 0.

@@ -478,3 +478,41 @@ func (f *Fwd) CombineExperts(c *Ctx, out DevicePtr, et *ExpertTiles, T int, s St
 	return c.Launch(f.moeCombine, Dim3{X: uint32(T)}, Dim3{X: 256}, 0, s, unsafe.Pointer(&out), unsafe.Pointer(&et.b.Y),
 		unsafe.Pointer(&et.b.Inv), unsafe.Pointer(&k), unsafe.Pointer(&d))
 }
+
+// SetTableExpert points table t's records of expert e at the weights w1, w3
+// and w2 (e.g. a device cache slot the expert was just loaded into). It
+// builds the records in scratch memory from a and copies them into the
+// table on the compute stream, then waits for the stream, so it must not be
+// called while a launch reading the table is being captured.
+func (c *Ctx) SetTableExpert(a *Arena, t *ExpertTable, e int, w1, w3, w2 *DeviceWeight) error {
+	if e < 0 || e >= t.E {
+		return fmt.Errorf("cuda expert table: expert %d of %d", e, t.E)
+	}
+	for _, w := range []*DeviceWeight{w1, w3} {
+		if w.Rows != t.Inter || w.Cols != t.Dim {
+			return fmt.Errorf("cuda expert table: w1/w3 [%d, %d], want [%d, %d]", w.Rows, w.Cols, t.Inter, t.Dim)
+		}
+	}
+	if w2.Rows != t.Dim || w2.Cols != t.Inter {
+		return fmt.Errorf("cuda expert table: w2 [%d, %d], want [%d, %d]", w2.Rows, w2.Cols, t.Dim, t.Inter)
+	}
+	rec := int(unsafe.Sizeof(linArgs{}))
+	m13, err := c.PrepareMultiLinear(a, []*DeviceWeight{w1, w3}, make([]DevicePtr, 2), make([]DevicePtr, 2), 1, LinearVariant{})
+	if err != nil {
+		return err
+	}
+	defer a.Free(m13.args)
+	m2, err := c.PrepareMultiLinear(a, []*DeviceWeight{w2}, make([]DevicePtr, 1), make([]DevicePtr, 1), 1, LinearVariant{})
+	if err != nil {
+		return err
+	}
+	defer a.Free(m2.args)
+	s := c.Stream()
+	if err := c.CopyAsync(t.all13.args+DevicePtr(2*e*rec), m13.args, 2*rec, s); err != nil {
+		return err
+	}
+	if err := c.CopyAsync(t.all2.args+DevicePtr(e*rec), m2.args, rec, s); err != nil {
+		return err
+	}
+	return c.Sync(s)
+}

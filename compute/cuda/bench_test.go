@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -524,6 +525,48 @@ func printReport(b *testing.B, r *benchReport) {
 			shape = fmt.Sprintf("%dx%s", x.Matrices, shape)
 		}
 		b.Logf("%-13s %-8s %-11s %2d %-12s %8.2f %6.0f %5.1f  %s %dx%d", x.Name, x.Format, shape, x.Batch, x.Variant, x.US, x.GBps, x.PctHBM, x.Kernel, x.Grid, x.Block)
+	}
+	// Summary (last, so that a tail of the log shows it): per shape and
+	// batch, the default, the best earlier variant and the best vec variant.
+	type key struct {
+		name  string
+		batch int
+	}
+	var order []key
+	best := map[key][3]*benchRow{} // default, best earlier, best vec
+	for i := range r.Linear {
+		x := &r.Linear[i]
+		k := key{x.Name, x.Batch}
+		cur, seen := best[k]
+		if !seen {
+			order = append(order, k)
+		}
+		slot := 1
+		if strings.HasPrefix(x.Variant, "vec") {
+			slot = 2
+		}
+		if x.Variant == "narrow" {
+			cur[0] = x
+		}
+		if cur[slot] == nil || x.US < cur[slot].US {
+			cur[slot] = x
+		}
+		best[k] = cur
+	}
+	b.Logf("summary (%%HBM of %.0f GB/s): shape batch | default | best earlier | best vec | vec speed-up over default", r.HBMReadGBps)
+	for _, k := range order {
+		v := best[k]
+		cell := func(x *benchRow) string {
+			if x == nil {
+				return "-"
+			}
+			return fmt.Sprintf("%s %.2fus %.1f%%", x.Variant, x.US, x.PctHBM)
+		}
+		up := "-"
+		if v[0] != nil && v[2] != nil {
+			up = fmt.Sprintf("%.2fx", v[0].US/v[2].US)
+		}
+		b.Logf("summary %-13s b%d | %s | %s | %s | %s", k.name, k.batch, cell(v[0]), cell(v[1]), cell(v[2]), up)
 	}
 	b.Logf("%d tiny launches: plain %.2f us/kernel on the device (host %.2f us/launch), graph %.2f us/kernel (host %.1f us per graph launch)",
 		r.GraphKernels, r.PlainUSPerK, r.PlainHostUS, r.GraphUSPerK, r.GraphHostUS)

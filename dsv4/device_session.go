@@ -302,6 +302,33 @@ func (s *DeviceSession) UseGraphs(on bool) {
 	}
 }
 
+// Describe summarises the session's device paths for logs and benchmark
+// reports: context and chunk, decode graph state, how experts are chosen,
+// and the expert cache if any.
+func (s *DeviceSession) Describe() string {
+	g := "decode graphs off"
+	switch {
+	case s.graphErr != nil:
+		g = "decode graphs failed: " + s.graphErr.Error()
+	case s.graph != nil:
+		g = "decode graph captured"
+	case s.graphs:
+		g = "decode graphs on (not captured yet)"
+	}
+	e := "experts chosen on the device"
+	switch {
+	case s.runErr != nil:
+		e = "experts partly routed through the host: " + s.runErr.Error()
+	case s.m.routes != nil:
+		e = "experts routed through the host (route recording)"
+	}
+	out := fmt.Sprintf("device session on %s: context %d, chunks of %d, %s, %s", s.d.dev.Info().Name, s.limit, s.chunk, g, e)
+	if t := s.d.tier; t != nil {
+		out += fmt.Sprintf(", expert cache %d slots (%d hits, %d misses)", len(t.slots), t.hits, t.misses)
+	}
+	return out
+}
+
 // Pos is the number of tokens processed so far (the next token's position).
 func (s *DeviceSession) Pos() int { return s.pos }
 

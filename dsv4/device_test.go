@@ -509,6 +509,7 @@ func benchDeviceDecode(b *testing.B, graphs bool) {
 	}
 	b.ReportMetric(float64(n)/time.Since(t0).Seconds(), "tok/s")
 	b.ReportMetric(float64(decodeBytes(m)), "bytes/token")
+	b.Log(s.Describe())
 	if s.graphErr != nil {
 		b.Errorf("decode graph capture failed: %v", s.graphErr)
 	}

@@ -295,7 +295,7 @@ func BenchmarkV4(b *testing.B) {
 							return err
 						}
 						us := median(ts)
-						p, err := planLinear(sh.f, sh.rows, sh.cols, 128, 1, batch, v.v, c.d.info.SMs)
+						p, err := planLinear(sh.f, sh.rows, sh.cols, 128, 1, batch, v.v, c.d.info.SMs, c.d.info.SharedOptin)
 						if err != nil {
 							return err
 						}
@@ -581,7 +581,8 @@ type namedVariant struct {
 }
 
 // benchVariantList is every single-matrix variant BenchmarkV4 may run:
-// the default (narrow) and the best earlier ones, then the vec family.
+// the default (narrow) and the best earlier ones, then the vec family and
+// the tensor-core kernels.
 func benchVariantList() []namedVariant {
 	W, V := WidthWide, WidthVec
 	return []namedVariant{
@@ -600,6 +601,7 @@ func benchVariantList() []namedVariant {
 		{"vec_bps1", LinearVariant{Width: V, Blocks: 1}, false},
 		{"vec_bps3", LinearVariant{Width: V, Blocks: 3}, false},
 		{"vec_bps4", LinearVariant{Width: V, Blocks: 4}, false},
+		{"mma", LinearVariant{Width: WidthMMA}, true},
 	}
 }
 
@@ -651,6 +653,7 @@ func multiVariantList() []namedVariant {
 		{"vec_u2", LinearVariant{Width: V, U: 2}, false},
 		{"vec_u8", LinearVariant{Width: V, U: 8}, false},
 		{"vec_bps4", LinearVariant{Width: V, Blocks: 4}, false},
+		{"mma", LinearVariant{Width: WidthMMA}, true},
 	}
 }
 

@@ -506,7 +506,8 @@ func TestMultiLinear(t *testing.T) {
 }
 
 // testLinearVariants is the variants TestLinearShapes checks (each where
-// variantApplies): every family and decoder, and the vec tile shapes.
+// variantApplies): every family and decoder, the vec tile shapes and the
+// tensor-core kernels.
 func testLinearVariants() []namedVariant {
 	V := WidthVec
 	return []namedVariant{
@@ -515,7 +516,7 @@ func testLinearVariants() []namedVariant {
 		{"vec", LinearVariant{Width: V}, true}, {"vec_bits", LinearVariant{Width: V, Decode: DecodeBits}, true},
 		{"vec_hint", LinearVariant{Width: V, Hint: 1}, true}, {"vec_u2", LinearVariant{Width: V, U: 2}, true},
 		{"vec_u4", LinearVariant{Width: V, U: 4}, true}, {"vec_u8", LinearVariant{Width: V, U: 8}, true},
-		{"vec_bps1", LinearVariant{Width: V, Blocks: 1}, true},
+		{"vec_bps1", LinearVariant{Width: V, Blocks: 1}, true}, {"mma", LinearVariant{Width: WidthMMA}, true},
 	}
 }
 
@@ -533,6 +534,7 @@ func multiTestSets() []struct {
 		{compute.MXFP4, [][2]int{{2048, 4096}, {2048, 4096}, {66, 2080}}},
 		{compute.FP8Block, [][2]int{{256, 1024}, {40, 2048}, {130, 132}}},
 		{compute.FP8Block, [][2]int{{256, 1024}, {40, 2048}, {130, 144}}},
+		{compute.FP8Block, [][2]int{{256, 1024}, {40, 2048}, {130, 192}}},
 		{compute.BF16, [][2]int{{100, 516}, {32, 64}}},
 	}
 }

@@ -117,9 +117,19 @@ func (c *Ctx) linKernel(name string) (*Kernel, error) {
 			return nil, fmt.Errorf("cuda linear: no kernel %s in either linear module: %w", name, berr)
 		}
 	}
+	if strings.HasPrefix(name, "linm_") || strings.HasPrefix(name, "linmmulti_") {
+		// Tensor-core kernels stage x in dynamic shared memory, beyond 48 KB
+		// for long rows and batch tiles.
+		if err := c.lib.FuncSetAttribute(k.fn, funcAttrMaxDynamicShared, c.d.info.SharedOptin); err != nil {
+			return nil, fmt.Errorf("cuda linear: %s: %w", name, err)
+		}
+	}
 	c.d.linKernels[key] = k
 	return k, nil
 }
+
+// funcAttrMaxDynamicShared is CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES.
+const funcAttrMaxDynamicShared = 8
 
 // DeviceWeight is a weight matrix resident in device memory in its stored
 // format (the bytes of compute.WeightData, uploaded unchanged).
@@ -215,7 +225,8 @@ type LinearVariant struct {
 	// words; needs columns a multiple of 16, or 32 for MXFP4, and FP8 blocks
 	// of at least 16) or WidthVec (persistent warps over 16-byte words, same
 	// shape rules as WidthWide, batch tiles up to 4: larger batches use the
-	// narrow family). BF16 and F32 always use the narrow family.
+	// narrow family) or WidthMMA (tensor cores; see WidthMMA). BF16 and F32
+	// always use the narrow family.
 	Width int
 	// Blocks is the vec family's blocks of 256 threads per SM in its grid
 	// (1..4; automatic: 2, the number the kernels are compiled to fit).
@@ -233,6 +244,11 @@ const (
 	WidthNarrow
 	WidthWide
 	WidthVec
+	// WidthMMA: tensor-core kernels (mma.sync, f16 weights, x split hi/lo
+	// f16, f32 accumulation) for FP8Block (columns a multiple of 64, blocks
+	// of at least 64) and MXFP4 (columns a multiple of 32), one x group,
+	// batch tiles up to 4; other shapes use the narrow kernels.
+	WidthMMA
 )
 
 // defaultWidth is the family WidthAuto selects where the shape allows it.
@@ -250,6 +266,41 @@ func wideOK(f compute.Format, cols, block int) bool {
 		return cols%32 == 0
 	}
 	return false
+}
+
+// mmaOK reports whether the tensor-core kernels take a weight of this
+// format, width, FP8 block edge and group count.
+func mmaOK(f compute.Format, cols, block, groups int) bool {
+	switch {
+	case groups != 1:
+		return false
+	case f == compute.FP8Block:
+		return cols%64 == 0 && block >= 64 && block&(block-1) == 0
+	case f == compute.MXFP4:
+		return cols%32 == 0
+	}
+	return false
+}
+
+// mmaShared returns the dynamic shared memory of a tensor-core launch
+// (2·NB rows of cols+8 f16) and the blocks of 256 threads that fit on an SM
+// beside it (the SM holds at most twice the per-block opt-in size).
+func mmaShared(NB, cols, optin int) (bytes, perSM int) {
+	bytes = 2 * NB * (cols + 8) * 2
+	perSM = 2
+	if optin > 0 && 2*(bytes+1024) > optin {
+		perSM = 1
+	}
+	return bytes, perSM
+}
+
+// mmaU returns the spans (FP8: 64 columns; MXFP4: one scale group) a
+// tensor-core kernel loads ahead per chunk.
+func mmaU(f compute.Format) int {
+	if f == compute.FP8Block {
+		return 4
+	}
+	return 8
 }
 
 // E4M3 decoders of the fast linear kernels.
@@ -285,6 +336,7 @@ type linPlan struct {
 	grid    Dim3
 	block   Dim3
 	generic bool // linear_generic: takes the format code as a second argument
+	shared  int  // dynamic shared memory bytes
 }
 
 func pow2ceil(n int) int {
@@ -315,10 +367,11 @@ func vecShape(v LinearVariant, nw int) (u, rb int, err error) {
 
 // planLinear picks the kernel and launch shape of one launch of up to maxNB
 // batch rows (nb) of a [rows, cols] weight of format f (FP8 block edge
-// block) with groups input groups, on a device of sms multiprocessors. It
+// block) with groups input groups, on a device of sms multiprocessors with
+// optin bytes of shared memory per block (opt-in maximum). It
 // needs no device, so the kernels every variant can launch can be listed
 // (linear_compile_test.go checks they exist).
-func planLinear(f compute.Format, rows, cols, block, groups, nb int, v LinearVariant, sms int) (linPlan, error) {
+func planLinear(f compute.Format, rows, cols, block, groups, nb int, v LinearVariant, sms, optin int) (linPlan, error) {
 	name, _, cpw := fmtInfo(f)
 	if name == "" {
 		return linPlan{}, fmt.Errorf("cuda linear: unknown weight format %v", f)
@@ -343,6 +396,12 @@ func planLinear(f compute.Format, rows, cols, block, groups, nb int, v LinearVar
 		d = 1
 	}
 	NB := pow2ceil(nb)
+	if width == WidthMMA && NB <= maxVecNB && mmaOK(f, cols, block, groups) {
+		shared, perSM := mmaShared(NB, cols, optin)
+		tiles := (rows + 15) / 16
+		return linPlan{name: fmt.Sprintf("linm_%s_b%d_u%d", name, NB, mmaU(f)),
+			grid: Dim3{X: uint32(min(sms*perSM, (tiles+7)/8))}, block: Dim3{X: 256}, shared: shared}, nil
+	}
 	wide := wideOK(f, cols, block)
 	if width == WidthVec && wide && NB <= maxVecNB {
 		nw := cols / (4 * cpw)
@@ -362,11 +421,11 @@ func planLinear(f compute.Format, rows, cols, block, groups, nb int, v LinearVar
 		}
 	}
 	rb := v.RB
-	if rb == 0 || width == WidthVec {
+	if rb == 0 || width == WidthVec || width == WidthMMA {
 		rb = 2
 	}
 	if rpg%rb != 0 && groups > 1 {
-		if v.RB == 0 || width == WidthVec {
+		if v.RB == 0 || width == WidthVec || width == WidthMMA {
 			return genericPlan, nil // a block's rows would span two x groups
 		}
 		return linPlan{}, fmt.Errorf("cuda linear: %d rows per group is not a multiple of RB %d", rpg, rb)
@@ -375,7 +434,7 @@ func planLinear(f compute.Format, rows, cols, block, groups, nb int, v LinearVar
 	if width == WidthWide && wide {
 		prefix, u, cpw = "linw", 2, 4*cpw
 	}
-	if v.U != 0 && width != WidthVec {
+	if v.U != 0 && width != WidthVec && width != WidthMMA {
 		u = v.U
 	}
 	kw := v.KW
@@ -432,7 +491,7 @@ func (c *Ctx) LinearWith(w *DeviceWeight, y, x DevicePtr, batch, groups int, v L
 	a := linArgsFor(w, groups)
 	for b0 := 0; b0 < batch; {
 		nb := min(batch-b0, maxNB)
-		p, err := planLinear(w.Format, w.Rows, w.Cols, w.Block, groups, nb, v, c.d.info.SMs)
+		p, err := planLinear(w.Format, w.Rows, w.Cols, w.Block, groups, nb, v, c.d.info.SMs, c.d.info.SharedOptin)
 		if err != nil {
 			return err
 		}
@@ -446,7 +505,7 @@ func (c *Ctx) LinearWith(w *DeviceWeight, y, x DevicePtr, batch, groups int, v L
 		if p.generic {
 			err = c.Launch(k, p.grid, p.block, 0, s, unsafe.Pointer(&a), unsafe.Pointer(&code))
 		} else {
-			err = c.Launch(k, p.grid, p.block, 0, s, unsafe.Pointer(&a))
+			err = c.Launch(k, p.grid, p.block, p.shared, s, unsafe.Pointer(&a))
 		}
 		if err != nil {
 			return err
@@ -464,6 +523,7 @@ type MultiLinear struct {
 	args    DevicePtr
 	n       int32
 	vec     bool // vec kernel: takes the matrix count as a second argument
+	shared  int  // dynamic shared memory bytes
 	kernel  *Kernel
 	grid    Dim3
 	block   Dim3
@@ -479,7 +539,7 @@ func (m *MultiLinear) Kernel() string { return m.kernel.Name() }
 // planMulti picks the kernel and launch shape of a multi-projection launch
 // of weights of format f with the given shapes ([rows, cols] each, FP8 block
 // edge block) at batch (1..maxNB). Like planLinear it needs no device.
-func planMulti(f compute.Format, shapes [][2]int, block, batch int, v LinearVariant, sms int) (linPlan, bool, error) {
+func planMulti(f compute.Format, shapes [][2]int, block, batch int, v LinearVariant, sms, optin int) (linPlan, bool, error) {
 	name, _, cpw := fmtInfo(f)
 	if name == "" || f == compute.F32 || f == compute.MXFP8 {
 		return linPlan{}, false, fmt.Errorf("cuda multi-linear: no multi kernel for %v weights", f)
@@ -501,6 +561,18 @@ func planMulti(f compute.Format, shapes [][2]int, block, batch int, v LinearVari
 	width := v.Width
 	if width == WidthAuto {
 		width = defaultWidth
+	}
+	mma := width == WidthMMA && NB <= maxVecNB
+	maxTiles := 0
+	for _, sh := range shapes {
+		mma = mma && mmaOK(f, sh[1], block, 1)
+		maxTiles = max(maxTiles, (sh[0]+15)/16)
+	}
+	if mma {
+		shared, perSM := mmaShared(NB, maxCols, optin)
+		per := max(1, min((maxTiles+7)/8, sms*perSM/len(shapes)))
+		return linPlan{name: fmt.Sprintf("linmmulti_%s_b%d_u%d", name, NB, mmaU(f)),
+			grid: Dim3{X: uint32(per), Y: uint32(len(shapes))}, block: Dim3{X: 256}, shared: shared}, false, nil
 	}
 	if width == WidthVec && wide && NB <= maxVecNB {
 		u, rb, err := vecShape(v, maxCols/(4*cpw))
@@ -531,7 +603,8 @@ func planMulti(f compute.Format, shapes [][2]int, block, batch int, v LinearVari
 // PrepareMultiLinear validates the set (same format, even row counts, columns
 // a multiple of the decode width, batch <= 16) and uploads the argument table
 // into a. ys[i] and xs[i] are device buffers [batch, Rows_i] and [batch, Cols_i].
-// Width WidthVec takes batch <= 4 (larger batches use the narrow kernels).
+// Widths WidthVec and WidthMMA take batch <= 4 (larger batches use the
+// narrow kernels).
 func (c *Ctx) PrepareMultiLinear(a *Arena, ws []*DeviceWeight, ys, xs []DevicePtr, batch int, v LinearVariant) (*MultiLinear, error) {
 	if len(ws) == 0 || len(ys) != len(ws) || len(xs) != len(ws) {
 		return nil, fmt.Errorf("cuda multi-linear: %d weights, %d outputs, %d inputs", len(ws), len(ys), len(xs))
@@ -553,7 +626,7 @@ func (c *Ctx) PrepareMultiLinear(a *Arena, ws []*DeviceWeight, ys, xs []DevicePt
 		args[i] = la
 		bytes += w.Bytes
 	}
-	p, vec, err := planMulti(f, shapes, ws[0].Block, batch, v, c.d.info.SMs)
+	p, vec, err := planMulti(f, shapes, ws[0].Block, batch, v, c.d.info.SMs, c.d.info.SharedOptin)
 	if err != nil {
 		return nil, err
 	}
@@ -561,7 +634,7 @@ func (c *Ctx) PrepareMultiLinear(a *Arena, ws []*DeviceWeight, ys, xs []DevicePt
 	if err != nil {
 		return nil, err
 	}
-	m := &MultiLinear{n: int32(len(ws)), vec: vec, kernel: k, grid: p.grid, block: p.block, weights: bytes}
+	m := &MultiLinear{n: int32(len(ws)), vec: vec, shared: p.shared, kernel: k, grid: p.grid, block: p.block, weights: bytes}
 	size := len(args) * int(unsafe.Sizeof(linArgs{}))
 	if m.args, err = a.Alloc(size); err != nil {
 		return nil, err
@@ -577,5 +650,5 @@ func (c *Ctx) LaunchMultiLinear(m *MultiLinear, s Stream) error {
 	if m.vec {
 		return c.Launch(m.kernel, m.grid, m.block, 0, s, unsafe.Pointer(&m.args), unsafe.Pointer(&m.n))
 	}
-	return c.Launch(m.kernel, m.grid, m.block, 0, s, unsafe.Pointer(&m.args))
+	return c.Launch(m.kernel, m.grid, m.block, m.shared, s, unsafe.Pointer(&m.args))
 }

@@ -99,7 +99,7 @@ func plannedKernels(t *testing.T) (def, any map[string]string) {
 		for _, sh := range shapes {
 			for nb := 1; nb <= maxNB; nb++ {
 				why := fmt.Sprintf("%v [%d, %d] block %d groups %d batch %d", f, sh.rows, sh.cols, sh.block, sh.groups, nb)
-				p, err := planLinear(f, sh.rows, sh.cols, sh.block, sh.groups, nb, LinearVariant{}, 132)
+				p, err := planLinear(f, sh.rows, sh.cols, sh.block, sh.groups, nb, LinearVariant{}, 132, 232448)
 				if err != nil {
 					t.Fatalf("%s, default variant: %v", why, err)
 				}
@@ -108,7 +108,7 @@ func plannedKernels(t *testing.T) (def, any map[string]string) {
 					if !variantApplies(v.v, f, nb) {
 						continue
 					}
-					p, err := planLinear(f, sh.rows, sh.cols, sh.block, sh.groups, nb, v.v, 132)
+					p, err := planLinear(f, sh.rows, sh.cols, sh.block, sh.groups, nb, v.v, 132, 232448)
 					if err != nil {
 						if v.v.RB == 4 && sh.groups > 1 {
 							continue // RB 4 needs rows per group divisible by 4
@@ -123,7 +123,7 @@ func plannedKernels(t *testing.T) (def, any map[string]string) {
 	for _, set := range multiTestSets() {
 		for nb := 1; nb <= maxNB; nb++ {
 			why := fmt.Sprintf("multi %v %v batch %d", set.f, set.shape, nb)
-			p, _, err := planMulti(set.f, set.shape, 128, nb, LinearVariant{}, 132)
+			p, _, err := planMulti(set.f, set.shape, 128, nb, LinearVariant{}, 132, 232448)
 			if err != nil {
 				t.Fatalf("%s: %v", why, err)
 			}
@@ -132,7 +132,7 @@ func plannedKernels(t *testing.T) (def, any map[string]string) {
 				if !multiVariantApplies(v.v, set.f, nb) {
 					continue
 				}
-				p, _, err := planMulti(set.f, set.shape, 128, nb, v.v, 132)
+				p, _, err := planMulti(set.f, set.shape, 128, nb, v.v, 132, 232448)
 				if err != nil {
 					t.Fatalf("%s, variant %s: %v", why, v.name, err)
 				}
@@ -253,11 +253,16 @@ func TestPlanLinear(t *testing.T) {
 		{"vec unaligned cols", compute.MXFP4, 64, 2056, 128, 1, 1, LinearVariant{Width: V}, "linear_mxfp4_b1_r2_u4_d0", 32, 0},
 		{"vec grouped", compute.FP8Block, 256, 640, 128, 4, 2, LinearVariant{Width: V}, "linv_fp8_b2_r4_u2_d0_h0", 8, 256},
 		{"vec grouped odd", compute.FP8Block, 6, 1024, 128, 2, 1, LinearVariant{Width: V}, "linear_generic", 1, 256},
+		{"mma wq_b", compute.FP8Block, 32768, 1024, 128, 1, 1, LinearVariant{Width: WidthMMA}, "linm_fp8_b1_u4", 256, 256},
+		{"mma w1 batch 3", compute.MXFP4, 2048, 4096, 128, 1, 3, LinearVariant{Width: WidthMMA}, "linm_mxfp4_b4_u8", 16, 256},
+		{"mma wo_b batch 4", compute.FP8Block, 4096, 8192, 128, 1, 4, LinearVariant{Width: WidthMMA}, "linm_fp8_b4_u4", 32, 256},
+		{"mma block 32 falls back", compute.FP8Block, 256, 1024, 32, 1, 1, LinearVariant{Width: WidthMMA}, "linear_fp8_b1_r2_u4_d0", 128, 0},
+		{"mma grouped falls back", compute.MXFP4, 256, 1024, 128, 2, 1, LinearVariant{Width: WidthMMA}, "linear_mxfp4_b1_r2_u4_d0", 128, 0},
 		{"wide r4", compute.MXFP4, 2048, 4096, 128, 1, 1, LinearVariant{Width: WidthWide, RB: 4}, "linw_mxfp4_b1_r4_u2_d0", 512, 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := planLinear(tc.f, tc.rows, tc.cols, tc.block, tc.groups, tc.nb, tc.v, 132)
+			p, err := planLinear(tc.f, tc.rows, tc.cols, tc.block, tc.groups, tc.nb, tc.v, 132, 232448)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -270,11 +275,11 @@ func TestPlanLinear(t *testing.T) {
 		})
 	}
 	for _, bad := range []LinearVariant{{Width: V, U: 3}, {Width: V, U: 2, RB: 2}} {
-		if _, err := planLinear(compute.FP8Block, 256, 1024, 128, 1, 1, bad, 132); err == nil {
+		if _, err := planLinear(compute.FP8Block, 256, 1024, 128, 1, 1, bad, 132, 232448); err == nil {
 			t.Errorf("variant %+v accepted", bad)
 		}
 	}
-	if _, err := planLinear(compute.Format(99), 8, 64, 128, 1, 1, LinearVariant{}, 132); err == nil {
+	if _, err := planLinear(compute.Format(99), 8, 64, 128, 1, 1, LinearVariant{}, 132, 232448); err == nil {
 		t.Error("unknown format accepted")
 	}
 
@@ -283,18 +288,22 @@ func TestPlanLinear(t *testing.T) {
 	for i := range w13 {
 		w13[i] = [2]int{2048, 4096}
 	}
-	p, vec, err := planMulti(compute.MXFP4, w13, 128, 1, LinearVariant{Width: V}, 132)
+	p, vec, err := planMulti(compute.MXFP4, w13, 128, 1, LinearVariant{Width: V}, 132, 232448)
 	if err != nil || !vec || p.name != "linvmulti_mxfp4_b1_r2_u4_d0_h0" || p.grid.X != 264 || p.block.X != 256 {
 		t.Errorf("vec multi plan %+v vec %v err %v", p, vec, err)
 	}
-	p, vec, err = planMulti(compute.MXFP4, w13, 128, 1, LinearVariant{}, 132)
+	p, vec, err = planMulti(compute.MXFP4, w13, 128, 1, LinearVariant{}, 132, 232448)
 	if err != nil || vec || p.name != "linmulti_mxfp4_b1_r2_u4_d0" || p.grid.X != 1024 || p.grid.Y != 12 {
 		t.Errorf("default multi plan %+v vec %v err %v", p, vec, err)
 	}
-	if _, _, err := planMulti(compute.MXFP4, [][2]int{{3, 64}}, 128, 1, LinearVariant{}, 132); err == nil {
+	p, vec, err = planMulti(compute.MXFP4, w13, 128, 1, LinearVariant{Width: WidthMMA}, 132, 232448)
+	if err != nil || vec || p.name != "linmmulti_mxfp4_b1_u8" || p.grid.X != 16 || p.grid.Y != 12 || p.shared != 2*(4096+8)*2 {
+		t.Errorf("mma multi plan %+v vec %v err %v", p, vec, err)
+	}
+	if _, _, err := planMulti(compute.MXFP4, [][2]int{{3, 64}}, 128, 1, LinearVariant{}, 132, 232448); err == nil {
 		t.Error("odd rows accepted in a multi set")
 	}
-	if _, _, err := planMulti(compute.MXFP8, w13, 128, 1, LinearVariant{}, 132); err == nil {
+	if _, _, err := planMulti(compute.MXFP8, w13, 128, 1, LinearVariant{}, 132, 232448); err == nil {
 		t.Error("MXFP8 multi set accepted")
 	}
 }

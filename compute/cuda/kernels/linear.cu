@@ -577,6 +577,185 @@ __device__ __forceinline__ void linear_vec_multi(const LinArgs *__restrict__ all
 #define LINV_NB(M, FMTN, FMT, DEC, HINT) \
   LINV_U(M, FMTN, FMT, 1, DEC, HINT) LINV_U(M, FMTN, FMT, 2, DEC, HINT) LINV_U(M, FMTN, FMT, 4, DEC, HINT)
 
+// MMA family (`linm_*`, `linmmulti_*`; tensor cores): a warp owns tiles of 16
+// rows (all columns) and multiplies them by x with mma.sync m16n8k16 (f16
+// inputs, f32 accumulation): the weights, exact in f16 (every E4M3 and E2M1
+// value is), are the A operand; x is the B operand as eight f16 columns, for
+// batch row b the pair hi = x with its f32 mantissa cut to 11 bits and lo =
+// x - hi (together 22 significant bits), so the weights meet x in full float32
+// precision and one mma serves four batch rows. Each block first converts x
+// into shared memory (f16 hi/lo per batch row); the A fragments come straight
+// from the stored words: thread (g = lane/4, t = lane%4) takes rows g and
+// g+8 of the tile and, per mma, four columns of its own (FP8: a 16-byte word
+// per row covers four mmas; MXFP4: a 4-byte word per row of one 32-column
+// scale group covers two), so the k order of A and B is the word order and
+// the B fragment of thread (n, t) is eight or sixteen consecutive f16 of
+// column n. D's columns 2b and 2b+1 (thread t = b) are batch row b's hi and lo
+// parts: their sum is y. Scales are applied to each group's (MXFP4) or
+// span's (FP8 block) mma result. One x group (groups = 1).
+__device__ __forceinline__ void mma16816(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ u32 e4m3x2_h(u32 w16) {  // two E4M3 bytes (low 16 bits) to f16x2
+  u32 h;
+  asm("{ .reg .b16 lo; cvt.u16.u32 lo, %1; cvt.rn.f16x2.e4m3x2 %0, lo; }" : "=r"(h) : "r"(w16));
+  return h;
+}
+
+__device__ __forceinline__ u16 f16_of(float x) {
+  u16 h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  return h;
+}
+
+// Converts x [batch, cols] (batch <= NB; rows past batch are zeros) into xs:
+// row 2b = hi(x[b]), row 2b+1 = lo(x[b]), each row `stride` halves.
+template <int NB>
+__device__ __forceinline__ void mma_stage_x(const LinArgs &a, u16 *xs, int stride) {
+  for (int b = 0; b < NB; b++)
+    for (int c = threadIdx.x; c < a.cols; c += blockDim.x) {
+      const float x = b < a.batch ? a.x[(long long)b * a.xstride + c] : 0.f;
+      const float hi = __int_as_float(__float_as_int(x) & 0xFFFFE000u);
+      xs[(2 * b) * stride + c] = f16_of(hi);
+      xs[(2 * b + 1) * stride + c] = f16_of(x - hi);
+    }
+}
+
+template <int FMT> struct Mma;
+// FP8 block: a span is 64 columns (one 16-byte word per thread and row, four
+// mmas); U spans are loaded before use.
+template <> struct Mma<FMT_FP8> { enum { SPAN = 64 }; };
+// MXFP4: a span is one 32-column scale group (one 4-byte word per thread and
+// row, two mmas).
+template <> struct Mma<FMT_MXFP4> { enum { SPAN = 32 }; };
+
+template <int FMT, int NB, int U, bool GUARD>
+__device__ __forceinline__ void mma_chunk(const LinArgs &a, const u8 *wa, const u8 *wb, const u8 *sa, const u8 *sb,
+                                          const u16 *xs, int stride, int s0, int spans, int lane, float (&acc)[4]) {
+  const int g = lane >> 2, t = lane & 3;
+  const bool bl = g < 2 * NB;  // this thread supplies a B column
+  const u16 *xr = xs + g * stride;
+  if (FMT == FMT_FP8) {
+    uint4 wA[U], wB[U];
+    u32 sc[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int s = s0 + u;
+      if (!GUARD || s < spans) {
+        wA[u] = __ldg(reinterpret_cast<const uint4 *>(wa) + s * 4 + t);
+        wB[u] = __ldg(reinterpret_cast<const uint4 *>(wb) + s * 4 + t);
+        sc[u] = __ldg(sa + ((s * 64) >> a.scshift));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int s = s0 + u;
+      if (GUARD && s >= spans) break;
+      u32 bq[8];
+      if (bl) {
+        const uint4 p = *reinterpret_cast<const uint4 *>(xr + s * 64 + 16 * t);
+        const uint4 q = *reinterpret_cast<const uint4 *>(xr + s * 64 + 16 * t + 8);
+        bq[0] = p.x; bq[1] = p.y; bq[2] = p.z; bq[3] = p.w; bq[4] = q.x; bq[5] = q.y; bq[6] = q.z; bq[7] = q.w;
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) bq[i] = 0u;
+      }
+      float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        const u32 ra = quarter(wA[u], q), rb = quarter(wB[u], q);
+        mma16816(d, e4m3x2_h(ra), e4m3x2_h(rb), e4m3x2_h(ra >> 16), e4m3x2_h(rb >> 16), bq[2 * q], bq[2 * q + 1]);
+      }
+      const float f = e8m0_exp(sc[u]);
+#pragma unroll
+      for (int i = 0; i < 4; i++) acc[i] = fmaf(d[i], f, acc[i]);
+    }
+  } else {
+    u32 wA[U], wB[U], sA[U], sB[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int s = s0 + u;
+      if (!GUARD || s < spans) {
+        wA[u] = __ldg(reinterpret_cast<const u32 *>(wa) + s * 4 + t);
+        wB[u] = __ldg(reinterpret_cast<const u32 *>(wb) + s * 4 + t);
+        sA[u] = __ldg(sa + s);
+        sB[u] = __ldg(sb + s);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int s = s0 + u;
+      if (GUARD && s >= spans) break;
+      uint4 bq = {0u, 0u, 0u, 0u};
+      if (bl) bq = *reinterpret_cast<const uint4 *>(xr + s * 32 + 8 * t);
+      // E2M1 codes to E4M3 bytes (as e2m1x8), then pairs to f16x2.
+      const u32 lutLo = 0x3C383000u, lutHi = 0x4C484440u;
+      u32 e[2][2];
+      const u32 ws[2] = {wA[u], wB[u]};
+#pragma unroll
+      for (int r = 0; r < 2; r++) {
+        const u32 m = ws[r] & 0x77777777u, sg = (ws[r] >> 3) & 0x11111111u;
+        e[r][0] = __byte_perm(lutLo, lutHi, m) | __byte_perm(0x8000u, 0u, sg);
+        e[r][1] = __byte_perm(lutLo, lutHi, m >> 16) | __byte_perm(0x8000u, 0u, sg >> 16);
+      }
+      float d[4] = {0.f, 0.f, 0.f, 0.f};
+      mma16816(d, e4m3x2_h(e[0][0]), e4m3x2_h(e[1][0]), e4m3x2_h(e[0][0] >> 16), e4m3x2_h(e[1][0] >> 16), bq.x, bq.y);
+      mma16816(d, e4m3x2_h(e[0][1]), e4m3x2_h(e[1][1]), e4m3x2_h(e[0][1] >> 16), e4m3x2_h(e[1][1] >> 16), bq.z, bq.w);
+      const float fa = e8m0_exp(sA[u]), fb = e8m0_exp(sB[u]);
+      acc[0] = fmaf(d[0], fa, acc[0]);
+      acc[1] = fmaf(d[1], fa, acc[1]);
+      acc[2] = fmaf(d[2], fb, acc[2]);
+      acc[3] = fmaf(d[3], fb, acc[3]);
+    }
+  }
+}
+
+// The tiles of one matrix: warps of this block walk them grid-stride over
+// the blocks of gridDim.x (x is already staged in xs).
+template <int FMT, int NB, int U>
+__device__ __forceinline__ void mma_tiles(const LinArgs &a, const u16 *xs, int stride) {
+  const int lane = threadIdx.x & 31, wpb = blockDim.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int tiles = (a.rows + 15) >> 4;
+  const int span = Mma<FMT>::SPAN;
+  const int spans = a.cols / span;
+  const long long rowBytes = FMT == FMT_FP8 ? a.cols : a.cols / 2;
+  for (int tile = blockIdx.x * wpb + (threadIdx.x >> 5); tile < tiles; tile += gridDim.x * wpb) {
+    const int r0 = tile * 16;
+    const int ra = min(r0 + g, a.rows - 1), rb = min(r0 + g + 8, a.rows - 1);
+    const u8 *wa = a.W + ra * rowBytes, *wb = a.W + rb * rowBytes;
+    const u8 *sa = a.S + (long long)(ra >> a.srshift) * a.sstride, *sb = a.S + (long long)(rb >> a.srshift) * a.sstride;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    int s0 = 0;
+    for (; s0 + U <= spans; s0 += U) mma_chunk<FMT, NB, U, false>(a, wa, wb, sa, sb, xs, stride, s0, spans, lane, acc);
+    if (s0 < spans) mma_chunk<FMT, NB, U, true>(a, wa, wb, sa, sb, xs, stride, s0, spans, lane, acc);
+    if (t < a.batch) {
+      if (r0 + g < a.rows) a.y[(long long)t * a.ystride + r0 + g] = acc[0] + acc[1];
+      if (r0 + g + 8 < a.rows) a.y[(long long)t * a.ystride + r0 + g + 8] = acc[2] + acc[3];
+    }
+  }
+}
+
+// Dynamic shared memory: 2*NB rows of cols+8 halves (the 16-byte pad spreads
+// the rows over the banks).
+#define LINMMA(FMTN, FMT, NB, U) \
+  extern "C" __global__ void __launch_bounds__(256, 2) linm_##FMTN##_b##NB##_u##U(LinArgs a) { \
+    extern __shared__ uint4 smem_m[]; \
+    u16 *xs = reinterpret_cast<u16 *>(smem_m); \
+    mma_stage_x<NB>(a, xs, a.cols + 8); \
+    __syncthreads(); \
+    mma_tiles<FMT, NB, U>(a, xs, a.cols + 8); } \
+  extern "C" __global__ void __launch_bounds__(256, 2) linmmulti_##FMTN##_b##NB##_u##U(const LinArgs *__restrict__ all) { \
+    extern __shared__ uint4 smem_m[]; \
+    u16 *xs = reinterpret_cast<u16 *>(smem_m); \
+    const LinArgs &a = all[blockIdx.y]; \
+    mma_stage_x<NB>(a, xs, a.cols + 8); \
+    __syncthreads(); \
+    mma_tiles<FMT, NB, U>(a, xs, a.cols + 8); }
+
 // Generic element-wise path for shapes the fast kernels do not take (columns
 // not a multiple of the word width). One warp per row, scalar decode.
 __device__ __forceinline__ float e4m3f(u32 b) {
@@ -704,3 +883,7 @@ LINV_NB(LINVM, mxfp4, FMT_MXFP4, 1, 0)
 LINV_U(LINV, fp8, FMT_FP8, 1, 0, 1)
 LINV_U(LINV, mxfp4, FMT_MXFP4, 1, 0, 1)
 LINV_U(LINVM, mxfp4, FMT_MXFP4, 1, 0, 1)
+// MMA family: batch tiles 1, 2, 4; FP8 four 64-column spans, MXFP4 eight
+// scale groups in flight per chunk.
+LINMMA(fp8, FMT_FP8, 1, 4) LINMMA(fp8, FMT_FP8, 2, 4) LINMMA(fp8, FMT_FP8, 4, 4)
+LINMMA(mxfp4, FMT_MXFP4, 1, 8) LINMMA(mxfp4, FMT_MXFP4, 2, 8) LINMMA(mxfp4, FMT_MXFP4, 4, 8)

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 
 	"moxie/checkpoint"
@@ -185,7 +186,14 @@ func loadDevice(m *Model, src checkpoint.Source, opts Options) (*deviceModel, er
 		if d.arena, err = c.NewArena(need); err != nil {
 			return fmt.Errorf("device: reserving %d bytes for the weights: %w", need, err)
 		}
-		if err := d.upload(c, m, src, slots == 0); err != nil {
+		usrc := src
+		if src.Synthetic() {
+			// Generated weights cost CPU per tensor: generate ahead on every core.
+			p := checkpoint.Prefetch(src, uploadOrder(src, cfg, slots == 0), runtime.NumCPU(), 2<<30)
+			defer p.Close()
+			usrc = p
+		}
+		if err := d.upload(c, m, usrc, slots == 0); err != nil {
 			return err
 		}
 		if slots > 0 {
@@ -350,4 +358,26 @@ func (m *Model) DeviceBytes() int {
 		return 0
 	}
 	return m.dev.bytes
+}
+
+// uploadOrder lists the tensors upload binds, roughly in its order: the
+// embedding and head, then each main layer's tensors (routed experts only if
+// experts is set).
+func uploadOrder(src checkpoint.Source, cfg *config.Config, experts bool) []string {
+	order := []string{"embed.weight", "head.weight"}
+	byLayer := make([][]string, cfg.NLayers)
+	for _, t := range src.Tensors() {
+		var l int
+		if _, err := fmt.Sscanf(t.Name, "layers.%d.", &l); err != nil || l < 0 || l >= cfg.NLayers {
+			continue
+		}
+		if !experts && isRoutedExpert(t.Name) {
+			continue
+		}
+		byLayer[l] = append(byLayer[l], t.Name)
+	}
+	for _, names := range byLayer {
+		order = append(order, names...)
+	}
+	return order
 }

@@ -161,6 +161,9 @@ func loadDevice(m *Model, src checkpoint.Source, opts Options) (*deviceModel, er
 		if err != nil {
 			return err
 		}
+		if opts.DeviceMemory > 0 {
+			free = min(free, uint64(opts.DeviceMemory))
+		}
 		slots := opts.deviceExpertSlots
 		if slots == 0 && uint64(need) > free {
 			// The experts do not all fit: keep the dense weights resident and

@@ -87,6 +87,11 @@ type Options struct {
 	// DeviceContext is the most tokens a device session holds (its state is
 	// allocated for it); 0 means DefaultDeviceContext.
 	DeviceContext int
+	// DeviceMemory, if > 0, caps the device memory Load plans with (bytes;
+	// default: all that is free): when the weights do not fit under it, the
+	// dense weights stay resident and the routed experts are cached in as
+	// many device slots as fit, loaded from the source on a miss.
+	DeviceMemory int64
 
 	// deviceExpertSlots > 0 forces the device expert cache with that many
 	// slots (tests; Load sizes the cache itself when the experts do not fit).

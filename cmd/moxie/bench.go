@@ -34,6 +34,10 @@ type benchReport struct {
 	MemReadGBps     float64 `json:"mem_read_gbps"`          // measured in the same run
 	DecodeBoundTokS float64 `json:"decode_bound_tok_per_s"` // MemReadGBps / BytesPerToken
 	Efficiency      float64 `json:"decode_efficiency"`      // DecodeTokPerS / DecodeBoundTokS
+	// With --backend cuda and routed experts cached in GPU slots (--gpu-mem):
+	DeviceExpertSlots int     `json:"device_expert_slots,omitempty"`
+	ExpertHitRate     float64 `json:"device_expert_hit_rate,omitempty"`
+	PCIeBytesPerToken float64 `json:"pcie_bytes_per_token,omitempty"` // expert bytes copied to the GPU per processed token
 }
 
 func runBench(args []string, _ io.Reader, stdout, stderr io.Writer) error {
@@ -114,6 +118,13 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 		s.Close()
 	}
 	bar.Done()
+	if slots, hits, misses := m.DeviceExpertStats(); slots > 0 {
+		rep.DeviceExpertSlots = slots
+		if hits+misses > 0 {
+			rep.ExpertHitRate = float64(hits) / float64(hits+misses)
+		}
+		rep.PCIeBytesPerToken = float64(misses) * float64(config.ExpertBytes(m.Cfg)) / float64(*runs*(*prompt+*decode))
+	}
 	var ceiling string
 	if lm.dev != nil {
 		gbps, err := lm.dev.ReadBandwidth(int(bw), 11)
@@ -146,6 +157,10 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 	fmt.Fprintf(stdout, "weights per token  %s (%s)\n", commas(rep.BytesPerToken), progress.FormatBytes(rep.BytesPerToken))
 	fmt.Fprintf(stdout, "memory read        %.1f GB/s (%s) -> decode bound %.2f tok/s\n", rep.MemReadGBps, ceiling, rep.DecodeBoundTokS)
 	fmt.Fprintf(stdout, "efficiency         %.1f%% of the bandwidth bound\n", rep.Efficiency*100)
+	if rep.DeviceExpertSlots > 0 {
+		fmt.Fprintf(stdout, "expert cache       %d GPU slots, hit rate %.1f%%, %s per token copied over PCIe (prefill and decode)\n",
+			rep.DeviceExpertSlots, rep.ExpertHitRate*100, progress.FormatBytes(int64(rep.PCIeBytesPerToken)))
+	}
 	if !kern.SIMD && lm.dev == nil {
 		fmt.Fprintf(stdout, "note               portable build: its kernels and bandwidth probe are scalar Go and may understate\n                   the machine; build with GOEXPERIMENT=simd for speed and a true ceiling\n")
 	}

@@ -64,7 +64,7 @@ func (l *loadedModel) Close() error {
 
 // memFlags are the memory and residency flags shared by run, serve and bench.
 type memFlags struct {
-	mem, policy, routes, backend string
+	mem, policy, routes, backend, gpuMem string
 	ctx                          int
 }
 
@@ -75,6 +75,7 @@ func addMemFlags(fs *flag.FlagSet) *memFlags {
 	fs.IntVar(&f.ctx, "ctx", 0, "context length in tokens the memory plan reserves state for (default 32768, or the model's maximum if smaller)")
 	fs.StringVar(&f.policy, "policy", "lru", "expert residency policy: lru, decay[:h=64,ratio=1.25,margin=4] or static:FREQFILE")
 	fs.StringVar(&f.routes, "record-routes", "", "write every routing decision to this trace file (see moxie residency)")
+	fs.StringVar(&f.gpuMem, "gpu-mem", "", "with --backend cuda: GPU memory the model may use, e.g. 80GiB (default: all that is free); when the routed experts do not fit, they are cached in GPU slots and copied from host memory on a miss")
 	fs.StringVar(&f.backend, "backend", "cpu", "where the model runs: cpu; cuda (the whole model resident on GPU 0: weights, every routed expert and the sequence state); or auto (cuda when a GPU, its driver and NVRTC are found, else cpu)")
 	return f
 }
@@ -134,6 +135,9 @@ func loadModel(spec string, mf *memFlags, stderr io.Writer) (*loadedModel, error
 	ctx := mf.ctx
 	if ctx == 0 {
 		ctx = min(32768, cfg.MaxPositions)
+	}
+	if mf.gpuMem != "" && (mf.backend == "" || mf.backend == "cpu") {
+		return fail(usagef("--gpu-mem applies to --backend cuda or auto"))
 	}
 	if mf.backend == "cuda" || mf.backend == "auto" {
 		dev, err := cuda.Open(0)
@@ -227,6 +231,13 @@ func loadOnDevice(l *loadedModel, cfg *config.Config, ctx int, mf *memFlags, std
 		return fail(usagef("--mem and --policy plan host memory; with --backend cuda every expert is resident on the GPU"))
 	}
 	opts := dsv4.Options{Device: l.dev, DeviceContext: ctx}
+	if mf.gpuMem != "" {
+		n, err := parseBytes(mf.gpuMem)
+		if err != nil {
+			return fail(usagef("--gpu-mem: %v", err))
+		}
+		opts.DeviceMemory = n
+	}
 	if mf.routes != "" {
 		var err error
 		if l.routes, err = trace.Create(mf.routes, trace.HeaderFor(l.src.Name(), cfg)); err != nil {
@@ -240,7 +251,11 @@ func loadOnDevice(l *loadedModel, cfg *config.Config, ctx int, mf *memFlags, std
 		return fail(fmt.Errorf("loading %s onto %s: %w", l.src.Name(), l.dev.Info().Name, err))
 	}
 	l.m = m
-	fmt.Fprintf(stderr, "device: %s; %s of weights resident (every routed expert), context %d tokens, uploaded in %s\n",
-		l.dev.Info().Name, progress.FormatBytes(int64(m.DeviceBytes())), ctx, time.Since(t0).Round(time.Millisecond))
+	experts := "every routed expert"
+	if slots, _, _ := m.DeviceExpertStats(); slots > 0 {
+		experts = fmt.Sprintf("routed experts cached in %d of %d slots, loaded from host memory on a miss", slots, cfg.NLayers*cfg.NRoutedExperts)
+	}
+	fmt.Fprintf(stderr, "device: %s; %s of weights resident (%s), context %d tokens, uploaded in %s\n",
+		l.dev.Info().Name, progress.FormatBytes(int64(m.DeviceBytes())), experts, ctx, time.Since(t0).Round(time.Millisecond))
 	return l, nil
 }

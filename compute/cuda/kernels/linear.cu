@@ -611,17 +611,60 @@ __device__ __forceinline__ u16 f16_of(float x) {
   return h;
 }
 
-// Converts x [batch, cols] (batch <= NB; rows past batch are zeros) into xs:
-// row 2b = hi(x[b]), row 2b+1 = lo(x[b]), each row `stride` halves.
+// Converts x [batch, cols] (batch <= NB; rows past batch are zeros; cols a
+// multiple of 4) into xs: row 2b = hi(x[b]), row 2b+1 = lo(x[b]), each row
+// `stride` halves (a multiple of 8). Four columns a thread and step.
+__device__ __forceinline__ u32 f16x2_of(float lo, float hi) {
+  u32 h;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(hi), "f"(lo));
+  return h;
+}
+
 template <int NB>
 __device__ __forceinline__ void mma_stage_x(const LinArgs &a, u16 *xs, int stride) {
-  for (int b = 0; b < NB; b++)
-    for (int c = threadIdx.x; c < a.cols; c += blockDim.x) {
-      const float x = b < a.batch ? a.x[(long long)b * a.xstride + c] : 0.f;
-      const float hi = __int_as_float(__float_as_int(x) & 0xFFFFE000u);
-      xs[(2 * b) * stride + c] = f16_of(hi);
-      xs[(2 * b + 1) * stride + c] = f16_of(x - hi);
+  const int n4 = a.cols >> 2;
+#pragma unroll
+  for (int b = 0; b < NB; b++) {
+    const float4 *xp = reinterpret_cast<const float4 *>(a.x + (long long)b * a.xstride);
+    uint2 *hp = reinterpret_cast<uint2 *>(xs + (2 * b) * stride);
+    uint2 *lp = reinterpret_cast<uint2 *>(xs + (2 * b + 1) * stride);
+#pragma unroll 4
+    for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (b < a.batch) v = __ldg(xp + i);
+      float h[4] = {v.x, v.y, v.z, v.w}, l[4];
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        const float x = h[k];
+        h[k] = __int_as_float(__float_as_int(x) & 0xFFFFE000u);
+        l[k] = x - h[k];
+      }
+      hp[i] = make_uint2(f16x2_of(h[0], h[1]), f16x2_of(h[2], h[3]));
+      lp[i] = make_uint2(f16x2_of(l[0], l[1]), f16x2_of(l[2], l[3]));
     }
+  }
+}
+
+// Asks L2 for the first chunk of this warp's first tile (issued before the
+// x staging, so the weights' HBM latency overlaps it).
+template <int FMT, int U>
+__device__ __forceinline__ void mma_prefetch(const LinArgs &a) {
+  const int lane = threadIdx.x & 31, wpb = blockDim.x >> 5;
+  const int tile = blockIdx.x * wpb + (threadIdx.x >> 5);
+  if (tile * 16 >= a.rows) return;
+  const int g = lane >> 2, t = lane & 3;
+  const long long rowBytes = FMT == FMT_FP8 ? a.cols : a.cols / 2;
+  const int span = FMT == FMT_FP8 ? 64 : 16;  // bytes of a span in a row
+  const int unit = FMT == FMT_FP8 ? 16 : 4;   // bytes of a thread's word
+  const int spans = FMT == FMT_FP8 ? a.cols / 64 : a.cols / 32;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int row = min(tile * 16 + g + 8 * h, a.rows - 1);
+    const u8 *p = a.W + row * rowBytes + t * unit;
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (u < spans) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + u * span));
+  }
 }
 
 template <int FMT> struct Mma;
@@ -745,6 +788,7 @@ __device__ __forceinline__ void mma_tiles(const LinArgs &a, const u16 *xs, int s
   extern "C" __global__ void __launch_bounds__(256, 2) linm_##FMTN##_b##NB##_u##U(LinArgs a) { \
     extern __shared__ uint4 smem_m[]; \
     u16 *xs = reinterpret_cast<u16 *>(smem_m); \
+    mma_prefetch<FMT, U>(a); \
     mma_stage_x<NB>(a, xs, a.cols + 8); \
     __syncthreads(); \
     mma_tiles<FMT, NB, U>(a, xs, a.cols + 8); } \
@@ -752,6 +796,7 @@ __device__ __forceinline__ void mma_tiles(const LinArgs &a, const u16 *xs, int s
     extern __shared__ uint4 smem_m[]; \
     u16 *xs = reinterpret_cast<u16 *>(smem_m); \
     const LinArgs &a = all[blockIdx.y]; \
+    mma_prefetch<FMT, U>(a); \
     mma_stage_x<NB>(a, xs, a.cols + 8); \
     __syncthreads(); \
     mma_tiles<FMT, NB, U>(a, xs, a.cols + 8); }

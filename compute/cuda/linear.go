@@ -284,14 +284,26 @@ func mmaOK(f compute.Format, cols, block, groups int) bool {
 
 // mmaShared returns the dynamic shared memory of a tensor-core launch
 // (2·NB rows of cols+8 f16) and the blocks of 256 threads that fit on an SM
-// beside it (the SM holds at most twice the per-block opt-in size).
+// beside it (the SM holds at most twice the per-block opt-in size; each
+// block also has 4 KB of static shared memory).
 func mmaShared(NB, cols, optin int) (bytes, perSM int) {
 	bytes = 2 * NB * (cols + 8) * 2
 	perSM = 2
-	if optin > 0 && 2*(bytes+1024) > optin {
+	if optin > 0 && 2*(bytes+5<<10) > optin {
 		perSM = 1
 	}
 	return bytes, perSM
+}
+
+// mmaKS returns the warps of a tensor-core block that share one 16-row tile
+// (1, 2, 4 or 8): more while the tiles cannot occupy warpsWanted warps and
+// every warp still gets a chunk of each row.
+func mmaKS(tiles, chunks, warpsWanted int) int {
+	ks := 1
+	for ks < 8 && tiles*ks*2 <= warpsWanted && chunks >= 2*ks {
+		ks *= 2
+	}
+	return ks
 }
 
 // mmaU returns the spans (FP8: 64 columns; MXFP4: one scale group) a
@@ -335,8 +347,9 @@ type linPlan struct {
 	name    string
 	grid    Dim3
 	block   Dim3
-	generic bool // linear_generic: takes the format code as a second argument
-	shared  int  // dynamic shared memory bytes
+	generic bool  // linear_generic: takes the format code as a second argument
+	shared  int   // dynamic shared memory bytes
+	ks      int32 // tensor-core kernels: warps per tile (a second argument); 0 otherwise
 }
 
 func pow2ceil(n int) int {
@@ -399,8 +412,13 @@ func planLinear(f compute.Format, rows, cols, block, groups, nb int, v LinearVar
 	if width == WidthMMA && NB <= maxVecNB && mmaOK(f, cols, block, groups) {
 		shared, perSM := mmaShared(NB, cols, optin)
 		tiles := (rows + 15) / 16
-		return linPlan{name: fmt.Sprintf("linm_%s_b%d_u%d", name, NB, mmaU(f)),
-			grid: Dim3{X: uint32(min(sms*perSM, (tiles+7)/8))}, block: Dim3{X: 256}, shared: shared}, nil
+		u, span := mmaU(f), 64
+		if f == compute.MXFP4 {
+			span = 32
+		}
+		ks := mmaKS(tiles, (cols/span+u-1)/u, sms*perSM*8)
+		return linPlan{name: fmt.Sprintf("linm_%s_b%d_u%d", name, NB, u),
+			grid: Dim3{X: uint32(min(sms*perSM, (tiles*ks+7)/8))}, block: Dim3{X: 256}, shared: shared, ks: int32(ks)}, nil
 	}
 	wide := wideOK(f, cols, block)
 	if width == WidthVec && wide && NB <= maxVecNB {
@@ -504,6 +522,8 @@ func (c *Ctx) LinearWith(w *DeviceWeight, y, x DevicePtr, batch, groups int, v L
 		a.Y = uint64(y) + uint64(4*b0*w.Rows)
 		if p.generic {
 			err = c.Launch(k, p.grid, p.block, 0, s, unsafe.Pointer(&a), unsafe.Pointer(&code))
+		} else if p.ks > 0 {
+			err = c.Launch(k, p.grid, p.block, p.shared, s, unsafe.Pointer(&a), unsafe.Pointer(&p.ks))
 		} else {
 			err = c.Launch(k, p.grid, p.block, p.shared, s, unsafe.Pointer(&a))
 		}
@@ -522,8 +542,9 @@ func (c *Ctx) LinearWith(w *DeviceWeight, y, x DevicePtr, batch, groups int, v L
 type MultiLinear struct {
 	args    DevicePtr
 	n       int32
-	vec     bool // vec kernel: takes the matrix count as a second argument
-	shared  int  // dynamic shared memory bytes
+	vec     bool  // vec kernel: takes the matrix count as a second argument
+	ks      int32 // tensor-core kernel: warps per tile, its second argument
+	shared  int   // dynamic shared memory bytes
 	kernel  *Kernel
 	grid    Dim3
 	block   Dim3
@@ -570,9 +591,17 @@ func planMulti(f compute.Format, shapes [][2]int, block, batch int, v LinearVari
 	}
 	if mma {
 		shared, perSM := mmaShared(NB, maxCols, optin)
-		per := max(1, min((maxTiles+7)/8, sms*perSM/len(shapes)))
-		return linPlan{name: fmt.Sprintf("linmmulti_%s_b%d_u%d", name, NB, mmaU(f)),
-			grid: Dim3{X: uint32(per), Y: uint32(len(shapes))}, block: Dim3{X: 256}, shared: shared}, false, nil
+		u, span, minCols := mmaU(f), 64, maxCols
+		if f == compute.MXFP4 {
+			span = 32
+		}
+		for _, sh := range shapes {
+			minCols = min(minCols, sh[1])
+		}
+		ks := mmaKS(maxTiles, (minCols/span+u-1)/u, max(sms*perSM*8/len(shapes), 1))
+		per := max(1, min((maxTiles*ks+7)/8, sms*perSM/len(shapes)))
+		return linPlan{name: fmt.Sprintf("linmmulti_%s_b%d_u%d", name, NB, u),
+			grid: Dim3{X: uint32(per), Y: uint32(len(shapes))}, block: Dim3{X: 256}, shared: shared, ks: int32(ks)}, false, nil
 	}
 	if width == WidthVec && wide && NB <= maxVecNB {
 		u, rb, err := vecShape(v, maxCols/(4*cpw))
@@ -634,7 +663,7 @@ func (c *Ctx) PrepareMultiLinear(a *Arena, ws []*DeviceWeight, ys, xs []DevicePt
 	if err != nil {
 		return nil, err
 	}
-	m := &MultiLinear{n: int32(len(ws)), vec: vec, shared: p.shared, kernel: k, grid: p.grid, block: p.block, weights: bytes}
+	m := &MultiLinear{n: int32(len(ws)), vec: vec, ks: p.ks, shared: p.shared, kernel: k, grid: p.grid, block: p.block, weights: bytes}
 	size := len(args) * int(unsafe.Sizeof(linArgs{}))
 	if m.args, err = a.Alloc(size); err != nil {
 		return nil, err
@@ -650,5 +679,8 @@ func (c *Ctx) LaunchMultiLinear(m *MultiLinear, s Stream) error {
 	if m.vec {
 		return c.Launch(m.kernel, m.grid, m.block, 0, s, unsafe.Pointer(&m.args), unsafe.Pointer(&m.n))
 	}
-	return c.Launch(m.kernel, m.grid, m.block, m.shared, s, unsafe.Pointer(&m.args))
+	if m.ks > 0 {
+		return c.Launch(m.kernel, m.grid, m.block, m.shared, s, unsafe.Pointer(&m.args), unsafe.Pointer(&m.ks))
+	}
+	return c.Launch(m.kernel, m.grid, m.block, 0, s, unsafe.Pointer(&m.args))
 }

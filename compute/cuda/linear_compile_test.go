@@ -264,8 +264,9 @@ func TestPlanLinear(t *testing.T) {
 		{"vec grouped", compute.FP8Block, 256, 640, 128, 4, 2, LinearVariant{Width: V}, "linv_fp8_b2_r4_u2_d0_h0", 8, 256},
 		{"vec grouped odd", compute.FP8Block, 6, 1024, 128, 2, 1, LinearVariant{Width: V}, "linear_generic", 1, 256},
 		{"mma wq_b", compute.FP8Block, 32768, 1024, 128, 1, 1, LinearVariant{Width: WidthMMA}, "linm_fp8_b1_u4", 256, 256},
-		{"mma w1 batch 3", compute.MXFP4, 2048, 4096, 128, 1, 3, LinearVariant{Width: WidthMMA}, "linm_mxfp4_b4_u8", 16, 256},
-		{"mma wo_b batch 4", compute.FP8Block, 4096, 8192, 128, 1, 4, LinearVariant{Width: WidthMMA}, "linm_fp8_b4_u4", 32, 256},
+		{"mma w1 batch 3", compute.MXFP4, 2048, 4096, 128, 1, 3, LinearVariant{Width: WidthMMA}, "linm_mxfp4_b4_u8", 128, 256},
+		{"mma wo_b batch 4", compute.FP8Block, 4096, 8192, 128, 1, 4, LinearVariant{Width: WidthMMA}, "linm_fp8_b4_u4", 128, 256},
+		{"mma wo_b", compute.FP8Block, 4096, 8192, 128, 1, 1, LinearVariant{Width: WidthMMA}, "linm_fp8_b1_u4", 256, 256},
 		{"mma block 32 falls back", compute.FP8Block, 256, 1024, 32, 1, 1, LinearVariant{Width: WidthMMA}, "linear_fp8_b1_r2_u4_d0", 128, 0},
 		{"mma grouped falls back", compute.MXFP4, 256, 1024, 128, 2, 1, LinearVariant{Width: WidthMMA}, "linear_mxfp4_b1_r2_u4_d0", 128, 0},
 		{"wide r4", compute.MXFP4, 2048, 4096, 128, 1, 1, LinearVariant{Width: WidthWide, RB: 4}, "linw_mxfp4_b1_r4_u2_d0", 512, 0},
@@ -283,6 +284,18 @@ func TestPlanLinear(t *testing.T) {
 				t.Fatalf("block of %d threads", p.block.X)
 			}
 		})
+	}
+	// Warps per tensor-core tile: one for the 2048 tiles of wq_b, all eight
+	// for the 256 of wo_b at batch 1 (two blocks an SM), four at batch 4
+	// (131 KB of staged x: one block an SM).
+	for _, tc := range []struct {
+		rows, cols, nb int
+		ks             int32
+	}{{32768, 1024, 1, 1}, {4096, 8192, 1, 8}, {4096, 8192, 4, 4}} {
+		p, err := planLinear(compute.FP8Block, tc.rows, tc.cols, 128, 1, tc.nb, LinearVariant{Width: WidthMMA}, 132, 232448)
+		if err != nil || p.ks != tc.ks {
+			t.Errorf("[%d, %d] batch %d: ks %d (%v), want %d", tc.rows, tc.cols, tc.nb, p.ks, err, tc.ks)
+		}
 	}
 	for _, bad := range []LinearVariant{{Width: V, U: 3}, {Width: V, U: 2, RB: 2}} {
 		if _, err := planLinear(compute.FP8Block, 256, 1024, 128, 1, 1, bad, 132, 232448); err == nil {

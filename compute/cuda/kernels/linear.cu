@@ -648,22 +648,23 @@ __device__ __forceinline__ void mma_stage_x(const LinArgs &a, u16 *xs, int strid
 // Asks L2 for the first chunk of this warp's first tile (issued before the
 // x staging, so the weights' HBM latency overlaps it).
 template <int FMT, int U>
-__device__ __forceinline__ void mma_prefetch(const LinArgs &a) {
-  const int lane = threadIdx.x & 31, wpb = blockDim.x >> 5;
-  const int tile = blockIdx.x * wpb + (threadIdx.x >> 5);
+__device__ __forceinline__ void mma_prefetch(const LinArgs &a, int ks) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
+  const int tile = blockIdx.x * (wpb / ks) + warp / ks;
+  const int s0 = (warp % ks) * U;  // this warp's first span
+  const int spans = FMT == FMT_FP8 ? a.cols / 64 : a.cols / 32;
   if (tile * 16 >= a.rows) return;
   const int g = lane >> 2, t = lane & 3;
   const long long rowBytes = FMT == FMT_FP8 ? a.cols : a.cols / 2;
   const int span = FMT == FMT_FP8 ? 64 : 16;  // bytes of a span in a row
   const int unit = FMT == FMT_FP8 ? 16 : 4;   // bytes of a thread's word
-  const int spans = FMT == FMT_FP8 ? a.cols / 64 : a.cols / 32;
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const int row = min(tile * 16 + g + 8 * h, a.rows - 1);
     const u8 *p = a.W + row * rowBytes + t * unit;
 #pragma unroll
     for (int u = 0; u < U; u++)
-      if (u < spans) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + u * span));
+      if (s0 + u < spans) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + (s0 + u) * span));
   }
 }
 
@@ -756,26 +757,45 @@ __device__ __forceinline__ void mma_chunk(const LinArgs &a, const u8 *wa, const 
   }
 }
 
-// The tiles of one matrix: warps of this block walk them grid-stride over
-// the blocks of gridDim.x (x is already staged in xs).
+// The tiles of one matrix (x already staged in xs). The block's warps form
+// groups of ks (1, 2, 4 or 8, dividing the warps): a group owns one 16-row
+// tile at a time, its warps taking every ks-th chunk of U spans, and adds
+// their sums through shared memory; the groups walk the tiles grid-stride
+// over the blocks of gridDim.x. ks > 1 keeps short matrices (few tiles) on
+// many SMs.
 template <int FMT, int NB, int U>
-__device__ __forceinline__ void mma_tiles(const LinArgs &a, const u16 *xs, int stride) {
-  const int lane = threadIdx.x & 31, wpb = blockDim.x >> 5;
+__device__ __forceinline__ void mma_tiles(const LinArgs &a, const u16 *xs, int stride, int ks) {
+  __shared__ float red[8][4][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
   const int g = lane >> 2, t = lane & 3;
+  const int tpb = wpb / ks, kp = warp % ks;
   const int tiles = (a.rows + 15) >> 4;
-  const int span = Mma<FMT>::SPAN;
-  const int spans = a.cols / span;
+  const int spans = a.cols / Mma<FMT>::SPAN;
   const long long rowBytes = FMT == FMT_FP8 ? a.cols : a.cols / 2;
-  for (int tile = blockIdx.x * wpb + (threadIdx.x >> 5); tile < tiles; tile += gridDim.x * wpb) {
+  for (int base = blockIdx.x * tpb; base < tiles; base += gridDim.x * tpb) {
+    const int tile = base + warp / ks;
     const int r0 = tile * 16;
-    const int ra = min(r0 + g, a.rows - 1), rb = min(r0 + g + 8, a.rows - 1);
-    const u8 *wa = a.W + ra * rowBytes, *wb = a.W + rb * rowBytes;
-    const u8 *sa = a.S + (long long)(ra >> a.srshift) * a.sstride, *sb = a.S + (long long)(rb >> a.srshift) * a.sstride;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    int s0 = 0;
-    for (; s0 + U <= spans; s0 += U) mma_chunk<FMT, NB, U, false>(a, wa, wb, sa, sb, xs, stride, s0, spans, lane, acc);
-    if (s0 < spans) mma_chunk<FMT, NB, U, true>(a, wa, wb, sa, sb, xs, stride, s0, spans, lane, acc);
-    if (t < a.batch) {
+    if (tile < tiles) {
+      const int ra = min(r0 + g, a.rows - 1), rb = min(r0 + g + 8, a.rows - 1);
+      const u8 *wa = a.W + ra * rowBytes, *wb = a.W + rb * rowBytes;
+      const u8 *sa = a.S + (long long)(ra >> a.srshift) * a.sstride, *sb = a.S + (long long)(rb >> a.srshift) * a.sstride;
+      int s0 = kp * U;
+      for (; s0 + U <= spans; s0 += ks * U) mma_chunk<FMT, NB, U, false>(a, wa, wb, sa, sb, xs, stride, s0, spans, lane, acc);
+      if (s0 < spans) mma_chunk<FMT, NB, U, true>(a, wa, wb, sa, sb, xs, stride, s0, spans, lane, acc);
+    }
+    if (ks > 1) {
+#pragma unroll
+      for (int i = 0; i < 4; i++) red[warp][i][lane] = acc[i];
+      __syncthreads();
+      if (kp == 0) {
+        for (int w = 1; w < ks; w++)
+#pragma unroll
+          for (int i = 0; i < 4; i++) acc[i] += red[warp + w][i][lane];
+      }
+      __syncthreads();
+    }
+    if (kp == 0 && tile < tiles && t < a.batch) {
       if (r0 + g < a.rows) a.y[(long long)t * a.ystride + r0 + g] = acc[0] + acc[1];
       if (r0 + g + 8 < a.rows) a.y[(long long)t * a.ystride + r0 + g + 8] = acc[2] + acc[3];
     }
@@ -783,23 +803,23 @@ __device__ __forceinline__ void mma_tiles(const LinArgs &a, const u16 *xs, int s
 }
 
 // Dynamic shared memory: 2*NB rows of cols+8 halves (the 16-byte pad spreads
-// the rows over the banks).
+// the rows over the banks). ks: see mma_tiles.
 #define LINMMA(FMTN, FMT, NB, U) \
-  extern "C" __global__ void __launch_bounds__(256, 2) linm_##FMTN##_b##NB##_u##U(LinArgs a) { \
+  extern "C" __global__ void __launch_bounds__(256, 2) linm_##FMTN##_b##NB##_u##U(LinArgs a, int ks) { \
     extern __shared__ uint4 smem_m[]; \
     u16 *xs = reinterpret_cast<u16 *>(smem_m); \
-    mma_prefetch<FMT, U>(a); \
+    mma_prefetch<FMT, U>(a, ks); \
     mma_stage_x<NB>(a, xs, a.cols + 8); \
     __syncthreads(); \
-    mma_tiles<FMT, NB, U>(a, xs, a.cols + 8); } \
-  extern "C" __global__ void __launch_bounds__(256, 2) linmmulti_##FMTN##_b##NB##_u##U(const LinArgs *__restrict__ all) { \
+    mma_tiles<FMT, NB, U>(a, xs, a.cols + 8, ks); } \
+  extern "C" __global__ void __launch_bounds__(256, 2) linmmulti_##FMTN##_b##NB##_u##U(const LinArgs *__restrict__ all, int ks) { \
     extern __shared__ uint4 smem_m[]; \
     u16 *xs = reinterpret_cast<u16 *>(smem_m); \
     const LinArgs &a = all[blockIdx.y]; \
-    mma_prefetch<FMT, U>(a); \
+    mma_prefetch<FMT, U>(a, ks); \
     mma_stage_x<NB>(a, xs, a.cols + 8); \
     __syncthreads(); \
-    mma_tiles<FMT, NB, U>(a, xs, a.cols + 8); }
+    mma_tiles<FMT, NB, U>(a, xs, a.cols + 8, ks); }
 
 // Generic element-wise path for shapes the fast kernels do not take (columns
 // not a multiple of the word width). One warp per row, scalar decode.

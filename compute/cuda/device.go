@@ -15,6 +15,7 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
 
@@ -63,8 +64,11 @@ type Device struct {
 	ctx        *Ctx
 	modules    map[string]*Module
 	linear     *Module
-	persist    *Module
 	linKernels map[linKey]*Kernel
+
+	// linWidth is the linear kernel family that WidthAuto selects on this
+	// device when not WidthAuto itself ($MOXIE_CUDA_LINEAR; experiments).
+	linWidth int
 }
 
 // Open loads the driver and NVRTC, retains the primary context of GPU
@@ -102,8 +106,16 @@ func (d *Device) loop(ordinal int, started chan<- error) {
 	runtime.UnlockOSThread()
 }
 
+// linearFamilies are the values of $MOXIE_CUDA_LINEAR.
+var linearFamilies = map[string]int{"": WidthAuto, "narrow": WidthNarrow, "wide": WidthWide, "vec": WidthVec, "mma": WidthMMA}
+
 func (d *Device) init(ordinal int) error {
 	l := d.lib
+	w, ok := linearFamilies[os.Getenv("MOXIE_CUDA_LINEAR")]
+	if !ok {
+		return fmt.Errorf("MOXIE_CUDA_LINEAR=%q: want narrow, wide, vec or mma (or unset for the default)", os.Getenv("MOXIE_CUDA_LINEAR"))
+	}
+	d.linWidth = w
 	if err := l.Init(); err != nil {
 		return fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}

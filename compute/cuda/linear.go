@@ -506,6 +506,9 @@ func (c *Ctx) LinearWith(w *DeviceWeight, y, x DevicePtr, batch, groups int, v L
 	if batch <= 0 || groups <= 0 || w.Rows%groups != 0 {
 		return fmt.Errorf("cuda linear: batch %d, groups %d for a [%d, %d] weight", batch, groups, w.Rows, w.Cols)
 	}
+	if v.Width == WidthAuto {
+		v.Width = c.d.linWidth
+	}
 	a := linArgsFor(w, groups)
 	for b0 := 0; b0 < batch; {
 		nb := min(batch-b0, maxNB)
@@ -640,6 +643,9 @@ func (c *Ctx) PrepareMultiLinear(a *Arena, ws []*DeviceWeight, ys, xs []DevicePt
 	}
 	if batch <= 0 || batch > maxNB {
 		return nil, fmt.Errorf("cuda multi-linear: batch %d, want 1..%d", batch, maxNB)
+	}
+	if v.Width == WidthAuto {
+		v.Width = c.d.linWidth
 	}
 	f := ws[0].Format
 	shapes := make([][2]int, len(ws))

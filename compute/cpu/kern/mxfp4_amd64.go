@@ -151,12 +151,15 @@ func mxfp4MatvecAVX512(w MXFP4, y, x []float32, lo, hi int) {
 			for i := r; i < r+q; i++ {
 				o0, o1 := i*cols+c0, (i+q)*cols+c0
 				s0, s1 := w.Scale[o0/32:(o0+nsup)/32], w.Scale[o1/32:(o1+nsup)/32]
-				if i+mxAhead < r+q {
-					prefetch(&w.Packed[o0/2+mxAhead*cols/2], nb)
-					prefetch(&w.Packed[o1/2+mxAhead*cols/2], nb)
+				var a0, a1 float32
+				c0b, c1b := w.Packed[o0/2:o0/2+nb+3], w.Packed[o1/2:o1/2+nb+3]
+				if mxScalesPlain(s0) && mxScalesPlain(s1) {
+					var acc [2][16]float32
+					mxPairAVX512(&c0b[0], &c1b[0], &s0[0], &s1[0], &xp[0], nsup/512, &acc)
+					a0, a1 = sum16(&acc[0]), sum16(&acc[1])
+				} else {
+					a0, a1 = mxfp4Row2(c0b, c1b, s0, s1, xp[:nsup], nsup/512, false)
 				}
-				a0, a1 := mxfp4Row2(w.Packed[o0/2:o0/2+nb+3], w.Packed[o1/2:o1/2+nb+3],
-					s0, s1, xp[:nsup], nsup/512, mxScalesPlain(s0) && mxScalesPlain(s1))
 				if nsup < n {
 					a0 += mxfp4Tail(w, i, c0, nsup, n, x)
 					a1 += mxfp4Tail(w, i+q, c0, nsup, n, x)
@@ -193,9 +196,6 @@ func mxfp4MatvecAVX512(w MXFP4, y, x []float32, lo, hi int) {
 
 // mxPair is the largest row distance between the two rows of mxfp4Row2.
 const mxPair = 64
-
-// mxAhead is how many rows ahead the matvec prefetches.
-const mxAhead = 2
 
 // mxfp4Tail returns Σ W[r,c]·x[c] over the columns [c0+g0, c0+n) of row r
 // (whole 32-column blocks) with the portable code.

@@ -142,7 +142,10 @@ type Model struct {
 	routes  RouteRecorder
 
 	ownBackend *cpu.Backend // created by Load; closed by Close
-	maxChunk   int
+	// hostUnbound: loaded with Options.Device, the weights are bound on the
+	// GPU only, and host Sessions refuse to run.
+	hostUnbound bool
+	maxChunk    int
 
 	freqPlain, freqCompress []float32
 
@@ -222,6 +225,13 @@ func Load(src checkpoint.Source, opts Options) (*Model, error) {
 	if m.maxChunk <= 0 {
 		m.maxChunk = DefaultMaxChunk
 	}
+	if opts.Device != nil {
+		// The GPU copy is bound by loadDevice with the same binder and checks;
+		// binding host views as well would read (or, for a synthetic source,
+		// generate) every tensor twice. Host sessions of this model fail.
+		m.hostUnbound = true
+		return m.finishLoad(src, opts)
+	}
 	b := &binder{src: src, be: be, cfg: cfg}
 	m.embed = b.bytes("embed.weight")
 	m.head = b.weight("head.weight")
@@ -258,6 +268,14 @@ func Load(src checkpoint.Source, opts Options) (*Model, error) {
 		m.Close()
 		return nil, fmt.Errorf("dsv4: %s: %w", src.Name(), err)
 	}
+	return m.finishLoad(src, opts)
+}
+
+// finishLoad computes the rotary tables and, with Options.Device, uploads
+// the model to the GPU.
+func (m *Model) finishLoad(src checkpoint.Source, opts Options) (*Model, error) {
+	cfg := m.Cfg
+	var err error
 	m.freqPlain = compute.RopeFreqs(cfg.RopeTheta, cfg.RopeHeadDim, nil)
 	m.freqCompress = compute.RopeFreqs(cfg.CompressRopeTheta, cfg.RopeHeadDim, &compute.YaRN{
 		Factor: cfg.RopeFactor, OriginalSeqLen: cfg.OriginalSeqLen, BetaFast: cfg.BetaFast, BetaSlow: cfg.BetaSlow})

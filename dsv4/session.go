@@ -165,6 +165,9 @@ func (s *Session) forward(tokens []int, all bool) ([]float32, error) {
 	if s.failed != nil {
 		return nil, s.failed
 	}
+	if s.m.hostUnbound {
+		return nil, fmt.Errorf("dsv4: this model was loaded onto the GPU (Options.Device) and its weights are not bound on the host: use NewSequence or NewDeviceSession")
+	}
 	s.m.pass.Lock()
 	defer s.m.pass.Unlock()
 	c := s.m.Cfg

@@ -530,30 +530,19 @@ func bf16MatvecAVX512(w BF16, y, x []float32, lo, hi int) {
 const bf16Quad = 64
 
 // bf16Dot4 sets acc[k] = Σ_{j<n} bf16(w[off+k*stride+2j:])·x[j] for k < 4
-// (n a multiple of 64; off, stride in bytes), one accumulator per row.
+// (n a multiple of 64; off, stride in bytes), one accumulator per row, with
+// the assembly loop (which prefetches each row ahead).
 func bf16Dot4(w []byte, off, stride, n int, x []float32, acc *[4]float32) {
+	if n < 64 {
+		*acc = [4]float32{}
+		return
+	}
 	w0 := w[off : off+2*n]
 	w1 := w[off+stride : off+stride+2*n]
 	w2 := w[off+2*stride : off+2*stride+2*n]
 	w3 := w[off+3*stride : off+3*stride+2*n]
-	var a0, a1, a2, a3 archsimd.Float32x16
-	x = x[:n]
-	for c := 0; c+64 <= n; c += 64 {
-		xx := (*[64]float32)(x[c : c+64])
-		for k := range 4 {
-			xk := archsimd.LoadFloat32x16((*[16]float32)(xx[16*k : 16*k+16]))
-			a0 = bf16x16((*[32]byte)(w0[2*c+32*k:2*c+32*k+32])).MulAdd(xk, a0)
-			a1 = bf16x16((*[32]byte)(w1[2*c+32*k:2*c+32*k+32])).MulAdd(xk, a1)
-			a2 = bf16x16((*[32]byte)(w2[2*c+32*k:2*c+32*k+32])).MulAdd(xk, a2)
-			a3 = bf16x16((*[32]byte)(w3[2*c+32*k:2*c+32*k+32])).MulAdd(xk, a3)
-		}
-	}
 	var t [4][16]float32
-	a0.Store(&t[0])
-	a1.Store(&t[1])
-	a2.Store(&t[2])
-	a3.Store(&t[3])
-	archsimd.ClearAVXUpperBits()
+	bf16Dot4AVX512(&w0[0], &w1[0], &w2[0], &w3[0], &x[:n][0], n/64, &t)
 	for k := range 4 {
 		acc[k] = sum16(&t[k])
 	}

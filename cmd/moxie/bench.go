@@ -89,6 +89,7 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 		DecodeTokens: *decode, Runs: *runs, BytesPerToken: config.BytesPerToken(m.Cfg)}
 	r := rand.New(rand.NewPCG(*seed, 0))
 	var prefillRates []float64
+	var describe string // how a device session ran (graphs, expert paths)
 	var steps []time.Duration
 	bar := progress.New(stderr, "bench", int64(*runs*(*decode+1)), false)
 	for range *runs {
@@ -115,9 +116,15 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 			steps = append(steps, time.Since(st))
 			bar.Add(1)
 		}
+		if d, ok := s.(interface{ Describe() string }); ok && len(prefillRates) == *runs {
+			describe = d.Describe()
+		}
 		s.Close()
 	}
 	bar.Done()
+	if describe != "" {
+		fmt.Fprintln(stderr, describe)
+	}
 	if slots, hits, misses := m.DeviceExpertStats(); slots > 0 {
 		rep.DeviceExpertSlots = slots
 		if hits+misses > 0 {

@@ -119,8 +119,13 @@ func (c *Ctx) linKernel(name string) (*Kernel, error) {
 	}
 	if strings.HasPrefix(name, "linm_") || strings.HasPrefix(name, "linmmulti_") {
 		// Tensor-core kernels stage x in dynamic shared memory, beyond 48 KB
-		// for long rows and batch tiles.
-		if err := c.lib.FuncSetAttribute(k.fn, funcAttrMaxDynamicShared, c.d.info.SharedOptin); err != nil {
+		// for long rows and batch tiles. The cap is the opt-in limit less
+		// the kernel's static shared memory (asking for more is an error).
+		static, err := c.lib.FuncGetAttribute(k.fn, funcAttrSharedSize)
+		if err != nil {
+			return nil, fmt.Errorf("cuda linear: %s: %w", name, err)
+		}
+		if err := c.lib.FuncSetAttribute(k.fn, funcAttrMaxDynamicShared, c.d.info.SharedOptin-static); err != nil {
 			return nil, fmt.Errorf("cuda linear: %s: %w", name, err)
 		}
 	}
@@ -130,6 +135,9 @@ func (c *Ctx) linKernel(name string) (*Kernel, error) {
 
 // funcAttrMaxDynamicShared is CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES.
 const funcAttrMaxDynamicShared = 8
+
+// funcAttrSharedSize is CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES (static shared memory).
+const funcAttrSharedSize = 1
 
 // DeviceWeight is a weight matrix resident in device memory in its stored
 // format (the bytes of compute.WeightData, uploaded unchanged).

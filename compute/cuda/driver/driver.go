@@ -101,7 +101,7 @@ type Lib struct {
 	cuEventCreate, cuEventDestroy, cuEventRecord, cuEventSynchronize uintptr
 	cuEventElapsedTime                                               uintptr
 	cuModuleLoadData, cuModuleUnload, cuModuleGetFunction            uintptr
-	cuFuncSetAttribute, cuLaunchKernel                               uintptr
+	cuFuncSetAttribute, cuFuncGetAttribute, cuLaunchKernel           uintptr
 	cuStreamBeginCapture, cuStreamEndCapture                         uintptr
 	cuGraphInstantiateWithFlags, cuGraphLaunch, cuGraphExecDestroy   uintptr
 	cuGraphDestroy                                                   uintptr
@@ -152,6 +152,7 @@ func (l *Lib) driverSyms() []struct {
 		{"cuModuleUnload", &l.cuModuleUnload},
 		{"cuModuleGetFunction", &l.cuModuleGetFunction},
 		{"cuFuncSetAttribute", &l.cuFuncSetAttribute},
+		{"cuFuncGetAttribute", &l.cuFuncGetAttribute},
 		{"cuLaunchKernel", &l.cuLaunchKernel},
 		{"cuStreamBeginCapture_v2", &l.cuStreamBeginCapture},
 		{"cuStreamEndCapture", &l.cuStreamEndCapture},
@@ -438,6 +439,14 @@ func (l *Lib) ModuleGetFunction(m Module, name string) (Function, error) {
 		return 0, fmt.Errorf("kernel %q: %w", name, err)
 	}
 	return f, nil
+}
+
+// FuncGetAttribute reads a function attribute (e.g. 1, the static shared
+// memory of the function in bytes).
+func (l *Lib) FuncGetAttribute(f Function, attr int) (int, error) {
+	var v int32
+	err := l.check("cuFuncGetAttribute", call(l.cuFuncGetAttribute, uintptr(unsafe.Pointer(&v)), uintptr(attr), uintptr(f)))
+	return int(v), err
 }
 
 // FuncSetAttribute sets a function attribute.

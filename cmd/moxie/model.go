@@ -65,7 +65,7 @@ func (l *loadedModel) Close() error {
 // memFlags are the memory and residency flags shared by run, serve and bench.
 type memFlags struct {
 	mem, policy, routes, backend, gpuMem string
-	ctx                          int
+	ctx                                  int
 }
 
 // addMemFlags registers --mem, --ctx, --policy, --record-routes and --backend on fs.

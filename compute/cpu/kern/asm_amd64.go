@@ -20,3 +20,16 @@ func mxPairAVX512(p0, p1, s0, s1 *byte, xp *float32, nsg int, acc *[2][16]float3
 //
 //go:noescape
 func bf16Dot4AVX512(w0, w1, w2, w3 *byte, x *float32, n64 int, acc *[4][16]float32)
+
+// fp8Dot4AVX512 is the assembly inner loop of the FP8 matvec
+// (fp8dot_amd64.s): for the four rows of codes starting at q0..q3 (64*n64
+// bytes each) and the permuted, scaled input xs (64*n64 floats) it adds row
+// k's 16 lane sums into acc[k]. Its first npf (<= n64) iterations prefetch
+// each row fp8Ahead bytes ahead. The caller checks every length; the CPU must
+// have AVX512VBMI.
+//
+//go:noescape
+func fp8Dot4AVX512(q0, q1, q2, q3 *byte, xs *float32, n64, npf int, acc *[4][16]float32)
+
+// fp8Ahead is gen_asm.go's FP8 prefetch distance in bytes.
+const fp8Ahead = 1024

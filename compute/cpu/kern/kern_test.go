@@ -118,7 +118,7 @@ type shape struct{ rows, cols int }
 func TestMatMul(t *testing.T) {
 	pool := NewPool(3) // 3 does not divide the row counts evenly
 	defer pool.Close()
-	fp8Shapes := []shape{{1, 32}, {1, 1}, {3, 7}, {160, 96}, {96, 48}, {48, 160}, {128, 128}, {129, 257}, {256, 640}, {130, 1100}}
+	fp8Shapes := []shape{{1, 32}, {1, 1}, {3, 7}, {160, 96}, {96, 48}, {48, 160}, {128, 128}, {129, 257}, {256, 640}, {130, 1100}, {9, 16640}}
 	mxShapes := []shape{{1, 32}, {160, 96}, {96, 64}, {48, 160}, {128, 128}, {129, 256}, {130, 1088}, {7, 4160}, {8, 512}, {12, 1536}}
 	denseShapes := []shape{{1, 32}, {1, 1}, {160, 96}, {129, 257}, {33, 1030}}
 	if !testing.Short() {

@@ -259,8 +259,28 @@ const (
 	WidthMMA
 )
 
-// defaultWidth is the family WidthAuto selects where the shape allows it.
+// defaultWidth is the family WidthAuto selects where the shape allows it,
+// except for batch tile 1 with rows of at most vecAutoCols columns, where it
+// selects WidthVec.
 const defaultWidth = WidthNarrow
+
+// vecAutoCols: on the H200 (2026-11-30, BenchmarkV4, batch 1) the vec family
+// beat the narrow one on short rows (wq_b FP8 32768x1024: 13.1 vs 20.1 us;
+// expert w2 MXFP4 4096x2048: 6.1 vs 6.9 us; six experts' w2 in one launch:
+// 21.7 vs 33.7 us) and lost on long ones (wo_b FP8 4096x8192: 22.1 vs
+// 20.5 us; expert w1 MXFP4 2048x4096: 8.0 vs 6.9 us; six experts' w1+w3:
+// 62.2 vs 58.5 us); with vec everywhere a decode step of
+// synth:flash?layers=8&experts=16 took 4.43 ms against 4.92 ms.
+const vecAutoCols = 2048
+
+// autoWidth is the family WidthAuto means for a launch of batch tile NB over
+// rows of cols columns.
+func autoWidth(NB, cols int) int {
+	if NB == 1 && cols <= vecAutoCols {
+		return WidthVec
+	}
+	return defaultWidth
+}
 
 // wideOK reports whether a weight of this format, width and FP8 block edge
 // can use the 16-byte-word kernels (wide and vec families).
@@ -403,6 +423,9 @@ func planLinear(f compute.Format, rows, cols, block, groups, nb int, v LinearVar
 	width := v.Width
 	if width == WidthAuto {
 		width = defaultWidth
+		if v == (LinearVariant{}) { // a variant's own tuning fields mean the narrow family
+			width = autoWidth(pow2ceil(nb), cols)
+		}
 	}
 	genericPlan := linPlan{name: "linear_generic", grid: Dim3{X: uint32((rows + 7) / 8)}, block: Dim3{X: 256}, generic: true}
 	if generic {
@@ -593,6 +616,9 @@ func planMulti(f compute.Format, shapes [][2]int, block, batch int, v LinearVari
 	width := v.Width
 	if width == WidthAuto {
 		width = defaultWidth
+		if v == (LinearVariant{}) {
+			width = autoWidth(NB, maxCols)
+		}
 	}
 	mma := width == WidthMMA && NB <= maxVecNB
 	maxTiles := 0

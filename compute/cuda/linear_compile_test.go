@@ -27,8 +27,8 @@ func TestLinearModuleSources(t *testing.T) {
 		want      []string
 		notWant   []string
 	}{
-		{"default", def, []string{"struct LinArgs", "LIN_NB(fp8, FMT_FP8, 2, 4, 0, _d0)", "void spin(", "void read_bw4("}, []string{"LINV_NB(LINV, fp8"}},
-		{"bench", bench, []string{"struct LinArgs", "LINV_NB(LINV, fp8", "LINW_NB(fp8"}, []string{"void spin(", "LIN_NB(fp8, FMT_FP8, 2, 4, 0, _d0)"}},
+		{"default", def, []string{"struct LinArgs", "LIN_NB(fp8, FMT_FP8, 2, 4, 0, _d0)", "LINV_U(LINV, fp8, FMT_FP8, 1, 0, 0)", "void spin(", "void read_bw4("}, []string{"LINV_U(LINV, fp8, FMT_FP8, 2, 0, 0)"}},
+		{"bench", bench, []string{"struct LinArgs", "LINV_U(LINV, fp8, FMT_FP8, 2, 0, 0)", "LINW_NB(fp8"}, []string{"void spin(", "LIN_NB(fp8, FMT_FP8, 2, 4, 0, _d0)", "LINV_U(LINV, fp8, FMT_FP8, 1, 0, 0)"}},
 	} {
 		for _, w := range tc.want {
 			if !strings.Contains(tc.src, w) {
@@ -249,7 +249,10 @@ func TestPlanLinear(t *testing.T) {
 		kernel                    string
 		grid, threads             uint32
 	}{
-		{"wq_b default", compute.FP8Block, 32768, 1024, 128, 1, 1, LinearVariant{}, "linear_fp8_b1_r2_u4_d0", 16384, 32},
+		// Default: the vec family for batch 1 over rows of at most vecAutoCols, else narrow.
+		{"wq_b default", compute.FP8Block, 32768, 1024, 128, 1, 1, LinearVariant{}, "linv_fp8_b1_r4_u2_d0_h0", 264, 256},
+		{"wo_b default", compute.FP8Block, 4096, 8192, 128, 1, 1, LinearVariant{}, "linear_fp8_b1_r2_u4_d0", 2048, 0},
+		{"wq_b default batch 2", compute.FP8Block, 32768, 1024, 128, 1, 2, LinearVariant{}, "linear_fp8_b2_r2_u4_d0", 16384, 0},
 		{"odd rows one group", compute.MXFP4, 129, 4096, 128, 1, 1, LinearVariant{}, "linear_mxfp4_b1_r2_u4_d0", 65, 0},
 		{"odd rows per group", compute.FP8Block, 6, 1024, 128, 2, 1, LinearVariant{}, "linear_generic", 1, 256},
 		{"batch 3 tile 4", compute.BF16, 64, 768, 128, 1, 3, LinearVariant{}, "linear_bf16_b4_r2_u4_d0", 32, 0},

@@ -872,7 +872,14 @@ __device__ __forceinline__ void linear_generic_body(const LinArgs &a, int fmt) {
 //@module linear
 // The default variant's kernels: narrow family, hardware E4M3 decoder, two
 // rows per block (odd row counts are clamped; grouped shapes with odd rows per
-// group use linear_generic), every batch tile; the multi-projection launch.
+// group use linear_generic), every batch tile; the multi-projection launch;
+// and the vec family at batch tile 1 (automatic for short rows, see
+// vecAutoCols in linear.go).
+LINV_U(LINV, fp8, FMT_FP8, 1, 0, 0)
+LINV_U(LINV, mxfp8, FMT_MXFP8, 1, 0, 0)
+LINV_U(LINV, mxfp4, FMT_MXFP4, 1, 0, 0)
+LINV_U(LINVM, fp8, FMT_FP8, 1, 0, 0)
+LINV_U(LINVM, mxfp4, FMT_MXFP4, 1, 0, 0)
 LIN_NB(fp8, FMT_FP8, 2, 4, 0, _d0)
 LIN_NB(mxfp8, FMT_MXFP8, 2, 4, 0, _d0)
 LIN_NB(mxfp4, FMT_MXFP4, 2, 4, 0, _d0)
@@ -935,12 +942,13 @@ LINW(fp8, FMT_FP8, 1, 4, 2, 0)
 LINW(fp8, FMT_FP8, 4, 4, 2, 0)
 LINW(mxfp4, FMT_MXFP4, 1, 4, 2, 0)
 LINW(mxfp4, FMT_MXFP4, 4, 4, 2, 0)
-// Vec family: batch tiles 1, 2, 4, the three tile shapes, hardware decoder.
-LINV_NB(LINV, fp8, FMT_FP8, 0, 0)
-LINV_NB(LINV, mxfp8, FMT_MXFP8, 0, 0)
-LINV_NB(LINV, mxfp4, FMT_MXFP4, 0, 0)
-LINV_NB(LINVM, fp8, FMT_FP8, 0, 0)
-LINV_NB(LINVM, mxfp4, FMT_MXFP4, 0, 0)
+// Vec family: batch tiles 2 and 4 (tile 1 is in the default module), the
+// three tile shapes, hardware decoder.
+LINV_U(LINV, fp8, FMT_FP8, 2, 0, 0) LINV_U(LINV, fp8, FMT_FP8, 4, 0, 0)
+LINV_U(LINV, mxfp8, FMT_MXFP8, 2, 0, 0) LINV_U(LINV, mxfp8, FMT_MXFP8, 4, 0, 0)
+LINV_U(LINV, mxfp4, FMT_MXFP4, 2, 0, 0) LINV_U(LINV, mxfp4, FMT_MXFP4, 4, 0, 0)
+LINV_U(LINVM, fp8, FMT_FP8, 2, 0, 0) LINV_U(LINVM, fp8, FMT_FP8, 4, 0, 0)
+LINV_U(LINVM, mxfp4, FMT_MXFP4, 2, 0, 0) LINV_U(LINVM, mxfp4, FMT_MXFP4, 4, 0, 0)
 // Vec family: the integer/f16-bit decoders and the streaming load hint.
 LINV_U(LINV, fp8, FMT_FP8, 1, 1, 0)
 LINV_NB(LINV, mxfp4, FMT_MXFP4, 1, 0)

@@ -371,14 +371,8 @@ func (s *DeviceSession) forward(tokens []int, all bool) ([]float32, error) {
 	}
 	s.m.pass.Lock()
 	defer s.m.pass.Unlock()
-	c := s.m.Cfg
-	if len(tokens) == 0 {
-		return nil, fmt.Errorf("dsv4: no tokens")
-	}
-	for i, t := range tokens {
-		if t < 0 || t >= c.VocabSize {
-			return nil, fmt.Errorf("dsv4: token %d at index %d is outside the vocabulary of %d", t, i, c.VocabSize)
-		}
+	if err := checkTokens(s.m.Cfg, tokens); err != nil {
+		return nil, err
 	}
 	if s.pos+len(tokens) > s.limit {
 		return nil, fmt.Errorf("dsv4: %d tokens at position %d exceed the device session's context of %d (Options.DeviceContext)", len(tokens), s.pos, s.limit)

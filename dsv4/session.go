@@ -171,13 +171,8 @@ func (s *Session) forward(tokens []int, all bool) ([]float32, error) {
 	s.m.pass.Lock()
 	defer s.m.pass.Unlock()
 	c := s.m.Cfg
-	if len(tokens) == 0 {
-		return nil, fmt.Errorf("dsv4: no tokens")
-	}
-	for i, t := range tokens {
-		if t < 0 || t >= c.VocabSize {
-			return nil, fmt.Errorf("dsv4: token %d at index %d is outside the vocabulary of %d", t, i, c.VocabSize)
-		}
+	if err := checkTokens(c, tokens); err != nil {
+		return nil, err
 	}
 	if s.pos+len(tokens) > c.MaxPositions {
 		return nil, fmt.Errorf("dsv4: %d tokens at position %d exceed max_position_embeddings %d", len(tokens), s.pos, c.MaxPositions)
@@ -517,4 +512,18 @@ func ffn(be compute.Backend, w ExpertWeights, x, rowScale []float32, n, D, I int
 	y := make([]float32, n*D)
 	be.Linear(w.W2, y, g, n)
 	return y
+}
+
+// checkTokens rejects an empty chunk and ids outside the vocabulary, naming
+// the first bad index.
+func checkTokens(c *config.Config, tokens []int) error {
+	if len(tokens) == 0 {
+		return fmt.Errorf("dsv4: no tokens")
+	}
+	for i, t := range tokens {
+		if t < 0 || t >= c.VocabSize {
+			return fmt.Errorf("dsv4: token %d at index %d is outside the vocabulary of %d", t, i, c.VocabSize)
+		}
+	}
+	return nil
 }

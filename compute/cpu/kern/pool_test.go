@@ -4,6 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // cover runs p.Run(n) and checks every index in [0,n) is visited exactly once
@@ -98,5 +99,25 @@ func TestPoolNested(t *testing.T) {
 	})
 	if total.Load() != 800 {
 		t.Fatalf("nested Run covered %d, want 800", total.Load())
+	}
+}
+
+// BenchmarkPoolRun measures the fan-out cost that decode pays per matrix
+// product: 8 chunks of ~25 µs (an expert matvec's share) and then gap of
+// work on the caller alone. With 2 workers the ideal is 100 µs + gap.
+func BenchmarkPoolRun(b *testing.B) {
+	spin := func(d time.Duration) {
+		for t := time.Now(); time.Since(t) < d; {
+		}
+	}
+	for _, gap := range []time.Duration{0, 30 * time.Microsecond, 300 * time.Microsecond} {
+		b.Run("gap="+gap.String(), func(b *testing.B) {
+			p := NewPool(2)
+			defer p.Close()
+			for b.Loop() {
+				p.Run(8, func(lo, hi int) { spin(time.Duration(hi-lo) * 25 * time.Microsecond) })
+				spin(gap)
+			}
+		})
 	}
 }

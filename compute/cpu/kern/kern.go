@@ -21,7 +21,10 @@
 //
 // On amd64 built with GOEXPERIMENT=simd the kernels use AVX-512 (FP8 also
 // needs AVX512VBMI) when the CPU has it; otherwise, and in a plain build,
-// portable scalar Go runs. Both are tested against the same float64
+// portable scalar Go runs. The batch-1 inner loops of FP8, MXFP4 (scale
+// bytes in [1,254]) and BF16 are generated Go assembly (gen_asm.go) that
+// prefetches the weights ahead, which archsimd cannot express; the rest is
+// archsimd. Both are tested against the same float64
 // reference. Which one runs is decided per call from CPU features read once
 // at start-up; there is no configuration.
 //

@@ -177,6 +177,11 @@ func (b *Backend) Linear(wt compute.Weight, y, x []float32, batch int) {
 	b.linearRows(w, y, x, batch, 0, w.d.Rows, w.d.Cols, 0)
 }
 
+// groupUnit is the row granularity of GroupedLinear's split at batch 1 (a
+// multiple of the FP8 block of 128 rows, so that the FP8 kernel keeps its
+// four streams per block).
+const groupUnit = 128
+
 // GroupedLinear implements compute.Backend.
 func (b *Backend) GroupedLinear(wt compute.Weight, y, x []float32, batch, groups int) {
 	w := asWeight("GroupedLinear", wt)
@@ -190,9 +195,19 @@ func (b *Backend) GroupedLinear(wt compute.Weight, y, x []float32, batch, groups
 		return
 	}
 	if batch == 1 {
-		for g := range groups {
-			w.k.MatMulRows(b.pool, y[g*rg:(g+1)*rg], x[g*cols:(g+1)*cols], 1, g*rg, (g+1)*rg)
-		}
+		// One fan-out for all groups (not one per group): units of
+		// groupUnit rows, a chunk split where it crosses a group.
+		units := (rg + groupUnit - 1) / groupUnit
+		b.parallel(groups*units, groupUnit*cols, func(lo, hi int) {
+			for u := lo; u < hi; {
+				g := u / units
+				ue := min(hi, (g+1)*units)
+				r0 := g*rg + (u-g*units)*groupUnit
+				r1 := g*rg + min(rg, (ue-g*units)*groupUnit)
+				w.k.MatMulRows(nil, y[r0:r1], x[g*cols:(g+1)*cols], 1, r0, r1)
+				u = ue
+			}
+		})
 		return
 	}
 	xg := make([]float32, batch*cols)

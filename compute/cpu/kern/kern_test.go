@@ -22,6 +22,7 @@ func (k scalarFP8) decode(d []float32, ld, r0, nr, c0, c1 int) {
 	fp8DecodeScalar(k.w, d, ld, r0, nr, c0, c1)
 }
 func (k scalarMXFP4) matvec(y, x []float32, lo, hi int) { mxfp4MatvecScalar(k.w, y, x, lo, hi) }
+
 func (k scalarMXFP4) decode(d []float32, ld, r0, nr, c0, c1 int) {
 	mxfp4DecodeScalar(k.w, d, ld, r0, nr, c0, c1)
 }
@@ -395,12 +396,16 @@ func TestMXFP4WideRows(t *testing.T) {
 		}
 		// Random inputs against the reference, every row range.
 		xr := randX(rng, cols)
+		pool := NewPool(2)
 		for _, path := range paths {
 			for _, rr := range [][2]int{{0, rows}, {3, rows}, {rows - 1, rows}} {
-				t.Run(fmt.Sprintf("%d/%s/rows%d-%d/random", cols, path.name, rr[0], rr[1]), func(t *testing.T) {
-					checkProduct(t, path.mul, m, ref, nil, xr, 1, rr[0], rr[1])
-				})
+				for _, p := range []*Pool{nil, pool} {
+					t.Run(fmt.Sprintf("%d/%s/rows%d-%d/pool%d/random", cols, path.name, rr[0], rr[1], p.Workers()), func(t *testing.T) {
+						checkProduct(t, path.mul, m, ref, p, xr, 1, rr[0], rr[1])
+					})
+				}
 			}
 		}
+		pool.Close()
 	}
 }

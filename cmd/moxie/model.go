@@ -76,7 +76,7 @@ func addMemFlags(fs *flag.FlagSet) *memFlags {
 	fs.StringVar(&f.policy, "policy", "lru", "expert residency policy: lru, decay[:h=64,ratio=1.25,margin=4] or static:FREQFILE")
 	fs.StringVar(&f.routes, "record-routes", "", "write every routing decision to this trace file (see moxie residency)")
 	fs.StringVar(&f.gpuMem, "gpu-mem", "", "with --backend cuda: GPU memory the model may use, e.g. 80GiB (default: all that is free); when the routed experts do not fit, they are cached in GPU slots and copied from host memory on a miss")
-	fs.StringVar(&f.backend, "backend", "cpu", "where the model runs: cpu; cuda (the whole model resident on GPU 0: weights, every routed expert and the sequence state); or auto (cuda when a GPU, its driver and NVRTC are found, else cpu)")
+	fs.StringVar(&f.backend, "backend", "auto", "where the model runs: auto (the GPU when a CUDA GPU, its driver and NVRTC are found and the model fits, else the CPU, saying why), cpu, or cuda (the model resident on GPU 0: weights, routed experts and sequence state)")
 	return f
 }
 
@@ -86,7 +86,7 @@ func addMemFlags(fs *flag.FlagSet) *memFlags {
 // when the weights are synthetic.
 func loadModel(spec string, mf *memFlags, stderr io.Writer) (*loadedModel, error) {
 	if mf == nil {
-		mf = &memFlags{policy: "lru", backend: "cpu"}
+		mf = &memFlags{policy: "lru", backend: "cpu"} // programmatic callers (tests): the CPU
 	}
 	switch mf.backend {
 	case "", "cpu", "cuda", "auto":
@@ -139,16 +139,29 @@ func loadModel(spec string, mf *memFlags, stderr io.Writer) (*loadedModel, error
 	if mf.gpuMem != "" && (mf.backend == "" || mf.backend == "cpu") {
 		return fail(usagef("--gpu-mem applies to --backend cuda or auto"))
 	}
-	if mf.backend == "cuda" || mf.backend == "auto" {
+	hostFlags := mf.mem != "" || mf.policy != "lru"
+	switch {
+	case mf.backend == "cuda" && hostFlags:
+		return fail(usagef("--mem and --policy plan host memory; with --backend cuda the model is resident on the GPU (see --gpu-mem)"))
+	case mf.backend == "auto" && hostFlags:
+		fmt.Fprintf(stderr, "note: --mem/--policy plan host memory: running on the CPU\n")
+	case mf.backend == "cuda" || mf.backend == "auto":
 		dev, err := cuda.Open(0)
-		switch {
-		case err == nil:
+		if err == nil {
 			l.dev = dev
-			return loadOnDevice(l, cfg, ctx, mf, stderr)
-		case mf.backend == "cuda":
+			if err = loadOnDevice(l, cfg, ctx, mf, stderr); err == nil {
+				return l, nil
+			}
+			l.dev.Close()
+			l.dev = nil
+		}
+		if mf.backend == "cuda" {
 			return fail(fmt.Errorf("--backend cuda: %w", err))
-		default:
-			fmt.Fprintf(stderr, "note: no usable CUDA device (%v); running on the CPU\n", err)
+		}
+		if errors.Is(err, cuda.ErrUnavailable) {
+			fmt.Fprintf(stderr, "note: no CUDA GPU and driver found; running on the CPU (--backend cpu skips the search)\n")
+		} else {
+			fmt.Fprintf(stderr, "note: not running on the GPU (%v); running on the CPU\n", err)
 		}
 	}
 	plan, err := experts.NewPlan(src, cfg, budget, ctx)
@@ -221,41 +234,40 @@ func writeJSONFile(path string, v any) error {
 
 // loadOnDevice binds the model resident on l.dev: every weight and routed
 // expert is uploaded (the CPU memory plan and expert store are not used), and
-// sequences run as device sessions of up to ctx tokens.
-func loadOnDevice(l *loadedModel, cfg *config.Config, ctx int, mf *memFlags, stderr io.Writer) (*loadedModel, error) {
-	fail := func(err error) (*loadedModel, error) {
-		l.Close()
-		return nil, err
-	}
-	if mf.mem != "" || mf.policy != "lru" {
-		return fail(usagef("--mem and --policy plan host memory; with --backend cuda every expert is resident on the GPU"))
-	}
+// sequences run as device sessions of up to ctx tokens. On an error it leaves
+// l as it found it (the caller closes the device or falls back to the CPU).
+func loadOnDevice(l *loadedModel, cfg *config.Config, ctx int, mf *memFlags, stderr io.Writer) error {
 	opts := dsv4.Options{Device: l.dev, DeviceContext: ctx}
 	if mf.gpuMem != "" {
 		n, err := parseBytes(mf.gpuMem)
 		if err != nil {
-			return fail(usagef("--gpu-mem: %v", err))
+			return usagef("--gpu-mem: %v", err)
 		}
 		opts.DeviceMemory = n
 	}
+	var routes *trace.Writer
 	if mf.routes != "" {
 		var err error
-		if l.routes, err = trace.Create(mf.routes, trace.HeaderFor(l.src.Name(), cfg)); err != nil {
-			return fail(err)
+		if routes, err = trace.Create(mf.routes, trace.HeaderFor(l.src.Name(), cfg)); err != nil {
+			return err
 		}
-		opts.Routes = l.routes
+		opts.Routes = routes
 	}
 	t0 := time.Now()
 	m, err := dsv4.Load(l.src, opts)
 	if err != nil {
-		return fail(fmt.Errorf("loading %s onto %s: %w", l.src.Name(), l.dev.Info().Name, err))
+		if routes != nil {
+			routes.Close()
+			os.Remove(mf.routes)
+		}
+		return fmt.Errorf("loading %s onto %s: %w", l.src.Name(), l.dev.Info().Name, err)
 	}
-	l.m = m
+	l.m, l.routes = m, routes
 	experts := "every routed expert"
 	if slots, _, _ := m.DeviceExpertStats(); slots > 0 {
 		experts = fmt.Sprintf("routed experts cached in %d of %d slots, loaded from host memory on a miss", slots, cfg.NLayers*cfg.NRoutedExperts)
 	}
 	fmt.Fprintf(stderr, "device: %s; %s of weights resident (%s), context %d tokens, uploaded in %s\n",
 		l.dev.Info().Name, progress.FormatBytes(int64(m.DeviceBytes())), experts, ctx, time.Since(t0).Round(time.Millisecond))
-	return l, nil
+	return nil
 }

@@ -147,7 +147,7 @@ func TestBackendFlag(t *testing.T) {
 }
 
 func TestGPUMemNeedsCUDA(t *testing.T) {
-	code, _, errs := moxie(t, "run", "--model", "synth:tiny", "--gpu-mem", "1GiB", "Hi")
+	code, _, errs := moxie(t, "run", "--model", "synth:tiny", "--backend", "cpu", "--gpu-mem", "1GiB", "Hi")
 	if code != 2 || !strings.Contains(errs, "--gpu-mem") {
 		t.Fatalf("exit %d, stderr %q: want a usage error naming --gpu-mem", code, errs)
 	}

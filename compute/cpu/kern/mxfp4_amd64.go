@@ -140,10 +140,16 @@ func mxfp4MatvecAVX512(w MXFP4, y, x []float32, lo, hi int) {
 		mxTranspose(xp[:nsup], x[c0:c0+nsup])
 		r := lo
 		// Rows in pairs q <= mxPair apart (two streams in different pages
-		// keep more memory reads in flight), while the pair's second row
-		// has the 3 lookahead bytes after its codes.
+		// keep more memory reads in flight) up to pairEnd: every paired
+		// row has the 3 lookahead bytes after its codes, so only the
+		// matrix's last row (when this chunk ends it) is left to the
+		// single-row loop below.
+		pairEnd := hi
+		if hi == w.Rows && c1 == cols {
+			pairEnd = hi - 1
+		}
 		for nsup > 0 {
-			q := min(mxPair, (hi-r)/2)
+			q := min(mxPair, (pairEnd-r)/2)
 			if q == 0 || ((r+2*q-1)*cols+c0)/2+nsup/2+3 > len(w.Packed) {
 				break
 			}

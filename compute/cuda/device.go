@@ -69,6 +69,10 @@ type Device struct {
 	// linWidth is the linear kernel family that WidthAuto selects on this
 	// device when not WidthAuto itself ($MOXIE_CUDA_LINEAR; experiments).
 	linWidth int
+
+	// hcMix is the HCMix/HCHeadPre path choice ($MOXIE_CUDA_HCMIX) and the
+	// split path's scratch buffer (ops.go).
+	hcMix hcMixState
 }
 
 // Open loads the driver and NVRTC, retains the primary context of GPU

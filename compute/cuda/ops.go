@@ -4,6 +4,7 @@ import (
 	_ "embed"
 	"fmt"
 	"math"
+	"os"
 	"unsafe"
 
 	"moxie/compute"
@@ -33,8 +34,15 @@ func (c *Ctx) opsModule() (*Module, error) {
 // LoadOps compiles (or loads from the disk cache) the ops module now, so
 // that the first op does not do it: call it before capturing a CUDA graph
 // that contains ops, since loading a module is not a stream operation.
+//
+// It also makes the device's HCMix path choice ($MOXIE_CUDA_HCMIX, see
+// HCMix) and allocates what that path needs, which must not happen during a
+// capture either.
 func (c *Ctx) LoadOps() error {
-	_, err := c.opsModule()
+	if _, err := c.opsModule(); err != nil {
+		return err
+	}
+	_, err := c.hcMixChoice()
 	return err
 }
 
@@ -152,10 +160,25 @@ func (c *Ctx) hcMix(op string, pre, post, comb, x DevicePtr, p *HC, batch int, h
 	if !pos32(batch) || !nonNull(pre, x) || (head == 0 && !nonNull(post, comb)) {
 		return opErr(op, "batch %d, pre %#x, post %#x, comb %#x, x %#x: want a positive batch and non-null buffers", batch, pre, post, comb, x)
 	}
+	st, err := c.hcMixChoice()
+	if err != nil {
+		return opErr(op, "%v", err)
+	}
 	fn := p.Fn.Data
 	hc, n, iters, nm, b32 := int32(p.HC), int32(p.Fn.Cols), int32(p.Iters), int32(rows), int32(batch)
 	eps, neps := p.Eps, p.NormEps
 	base, scale := p.Base, p.Scale
+	if st.split && batch <= hcSmallBatch && hcSplitAligned(x, fn, p.Fn.Cols, code) {
+		splits, cq, threads := hcSplitShape(rows, p.Fn.Cols)
+		part, s32, cq32 := st.scratch, int32(splits), int32(cq)
+		if err := c.launchOp("hc_split_dots", Dim3{X: uint32(rows + 1), Y: uint32(splits), Z: uint32(batch)}, Dim3{X: uint32(threads)}, 0, s,
+			ptr(&part), ptr(&x), ptr(&fn), ptr(&code), ptr(&n), ptr(&nm), ptr(&cq32)); err != nil {
+			return err
+		}
+		return c.launchOp("hc_split_finish", Dim3{X: uint32(batch)}, Dim3{X: uint32(max(32, (rows+32)/32*32))}, 0, s,
+			ptr(&pre), ptr(&post), ptr(&comb), ptr(&part), ptr(&base), ptr(&scale), ptr(&hc), ptr(&n), ptr(&nm), ptr(&s32),
+			ptr(&iters), ptr(&eps), ptr(&neps), ptr(&head))
+	}
 	dots, grid := "hc_dots_r1_t1", Dim3{X: uint32(rows), Y: uint32(batch)}
 	if batch > hcSmallBatch {
 		dots, grid = "hc_dots_r8_t8", Dim3{X: uint32((rows + 7) / 8), Y: uint32((batch + 7) / 8)}
@@ -172,19 +195,120 @@ func (c *Ctx) hcMix(op string, pre, post, comb, x DevicePtr, p *HC, batch int, h
 }
 
 // hcSmallBatch is the largest batch HCMix computes with one block per
-// (token, Fn row); larger batches use 8×8 tiles.
+// (token, Fn row), or with the split kernels when chosen; larger batches use
+// 8×8 tiles.
 const hcSmallBatch = 16
+
+// The split path of HCMix/HCHeadPre (kernels hc_split_dots and
+// hc_split_finish): every Fn row and the Σx² "row" of a token is cut into at
+// most hcMaxSplits column chunks, each reduced by its own block into a fixed
+// slot of the device's scratch buffer [batch, rows+1, splits].
+const (
+	hcMaxSplits = 64
+	// hcMinBlocks is the grid size the split count aims for at batch 1: two
+	// blocks per SM of an H100/H200 (132 SMs).
+	hcMinBlocks    = 264
+	hcScratchBytes = 4 * hcSmallBatch * (OpsMaxHCRows + 1) * hcMaxSplits
+)
+
+// hcMixState is a device's HCMix/HCHeadPre path choice and the split path's
+// scratch buffer, owned by the device thread. The zero value is "not chosen
+// yet".
+type hcMixState struct {
+	chosen  bool
+	split   bool      // batches up to hcSmallBatch take the split kernels
+	scratch DevicePtr // float32 [hcSmallBatch, OpsMaxHCRows+1, hcMaxSplits], once split was chosen
+}
+
+// hcMixChoice returns the device's HCMix path choice, reading
+// $MOXIE_CUDA_HCMIX ("split", or unset for the per-row kernels) on the first
+// call, which also allocates the split path's scratch buffer: LoadOps makes
+// that first call before any capture. An unknown value is an error (and is
+// read again on the next call).
+func (c *Ctx) hcMixChoice() (*hcMixState, error) {
+	st := &c.d.hcMix
+	if st.chosen {
+		return st, nil
+	}
+	split := false
+	switch v := os.Getenv("MOXIE_CUDA_HCMIX"); v {
+	case "":
+	case "split":
+		split = true
+	default:
+		return nil, fmt.Errorf("MOXIE_CUDA_HCMIX=%q: want split (or unset for the default)", v)
+	}
+	if err := c.setHCMixSplit(split); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// setHCMixSplit makes the device's HCMix path choice (the split kernels on
+// or off), allocating the scratch buffer the first time the split path is
+// chosen; it stays allocated until the device closes. Tests call it to
+// switch paths on a shared device.
+func (c *Ctx) setHCMixSplit(on bool) error {
+	st := &c.d.hcMix
+	if on && st.scratch == 0 {
+		p, err := c.MemAlloc(hcScratchBytes)
+		if err != nil {
+			return fmt.Errorf("HCMix split scratch (%d bytes): %w", hcScratchBytes, err)
+		}
+		st.scratch = p
+	}
+	st.chosen, st.split = true, on
+	return nil
+}
+
+// hcSplitAligned reports whether hc_split_dots can read x and Fn (format
+// code fmtCode, n columns) with 16-byte (x, F32 Fn) or 8-byte (BF16 Fn)
+// loads.
+func hcSplitAligned(x, fn DevicePtr, n int, fmtCode int32) bool {
+	fa := DevicePtr(16)
+	if fmtCode == 3 {
+		fa = 8
+	}
+	return n%4 == 0 && x%16 == 0 && fn%fa == 0
+}
+
+// hcSplitShape returns the launch shape of hc_split_dots for rows Fn rows of
+// n columns (n a positive multiple of 4): splits chunks of cq quads (4
+// columns) each, none empty, with splits the smallest power of two giving at
+// least hcMinBlocks blocks per token (at most hcMaxSplits, at most n/4
+// before dropping empty chunks), and threads per block (a multiple of 32,
+// 32 to 256) for cq quads.
+func hcSplitShape(rows, n int) (splits, cq, threads int) {
+	nq := n / 4
+	s := 1
+	for s < hcMaxSplits && s*(rows+1) < hcMinBlocks {
+		s *= 2
+	}
+	s = min(s, nq)
+	cq = (nq + s - 1) / s
+	splits = (nq + cq - 1) / cq
+	threads = min(256, max(32, (cq+31)/32*32))
+	return splits, cq, threads
+}
 
 // HCMix enqueues the hyper-connection coefficients of `batch` tokens from the
 // streams x [batch, HC, D] (D = Fn.Cols/HC): pre [batch, HC], post [batch, HC]
 // and comb [batch, HC, HC], fused (norm, projection, sigmoids, Sinkhorn) in
 // the host backend's order (compute.Backend.HCMix).
+//
+// On a device opened with MOXIE_CUDA_HCMIX=split in the environment, batches
+// up to 16 with n % 4 == 0 and 16-byte aligned x and Fn (8-byte for BF16)
+// take split-K kernels that spread the dot products over many blocks; the
+// results are deterministic but may differ from the default path's in the
+// last bits (float32 sums in another order). That path keeps its partial
+// sums in one scratch buffer per device, so split-path calls must not run
+// concurrently on different streams.
 func (c *Ctx) HCMix(pre, post, comb, x DevicePtr, p *HC, batch int, s Stream) error {
 	return c.hcMix("HCMix", pre, post, comb, x, p, batch, 0, s)
 }
 
 // HCHeadPre enqueues pre [batch, HC] = sigmoid(ρ·(Fn·x)·Scale[0] + Base) + Eps
-// for x [batch, HC, D] (Fn [HC, HC·D]).
+// for x [batch, HC, D] (Fn [HC, HC·D]), by the same paths as HCMix.
 func (c *Ctx) HCHeadPre(pre, x DevicePtr, p *HC, batch int, s Stream) error {
 	return c.hcMix("HCHeadPre", pre, 0, 0, x, p, batch, 1, s)
 }

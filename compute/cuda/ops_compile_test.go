@@ -10,7 +10,7 @@ import (
 
 // opsKernelNames lists every kernel ops.go launches.
 var opsKernelNames = []string{
-	"rmsnorm", "hc_dots_r1_t1", "hc_dots_r8_t8", "hc_finish", "hc_collapse", "hc_expand", "rope",
+	"rmsnorm", "hc_dots_r1_t1", "hc_dots_r8_t8", "hc_finish", "hc_split_dots", "hc_split_finish", "hc_collapse", "hc_expand", "rope",
 	"attention4", "attention16", "attention32", "compress_pool",
 	"index_scores", "index_scores_simple", "topk", "topk_rows", "route", "swiglu",
 	"embed_bf16", "axpy", "scale_f32",

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -927,4 +928,195 @@ func BenchmarkOpsTopKRows(b *testing.B) {
 		idx := d.alloc(4 * rows * k)
 		return func() error { return c.TopKRows(idx, sc, dn, rows, stride, k, c.Stream()) }
 	})
+}
+
+// TestHCSplitShape checks the split-K launch shape against its contract: no
+// empty chunk, chunks covering every quad, at most hcMaxSplits, whole warps,
+// and at least hcMinBlocks blocks per token at the V4 shapes (24 mix rows and
+// 4 head rows of 4·4096 columns: 16 and 64 splits, worked out by hand).
+func TestHCSplitShape(t *testing.T) {
+	for _, tc := range []struct {
+		rows, n, wantSplits int
+	}{{24, 16384, 16}, {4, 16384, 64}, {48, 600, 8}, {24, 8, 2}, {128, 16384, 4}, {1, 4, 1}, {3, 1 << 20, 64}} {
+		t.Run(fmt.Sprintf("rows%d_n%d", tc.rows, tc.n), func(t *testing.T) {
+			splits, cq, threads := hcSplitShape(tc.rows, tc.n)
+			nq := tc.n / 4
+			if splits != tc.wantSplits {
+				t.Errorf("splits %d, want %d", splits, tc.wantSplits)
+			}
+			if splits < 1 || splits > hcMaxSplits || cq < 1 || splits*cq < nq || (splits-1)*cq >= nq {
+				t.Errorf("splits %d × %d quads for %d quads: want 1..%d non-empty chunks covering all", splits, cq, nq, hcMaxSplits)
+			}
+			if threads%32 != 0 || threads < 32 || threads > 256 {
+				t.Errorf("threads %d: want a multiple of 32 in [32, 256]", threads)
+			}
+			if tc.n == 16384 && splits*(tc.rows+1) < hcMinBlocks {
+				t.Errorf("%d blocks per token, want at least %d", splits*(tc.rows+1), hcMinBlocks)
+			}
+		})
+	}
+}
+
+func TestHCSplitAligned(t *testing.T) {
+	for _, tc := range []struct {
+		x, fn DevicePtr
+		n     int
+		code  int32
+		want  bool
+	}{
+		{0x1000, 0x2000, 16384, 4, true},
+		{0x1000, 0x2008, 16384, 4, false}, // F32 Fn needs 16 bytes
+		{0x1000, 0x2008, 16384, 3, true},  // BF16 Fn needs 8
+		{0x1000, 0x2004, 16384, 3, false},
+		{0x1008, 0x2000, 16384, 4, false},
+		{0x1000, 0x2000, 606, 4, false}, // rows not in whole quads
+	} {
+		if got := hcSplitAligned(tc.x, tc.fn, tc.n, tc.code); got != tc.want {
+			t.Errorf("hcSplitAligned(%#x, %#x, %d, %d) = %v, want %v", tc.x, tc.fn, tc.n, tc.code, got, tc.want)
+		}
+	}
+}
+
+// TestOpsHCMixSplit runs HCMix and HCHeadPre with the split path chosen (as
+// MOXIE_CUDA_HCMIX=split would) at every batch 1..16 and at larger batches
+// (which fall back to the tiled kernels), and at a width that is not whole
+// quads (falls back too). Each result is checked against compute/ref, each
+// call is made twice and must give the same bits, a token's results must not
+// depend on the batch it is in (the split shape does not), and the scratch
+// partials of the batch-16 mix must sum to the float64 dots and Σx².
+func TestOpsHCMixSplit(t *testing.T) {
+	dev := testDevice(t)
+	var prev hcMixState
+	if err := dev.Do(func(c *Ctx) error {
+		if _, err := c.hcMixChoice(); err != nil {
+			return err
+		}
+		prev = c.d.hcMix
+		return c.setHCMixSplit(true)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = dev.Do(func(c *Ctx) error { c.d.hcMix.chosen, c.d.hcMix.split = prev.chosen, prev.split; return nil })
+	})
+	rng := rand.New(rand.NewPCG(31, 7))
+	for _, sh := range []struct {
+		f       compute.Format
+		hc, D   int
+		batches []int
+	}{
+		{compute.F32, 4, 4096, []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 37}},
+		{compute.BF16, 4, 4096, []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 70}},
+		{compute.F32, 6, 100, []int{1, 3, 16, 20}},  // hc 6: comb on one thread
+		{compute.F32, 6, 101, []int{1, 16}},         // 606 columns: not whole quads, falls back
+		{compute.BF16, 2, 64, []int{1, 5, 16, 17}},  // 128 columns: fewer quads than hcMaxSplits
+		{compute.F32, 4, 4096 + 4, []int{1, 9, 16}}, // 16400 columns: a short last chunk
+	} {
+		f, hc, D := sh.f, sh.hc, sh.D
+		t.Run(fmt.Sprintf("%s_hc%d_D%d", f, hc, D), func(t *testing.T) {
+			nm, n := (2+hc)*hc, hc*D
+			fd := computetest.RandomWeight(rng, f, nm, n, 0.3/math.Sqrt(float64(n)))
+			hd := fd
+			hd.Rows = hc
+			hd.Data = fd.Data[:len(fd.Data)*hc/nm]
+			base, scale := computetest.Normal(rng, nm, 1), computetest.Normal(rng, 3, 1)
+			scale[2] = 4
+			maxB := slices.Max(sh.batches)
+			x := computetest.Normal(rng, maxB*n, 1)
+			type result struct{ pre, post, comb, head []float32 }
+			got := make(map[int][2]result)
+			var part []float32
+			splits, _, _ := hcSplitShape(nm, n)
+			onDevice(t, func(c *Ctx, d *devBufs) {
+				p := &HC{Fn: d.weight(fd), Base: d.floats(base), Scale: d.floats(scale), HC: hc, Iters: 20, Eps: 1e-6, NormEps: 1e-6}
+				ph := &HC{Fn: d.weight(hd), Base: p.Base, Scale: p.Scale, HC: hc, Iters: 20, Eps: 1e-6, NormEps: 1e-6}
+				dx := d.floats(x)
+				d.synced()
+				for _, batch := range sh.batches {
+					var rs [2]result
+					for rep := range rs {
+						pre, post, comb, hp := d.poisoned(batch*hc), d.poisoned(batch*hc), d.poisoned(batch*hc*hc), d.poisoned(batch*hc)
+						if d.err == nil {
+							d.check(c.HCMix(pre, post, comb, dx, p, batch, c.Stream()))
+						}
+						if batch == 16 && rep == 0 && n%4 == 0 {
+							part = d.getFloats(c.d.hcMix.scratch, batch*(nm+1)*splits)
+						}
+						if d.err == nil {
+							d.check(c.HCHeadPre(hp, dx, ph, batch, c.Stream()))
+						}
+						rs[rep] = result{d.getFloats(pre, batch*hc), d.getFloats(post, batch*hc), d.getFloats(comb, batch*hc*hc), d.getFloats(hp, batch*hc)}
+					}
+					got[batch] = rs
+				}
+			})
+			fn, hfn := ref.Dequant(fd), ref.Dequant(hd)
+			for _, batch := range sh.batches {
+				rs := got[batch]
+				for i, name := range []string{"pre", "post", "comb", "head pre"} {
+					a := [][]float32{rs[0].pre, rs[0].post, rs[0].comb, rs[0].head}[i]
+					b := [][]float32{rs[1].pre, rs[1].post, rs[1].comb, rs[1].head}[i]
+					if !bitsEqual(a, b) {
+						t.Errorf("batch %d: %s differs between two runs", batch, name)
+					}
+				}
+				for b := range batch {
+					xb := f64s(x[b*n : (b+1)*n])
+					wp, wq, wc := ref.HCMix(xb, fn, f64s(base), f64s(scale), hc, 20, 1e-6, 1e-6)
+					what := fmt.Sprintf("batch %d token %d", batch, b)
+					expectRel(t, what+" pre", rs[0].pre[b*hc:(b+1)*hc], wp, computetest.TolHCMix)
+					expectRel(t, what+" post", rs[0].post[b*hc:(b+1)*hc], wq, computetest.TolHCMix)
+					expectRel(t, what+" comb", rs[0].comb[b*hc*hc:(b+1)*hc*hc], wc, computetest.TolHCMix)
+					want := ref.HCHeadPre(xb, hfn, f64s(base[:hc]), f64s(scale[:1]), hc, 1e-6, 1e-6)
+					expectRel(t, what+" head pre", rs[0].head[b*hc:(b+1)*hc], want, computetest.TolHCMix)
+				}
+				if one, ok := got[1]; ok && batch <= hcSmallBatch && n%4 == 0 {
+					r := rs[0]
+					if !bitsEqual(r.pre[:hc], one[0].pre) || !bitsEqual(r.post[:hc], one[0].post) ||
+						!bitsEqual(r.comb[:hc*hc], one[0].comb) || !bitsEqual(r.head[:hc], one[0].head) {
+						t.Errorf("batch %d: token 0's results differ from batch 1's", batch)
+					}
+				}
+			}
+			if part == nil {
+				return
+			}
+			// The partials: Σ_s part[b, r, s] against the float64 dot (row r <
+			// nm) or Σx² (row nm), relative to Σ|terms|.
+			for b := range 16 {
+				xb := x[b*n : (b+1)*n]
+				for r := 0; r <= nm; r++ {
+					var want, mag float64
+					for c, v := range xb {
+						w := float64(v)
+						if r < nm {
+							w = fn[r*n+c]
+						}
+						want += w * float64(v)
+						mag += math.Abs(w * float64(v))
+					}
+					var sum float64
+					for _, v := range part[(b*(nm+1)+r)*splits : (b*(nm+1)+r+1)*splits] {
+						sum += float64(v)
+					}
+					if e := math.Abs(sum-want) / mag; !(e <= 1e-5) {
+						t.Errorf("token %d row %d: partials sum to %g, want %g (error %.3g of Σ|terms|)", b, r, sum, want, e)
+					}
+				}
+			}
+		})
+	}
+}
+
+// bitsEqual reports whether a and b hold the same float32 bit patterns.
+func bitsEqual(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return false
+		}
+	}
+	return true
 }

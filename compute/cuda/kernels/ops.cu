@@ -229,6 +229,163 @@ extern "C" __global__ void hc_finish(float *pre, float *post, float *comb, const
   for (int jk = 0; jk < hh; jk++) cb[jk] = c[jk];
 }
 
+// ---------------------------------------------------------------------------
+// Split-K hyper-connection mixing for small batches (opt-in, see ops.go
+// hcMix): the same results as hc_dots + hc_finish up to the float32 order of
+// the dot-product and Σx² sums, computed by many blocks instead of one per
+// (row, token) and one per token.
+//
+// hc_split_dots: grid (nm + 1, S, batch). Block (r, s, b) reduces the quads
+// (4 floats) [s·cq, min((s+1)·cq, n/4)) of token b: Σ Fn[r, c]·x[b, c] for
+// r < nm, Σ x[b, c]² for r == nm, and writes it to part[(b·(nm+1) + r)·S + s].
+// Each partial is summed in a fixed order (each thread over its quads, then
+// warp shuffles, then the warps in index order), with no atomics: the same
+// inputs give the same bits on every run. Needs n % 4 == 0, x 16-byte
+// aligned, Fn 16-byte (F32, fmt 4) or 8-byte (BF16, fmt 3) aligned, blockDim
+// a multiple of 32 (at most 1024).
+//
+// hc_split_finish: block per token (blockDim a multiple of 32, at least 32):
+// sums the S partials of every row in index order, ρ = 1/sqrt(Σx²/n +
+// normEps) from row nm, then the sigmoids and the Sinkhorn iterations of
+// hc_finish, statement for statement, reading the dots from shared memory.
+
+extern "C" __global__ void hc_split_dots(float *__restrict__ part, const float *__restrict__ x,
+                                         const void *__restrict__ fn, int fmt, int n, int nm, int cq) {
+  __shared__ float red[32];
+  const int r = blockIdx.x, s = blockIdx.y, S = gridDim.y;
+  const size_t b = blockIdx.z;
+  const int nq = n >> 2;
+  const int q0 = s * cq, q1 = min(q0 + cq, nq);
+  const float4 *xq = (const float4 *)(x + b * (size_t)n);
+  float acc = 0.f;
+  if (r == nm) {
+#pragma unroll 4
+    for (int q = q0 + threadIdx.x; q < q1; q += blockDim.x) {
+      const float4 v = __ldg(xq + q);
+      acc = fmaf(v.x, v.x, acc);
+      acc = fmaf(v.y, v.y, acc);
+      acc = fmaf(v.z, v.z, acc);
+      acc = fmaf(v.w, v.w, acc);
+    }
+  } else if (fmt == 3) {
+    const uint2 *fq = (const uint2 *)((const u16 *)fn + (size_t)r * n);
+#pragma unroll 4
+    for (int q = q0 + threadIdx.x; q < q1; q += blockDim.x) {
+      const uint2 w = __ldg(fq + q);
+      const float4 v = __ldg(xq + q);
+      acc = fmaf(__uint_as_float(w.x << 16), v.x, acc);
+      acc = fmaf(__uint_as_float(w.x & 0xffff0000u), v.y, acc);
+      acc = fmaf(__uint_as_float(w.y << 16), v.z, acc);
+      acc = fmaf(__uint_as_float(w.y & 0xffff0000u), v.w, acc);
+    }
+  } else {
+    const float4 *fq = (const float4 *)((const float *)fn + (size_t)r * n);
+#pragma unroll 4
+    for (int q = q0 + threadIdx.x; q < q1; q += blockDim.x) {
+      const float4 w = __ldg(fq + q);
+      const float4 v = __ldg(xq + q);
+      acc = fmaf(w.x, v.x, acc);
+      acc = fmaf(w.y, v.y, acc);
+      acc = fmaf(w.z, v.z, acc);
+      acc = fmaf(w.w, v.w, acc);
+    }
+  }
+  acc = warp_sum(acc);
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  if (lane == 0) red[w] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float t = 0.f;
+    for (int i = 0; i < nw; i++) t += red[i];
+    part[(b * (nm + 1) + r) * S + s] = t;
+  }
+}
+
+extern "C" __global__ void hc_split_finish(float *pre, float *post, float *comb, const float *__restrict__ part,
+                                           const float *base, const float *scale, int hc, int n, int nm, int S,
+                                           int iters, float eps, float normEps, int head) {
+  __shared__ float dot[HC_MAXNM + 1];
+  __shared__ float cm[HC_MAXNM];
+  const size_t b = blockIdx.x;
+  for (int r = threadIdx.x; r <= nm; r += blockDim.x) {
+    const float *p = part + (b * (nm + 1) + r) * S;
+    float s = 0.f;
+#pragma unroll 16
+    for (int i = 0; i < S; i++) s += p[i];
+    dot[r] = s;
+  }
+  __syncthreads();
+  const float ss = dot[nm];
+  const float rho = 1.0f / sqrtf(ss / (float)n + normEps);
+  const int lane = threadIdx.x;
+  if (lane < hc) {
+    const float m = dot[lane] * rho;
+    pre[b * hc + lane] = sigmoidf_(m * scale[0] + base[lane]) + eps;
+    if (!head) {
+      const float m2 = dot[hc + lane] * rho;
+      post[b * hc + lane] = 2.0f * sigmoidf_(m2 * scale[1] + base[hc + lane]);
+    }
+  }
+  if (head) return;
+  const int its = iters < 1 ? 1 : iters;  // the host always makes the first column pass
+  float *cb = comb + b * hc * hc;
+  const float *db = dot + 2 * hc;
+  const int hh = hc * hc;
+  if (hh <= 32) {
+    if (threadIdx.x >= 32) return;
+    const bool own = lane < hh;
+    const int j = lane / hc, k = lane % hc;
+    float L = own ? __fadd_rn(__fmul_rn(db[lane] * rho, scale[2]), base[2 * hc + lane]) : 0.f;
+    float mx = -__int_as_float(0x7f800000);
+    for (int kk = 0; kk < hc; kk++) mx = fmaxf(mx, __shfl_sync(FULL, L, j * hc + kk));
+    const float e = (float)exp((double)(L - mx));
+    float s = 0.f;
+    for (int kk = 0; kk < hc; kk++) s += __shfl_sync(FULL, e, j * hc + kk);
+    float v = e / s + eps;
+    for (int it = 0; it < its; it++) {
+      if (it > 0) {
+        s = 0.f;
+        for (int kk = 0; kk < hc; kk++) s += __shfl_sync(FULL, v, j * hc + kk);
+        v = v / (s + eps);
+      }
+      s = 0.f;
+      for (int jj = 0; jj < hc; jj++) s += __shfl_sync(FULL, v, jj * hc + k);
+      v = v / (s + eps);
+    }
+    if (own) cb[lane] = v;
+    return;
+  }
+  if (threadIdx.x != 0) return;
+  float *c = cm;
+  for (int jk = 0; jk < hh; jk++) c[jk] = __fadd_rn(__fmul_rn(db[jk] * rho, scale[2]), base[2 * hc + jk]);
+  for (int j = 0; j < hc; j++) {
+    float *row = c + j * hc;
+    float mx = -__int_as_float(0x7f800000);
+    for (int k = 0; k < hc; k++) mx = fmaxf(mx, row[k]);
+    float s = 0.f;
+    for (int k = 0; k < hc; k++) {
+      row[k] = (float)exp((double)(row[k] - mx));
+      s += row[k];
+    }
+    for (int k = 0; k < hc; k++) row[k] = row[k] / s + eps;
+  }
+  for (int it = 0; it < its; it++) {
+    if (it > 0) {
+      for (int j = 0; j < hc; j++) {
+        float s = 0.f;
+        for (int k = 0; k < hc; k++) s += c[j * hc + k];
+        for (int k = 0; k < hc; k++) c[j * hc + k] /= s + eps;
+      }
+    }
+    for (int k = 0; k < hc; k++) {
+      float s = 0.f;
+      for (int j = 0; j < hc; j++) s += c[j * hc + k];
+      for (int j = 0; j < hc; j++) c[j * hc + k] /= s + eps;
+    }
+  }
+  for (int jk = 0; jk < hh; jk++) cb[jk] = c[jk];
+}
+
 // HCCollapse: y[b, i] = Σ_j pre[b, j]·x[b, j, i]; grid (ceil(dim/blockDim), batch).
 extern "C" __global__ void hc_collapse(float *y, const float *x, const float *pre, int hc, int dim) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;

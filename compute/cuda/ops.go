@@ -169,10 +169,11 @@ func (c *Ctx) hcMix(op string, pre, post, comb, x DevicePtr, p *HC, batch int, h
 	eps, neps := p.Eps, p.NormEps
 	base, scale := p.Base, p.Scale
 	if st.split && batch <= hcSmallBatch && hcSplitAligned(x, fn, p.Fn.Cols, code) {
-		splits, cq, threads := hcSplitShape(rows, p.Fn.Cols)
-		part, s32, cq32 := st.scratch, int32(splits), int32(cq)
-		if err := c.launchOp("hc_split_dots", Dim3{X: uint32(rows + 1), Y: uint32(splits), Z: uint32(batch)}, Dim3{X: uint32(threads)}, 0, s,
-			ptr(&part), ptr(&x), ptr(&fn), ptr(&code), ptr(&n), ptr(&nm), ptr(&cq32)); err != nil {
+		rb, groups, splits, cq, threads := hcSplitShape(rows, p.Fn.Cols)
+		part, s32, cq32, rb32 := st.scratch, int32(splits), int32(cq), int32(rb)
+		grid := Dim3{X: uint32(groups), Y: uint32(splits), Z: uint32((batch + hcSplitTB - 1) / hcSplitTB)}
+		if err := c.launchOp("hc_split_dots", grid, Dim3{X: uint32(threads)}, 0, s,
+			ptr(&part), ptr(&x), ptr(&fn), ptr(&code), ptr(&n), ptr(&nm), ptr(&cq32), ptr(&rb32), ptr(&b32)); err != nil {
 			return err
 		}
 		return c.launchOp("hc_split_finish", Dim3{X: uint32(batch)}, Dim3{X: uint32(max(32, (rows+32)/32*32))}, 0, s,
@@ -200,12 +201,15 @@ func (c *Ctx) hcMix(op string, pre, post, comb, x DevicePtr, p *HC, batch int, h
 const hcSmallBatch = 16
 
 // The split path of HCMix/HCHeadPre (kernels hc_split_dots and
-// hc_split_finish): every Fn row and the Σx² "row" of a token is cut into at
-// most hcMaxSplits column chunks, each reduced by its own block into a fixed
+// hc_split_finish): the Fn rows and the Σx² "row" of a token are cut into at
+// most hcMaxSplits column chunks; a block reduces one chunk for a tile of up
+// to hcSplitRB rows × hcSplitTB tokens, each (token, row, chunk) into a fixed
 // slot of the device's scratch buffer [batch, rows+1, splits].
 const (
 	hcMaxSplits = 64
-	// hcMinBlocks is the grid size the split count aims for at batch 1: two
+	hcSplitRB   = 8 // HCS_RB in ops.cu
+	hcSplitTB   = 4 // HCS_TB in ops.cu
+	// hcMinBlocks is the grid size the split shape aims for at batch 1: two
 	// blocks per SM of an H100/H200 (132 SMs).
 	hcMinBlocks    = 264
 	hcScratchBytes = 4 * hcSmallBatch * (OpsMaxHCRows + 1) * hcMaxSplits
@@ -272,23 +276,30 @@ func hcSplitAligned(x, fn DevicePtr, n int, fmtCode int32) bool {
 	return n%4 == 0 && x%16 == 0 && fn%fa == 0
 }
 
-// hcSplitShape returns the launch shape of hc_split_dots for rows Fn rows of
-// n columns (n a positive multiple of 4): splits chunks of cq quads (4
-// columns) each, none empty, with splits the smallest power of two giving at
-// least hcMinBlocks blocks per token (at most hcMaxSplits, at most n/4
-// before dropping empty chunks), and threads per block (a multiple of 32,
-// 32 to 256) for cq quads.
-func hcSplitShape(rows, n int) (splits, cq, threads int) {
-	nq := n / 4
+// hcSplitShape returns the launch shape of hc_split_dots for rows Fn rows
+// (rows+1 with the Σx² row) of n columns (n a positive multiple of 4): the
+// rows in groups of rb (at most hcSplitRB, groups as even as rb allows),
+// the columns in splits chunks of cq quads (4 columns) each, none empty, and
+// threads per block (a multiple of 32, 32 to 256) for cq quads. It aims at
+// hcMinBlocks blocks per token group: at least hcMinBlocks/hcMaxSplits row
+// groups where there are that many rows, then splits the smallest power of
+// two that reaches hcMinBlocks, at most hcMaxSplits and n/4 (before empty
+// chunks are dropped). The shape depends on rows and n only, never on the
+// batch, so a token's results do not depend on the batch it is in.
+func hcSplitShape(rows, n int) (rb, groups, splits, cq, threads int) {
+	r1, nq := rows+1, n/4
+	groups = min(r1, max((hcMinBlocks+hcMaxSplits-1)/hcMaxSplits, (r1+hcSplitRB-1)/hcSplitRB))
+	rb = (r1 + groups - 1) / groups
+	groups = (r1 + rb - 1) / rb
 	s := 1
-	for s < hcMaxSplits && s*(rows+1) < hcMinBlocks {
+	for s < hcMaxSplits && s*groups < hcMinBlocks {
 		s *= 2
 	}
 	s = min(s, nq)
 	cq = (nq + s - 1) / s
 	splits = (nq + cq - 1) / cq
 	threads = min(256, max(32, (cq+31)/32*32))
-	return splits, cq, threads
+	return rb, groups, splits, cq, threads
 }
 
 // HCMix enqueues the hyper-connection coefficients of `batch` tokens from the

@@ -930,19 +930,25 @@ func BenchmarkOpsTopKRows(b *testing.B) {
 	})
 }
 
-// TestHCSplitShape checks the split-K launch shape against its contract: no
-// empty chunk, chunks covering every quad, at most hcMaxSplits, whole warps,
-// and at least hcMinBlocks blocks per token at the V4 shapes (24 mix rows and
-// 4 head rows of 4·4096 columns: 16 and 64 splits, worked out by hand).
+// TestHCSplitShape checks the split-K launch shape against its contract:
+// row groups of at most hcSplitRB covering every row, no empty row group or
+// chunk, chunks covering every quad, at most hcMaxSplits, whole warps, and at
+// least hcMinBlocks blocks per token group at the V4 shapes. The wanted row
+// group sizes and split counts are worked out by hand (24 mix rows + Σx²:
+// 5 groups of 5 rows × 64 splits; 4 head rows + Σx²: 5 × 1 × 64; 128 rows +
+// Σx²: 17 groups of 8 × 16 splits).
 func TestHCSplitShape(t *testing.T) {
 	for _, tc := range []struct {
-		rows, n, wantSplits int
-	}{{24, 16384, 16}, {4, 16384, 64}, {48, 600, 8}, {24, 8, 2}, {128, 16384, 4}, {1, 4, 1}, {3, 1 << 20, 64}} {
+		rows, n, wantRB, wantSplits int
+	}{{24, 16384, 5, 64}, {4, 16384, 1, 64}, {48, 600, 7, 50}, {24, 8, 5, 2}, {128, 16384, 8, 16}, {1, 4, 1, 1}, {3, 1 << 20, 1, 64}} {
 		t.Run(fmt.Sprintf("rows%d_n%d", tc.rows, tc.n), func(t *testing.T) {
-			splits, cq, threads := hcSplitShape(tc.rows, tc.n)
-			nq := tc.n / 4
-			if splits != tc.wantSplits {
-				t.Errorf("splits %d, want %d", splits, tc.wantSplits)
+			rb, groups, splits, cq, threads := hcSplitShape(tc.rows, tc.n)
+			nq, r1 := tc.n/4, tc.rows+1
+			if rb != tc.wantRB || splits != tc.wantSplits {
+				t.Errorf("%d rows a group, %d splits; want %d, %d", rb, splits, tc.wantRB, tc.wantSplits)
+			}
+			if rb < 1 || rb > hcSplitRB || rb*groups < r1 || (groups-1)*rb >= r1 {
+				t.Errorf("%d groups × %d rows for %d rows: want groups of 1..%d rows, none empty, covering all", groups, rb, r1, hcSplitRB)
 			}
 			if splits < 1 || splits > hcMaxSplits || cq < 1 || splits*cq < nq || (splits-1)*cq >= nq {
 				t.Errorf("splits %d × %d quads for %d quads: want 1..%d non-empty chunks covering all", splits, cq, nq, hcMaxSplits)
@@ -950,8 +956,8 @@ func TestHCSplitShape(t *testing.T) {
 			if threads%32 != 0 || threads < 32 || threads > 256 {
 				t.Errorf("threads %d: want a multiple of 32 in [32, 256]", threads)
 			}
-			if tc.n == 16384 && splits*(tc.rows+1) < hcMinBlocks {
-				t.Errorf("%d blocks per token, want at least %d", splits*(tc.rows+1), hcMinBlocks)
+			if tc.n == 16384 && splits*groups < hcMinBlocks {
+				t.Errorf("%d blocks per token group, want at least %d", splits*groups, hcMinBlocks)
 			}
 		})
 	}
@@ -1026,7 +1032,7 @@ func TestOpsHCMixSplit(t *testing.T) {
 			type result struct{ pre, post, comb, head []float32 }
 			got := make(map[int][2]result)
 			var part []float32
-			splits, _, _ := hcSplitShape(nm, n)
+			_, _, splits, _, _ := hcSplitShape(nm, n)
 			onDevice(t, func(c *Ctx, d *devBufs) {
 				p := &HC{Fn: d.weight(fd), Base: d.floats(base), Scale: d.floats(scale), HC: hc, Iters: 20, Eps: 1e-6, NormEps: 1e-6}
 				ph := &HC{Fn: d.weight(hd), Base: p.Base, Scale: p.Scale, HC: hc, Iters: 20, Eps: 1e-6, NormEps: 1e-6}

@@ -235,70 +235,106 @@ extern "C" __global__ void hc_finish(float *pre, float *post, float *comb, const
 // the dot-product and Σx² sums, computed by many blocks instead of one per
 // (row, token) and one per token.
 //
-// hc_split_dots: grid (nm + 1, S, batch). Block (r, s, b) reduces the quads
-// (4 floats) [s·cq, min((s+1)·cq, n/4)) of token b: Σ Fn[r, c]·x[b, c] for
-// r < nm, Σ x[b, c]² for r == nm, and writes it to part[(b·(nm+1) + r)·S + s].
-// Each partial is summed in a fixed order (each thread over its quads, then
-// warp shuffles, then the warps in index order), with no atomics: the same
-// inputs give the same bits on every run. Needs n % 4 == 0, x 16-byte
-// aligned, Fn 16-byte (F32, fmt 4) or 8-byte (BF16, fmt 3) aligned, blockDim
-// a multiple of 32 (at most 1024).
+// hc_split_dots: grid (ceil((nm+1)/rb), S, ceil(batch/HCS_TB)). Block
+// (g, s, z) reduces the quads (4 floats) [s·cq, min((s+1)·cq, n/4)) for the
+// "rows" r in [g·rb, min((g+1)·rb, nm+1)) and the tokens b in [z·HCS_TB,
+// min((z+1)·HCS_TB, batch)): Σ Fn[r, c]·x[b, c] for r < nm, Σ x[b, c]² for
+// r == nm, written to part[(b·(nm+1) + r)·S + s]. Each partial is summed in
+// a fixed order that depends only on (n, cq, blockDim): each thread over its
+// quads, then warp shuffles, then the warps in index order. No atomics: the
+// same inputs give the same bits on every run, whatever the batch or rb.
+// Needs rb <= HCS_RB, n % 4 == 0, x 16-byte aligned, Fn 16-byte (F32, fmt 4)
+// or 8-byte (BF16, fmt 3) aligned, blockDim a multiple of 32 (at most 1024).
 //
 // hc_split_finish: block per token (blockDim a multiple of 32, at least 32):
 // sums the S partials of every row in index order, ρ = 1/sqrt(Σx²/n +
 // normEps) from row nm, then the sigmoids and the Sinkhorn iterations of
 // hc_finish, statement for statement, reading the dots from shared memory.
 
-extern "C" __global__ void hc_split_dots(float *__restrict__ part, const float *__restrict__ x,
-                                         const void *__restrict__ fn, int fmt, int n, int nm, int cq) {
-  __shared__ float red[32];
-  const int r = blockIdx.x, s = blockIdx.y, S = gridDim.y;
-  const size_t b = blockIdx.z;
+#define HCS_RB 8
+#define HCS_TB 4
+
+__device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
+  acc = fmaf(a.x, b.x, acc);
+  acc = fmaf(a.y, b.y, acc);
+  acc = fmaf(a.z, b.z, acc);
+  return fmaf(a.w, b.w, acc);
+}
+
+// hc_split_dots_body: hc_split_dots for Fn in BF16 (BF) or F32, with red the
+// kernel's [HCS_RB·HCS_TB][32] shared scratch. Every load
+// of a quad (the tile's x quads, then its Fn quads) is issued before the
+// first product, so a thread waits for memory once per quad.
+template <bool BF>
+__device__ __forceinline__ void hc_split_dots_body(float *__restrict__ part, const float *__restrict__ x,
+                                                   const void *__restrict__ fn, int n, int nm, int cq, int rb,
+                                                   int batch, float (*red)[32]) {
+  const int r0 = blockIdx.x * rb, s = blockIdx.y, S = gridDim.y, b0 = blockIdx.z * HCS_TB;
+  const int nr = min(rb, nm + 1 - r0), nt = min(HCS_TB, batch - b0);
   const int nq = n >> 2;
   const int q0 = s * cq, q1 = min(q0 + cq, nq);
-  const float4 *xq = (const float4 *)(x + b * (size_t)n);
-  float acc = 0.f;
-  if (r == nm) {
-#pragma unroll 4
-    for (int q = q0 + threadIdx.x; q < q1; q += blockDim.x) {
-      const float4 v = __ldg(xq + q);
-      acc = fmaf(v.x, v.x, acc);
-      acc = fmaf(v.y, v.y, acc);
-      acc = fmaf(v.z, v.z, acc);
-      acc = fmaf(v.w, v.w, acc);
+  const float4 *xq = (const float4 *)(x + (size_t)b0 * n);
+  float acc[HCS_RB][HCS_TB];
+#pragma unroll
+  for (int j = 0; j < HCS_RB; j++)
+#pragma unroll
+    for (int t = 0; t < HCS_TB; t++) acc[j][t] = 0.f;
+  for (int q = q0 + threadIdx.x; q < q1; q += blockDim.x) {
+    const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+    float4 xv[HCS_TB], f[HCS_RB];
+#pragma unroll
+    for (int t = 0; t < HCS_TB; t++) xv[t] = t < nt ? __ldg(xq + (size_t)t * nq + q) : z;
+#pragma unroll
+    for (int j = 0; j < HCS_RB; j++) {
+      const int r = r0 + j;
+      f[j] = z;
+      if (j < nr && r < nm) {
+        if (BF) {
+          const uint2 w = __ldg((const uint2 *)((const u16 *)fn + (size_t)r * n) + q);
+          f[j] = make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u),
+                             __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
+        } else {
+          f[j] = __ldg((const float4 *)((const float *)fn + (size_t)r * n) + q);
+        }
+      }
     }
-  } else if (fmt == 3) {
-    const uint2 *fq = (const uint2 *)((const u16 *)fn + (size_t)r * n);
-#pragma unroll 4
-    for (int q = q0 + threadIdx.x; q < q1; q += blockDim.x) {
-      const uint2 w = __ldg(fq + q);
-      const float4 v = __ldg(xq + q);
-      acc = fmaf(__uint_as_float(w.x << 16), v.x, acc);
-      acc = fmaf(__uint_as_float(w.x & 0xffff0000u), v.y, acc);
-      acc = fmaf(__uint_as_float(w.y << 16), v.z, acc);
-      acc = fmaf(__uint_as_float(w.y & 0xffff0000u), v.w, acc);
-    }
-  } else {
-    const float4 *fq = (const float4 *)((const float *)fn + (size_t)r * n);
-#pragma unroll 4
-    for (int q = q0 + threadIdx.x; q < q1; q += blockDim.x) {
-      const float4 w = __ldg(fq + q);
-      const float4 v = __ldg(xq + q);
-      acc = fmaf(w.x, v.x, acc);
-      acc = fmaf(w.y, v.y, acc);
-      acc = fmaf(w.z, v.z, acc);
-      acc = fmaf(w.w, v.w, acc);
+#pragma unroll
+    for (int j = 0; j < HCS_RB; j++) {
+      if (j < nr) {
+        const bool sq = r0 + j == nm;  // the Σx² row
+#pragma unroll
+        for (int t = 0; t < HCS_TB; t++) acc[j][t] = dot4(sq ? xv[t] : f[j], xv[t], acc[j][t]);
+      }
     }
   }
-  acc = warp_sum(acc);
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  if (lane == 0) red[w] = acc;
+#pragma unroll
+  for (int j = 0; j < HCS_RB; j++)
+#pragma unroll
+    for (int t = 0; t < HCS_TB; t++)
+      if (j < nr && t < nt) {  // uniform over the block: the shuffles see full warps
+        const float v = warp_sum(acc[j][t]);
+        if (lane == 0) red[j * HCS_TB + t][w] = v;
+      }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    float t = 0.f;
-    for (int i = 0; i < nw; i++) t += red[i];
-    part[(b * (nm + 1) + r) * S + s] = t;
+  for (int i = threadIdx.x; i < HCS_RB * HCS_TB; i += blockDim.x) {
+    const int j = i / HCS_TB, t = i % HCS_TB;
+    if (j < nr && t < nt) {
+      float v = 0.f;
+      for (int k = 0; k < nw; k++) v += red[i][k];
+      part[((size_t)(b0 + t) * (nm + 1) + r0 + j) * S + s] = v;
+    }
   }
+}
+
+extern "C" __global__ void hc_split_dots(float *__restrict__ part, const float *__restrict__ x,
+                                         const void *__restrict__ fn, int fmt, int n, int nm, int cq, int rb,
+                                         int batch) {
+  __shared__ float red[HCS_RB * HCS_TB][32];
+  if (fmt == 3)
+    hc_split_dots_body<true>(part, x, fn, n, nm, cq, rb, batch, red);
+  else
+    hc_split_dots_body<false>(part, x, fn, n, nm, cq, rb, batch, red);
 }
 
 extern "C" __global__ void hc_split_finish(float *pre, float *post, float *comb, const float *__restrict__ part,

@@ -307,9 +307,10 @@ func hcSplitShape(rows, n int) (rb, groups, splits, cq, threads int) {
 // and comb [batch, HC, HC], fused (norm, projection, sigmoids, Sinkhorn) in
 // the host backend's order (compute.Backend.HCMix).
 //
-// On a device opened with MOXIE_CUDA_HCMIX=split in the environment, batches
-// up to 16 with n % 4 == 0 and 16-byte aligned x and Fn (8-byte for BF16)
-// take split-K kernels that spread the dot products over many blocks; the
+// With MOXIE_CUDA_HCMIX=split in the environment when the device makes its
+// choice (its first LoadOps, HCMix or HCHeadPre), batches up to 16 with
+// Fn.Cols % 4 == 0 and 16-byte aligned x and Fn (8-byte for BF16) take
+// split-K kernels that spread the dot products over many blocks; the
 // results are deterministic but may differ from the default path's in the
 // last bits (float32 sums in another order). That path keeps its partial
 // sums in one scratch buffer per device, so split-path calls must not run

@@ -1126,3 +1126,112 @@ func bitsEqual(a, b []float32) bool {
 	}
 	return true
 }
+
+// BenchmarkOpsHCMixPaths times HCMix (and HCHeadPre) at decode batches on
+// both paths, whatever $MOXIE_CUDA_HCMIX says, as a decode step runs them:
+// hcGraphCalls calls captured into one CUDA graph, so the host's launch rate
+// does not hide the kernels' time. It reports device microseconds per call.
+func BenchmarkOpsHCMixPaths(b *testing.B) {
+	const hc, D, hcGraphCalls = 4, 4096, 32
+	dev := testDevice(b)
+	for _, path := range []string{"default", "split"} {
+		for _, sh := range []struct {
+			name  string
+			head  bool
+			batch int
+		}{{"mix_b1", false, 1}, {"mix_b4", false, 4}, {"mix_b16", false, 16}, {"head_b1", true, 1}} {
+			b.Run(path+"/"+sh.name, func(b *testing.B) {
+				var us float64
+				err := dev.Do(func(c *Ctx) error {
+					if _, err := c.hcMixChoice(); err != nil {
+						return err
+					}
+					prev := c.d.hcMix
+					defer func() { c.d.hcMix.chosen, c.d.hcMix.split = prev.chosen, prev.split }()
+					if err := c.setHCMixSplit(path == "split"); err != nil {
+						return err
+					}
+					d := &devBufs{c: c}
+					defer d.free()
+					rng := rand.New(rand.NewPCG(2, 2))
+					nm := (2 + hc) * hc
+					if sh.head {
+						nm = hc
+					}
+					p := &HC{Fn: d.weight(computetest.RandomWeight(rng, compute.F32, nm, hc*D, 0.02)),
+						Base: d.floats(computetest.Normal(rng, (2+hc)*hc, 1)), Scale: d.floats(computetest.Normal(rng, 3, 1)),
+						HC: hc, Iters: 20, Eps: 1e-6, NormEps: 1e-6}
+					x := d.floats(computetest.Normal(rng, sh.batch*hc*D, 1))
+					pre, post, comb := d.alloc(4*sh.batch*hc), d.alloc(4*sh.batch*hc), d.alloc(4*sh.batch*hc*hc)
+					d.synced()
+					if d.err != nil {
+						return d.err
+					}
+					s := c.Stream()
+					one := func() error {
+						if sh.head {
+							return c.HCHeadPre(pre, x, p, sh.batch, s)
+						}
+						return c.HCMix(pre, post, comb, x, p, sh.batch, s)
+					}
+					if err := one(); err != nil { // loads the module before the capture
+						return err
+					}
+					if err := c.BeginCapture(s); err != nil {
+						return err
+					}
+					for range hcGraphCalls {
+						if err := one(); err != nil {
+							_, _ = c.EndCapture(s)
+							return err
+						}
+					}
+					g, err := c.EndCapture(s)
+					if err != nil {
+						return err
+					}
+					defer c.DestroyGraph(g)
+					e0, err := c.NewEvent(true)
+					if err != nil {
+						return err
+					}
+					defer c.DestroyEvent(e0)
+					e1, err := c.NewEvent(true)
+					if err != nil {
+						return err
+					}
+					defer c.DestroyEvent(e1)
+					if err := c.LaunchGraph(g, s); err != nil { // warm-up
+						return err
+					}
+					if err := c.Sync(s); err != nil {
+						return err
+					}
+					b.ResetTimer()
+					if err := c.Record(e0, s); err != nil {
+						return err
+					}
+					for range b.N {
+						if err := c.LaunchGraph(g, s); err != nil {
+							return err
+						}
+					}
+					if err := c.Record(e1, s); err != nil {
+						return err
+					}
+					if err := c.WaitEvent(e1); err != nil {
+						return err
+					}
+					b.StopTimer()
+					ms, err := c.Elapsed(e0, e1)
+					us = ms * 1000 / float64(b.N*hcGraphCalls)
+					return err
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(us, "device-us/op")
+			})
+		}
+	}
+}

@@ -206,9 +206,9 @@ const hcSmallBatch = 16
 // to hcSplitRB rows × hcSplitTB tokens, each (token, row, chunk) into a fixed
 // slot of the device's scratch buffer [batch, rows+1, splits].
 const (
-	hcMaxSplits = 64
-	hcSplitRB   = 8 // HCS_RB in ops.cu
-	hcSplitTB   = 4 // HCS_TB in ops.cu
+	hcMaxSplits = 64 // HCS_MAXS in ops.cu
+	hcSplitRB   = 8  // HCS_RB in ops.cu
+	hcSplitTB   = 4  // HCS_TB in ops.cu
 	// hcMinBlocks is the grid size the split shape aims for at batch 1: two
 	// blocks per SM of an H100/H200 (132 SMs).
 	hcMinBlocks    = 264

@@ -247,12 +247,13 @@ extern "C" __global__ void hc_finish(float *pre, float *post, float *comb, const
 // or 8-byte (BF16, fmt 3) aligned, blockDim a multiple of 32 (at most 1024).
 //
 // hc_split_finish: block per token (blockDim a multiple of 32, at least 32):
-// sums the S partials of every row in index order, ρ = 1/sqrt(Σx²/n +
+// sums the S (at most HCS_MAXS) partials of every row in index order, ρ = 1/sqrt(Σx²/n +
 // normEps) from row nm, then the sigmoids and the Sinkhorn iterations of
 // hc_finish, statement for statement, reading the dots from shared memory.
 
 #define HCS_RB 8
 #define HCS_TB 4
+#define HCS_MAXS 64
 
 __device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
   acc = fmaf(a.x, b.x, acc);
@@ -345,9 +346,13 @@ extern "C" __global__ void hc_split_finish(float *pre, float *post, float *comb,
   const size_t b = blockIdx.x;
   for (int r = threadIdx.x; r <= nm; r += blockDim.x) {
     const float *p = part + (b * (nm + 1) + r) * S;
+    float v[HCS_MAXS];
+#pragma unroll
+    for (int i = 0; i < HCS_MAXS; i++) v[i] = i < S ? p[i] : 0.f;  // every load in flight at once
     float s = 0.f;
-#pragma unroll 16
-    for (int i = 0; i < S; i++) s += p[i];
+#pragma unroll
+    for (int i = 0; i < HCS_MAXS; i++)
+      if (i < S) s += v[i];
     dot[r] = s;
   }
   __syncthreads();

@@ -27,6 +27,7 @@ type benchReport struct {
 	PromptTokens    int     `json:"prompt_tokens"`
 	DecodeTokens    int     `json:"decode_tokens"`
 	Runs            int     `json:"runs"`
+	WarmupRuns      int     `json:"warmup_runs"`
 	PrefillTokPerS  float64 `json:"prefill_tok_per_s"` // median over runs
 	DecodeTokPerS   float64 `json:"decode_tok_per_s"`  // median step time over all runs
 	DecodeStepMs    float64 `json:"decode_step_ms"`    // median
@@ -52,6 +53,7 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 	prompt := fs.Int("prompt", 64, "prompt tokens to prefill")
 	decode := fs.Int("decode", 16, "tokens to decode after the prompt")
 	runs := fs.Int("runs", 3, "repetitions (medians are reported)")
+	warmup := fs.Int("warmup", 1, "untimed runs of the same shape first, so that experts loaded on first use, kernel compilation and cold caches stay out of the medians (0 measures from cold)")
 	bwSize := fs.String("bw-size", "1GiB", "buffer size for the bandwidth probe (several times the last-level cache)")
 	seed := fs.Uint64("seed", 1, "seed for the random prompt")
 	jsonOut := fs.String("json", "", "also write the report as JSON to this file")
@@ -64,6 +66,9 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 	}
 	if *prompt < 1 || *decode < 1 || *runs < 1 {
 		return usagef("--prompt, --decode and --runs must be at least 1")
+	}
+	if *warmup < 0 {
+		return usagef("--warmup must be at least 0")
 	}
 	bw, err := parseBytes(*bwSize)
 	if err != nil {
@@ -86,13 +91,15 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 	}
 	rep := &benchReport{Model: lm.src.Name(), Synthetic: lm.src.Synthetic(), Backend: lm.backendName(), Threads: runtime.NumCPU(), SIMD: kern.SIMD,
 		GoVersion: runtime.Version(), Date: time.Now().UTC().Format(time.RFC3339), PromptTokens: *prompt,
-		DecodeTokens: *decode, Runs: *runs, BytesPerToken: config.BytesPerToken(m.Cfg)}
+		DecodeTokens: *decode, Runs: *runs, WarmupRuns: *warmup, BytesPerToken: config.BytesPerToken(m.Cfg)}
 	r := rand.New(rand.NewPCG(*seed, 0))
 	var prefillRates []float64
 	var describe string // how a device session ran (graphs, expert paths)
 	var steps []time.Duration
-	bar := progress.New(stderr, "bench", int64(*runs*(*decode+1)), false)
-	for range *runs {
+	total := *warmup + *runs
+	bar := progress.New(stderr, "bench", int64(total*(*decode+1)), false)
+	for run := range total {
+		timed := run >= *warmup
 		toks := make([]int, *prompt+*decode)
 		for i := range toks {
 			toks[i] = r.IntN(m.Cfg.VocabSize)
@@ -106,17 +113,21 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 		if _, err := s.Append(ctx, toks[:*prompt]); err != nil {
 			return err
 		}
-		prefillRates = append(prefillRates, float64(*prompt)/time.Since(start).Seconds())
+		if timed {
+			prefillRates = append(prefillRates, float64(*prompt)/time.Since(start).Seconds())
+		}
 		bar.Add(1)
 		for _, t := range toks[*prompt:] {
 			st := time.Now()
 			if _, err := s.Append(ctx, []int{t}); err != nil {
 				return err
 			}
-			steps = append(steps, time.Since(st))
+			if timed {
+				steps = append(steps, time.Since(st))
+			}
 			bar.Add(1)
 		}
-		if d, ok := s.(interface{ Describe() string }); ok && len(prefillRates) == *runs {
+		if d, ok := s.(interface{ Describe() string }); ok && run == total-1 {
 			describe = d.Describe()
 		}
 		s.Close()
@@ -130,7 +141,7 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 		if hits+misses > 0 {
 			rep.ExpertHitRate = float64(hits) / float64(hits+misses)
 		}
-		rep.PCIeBytesPerToken = float64(misses) * float64(config.ExpertBytes(m.Cfg)) / float64(*runs*(*prompt+*decode))
+		rep.PCIeBytesPerToken = float64(misses) * float64(config.ExpertBytes(m.Cfg)) / float64(total*(*prompt+*decode))
 	}
 	var ceiling string
 	if lm.dev != nil {

@@ -9,7 +9,7 @@ import (
 
 func TestBenchWritesConsistentReport(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "bench.json")
-	code, _, errs := moxie(t, "bench", "synth:tiny", "--prompt", "9", "--decode", "3", "--runs", "1", "--bw-size", "16MiB", "--json", out)
+	code, _, errs := moxie(t, "bench", "synth:tiny", "--prompt", "9", "--decode", "3", "--runs", "1", "--warmup", "1", "--bw-size", "16MiB", "--json", out)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
@@ -21,7 +21,7 @@ func TestBenchWritesConsistentReport(t *testing.T) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		t.Fatal(err)
 	}
-	if !r.Synthetic || r.PromptTokens != 9 || r.DecodeTokens != 3 || r.PrefillTokPerS <= 0 || r.DecodeTokPerS <= 0 || r.MemReadGBps <= 0 {
+	if !r.Synthetic || r.PromptTokens != 9 || r.DecodeTokens != 3 || r.WarmupRuns != 1 || r.PrefillTokPerS <= 0 || r.DecodeTokPerS <= 0 || r.MemReadGBps <= 0 {
 		t.Fatalf("implausible report %+v", r)
 	}
 	// The derived figures must follow from the measured ones.
@@ -34,5 +34,8 @@ func TestBenchWritesConsistentReport(t *testing.T) {
 	}
 	if code, _, _ := moxie(t, "bench", "--runs", "0"); code != 2 {
 		t.Fatalf("--runs 0: exit %d, want 2", code)
+	}
+	if code, _, _ := moxie(t, "bench", "--warmup", "-1"); code != 2 {
+		t.Fatalf("--warmup -1: exit %d, want 2", code)
 	}
 }

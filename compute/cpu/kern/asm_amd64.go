@@ -33,3 +33,19 @@ func fp8Dot4AVX512(q0, q1, q2, q3 *byte, xs *float32, n64, npf int, acc *[4][16]
 
 // fp8Ahead is gen_asm.go's FP8 prefetch distance in bytes.
 const fp8Ahead = 1024
+
+// gemmT8x16, gemmT8x32 and gemmT8x48 are the batched micro-kernels
+// (gemm_amd64.s): for c < n they multiply-add the weights w[i*tileCols+c]
+// (i < 8) with the 16, 32 or 48 transposed inputs at xt+c*xs (xs in bytes),
+// one accumulator lane per (row, batch row), and then add row i's sums to
+// the floats at acc+i*as (as in bytes). The caller checks every length; the
+// CPU must have AVX-512.
+//
+//go:noescape
+func gemmT8x16(w *float32, n int, xt *float32, xs int, acc *float32, as int)
+
+//go:noescape
+func gemmT8x32(w *float32, n int, xt *float32, xs int, acc *float32, as int)
+
+//go:noescape
+func gemmT8x48(w *float32, n int, xt *float32, xs int, acc *float32, as int)

@@ -218,3 +218,55 @@ func BenchmarkMatMulFP8(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkMatMulBatch times batched products (prefill, MoE experts with
+// the tokens routed to them) in GFLOP/s (2·rows·cols·batch per op). The
+// weights are a few copies, so they are partly cache-resident: this measures
+// the arithmetic, not DRAM.
+func BenchmarkMatMulBatch(b *testing.B) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	bf := func(rows, cols int) []Matrix {
+		w := make([]byte, 2*rows*cols)
+		fillBytes(rng, w)
+		for j := 1; j < len(w); j += 2 {
+			w[j] = w[j]&0x80 | 0x3D // normal values (see BenchmarkMatVecBF16)
+		}
+		return []Matrix{BF16{W: w, Rows: rows, Cols: cols}}
+	}
+	fp8, _ := fp8CopiesN(4096, 4096, 2)
+	mx, _ := mxCopiesN(2048, 4096, 2)
+	cases := []struct {
+		name    string
+		ms      []Matrix
+		batches []int
+	}{
+		{"FP8_4096x4096", fp8, []int{16, 64, 256}},
+		{"MXFP4_2048x4096", mx, []int{16, 64, 256}},
+		{"BF16_8192x384", bf(8192, 384), []int{512}},
+		{"BF16_384x384", bf(384, 384), []int{4, 8, 64}},
+	}
+	for _, cs := range cases {
+		rows, cols := cs.ms[0].Dims()
+		for _, batch := range cs.batches {
+			x := randX(rand.New(rand.NewPCG(3, 4)), batch*cols)
+			y := make([]float32, batch*rows)
+			for _, w := range workerCounts() {
+				b.Run(fmt.Sprintf("%s/batch=%d/workers=%d", cs.name, batch, w), func(b *testing.B) {
+					p := NewPool(w)
+					defer p.Close()
+					i := 0
+					c := startCPU()
+					for b.Loop() {
+						cs.ms[i%len(cs.ms)].MatMul(p, y, x, batch)
+						i++
+					}
+					flops := 2 * float64(rows*cols*batch) * float64(b.N)
+					b.ReportMetric(flops/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+					if t1 := cputime.Process(); c.ok && t1 > c.t0 {
+						b.ReportMetric(flops/(t1-c.t0).Seconds()*float64(w)/1e9, "GFLOP/s-cpu")
+					}
+				})
+			}
+		}
+	}
+}

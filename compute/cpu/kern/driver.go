@@ -45,6 +45,14 @@ func run(p *Pool, k kernel, y, x []float32, batch, r0, r1 int) {
 		})
 		return
 	}
+	gemm(p, k, y, x, batch, r0, r1)
+}
+
+// gemmTiles is the batch > 1 product of the portable build (and of the
+// SIMD build's fallback): row tiles of tileRows, each tileRows x tileCols
+// weight tile decoded once per call and reused for every batch row.
+func gemmTiles(p *Pool, k kernel, y, x []float32, batch, r0, r1 int) {
+	rows, cols := r1-r0, k.cols()
 	tiles := (rows + tileRows - 1) / tileRows
 	p.Run(tiles, func(lo, hi int) {
 		a, b := r0+lo*tileRows, min(r0+hi*tileRows, r1)

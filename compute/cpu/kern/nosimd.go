@@ -6,6 +6,10 @@ package kern
 
 const accLanes = 1
 
+func gemm(p *Pool, k kernel, y, x []float32, batch, r0, r1 int) {
+	gemmTiles(p, k, y, x, batch, r0, r1)
+}
+
 func gemmTile(w *[tileRows * tileCols]float32, n int, x []float32, ldx, batch int, acc []float32) {
 	gemmTileScalar(w, n, x, ldx, batch, acc)
 }

@@ -235,6 +235,8 @@ func BenchmarkMatMulBatch(b *testing.B) {
 	}
 	fp8, _ := fp8CopiesN(4096, 4096, 2)
 	mx, _ := mxCopiesN(2048, 4096, 2)
+	mx256, _ := mxCopiesN(256, 384, 2)
+	mx384, _ := mxCopiesN(384, 256, 2)
 	cases := []struct {
 		name    string
 		ms      []Matrix
@@ -244,6 +246,9 @@ func BenchmarkMatMulBatch(b *testing.B) {
 		{"MXFP4_2048x4096", mx, []int{16, 64, 256}},
 		{"BF16_8192x384", bf(8192, 384), []int{512}},
 		{"BF16_384x384", bf(384, 384), []int{4, 8, 64}},
+		// brown-mini's routed experts (w1/w3, w2) at their average batch.
+		{"MXFP4_256x384", mx256, []int{64}},
+		{"MXFP4_384x256", mx384, []int{64}},
 	}
 	for _, cs := range cases {
 		rows, cols := cs.ms[0].Dims()

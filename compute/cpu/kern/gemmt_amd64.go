@@ -55,10 +55,15 @@ func gemmPass(p *Pool, k kernel, y, x []float32, batch, r0, r1 int) {
 	xt := make([]float32, off)
 	for _, bl := range blocks {
 		t := xt[bl.off : bl.off+bl.w*cols]
-		for b := range bl.nb {
-			xr := x[(bl.b0+b)*cols : (bl.b0+b+1)*cols]
-			for c, v := range xr {
-				t[c*bl.w+b] = v
+		// 16 columns at a time: the lines written stay in L1.
+		for c0 := 0; c0 < cols; c0 += 16 {
+			c1 := min(c0+16, cols)
+			for b := range bl.nb {
+				xr := x[(bl.b0+b)*cols+c0 : (bl.b0+b)*cols+c1]
+				tt := t[c0*bl.w+b:]
+				for j, v := range xr {
+					tt[j*bl.w] = v
+				}
 			}
 		}
 	}

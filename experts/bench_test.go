@@ -116,25 +116,7 @@ func BenchmarkExpertMiss(b *testing.B) {
 	cfg := config.Flash()
 	cfg.NLayers, cfg.NMTPLayers, cfg.NRoutedExperts = 1, 0, 96 // 1.2 GiB of experts
 	cfg.CompressRatios = cfg.CompressRatios[:1]
-	path := filepath.Join(b.TempDir(), "experts.bin")
-	src := newFileSource(path, cfg)
-	f, err := os.Create(path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	chunk := make([]byte, 8<<20)
-	r := rand.New(rand.NewPCG(1, 2))
-	for i := range chunk {
-		chunk[i] = byte(r.Uint32())
-	}
-	for w := int64(0); w < src.size; w += int64(len(chunk)) {
-		if _, err := f.Write(chunk[:min(int64(len(chunk)), src.size-w)]); err != nil {
-			b.Fatal(err)
-		}
-	}
-	if err := f.Close(); err != nil {
-		b.Fatal(err)
-	}
+	path, src := writeExpertFile(b, cfg)
 	for _, readers := range []int{1, 4, 8, 16} {
 		b.Run(fmt.Sprintf("readers=%d", readers), func(b *testing.B) {
 			st, err := New(src, cfg, Options{Backend: cpu.New(1), Slots: []int{0}, Readers: readers})
@@ -175,7 +157,9 @@ func BenchmarkExpertMiss(b *testing.B) {
 // $MOXIE_BENCH_FLASH_DIR, default /tmp/moxie-flash2; $MOXIE_BENCH_FLASH_SPEC
 // overrides the preset, e.g. synth:flash?layers=2&experts=64 on small machines)
 // with all routed experts of the main layers resident, half of them, and one
-// per layer; the -cold cases drop the routed experts' byte ranges from the page
+// per layer; the first case has room for all but starts empty (the first
+// tokens of a run, every expert's first use a read into a slot never used);
+// the -cold cases drop the routed experts' byte ranges from the page
 // cache before every token, so that misses come from the disk rather than from
 // memory the OS kept (dense weights stay cached). Metrics: tok/s, bytes read from the slow tier per
 // token, hit rate, and the forward pass's wait for reads per token.
@@ -240,7 +224,9 @@ func BenchmarkFlashDecodeStore(b *testing.B) {
 		name  string
 		slots int
 		cold  bool // drop the experts from the page cache before every token
-	}{{"all", E, false}, {"half", E / 2, false}, {"one", 1, false}, {"half-cold", E / 2, true}, {"one-cold", 1, true}} {
+		empty bool // do not fill the slots before the prompt
+	}{{"all", E, false, false}, {"first", E, false, true}, {"half", E / 2, false, false}, {"one", 1, false, false},
+		{"half-cold", E / 2, true, false}, {"one-cold", 1, true, false}} {
 		b.Run(tc.name, func(b *testing.B) {
 			slots := make([]int, cfg.NLayers+cfg.NMTPLayers)
 			for l := range cfg.NLayers {
@@ -252,7 +238,7 @@ func BenchmarkFlashDecodeStore(b *testing.B) {
 			}
 			defer st.Close()
 			// Fill the slots (not timed): the steady state of a long run.
-			for l := range cfg.NLayers {
+			for l := range cfg.NLayers * btoi(!tc.empty) {
 				for e := range tc.slots {
 					if _, err := st.Expert(l, e); err != nil {
 						b.Fatal(err)
@@ -290,6 +276,13 @@ func BenchmarkFlashDecodeStore(b *testing.B) {
 	}
 }
 
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // writeSynthDir writes a synthetic checkpoint directory like `moxie synth`.
 func writeSynthDir(b *testing.B, spec, dir string) {
 	src, err := checkpoint.OpenSynth(spec)
@@ -304,4 +297,134 @@ func writeSynthDir(b *testing.B, spec, dir string) {
 		Metadata: map[string]string{"format": "pt", checkpoint.SyntheticKey: src.Name()}}); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// writeExpertFile writes a file of random bytes holding the routed experts of
+// cfg, and returns its path and a source over it.
+func writeExpertFile(b *testing.B, cfg *config.Config) (string, *fileSource) {
+	path := filepath.Join(b.TempDir(), "experts.bin")
+	src := newFileSource(path, cfg)
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	chunk := make([]byte, 8<<20)
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range chunk {
+		chunk[i] = byte(r.Uint32())
+	}
+	for w := int64(0); w < src.size; w += int64(len(chunk)) {
+		if _, err := f.Write(chunk[:min(int64(len(chunk)), src.size-w)]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := f.Close(); err != nil {
+		b.Fatal(err)
+	}
+	return path, src
+}
+
+// BenchmarkExpertPreload preloads the 96 experts of one V4-Flash-shaped layer
+// (1.2 GiB) from a file dropped from the page cache into a fresh store with a
+// slot for each (made outside the timer), against the disk's sequential
+// bandwidth (4 MiB preads, one goroutine) measured just before each run.
+// Metrics: MB/s, disk-MB/s, ratio = preload / disk.
+func BenchmarkExpertPreload(b *testing.B) {
+	cfg := config.Flash()
+	cfg.NLayers, cfg.NMTPLayers, cfg.NRoutedExperts = 1, 0, 96
+	cfg.CompressRatios = cfg.CompressRatios[:1]
+	path, src := writeExpertFile(b, cfg)
+	for _, readers := range []int{4, 8} {
+		b.Run(fmt.Sprintf("readers=%d", readers), func(b *testing.B) {
+			disk := seqRead(b, path)
+			for b.Loop() {
+				b.StopTimer()
+				dropCache(b, path)
+				st, err := New(src, cfg, Options{Backend: cpu.New(1), Slots: []int{cfg.NRoutedExperts}, Readers: readers})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				if err := st.Preload(b.Context(), nil); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				st.Close()
+				b.StartTimer()
+			}
+			rate := float64(b.N) * float64(src.size) / b.Elapsed().Seconds()
+			b.ReportMetric(rate/1e6, "MB/s")
+			b.ReportMetric(disk/1e6, "disk-MB/s")
+			b.ReportMetric(rate/disk, "ratio")
+		})
+	}
+}
+
+// hotRead reads path front to back with 4 MiB preads (one goroutine) into one
+// reused buffer after reading it once, so that it comes from the page cache:
+// the ceiling of a miss served from memory the OS kept (a copy per byte).
+func hotRead(b *testing.B, path string) float64 {
+	f, err := os.Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 4<<20)
+	var n int64
+	var t0 time.Time
+	for range 2 {
+		n, t0 = 0, time.Now()
+		for {
+			k, err := f.ReadAt(buf, n)
+			n += int64(k)
+			if err != nil {
+				break
+			}
+		}
+	}
+	return float64(n) / time.Since(t0).Seconds()
+}
+
+// BenchmarkExpertFill loads every expert of one V4-Flash-shaped layer (96
+// MXFP4 experts, 1.2 GiB, kept in the page cache) into a store with a slot
+// for each, so that every load lands in a slot never used before: the first
+// tokens of a run whose budget holds the experts. A fresh store is made per
+// iteration outside the timer; its construction time is reported as new-ms.
+// Metrics: MB/s of the loads, hot-MB/s (4 MiB preads of the same cached file
+// into one reused buffer, measured just before), ratio = loads / hot-MB/s.
+func BenchmarkExpertFill(b *testing.B) {
+	cfg := config.Flash()
+	cfg.NLayers, cfg.NMTPLayers, cfg.NRoutedExperts = 1, 0, 96
+	cfg.CompressRatios = cfg.CompressRatios[:1]
+	path, src := writeExpertFile(b, cfg)
+	hot := hotRead(b, path)
+	var newTime time.Duration
+	for b.Loop() {
+		b.StopTimer()
+		t0 := time.Now()
+		st, err := New(src, cfg, Options{Backend: cpu.New(1), Slots: []int{cfg.NRoutedExperts}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		newTime += time.Since(t0)
+		b.StartTimer()
+		all := make([]int, cfg.NRoutedExperts)
+		for e := range all {
+			all[e] = e
+		}
+		st.Prefetch(0, all)
+		for e := range all {
+			if _, err := st.Expert(0, e); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StopTimer()
+		st.Close()
+		b.StartTimer()
+	}
+	rate := float64(b.N) * float64(src.size) / b.Elapsed().Seconds()
+	b.ReportMetric(rate/1e6, "MB/s")
+	b.ReportMetric(hot/1e6, "hot-MB/s")
+	b.ReportMetric(rate/hot, "ratio")
+	b.ReportMetric(newTime.Seconds()*1e3/float64(b.N), "new-ms")
 }

@@ -9,6 +9,7 @@
 package experts
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -47,10 +48,13 @@ type Options struct {
 }
 
 // Store serves routed experts (it implements dsv4.Experts and
-// dsv4.ExpertPrefetcher). Resident experts live in store-owned buffers outside
-// the Go heap; misses are read from the source (pread on the shard files for
-// sources implementing checkpoint.Locator, TensorData otherwise) by a pool of
-// reader goroutines, and are never dropped. The weights Expert returns are
+// dsv4.ExpertPrefetcher). Resident experts live in store-owned memory outside
+// the Go heap: one block holding every slot, allocated and backed by physical
+// pages (pre-faulted) when the store is made, and reused as experts are
+// evicted, so that a miss costs the read alone. Misses are read from the
+// source into their slot (pread on the shard files for sources implementing
+// checkpoint.Locator, TensorData otherwise) by a pool of reader goroutines,
+// and are never dropped. The weights Expert returns are
 // valid until the next Expert call for the same layer: the expert last served
 // in a layer, and the experts a layer announced by Prefetch and has not yet
 // asked for, are never evicted. A read that fails (I/O error, truncated file)
@@ -62,16 +66,19 @@ type Options struct {
 // index not above the last one). The store must outlive the model using it;
 // Close releases its memory.
 type Store struct {
-	src    checkpoint.Source
-	loc    checkpoint.Locator // nil: read through TensorData
-	be     compute.Backend
-	cfg    *config.Config
-	proj   [3]projShape
-	eb     int64 // bytes of one expert
-	chunk  int64
-	layers []*layerState
-	reqs   chan readReq
-	readWG sync.WaitGroup
+	src     checkpoint.Source
+	loc     checkpoint.Locator // nil: read through TensorData
+	be      compute.Backend
+	cfg     *config.Config
+	proj    [3]projShape
+	eb      int64 // bytes of one expert
+	stride  int64 // bytes between slots in mem: eb rounded up to whole pages
+	chunk   int64
+	mem     []byte // every layer's slots (from allocBuf); nil with no slots
+	layers  []*layerState
+	readers int
+	reqs    chan readReq
+	readWG  sync.WaitGroup
 
 	mu     sync.Mutex
 	loads  sync.WaitGroup
@@ -94,7 +101,8 @@ type layerState struct {
 	idx     int
 	cap     int
 	pol     Policy
-	slots   []*slot
+	mem     []byte        // this layer's part of Store.mem: cap slots
+	slots   []*slot       // made on first use, each with its own part of mem
 	where   map[int]*slot // resident: ready or loading
 	step    int64
 	rounds  bool         // a round is open
@@ -108,9 +116,9 @@ type layerState struct {
 }
 
 type slot struct {
-	buf        []byte
-	e          int   // expert held or being loaded; -1 empty
-	ld         *load // current load (nil for an empty slot)
+	buf        []byte // a slot's part of Store.mem, or the scratch buffer
+	e          int    // expert held or being loaded; -1 empty
+	ld         *load  // current load (nil for an empty slot)
 	ready      bool
 	w          dsv4.ExpertWeights
 	bound      bool
@@ -170,7 +178,11 @@ func expertPrefix(cfg *config.Config, l, e int) string {
 
 // New makes a store for the routed experts of src (configuration cfg). It
 // checks that every expert tensor exists with the shape and dtype of expert 0
-// of layer 0, and that the source can locate it when it is a Locator.
+// of layer 0, and that the source can locate it when it is a Locator. It
+// allocates the memory of every slot (the sum of the layers' capacities times
+// ExpertBytes, each slot rounded up to whole pages) and backs it with physical
+// memory before it returns, so that this memory is in use from the start (an
+// error if the system cannot provide it, where the system says so).
 func New(src checkpoint.Source, cfg *config.Config, opts Options) (*Store, error) {
 	if opts.Backend == nil {
 		return nil, errors.New("experts: Options.Backend is required (the model's backend)")
@@ -225,13 +237,38 @@ func New(src checkpoint.Source, cfg *config.Config, opts Options) (*Store, error
 	if readers <= 0 {
 		readers = 8
 	}
+	s.readers = readers
 	pf := opts.Policy
 	if pf == nil {
 		pf = func(_, n, _ int) Policy { return NewLRU(n) }
 	}
+	page := int64(os.Getpagesize())
+	s.stride = (s.eb + page - 1) / page * page
+	var total int64
+	for _, n := range slots {
+		total += int64(n) * s.stride
+	}
+	if total > 0 {
+		if int64(int(total)) != total {
+			return nil, fmt.Errorf("experts: %d bytes of expert slots do not fit in this system's address space", total)
+		}
+		mem, err := allocBuf(int(total))
+		if err != nil {
+			return nil, fmt.Errorf("experts: allocating %d bytes for %d expert slots: %w", total, total/s.stride, err)
+		}
+		if err := prefault(mem, prefaultWorkers(), populateWrite); err != nil {
+			freeBuf(mem)
+			return nil, fmt.Errorf("experts: backing %d bytes of expert slots with memory: %w", total, err)
+		}
+		s.mem = mem
+	}
+	var off int64
 	for l := range nl {
+		n := int64(slots[l]) * s.stride
 		s.layers = append(s.layers, &layerState{idx: l, cap: slots[l], pol: pf(l, cfg.NRoutedExperts, slots[l]),
+			mem:   s.mem[off : off+n : off+n],
 			where: map[int]*slot{}, used: map[int]bool{}, pending: map[int]bool{}, bypass: map[int]bool{}, lastE: -1})
+		off += n
 	}
 	s.reqs = make(chan readReq, 4*readers)
 	for range readers {
@@ -359,7 +396,7 @@ func (s *Store) Prefetch(layer int, experts []int) {
 			}
 			continue
 		}
-		if err := s.startLoad(ls, sl, e, true); err != nil {
+		if _, err := s.startLoad(ls, sl, e, true); err != nil {
 			continue // the Expert call will report it
 		}
 		ls.stats.PrefetchIssued++
@@ -373,14 +410,13 @@ func (s *Store) claim(ls *layerState, e int) (*slot, bool) {
 	if ls.cap == 0 {
 		return nil, true
 	}
-	var empty *slot
+	free := len(ls.slots) < ls.cap
 	for _, sl := range ls.slots {
 		if sl.e < 0 {
-			empty = sl
+			free = true
 			break
 		}
 	}
-	free := empty != nil || len(ls.slots) < ls.cap
 	var cands []int
 	if !free {
 		for x, sl := range ls.where {
@@ -398,12 +434,7 @@ func (s *Store) claim(ls *layerState, e int) (*slot, bool) {
 		return nil, true
 	}
 	if free {
-		if empty != nil {
-			return empty, true
-		}
-		sl := &slot{e: -1}
-		ls.slots = append(ls.slots, sl)
-		return sl, true
+		return s.freeSlot(ls), true
 	}
 	sl, ok := ls.where[victim]
 	if !ok || !sl.ready || ls.pending[victim] || sl == ls.last {
@@ -417,13 +448,33 @@ func (s *Store) claim(ls *layerState, e int) (*slot, bool) {
 	return sl, true
 }
 
+// freeSlot returns an empty slot of ls, or a new one made on its part of the
+// layer's memory, or nil when all ls.cap slots hold experts. Called with s.mu
+// held.
+func (s *Store) freeSlot(ls *layerState) *slot {
+	for _, sl := range ls.slots {
+		if sl.e < 0 {
+			return sl
+		}
+	}
+	i := int64(len(ls.slots))
+	if i >= int64(ls.cap) {
+		return nil
+	}
+	off := i * s.stride
+	sl := &slot{e: -1, buf: ls.mem[off : off+s.eb : off+s.eb]}
+	ls.slots = append(ls.slots, sl)
+	return sl
+}
+
 // startLoad begins reading expert e of ls into sl (a slot, or the layer's
-// scratch when sl == ls.scratch). Called with s.mu held.
-func (s *Store) startLoad(ls *layerState, sl *slot, e int, prefetch bool) error {
-	if sl.buf == nil {
+// scratch when sl == ls.scratch). It returns the load, whose done channel
+// closes when the bytes are in (or the read failed). Called with s.mu held.
+func (s *Store) startLoad(ls *layerState, sl *slot, e int, prefetch bool) (*load, error) {
+	if sl.buf == nil { // the scratch buffer, made on first use
 		b, err := allocBuf(int(s.eb))
 		if err != nil {
-			return fmt.Errorf("experts: layer %d expert %d: allocating %d bytes: %w", ls.idx, e, s.eb, err)
+			return nil, fmt.Errorf("experts: layer %d expert %d: allocating %d bytes: %w", ls.idx, e, s.eb, err)
 		}
 		sl.buf = b
 	}
@@ -440,7 +491,7 @@ func (s *Store) startLoad(ls *layerState, sl *slot, e int, prefetch bool) error 
 		}
 		sl.e, sl.ld = -1, nil
 		ls.stats.ReadErrors++
-		return err
+		return nil, err
 	}
 	job := &loadJob{pending: len(reqs), start: time.Now()}
 	s.loads.Add(1)
@@ -472,7 +523,7 @@ func (s *Store) startLoad(ls *layerState, sl *slot, e int, prefetch bool) error 
 			s.reqs <- r
 		}
 	}()
-	return nil
+	return ld, nil
 }
 
 // requests splits the read of expert e of layer l into chunks writing buf.
@@ -600,7 +651,7 @@ func (s *Store) Expert(layer, e int) (dsv4.ExpertWeights, error) {
 			}
 			sl = ls.scratch
 		}
-		if err := s.startLoad(ls, sl, e, false); err != nil {
+		if _, err := s.startLoad(ls, sl, e, false); err != nil {
 			return dsv4.ExpertWeights{}, err
 		}
 	}
@@ -641,6 +692,129 @@ func (s *Store) Expert(layer, e int) (dsv4.ExpertWeights, error) {
 	return sl.w, nil
 }
 
+// Preload reads every expert of each layer whose capacity holds all of that
+// layer's experts (a plan with room for every expert gives every main layer
+// that capacity) into its slot, so that the first tokens do not wait for the
+// slow tier; layers with fewer slots are left to their residency policy.
+// Experts already resident or loading are skipped. Up to Options.Readers
+// experts are read at a time, through the store's readers, in layer then
+// expert order. Preloading is not a use: it changes no hit, miss or prefetch
+// count and calls no Policy method (a layer holding every expert never
+// evicts, so its policy has no choice to make); Stats count the experts it
+// read in Preloaded and their bytes in BytesRead and ReadTime. It may run
+// while a model uses the store: an expert the model asks for while it is
+// being preloaded is served once its read completes (and counts as a hit, its
+// wait in Wait).
+//
+// progress, if non-nil, is called on the caller's goroutine with (0, total)
+// first and then after each expert is in, total being the number of experts
+// Preload reads. Preload returns when all are in, with the first read error
+// (naming the layer, expert, tensor and file; the expert stays absent and is
+// read again on use), with ctx.Err() when ctx ends first (reads already
+// issued complete in the background), or with an error if the store is closed.
+func (s *Store) Preload(ctx context.Context, progress func(done, total int)) error {
+	type job struct{ l, e int }
+	var jobs []job
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return errors.New("experts: store is closed")
+	}
+	for _, ls := range s.layers {
+		if ls.cap < s.cfg.NRoutedExperts {
+			continue
+		}
+		for e := range s.cfg.NRoutedExperts {
+			if _, ok := ls.where[e]; !ok {
+				jobs = append(jobs, job{ls.idx, e})
+			}
+		}
+	}
+	s.mu.Unlock()
+	if progress != nil {
+		progress(0, len(jobs))
+	}
+	type inflight struct {
+		job
+		ld *load
+	}
+	var (
+		window []inflight
+		done   int
+		first  error
+	)
+	// wait waits for the oldest read in flight.
+	wait := func() error {
+		f := window[0]
+		select {
+		case <-f.ld.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		window = window[1:]
+		if f.ld.err != nil {
+			if first == nil {
+				first = fmt.Errorf("experts: preloading layer %d expert %d: %w", f.l, f.e, f.ld.err)
+			}
+			return nil
+		}
+		done++
+		if progress != nil {
+			progress(done, len(jobs))
+		}
+		return nil
+	}
+	for _, j := range jobs {
+		if first != nil {
+			break
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		for len(window) >= s.readers {
+			if err := wait(); err != nil {
+				return err
+			}
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return errors.New("experts: store is closed")
+		}
+		ls := s.layers[j.l]
+		if _, ok := ls.where[j.e]; ok { // the model got there first
+			s.mu.Unlock()
+			done++
+			if progress != nil {
+				progress(done, len(jobs))
+			}
+			continue
+		}
+		sl := s.freeSlot(ls)
+		if sl == nil { // cannot happen: the layer has a slot per expert
+			s.mu.Unlock()
+			first = fmt.Errorf("experts: preloading layer %d expert %d: no free slot", j.l, j.e)
+			break
+		}
+		ld, err := s.startLoad(ls, sl, j.e, false)
+		if err == nil {
+			ls.stats.Preloaded++
+		}
+		s.mu.Unlock()
+		if err != nil {
+			first = fmt.Errorf("experts: preloading: %w", err)
+			break
+		}
+		window = append(window, inflight{j, ld})
+	}
+	for len(window) > 0 {
+		if err := wait(); err != nil {
+			return err
+		}
+	}
+	return first
+}
+
 // bind binds the three projections held in buf.
 func (s *Store) bind(buf []byte) (dsv4.ExpertWeights, error) {
 	var w [3]compute.Weight
@@ -677,6 +851,9 @@ type LayerStats struct {
 	// evicted unserved (wasted).
 	PrefetchIssued, PrefetchUseful, PrefetchWasted int64
 	ReadErrors                                     int64
+	// Preloaded counts the experts Preload started reading (not uses: they
+	// are in no hit or miss count).
+	Preloaded int64
 }
 
 func (a *LayerStats) add(b LayerStats) {
@@ -690,6 +867,7 @@ func (a *LayerStats) add(b LayerStats) {
 	a.PrefetchUseful += b.PrefetchUseful
 	a.PrefetchWasted += b.PrefetchWasted
 	a.ReadErrors += b.ReadErrors
+	a.Preloaded += b.Preloaded
 }
 
 // HitRate is hits per counted use (0 with none).
@@ -704,7 +882,8 @@ func (a LayerStats) HitRate() float64 {
 type Stats struct {
 	Layers []LayerStats
 	Total  LayerStats
-	// ResidentBytes is the memory held in expert slots and scratch buffers.
+	// ResidentBytes is the memory held in expert slots (all of it from the
+	// store's creation on) and scratch buffers.
 	ResidentBytes int64
 }
 
@@ -712,15 +891,10 @@ type Stats struct {
 func (s *Store) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := Stats{Layers: make([]LayerStats, len(s.layers))}
+	st := Stats{Layers: make([]LayerStats, len(s.layers)), ResidentBytes: int64(len(s.mem))}
 	for l, ls := range s.layers {
 		st.Layers[l] = ls.stats
 		st.Total.add(ls.stats)
-		for _, sl := range ls.slots {
-			if sl.buf != nil {
-				st.ResidentBytes += int64(len(sl.buf))
-			}
-		}
 		if ls.scratch != nil && ls.scratch.buf != nil {
 			st.ResidentBytes += int64(len(ls.scratch.buf))
 		}
@@ -745,14 +919,22 @@ func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, ls := range s.layers {
-		for _, sl := range append(ls.slots, ls.scratch) {
-			if sl != nil && sl.buf != nil {
-				if err := freeBuf(sl.buf); err != nil && first == nil {
-					first = err
-				}
-				sl.buf = nil
-			}
+		for _, sl := range ls.slots {
+			sl.buf = nil
 		}
+		ls.mem = nil
+		if sl := ls.scratch; sl != nil && sl.buf != nil {
+			if err := freeBuf(sl.buf); err != nil && first == nil {
+				first = err
+			}
+			sl.buf = nil
+		}
+	}
+	if s.mem != nil {
+		if err := freeBuf(s.mem); err != nil && first == nil {
+			first = err
+		}
+		s.mem = nil
 	}
 	return first
 }

@@ -133,21 +133,7 @@ func (b *Backend) parallel(n int, cost int, f func(lo, hi int)) {
 	b.pool.Run(n, f)
 }
 
-func dot(a, b []float32) float32 {
-	b = b[:len(a)]
-	var s0, s1, s2, s3 float32
-	i := 0
-	for ; i+4 <= len(a); i += 4 {
-		s0 += a[i] * b[i]
-		s1 += a[i+1] * b[i+1]
-		s2 += a[i+2] * b[i+2]
-		s3 += a[i+3] * b[i+3]
-	}
-	for ; i < len(a); i++ {
-		s0 += a[i] * b[i]
-	}
-	return (s0 + s1) + (s2 + s3)
-}
+func dot(a, b []float32) float32 { return kern.Dot(a, b) }
 
 // linear computes rows [r0, r1) for every batch row, with x rows of stride xs
 // starting at column offset xo (for grouped projections).
@@ -368,12 +354,12 @@ func (b *Backend) HCExpand(out, x, o, post, comb []float32, hc, dim, batch int) 
 		for k := range hc {
 			pk := post[bi*hc+k]
 			dst := out[(bi*hc+k)*dim : (bi*hc+k+1)*dim]
+			ob := o[bi*dim : (bi+1)*dim]
 			for i := range dst {
-				s := pk * o[bi*dim+i]
-				for j := range hc {
-					s += c[j*hc+k] * x[(bi*hc+j)*dim+i]
-				}
-				dst[i] = s
+				dst[i] = pk * ob[i]
+			}
+			for j := range hc {
+				kern.AddScaled(dst, c[j*hc+k], x[(bi*hc+j)*dim:(bi*hc+j+1)*dim])
 			}
 		}
 	}
@@ -430,11 +416,7 @@ func (b *Backend) Attention(o, q, kv, sinks []float32, nKeys, heads, dim int, sc
 				den += s[i]
 			}
 			for i := range nKeys {
-				p := s[i] / den
-				k := kv[i*dim : (i+1)*dim]
-				for c := range oh {
-					oh[c] += p * k[c]
-				}
+				kern.AddScaled(oh, s[i]/den, kv[i*dim:(i+1)*dim])
 			}
 		}
 	})

@@ -1,0 +1,7 @@
+//go:build !(amd64 && goexperiment.simd)
+
+package kern
+
+func dotVec(a, b []float32) float32 { return dotF32(a, b) }
+
+func addScaledVec(y []float32, s float32, x []float32) { addScaledScalar(y, s, x) }

@@ -1,5 +1,7 @@
 package kern
 
+import "math"
+
 // Dot returns Σ a[i]·b[i] over len(a) in float32 (the order of additions
 // is not specified). It panics if len(b) < len(a).
 func Dot(a, b []float32) float32 {
@@ -18,5 +20,21 @@ func addScaledScalar(y []float32, s float32, x []float32) {
 	x = x[:len(y)]
 	for i := range y {
 		y[i] += s * x[i]
+	}
+}
+
+// Exp sets dst[i] = e^src[i] for i < len(dst) in float32, within a few
+// units in the last place of the exact value (IEEE special cases as
+// math.Exp: NaN stays NaN, +Inf gives +Inf, -Inf gives 0; overflow gives
+// +Inf). It panics if len(src) < len(dst); dst and src must not overlap.
+func Exp(dst, src []float32) {
+	src = src[:len(dst)]
+	expVec(dst, src)
+}
+
+func expScalar(dst, src []float32) {
+	src = src[:len(dst)]
+	for i, v := range src {
+		dst[i] = float32(math.Exp(float64(v)))
 	}
 }

@@ -36,3 +36,46 @@ func addScaledVec(y []float32, s float32, x []float32) {
 	archsimd.ClearAVXUpperBits()
 	addScaledScalar(y[n:], s, x[n:])
 }
+
+// Range of inputs whose e^x the vector path computes: n = round(x·log2 e)
+// then stays in [-126, 127], so 2^n is a normal float32.
+const (
+	expLo = -87
+	expHi = 88
+)
+
+// expVec evaluates e^x = 2^n · e^r, r = x - n·ln2 in [-ln2/2, ln2/2], with
+// the degree-6 polynomial of Cephes' expf (about 1 ulp). Inputs outside
+// [expLo, expHi] (and NaN) are recomputed by the scalar path afterwards.
+func expVec(dst, src []float32) {
+	if !hasAVX512 || len(dst) < 16 {
+		expScalar(dst, src)
+		return
+	}
+	f := func(v float32) archsimd.Float32x16 {
+		return archsimd.BroadcastUint32x16(math.Float32bits(v)).AsFloat32x16()
+	}
+	log2e, c1, c2 := f(1.44269504088896341), f(0.693359375), f(-2.12194440e-4)
+	p0, p1, p2 := f(1.9875691500e-4), f(1.3981999507e-3), f(8.3334519073e-3)
+	p3, p4, p5 := f(4.1665795894e-2), f(1.6666665459e-1), f(5.0000001201e-1)
+	one := f(1)
+	bias := archsimd.BroadcastInt32x16(127)
+	n16 := len(dst) &^ 15
+	for i := 0; i < n16; i += 16 {
+		x := archsimd.LoadFloat32x16((*[16]float32)(src[i : i+16]))
+		n := x.Mul(log2e).RoundToEvenScaled(0)
+		r := x.Sub(n.Mul(c1)).Sub(n.Mul(c2))
+		z := r.Mul(r)
+		p := p0.MulAdd(r, p1).MulAdd(r, p2).MulAdd(r, p3).MulAdd(r, p4).MulAdd(r, p5)
+		e := p.MulAdd(z, r).Add(one)
+		s := n.ConvertToInt32().Add(bias).ShiftAllLeft(23).AsFloat32x16()
+		e.Mul(s).Store((*[16]float32)(dst[i : i+16]))
+	}
+	archsimd.ClearAVXUpperBits()
+	for i, v := range src[:n16] {
+		if !(v >= expLo && v <= expHi) {
+			dst[i] = float32(math.Exp(float64(v)))
+		}
+	}
+	expScalar(dst[n16:], src[n16:])
+}

@@ -49,3 +49,11 @@ func gemmT8x32(w *float32, n int, xt *float32, xs int, acc *float32, as int)
 
 //go:noescape
 func gemmT8x48(w *float32, n int, xt *float32, xs int, acc *float32, as int)
+
+// gatherT transposes n columns of up to 16 rows (gemm_amd64.s): for c < n
+// and each lane l < 16 whose bit is set in mask, the float at dst+c*ds (ds
+// in bytes) + 4l is set to src[c+idx[l]]; other lanes are not written. The
+// caller checks every length; the CPU must have AVX-512.
+//
+//go:noescape
+func gatherT(dst *float32, ds int, src *float32, idx *[16]int32, mask uint16, n int)

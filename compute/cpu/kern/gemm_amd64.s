@@ -327,3 +327,32 @@ done3:
 	ADDQ R8, AX
 	VZEROUPPER
 	RET
+
+// func gatherT(dst *float32, ds int, src *float32, idx *[16]int32, mask uint16, n int)
+//
+// For c < n: gathers the floats at src+4c+4*idx[l] for the lanes l set in
+// mask and stores those lanes at dst+c*ds (ds in bytes); the other lanes
+// of dst are left as they are.
+TEXT ·gatherT(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), DI
+	MOVQ ds+8(FP), BX
+	MOVQ src+16(FP), SI
+	MOVQ idx+24(FP), AX
+	MOVWLZX mask+32(FP), DX
+	MOVQ n+40(FP), CX
+	VMOVDQU32 (AX), Z1
+	KMOVW DX, K2
+	TESTQ CX, CX
+	JLE gdone
+gloop:
+	KMOVW DX, K1
+	VGATHERDPS (SI)(Z1*4), K1, Z0
+	VMOVUPS Z0, K2, (DI)
+	ADDQ $4, SI
+	ADDQ BX, DI
+	DECQ CX
+	JNZ gloop
+gdone:
+	VZEROUPPER
+	RET
+

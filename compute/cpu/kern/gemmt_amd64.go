@@ -26,7 +26,8 @@ const (
 )
 
 func gemm(p *Pool, k kernel, y, x []float32, batch, r0, r1 int) {
-	if !hasAVX512 || batch < gemmTMinBatch {
+	// The gathers index rows of x with int32 offsets.
+	if !hasAVX512 || batch < gemmTMinBatch || 16*k.cols() >= 1<<31 {
 		gemmTiles(p, k, y, x, batch, r0, r1)
 		return
 	}
@@ -53,18 +54,14 @@ func gemmPass(p *Pool, k kernel, y, x []float32, batch, r0, r1 int) {
 		off += w * cols
 	}
 	xt := make([]float32, off)
+	var idx [16]int32
+	for l := range idx {
+		idx[l] = int32(l * cols)
+	}
 	for _, bl := range blocks {
-		t := xt[bl.off : bl.off+bl.w*cols]
-		// 16 columns at a time: the lines written stay in L1.
-		for c0 := 0; c0 < cols; c0 += 16 {
-			c1 := min(c0+16, cols)
-			for b := range bl.nb {
-				xr := x[(bl.b0+b)*cols+c0 : (bl.b0+b)*cols+c1]
-				tt := t[c0*bl.w+b:]
-				for j, v := range xr {
-					tt[j*bl.w] = v
-				}
-			}
+		for bb := 0; bb < bl.nb; bb += 16 {
+			lanes := min(16, bl.nb-bb)
+			gatherT(&xt[bl.off+bb], 4*bl.w, &x[(bl.b0+bb)*cols], &idx, uint16(1<<lanes-1), cols)
 		}
 	}
 	tiles := (rows + gemmTTile - 1) / gemmTTile
@@ -82,6 +79,10 @@ func gemmRowsT(k kernel, y []float32, ys int, xt []float32, blocks []gemmBlock, 
 	var wbuf [gemmTRows * tileCols]float32
 	var accBuf [gemmTTile * gemmTMaxBatch]float32
 	acc := accBuf[:gemmTTile*wa]
+	var aidx [16]int32
+	for l := range aidx {
+		aidx[l] = int32(l * wa)
+	}
 	for r := lo; r < hi; r += gemmTTile {
 		nt := min(gemmTTile, hi-r)
 		clear(acc)
@@ -107,11 +108,9 @@ func gemmRowsT(k kernel, y []float32, ys int, xt []float32, blocks []gemmBlock, 
 				}
 			}
 		}
-		for b := range batch {
-			yr := y[b*ys+r-lo : b*ys+r-lo+nt]
-			for i := range yr {
-				yr[i] = acc[i*wa+b]
-			}
-		}
+		// y[b*ys+r-lo+i] = acc[i*wa+b]: a gather from acc (in L1) and one
+		// store of nt contiguous floats per batch row.
+		_ = y[(batch-1)*ys+r-lo+nt-1]
+		gatherT(&y[r-lo], 4*ys, &acc[0], &aidx, uint16(1<<nt-1), batch)
 	}
 }

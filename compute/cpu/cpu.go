@@ -398,6 +398,7 @@ func (b *Backend) Attention(o, q, kv, sinks []float32, nKeys, heads, dim int, sc
 		"heads %d dim %d keys %d: len(o)=%d len(q)=%d len(kv)=%d len(sinks)=%d", heads, dim, nKeys, len(o), len(q), len(kv), len(sinks))
 	b.parallel(heads, nKeys*dim*2, func(lo, hi int) {
 		s := make([]float32, nKeys)
+		e := make([]float32, nKeys)
 		for h := lo; h < hi; h++ {
 			oh := o[h*dim : (h+1)*dim]
 			clear(oh)
@@ -412,12 +413,16 @@ func (b *Backend) Attention(o, q, kv, sinks []float32, nKeys, heads, dim int, sc
 			}
 			den := float32(math.Exp(float64(sinks[h] - mx)))
 			for i := range nKeys {
-				s[i] = float32(math.Exp(float64(s[i] - mx)))
-				den += s[i]
+				s[i] -= mx
+			}
+			kern.Exp(e, s)
+			for i := range nKeys {
+				den += e[i]
 			}
 			for i := range nKeys {
-				kern.AddScaled(oh, s[i]/den, kv[i*dim:(i+1)*dim])
+				e[i] /= den
 			}
+			kern.WeightedSum(oh, e, kv[:nKeys*dim])
 		}
 	})
 }

@@ -38,3 +38,20 @@ func expScalar(dst, src []float32) {
 		dst[i] = float32(math.Exp(float64(v)))
 	}
 }
+
+// WeightedSum sets o[c] = Σ_i p[i]·v[i*len(o)+c] over i < len(p) (o is
+// overwritten; for each c the terms are added in order of i, with or without
+// fused multiply-adds). It panics if len(v) < len(p)*len(o); o must not
+// overlap p or v.
+func WeightedSum(o, p, v []float32) {
+	v = v[:len(p)*len(o)]
+	weightedSumVec(o, p, v)
+}
+
+func weightedSumScalar(o, p, v []float32) {
+	clear(o)
+	n := len(o)
+	for i, pi := range p {
+		addScaledScalar(o, pi, v[i*n:(i+1)*n])
+	}
+}

@@ -5,6 +5,7 @@ package kern
 import (
 	"math"
 	"simd/archsimd"
+	"unsafe"
 )
 
 func dotVec(a, b []float32) float32 {
@@ -78,4 +79,45 @@ func expVec(dst, src []float32) {
 		}
 	}
 	expScalar(dst[n16:], src[n16:])
+}
+
+// weightedSumVec keeps 64 columns of o in four registers while it runs over
+// the rows of v (rows whose length is a multiple of 16; others go scalar).
+func weightedSumVec(o, p, v []float32) {
+	n := len(o)
+	if !hasAVX512 || n%16 != 0 || n == 0 || len(p) == 0 {
+		weightedSumScalar(o, p, v)
+		return
+	}
+	// The weights are read as integers: a float32 load would compile to a
+	// legacy SSE MOVSS, very slow with the AVX-512 state dirty.
+	pb := unsafe.Slice((*uint32)(unsafe.Pointer(&p[0])), len(p))
+	for c0 := 0; c0 < n; c0 += 64 {
+		if n-c0 >= 64 {
+			var a0, a1, a2, a3 archsimd.Float32x16
+			for i, pi := range pb {
+				s := archsimd.BroadcastUint32x16(pi).AsFloat32x16()
+				vv := (*[64]float32)(v[i*n+c0 : i*n+c0+64])
+				a0 = archsimd.LoadFloat32x16((*[16]float32)(vv[0:16])).MulAdd(s, a0)
+				a1 = archsimd.LoadFloat32x16((*[16]float32)(vv[16:32])).MulAdd(s, a1)
+				a2 = archsimd.LoadFloat32x16((*[16]float32)(vv[32:48])).MulAdd(s, a2)
+				a3 = archsimd.LoadFloat32x16((*[16]float32)(vv[48:64])).MulAdd(s, a3)
+			}
+			oo := (*[64]float32)(o[c0 : c0+64])
+			a0.Store((*[16]float32)(oo[0:16]))
+			a1.Store((*[16]float32)(oo[16:32]))
+			a2.Store((*[16]float32)(oo[32:48]))
+			a3.Store((*[16]float32)(oo[48:64]))
+			continue
+		}
+		for c := c0; c < n; c += 16 {
+			var a archsimd.Float32x16
+			for i, pi := range pb {
+				s := archsimd.BroadcastUint32x16(pi).AsFloat32x16()
+				a = archsimd.LoadFloat32x16((*[16]float32)(v[i*n+c:i*n+c+16])).MulAdd(s, a)
+			}
+			a.Store((*[16]float32)(o[c : c+16]))
+		}
+	}
+	archsimd.ClearAVXUpperBits()
 }

@@ -73,3 +73,27 @@ func TestExp(t *testing.T) {
 		}
 	}
 }
+
+// TestWeightedSum compares WeightedSum with float64 sums for row lengths
+// on and off the vector widths.
+func TestWeightedSum(t *testing.T) {
+	rng := rand.New(rand.NewPCG(35, 36))
+	for _, sh := range [][2]int{{0, 64}, {1, 64}, {7, 64}, {33, 128}, {5, 80}, {9, 16}, {4, 13}, {3, 0}, {200, 192}} {
+		keys, n := sh[0], sh[1]
+		t.Run(fmt.Sprintf("%dx%d", keys, n), func(t *testing.T) {
+			p, v := randX(rng, keys), randX(rng, keys*n)
+			o := randX(rng, n) // overwritten
+			WeightedSum(o, p, v)
+			for c := range n {
+				var want, mag float64
+				for i := range keys {
+					want += float64(p[i]) * float64(v[i*n+c])
+					mag += math.Abs(float64(p[i]) * float64(v[i*n+c]))
+				}
+				if d := math.Abs(float64(o[c]) - want); d > tolerance(keys, mag) {
+					t.Fatalf("o[%d] = %v, want %v", c, o[c], want)
+				}
+			}
+		})
+	}
+}

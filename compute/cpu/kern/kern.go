@@ -4,9 +4,13 @@
 //
 // The kernels read the stored bytes directly; no dequantized copy of a weight
 // is ever made. Batch 1 (decode) is a fused streaming matrix-vector product
-// that decodes in registers and is bound by memory bandwidth; larger batches
-// decode one 4x512 tile at a time into an 8 KiB stack buffer and reuse it for
-// every batch row.
+// that decodes in registers and is bound by memory bandwidth. Larger batches
+// decode one weight tile (up to 8x512) at a time into a stack buffer of
+// float32 and reuse it for every batch row: on AVX-512, for batches of at
+// least 6 and at least 32 rows, the input is transposed once per call and
+// generated assembly micro-kernels broadcast each decoded weight against 16
+// to 48 batch rows, one output per vector lane (no horizontal sums); the
+// portable path and the other cases take dot products per (row, batch row).
 // Accumulation is in float32; results match a float64 reference within
 // float32 accumulation error (the order of additions is not specified).
 //
@@ -23,8 +27,9 @@
 // needs AVX512VBMI) when the CPU has it; otherwise, and in a plain build,
 // portable scalar Go runs. The batch-1 inner loops of FP8, MXFP4 (scale
 // bytes in [1,254]) and BF16 are generated Go assembly (gen_asm.go) that
-// prefetches the weights ahead, which archsimd cannot express; the rest is
-// archsimd. Both are tested against the same float64
+// prefetches the weights ahead, which archsimd cannot express, and so are
+// the batched micro-kernels (broadcast loads, 24 accumulators, gathers); the
+// rest is archsimd. Both are tested against the same float64
 // reference. Which one runs is decided per call from CPU features read once
 // at start-up; there is no configuration.
 //

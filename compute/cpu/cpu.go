@@ -266,6 +266,7 @@ func (b *Backend) HCMix(pre, post, comb, x []float32, p *compute.HCParams, batch
 	m := b.hcProject(x, p, batch)
 	eps := p.Eps
 	for bi := range batch {
+		kern.ClearUpper() // scalar float code below; see ClearUpper
 		mb := m[bi*nm : (bi+1)*nm]
 		for j := range hc {
 			pre[bi*hc+j] = sigmoid(mb[j]*p.Scale[0]+p.Base[j]) + eps

@@ -55,3 +55,12 @@ func weightedSumScalar(o, p, v []float32) {
 		addScaledScalar(o, pi, v[i*n:(i+1)*n])
 	}
 }
+
+// ClearUpper marks the upper halves of the vector registers clean
+// (VZEROUPPER) where the build uses AVX-512, and does nothing elsewhere.
+// Go compiles scalar float code to legacy SSE instructions, which run many
+// times slower while the upper state is dirty; on go1.26 with
+// GOEXPERIMENT=simd the state was measured dirty after an asynchronous
+// preemption, so long scalar float loops call this now and then (it costs
+// about a cycle).
+func ClearUpper() { clearUpper() }

@@ -121,3 +121,9 @@ func weightedSumVec(o, p, v []float32) {
 	}
 	archsimd.ClearAVXUpperBits()
 }
+
+func clearUpper() {
+	if hasAVX512 {
+		archsimd.ClearAVXUpperBits()
+	}
+}

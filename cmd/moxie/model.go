@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -174,6 +175,7 @@ func loadModel(spec string, mf *memFlags, stderr io.Writer) (*loadedModel, error
 	if l.store, err = plan.NewStore(src, l.be, pol); err != nil {
 		return fail(err)
 	}
+
 	opts := dsv4.Options{Backend: l.be, Experts: l.store}
 	if mf.routes != "" {
 		if l.routes, err = trace.Create(mf.routes, trace.HeaderFor(src.Name(), cfg)); err != nil {
@@ -188,6 +190,9 @@ func loadModel(spec string, mf *memFlags, stderr io.Writer) (*loadedModel, error
 	fmt.Fprintf(stderr, "memory: budget %s (%s); dense %s resident; %d of %d routed experts fit (%s, policy %s)\n",
 		progress.FormatBytes(budget), note, progress.FormatBytes(plan.Dense), plan.Resident(), total,
 		progress.FormatBytes(plan.ExpertsBytes), polName)
+	if !src.Synthetic() { // generated experts cost as much made ahead as on use
+		preloadExperts(l.store, stderr)
+	}
 	return l, nil
 }
 
@@ -270,4 +275,25 @@ func loadOnDevice(l *loadedModel, cfg *config.Config, ctx int, mf *memFlags, std
 	fmt.Fprintf(stderr, "device: %s; %s of weights resident (%s), context %d tokens, uploaded in %s\n",
 		l.dev.Info().Name, progress.FormatBytes(int64(m.DeviceBytes())), experts, ctx, time.Since(t0).Round(time.Millisecond))
 	return nil
+}
+
+// preloadExperts reads, before the first token, every expert of the layers
+// whose budget holds all of them, with a progress bar; a failed read is only
+// reported (that expert is read on first use).
+func preloadExperts(st *experts.Store, stderr io.Writer) {
+	var bar *progress.Bar
+	err := st.Preload(context.Background(), func(done, total int) {
+		switch {
+		case bar == nil && total > 0:
+			bar = progress.New(stderr, "experts", int64(total), false)
+		case bar != nil:
+			bar.Add(1)
+		}
+	})
+	if bar != nil {
+		bar.Done()
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "note: preloading routed experts: %v (they are read on first use)\n", err)
+	}
 }

@@ -233,28 +233,18 @@ func (s *Synth) TensorData(name string) ([]byte, error) {
 	return s.plain(t), nil
 }
 
-// rng returns the generator of one tensor: a PCG seeded from the global seed and
+// pcg returns the generator of one tensor: a PCG seeded from the global seed and
 // the FNV-1a hash of the tensor name.
-func (s *Synth) rng(name string) *rand.Rand {
+func (s *Synth) pcg(name string) *rand.PCG {
 	h := fnv.New64a()
 	h.Write([]byte(name))
-	return rand.New(rand.NewPCG(s.spec.Seed, h.Sum64()))
+	return rand.NewPCG(s.spec.Seed, h.Sum64())
 }
 
-// uniform fills n values uniformly in [-a, a).
-func uniform(r *rand.Rand, n int, a float64) []float32 {
-	v := make([]float32, n)
-	for i := range v {
-		v[i] = float32((r.Float64()*2 - 1) * a)
-	}
-	return v
-}
-
-// fanInUniform draws values with standard deviation gain/sqrt(fanIn), so that a
-// product with a unit-RMS input keeps unit RMS (times gain).
-func fanInUniform(r *rand.Rand, n, fanIn int, gain float64) []float32 {
-	return uniform(r, n, gain*math.Sqrt(3/float64(fanIn)))
-}
+// fanInScale is the half-width of uniform values with standard deviation
+// gain/sqrt(fanIn), so that a product with a unit-RMS input keeps unit RMS
+// (times gain).
+func fanInScale(fanIn int, gain float64) float64 { return gain * math.Sqrt(3/float64(fanIn)) }
 
 // quantized generates a quantized weight (FP8 blocks, MXFP8 or MXFP4): its scales if
 // scales is set, else its element codes. Both come from the same generated
@@ -268,34 +258,32 @@ func (s *Synth) quantized(t config.Tensor, scales bool) []byte {
 	if t.Role == config.RoleRoutedExpert || t.Role == config.RoleMTP && t.Expert >= 0 {
 		gain = 1.5 // so that the SwiGLU clamp engages on the tiny preset
 	}
-	w := fanInUniform(s.rng(t.Name), rows*cols, cols, gain)
+	g := newUniformGen(s.pcg(t.Name), fanInScale(cols, gain))
+	var q, sc []byte
 	switch {
-	case t.DType == format.I8 && scales:
-		return format.ScalesMXFP4(w, rows, cols)
 	case t.DType == format.I8:
-		q, _ := format.QuantizeMXFP4(w, rows, cols)
-		return q
+		q, sc = genMXFP4(&g, rows, cols, scales)
 	case s.cfg.DenseFormat == "mxfp8": // E4M3 with one scale per 32 values of a row
-		q, sc := format.QuantizeMXFP8(w, rows, cols)
-		if scales {
-			return sc
-		}
-		return q
-	case scales:
-		return format.ScalesFP8Block(w, rows, cols, s.cfg.BlockSize)
+		q, sc = genMXFP8(&g, rows, cols, scales)
+	default:
+		q, sc = genFP8Block(&g, rows, cols, s.cfg.BlockSize, scales)
 	}
-	q, _ := format.QuantizeFP8Block(w, rows, cols, s.cfg.BlockSize)
+	if scales {
+		return sc
+	}
 	return q
 }
 
 // plain generates an unquantized tensor (BF16, F32, I64).
 func (s *Synth) plain(t config.Tensor) []byte {
-	r := s.rng(t.Name)
+	p := s.pcg(t.Name)
 	n := int(t.Bytes()) / t.DType.Size()
 	base := t.Name[strings.LastIndexByte(t.Name, '.')+1:]
-	var v []float32
+	var a float64
+	var off float32
 	switch {
 	case t.DType == format.I64: // tid2eid: each row distinct expert ids
+		r := rand.New(p)
 		k := int(t.Shape[1])
 		out := make([]byte, t.Bytes())
 		perm := make([]int64, s.cfg.NRoutedExperts)
@@ -311,46 +299,31 @@ func (s *Synth) plain(t config.Tensor) []byte {
 		}
 		return out
 	case strings.HasSuffix(t.Name, "norm.weight"):
-		v = uniform(r, n, 0.2)
-		for i := range v {
-			v[i] += 1
-		}
+		a, off = 0.2, 1
 	case strings.HasSuffix(base, "_fn"):
-		v = fanInUniform(r, n, int(t.Shape[1]), 1)
+		a = fanInScale(int(t.Shape[1]), 1)
 	case strings.HasSuffix(base, "_base"):
-		v = uniform(r, n, 0.5)
+		a = 0.5
 	case strings.HasSuffix(base, "_scale"):
-		v = uniform(r, n, 0.25)
-		for i := range v {
-			v[i] += 0.75
-		}
+		a, off = 0.25, 0.75
 	case base == "attn_sink":
-		v = uniform(r, n, 1)
+		a = 1
 	case base == "ape":
-		v = uniform(r, n, 0.5)
+		a = 0.5
 	case base == "bias": // router correction bias
-		v = uniform(r, n, 0.1)
+		a = 0.1
 	case t.Name == "embed.weight":
-		v = uniform(r, n, math.Sqrt(3))
+		a = math.Sqrt(3)
 	case len(t.Shape) == 2: // BF16 linear weights: head, router gate, compressors, weights_proj
-		v = fanInUniform(r, n, int(t.Shape[1]), 1)
+		a = fanInScale(int(t.Shape[1]), 1)
 	default:
-		v = uniform(r, n, 0.5)
+		a = 0.5
 	}
-	out := make([]byte, t.Bytes())
-	switch t.DType {
-	case format.BF16:
-		for i, x := range v {
-			binary.LittleEndian.PutUint16(out[2*i:], format.Float32ToBF16(x))
-		}
-	case format.F32:
-		for i, x := range v {
-			binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(x))
-		}
-	default:
+	if t.DType != format.BF16 && t.DType != format.F32 {
 		panic(fmt.Sprintf("synth: no generator for %s of dtype %s", t.Name, t.DType))
 	}
-	return out
+	g := newUniformGen(p, a)
+	return genPlain(&g, n, off, t.DType)
 }
 
 // OutTensors lists every tensor of the layout, in layout order, for WriteDir;

@@ -2,7 +2,9 @@ package checkpoint
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math"
+	"math/bits"
 	"math/rand/v2"
 
 	"moxie/format"
@@ -16,32 +18,53 @@ import (
 // Quantize*) produced.
 
 // uniformGen draws values uniformly in [-a, a) exactly as
-// float32((rand.New(p).Float64()*2 - 1) * a) does: Float64 is m/2^53 with m the
-// low 53 bits of a draw, so 2·m/2^53 - 1 = (m - 2^52)·2^-52 exactly, and the one
-// float64 rounding of the product with a is the same as of (m - 2^52)·(a·2^-52)
-// (a power-of-two scaling is exact).
+// float32((rand.New(p).Float64()*2 - 1) * a) does for the *rand.PCG p it starts
+// from. It steps the same 128-bit PCG (LCG state·mul + inc, DXSM output) with its
+// state in registers, where calls through *rand.PCG keep it in memory. Float64
+// is m/2^53 with m the low 53 bits of a draw, so 2·m/2^53 - 1 = (m - 2^52)·2^-52
+// exactly, and the one float64 rounding of the product with a is the same as of
+// (m - 2^52)·(a·2^-52) (a power-of-two scaling is exact).
 type uniformGen struct {
-	p *rand.PCG
-	k float64 // a·2^-52
+	hi, lo uint64  // PCG state
+	k      float64 // a·2^-52
 }
 
+// PCG's 128-bit LCG multiplier and increment and its DXSM output multiplier, as
+// math/rand/v2 uses them.
+const (
+	pcgMulHi, pcgMulLo = 2549297995355413924, 4865540595714422341
+	pcgIncHi, pcgIncLo = 6364136223846793005, 1442695040888963407
+	pcgCheapMul        = 0xda942042e4dd58b5
+)
+
+// newUniformGen starts from p's current state (p is not advanced).
 func newUniformGen(p *rand.PCG, a float64) uniformGen {
-	return uniformGen{p: p, k: a * (1.0 / (1 << 52))}
-}
-
-// next returns the next value.
-func (g *uniformGen) next() float32 {
-	m := int64(g.p.Uint64() & (1<<53 - 1))
-	return float32(float64(m-1<<52) * g.k)
+	st, err := p.MarshalBinary() // "pcg:" hi lo, big-endian
+	if err != nil || len(st) != 20 {
+		panic(fmt.Sprintf("synth: unexpected PCG state %q (%v)", st, err))
+	}
+	return uniformGen{hi: binary.BigEndian.Uint64(st[4:]), lo: binary.BigEndian.Uint64(st[12:]), k: a * (1.0 / (1 << 52))}
 }
 
 // fill writes the next len(dst) values to dst, in order.
 func (g *uniformGen) fill(dst []float32) {
-	p, k := g.p, g.k
+	hi, lo, k := g.hi, g.lo, g.k
 	for i := range dst {
-		m := int64(p.Uint64() & (1<<53 - 1))
+		// state = state·mul + inc (mod 2^128)
+		h, l := bits.Mul64(lo, pcgMulLo)
+		h += hi*pcgMulLo + lo*pcgMulHi
+		var c uint64
+		lo, c = bits.Add64(l, pcgIncLo, 0)
+		hi, _ = bits.Add64(h, pcgIncHi, c)
+		// DXSM output
+		x := hi ^ hi>>32
+		x *= pcgCheapMul
+		x ^= x >> 48
+		x *= lo | 1
+		m := int64(x & (1<<53 - 1))
 		dst[i] = float32(float64(m-1<<52) * k)
 	}
+	g.hi, g.lo = hi, lo
 }
 
 // absBits is |x| as ordered bits: for non-NaN values a larger magnitude gives a
@@ -83,33 +106,54 @@ func e2m1Exp(amax uint32) int { return scaleExp(amax, 0.75, 3, 0x400000) }
 // invPow2 is 2^-e as format's quantizers compute it.
 func invPow2(e int) float32 { return format.E8M0ToFloat32(byte(127 - e)) }
 
-// toE4M3 is format.Float32ToE4M3 with the common case (E4M3 normal range, below
-// 448) rounded without branches: adding 0x7ffff plus the kept lowest bit carries
-// into bit 20 exactly when the dropped 20 bits exceed half, or equal it with the
-// kept bit odd (ties to even), and a carry into the exponent is the right result.
-func toE4M3(f float32) byte {
-	b := math.Float32bits(f)
-	a := b & 0x7fffffff
-	if a-0x3c800000 < 0x43e00000-0x3c800000 { // 2^-6 <= |f| < 448
-		return byte(b>>24)&0x80 | byte((a+0x7ffff+(a>>20)&1)>>20-(120<<3))
+// toE4M3Slow is format.Float32ToE4M3, for the values e4m3Codes does not round
+// itself.
+//
+//go:noinline
+func toE4M3Slow(f float32) byte { return format.Float32ToE4M3(f) }
+
+// e4m3Codes sets dst[i] = format.Float32ToE4M3(src[i]*inv). The common case
+// (E4M3 normal range, below 448) is rounded without branches: adding 0x7ffff
+// plus the kept lowest bit carries into bit 20 exactly when the dropped 20 bits
+// exceed half, or equal it with the kept bit odd (ties to even), and a carry
+// into the exponent gives the right code.
+func e4m3Codes(dst []byte, src []float32, inv float32) {
+	dst = dst[:len(src)]
+	for i, x := range src {
+		b := math.Float32bits(x * inv)
+		a := b & 0x7fffffff
+		if a-0x3c800000 < 0x43e00000-0x3c800000 { // 2^-6 <= |f| < 448
+			dst[i] = byte(b>>24)&0x80 | byte((a+0x7ffff+(a>>20)&1)>>20-(120<<3))
+		} else {
+			dst[i] = toE4M3Slow(x * inv)
+		}
 	}
-	return format.Float32ToE4M3(f)
 }
 
-// toE2M1 is format.Float32ToE2M1 for a non-NaN f.
-func toE2M1(f float32) uint8 {
-	bits := math.Float32bits(f)
-	a := math.Float32frombits(bits & 0x7fffffff)
-	c := b2u(a > 0.25) + b2u(a >= 0.75) + b2u(a > 1.25) + b2u(a >= 1.75) +
-		b2u(a > 2.5) + b2u(a >= 3.5) + b2u(a > 5)
-	return uint8(bits>>28)&8 | c
-}
-
-func b2u(b bool) uint8 {
-	if b {
-		return 1
+// e2m1Pack sets dst[i] to the E2M1 codes of v[2i]*inv (low nibble) and
+// v[2i+1]*inv (high nibble), as format.Float32ToE2M1 rounds them, for v without
+// NaN and inv such that every |v[i]*inv| <= 6. From 1 up the E2M1 grid is a
+// float with one mantissa bit and the code is the float's bits above bit 22
+// (exponent and that mantissa bit, less 127-1 twice), rounded to nearest even
+// by adding 0x1fffff plus the kept lowest bit; below 1 the code counts the
+// thresholds 0.25 (strict: ties go to code 0) and 0.75 (ties go to code 2).
+func e2m1Pack(dst []byte, v *[format.MXGroup]float32, inv float32) {
+	dst = dst[:format.MXGroup/2]
+	var c [format.MXGroup]uint32
+	for i, x := range v {
+		b := math.Float32bits(x * inv)
+		a := b & 0x7fffffff
+		code := (a+0x1fffff+(a>>22)&1)>>22 - 252
+		// Below 1 (branch-free: the sign bit of a difference is a comparison,
+		// a in [0, 2^31)): 1 if a > 0.25, plus 1 if a >= 0.75.
+		small := (0x3e800000-a)>>31 + (0x3f3fffff-a)>>31
+		m := uint32(int32(a-0x3f800000) >> 31) // all ones if a < 1
+		code = code&^m | small&m
+		c[i] = b>>28&8 | code
 	}
-	return 0
+	for i := range dst {
+		dst[i] = byte(c[2*i] | c[2*i+1]<<4)
+	}
 }
 
 // genFP8Block draws rows×cols values and returns format.QuantizeFP8Block's codes
@@ -148,11 +192,7 @@ func genFP8Block(g *uniformGen, rows, cols, block int, scalesOnly bool) (q, scal
 			inv := invPow2(int(sc[bj]) - 127)
 			c0, c1 := bj*block, min(bj*block+block, cols)
 			for r := range r1 - r0 {
-				src := w[r*cols+c0 : r*cols+c1]
-				dst := q[(r0+r)*cols+c0 : (r0+r)*cols+c1]
-				for i, x := range src {
-					dst[i] = toE4M3(x * inv)
-				}
+				e4m3Codes(q[(r0+r)*cols+c0:(r0+r)*cols+c1], w[r*cols+c0:r*cols+c1], inv)
 			}
 		}
 	}
@@ -180,10 +220,7 @@ func genMXFP8(g *uniformGen, rows, cols int, scalesOnly bool) (q, scale []byte) 
 			continue
 		}
 		inv := invPow2(e)
-		dst := q[gi*format.MXGroup : gi*format.MXGroup+format.MXGroup]
-		for i, x := range v {
-			dst[i] = toE4M3(x * inv)
-		}
+		e4m3Codes(q[gi*format.MXGroup:gi*format.MXGroup+format.MXGroup], v[:], inv)
 	}
 	return q, scale
 }
@@ -209,10 +246,7 @@ func genMXFP4(g *uniformGen, rows, cols int, scalesOnly bool) (packed, scale []b
 			continue
 		}
 		inv := invPow2(e)
-		dst := packed[gi*format.MXGroup/2 : gi*format.MXGroup/2+format.MXGroup/2]
-		for i := range dst {
-			dst[i] = toE2M1(v[2*i]*inv) | toE2M1(v[2*i+1]*inv)<<4
-		}
+		e2m1Pack(packed[gi*format.MXGroup/2:], &v, inv)
 	}
 	return packed, scale
 }

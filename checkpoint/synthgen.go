@@ -67,6 +67,31 @@ func (g *uniformGen) fill(dst []float32) {
 	g.hi, g.lo = hi, lo
 }
 
+// fillMax is fill that also raises amax[j] to the largest absBits of
+// dst[j*group : (j+1)*group] (the last group may be short).
+func (g *uniformGen) fillMax(dst []float32, group int, amax []uint32) {
+	hi, lo, k := g.hi, g.lo, g.k
+	for j := 0; j*group < len(dst); j++ {
+		m := amax[j]
+		for i := range dst[j*group : min(j*group+group, len(dst))] {
+			h, l := bits.Mul64(lo, pcgMulLo)
+			h += hi*pcgMulLo + lo*pcgMulHi
+			var c uint64
+			lo, c = bits.Add64(l, pcgIncLo, 0)
+			hi, _ = bits.Add64(h, pcgIncHi, c)
+			x := hi ^ hi>>32
+			x *= pcgCheapMul
+			x ^= x >> 48
+			x *= lo | 1
+			v := float32(float64(int64(x&(1<<53-1))-1<<52) * k)
+			dst[j*group+i] = v
+			m = max(m, absBits(v))
+		}
+		amax[j] = m
+	}
+	g.hi, g.lo = hi, lo
+}
+
 // absBits is |x| as ordered bits: for non-NaN values a larger magnitude gives a
 // larger result, so a maximum over absBits is format's absMax (no NaN is drawn).
 func absBits(x float32) uint32 { return math.Float32bits(x) & 0x7fffffff }
@@ -130,29 +155,36 @@ func e4m3Codes(dst []byte, src []float32, inv float32) {
 	}
 }
 
-// e2m1Pack sets dst[i] to the E2M1 codes of v[2i]*inv (low nibble) and
-// v[2i+1]*inv (high nibble), as format.Float32ToE2M1 rounds them, for v without
-// NaN and inv such that every |v[i]*inv| <= 6. From 1 up the E2M1 grid is a
-// float with one mantissa bit and the code is the float's bits above bit 22
-// (exponent and that mantissa bit, less 127-1 twice), rounded to nearest even
-// by adding 0x1fffff plus the kept lowest bit; below 1 the code counts the
-// thresholds 0.25 (strict: ties go to code 0) and 0.75 (ties go to code 2).
+// e2m1Table[a>>19] is format.Float32ToE2M1 of every non-negative float32 with
+// bits a in (a>>19<<19, a>>19<<19 + 2^19) up to 6: E2M1's rounding thresholds
+// (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) have at most two mantissa bits, so they
+// are bucket starts and a code is constant inside a bucket. Read-only.
+var e2m1Table = func() (t [0x40c00000>>19 + 1]uint8) {
+	for i := range t {
+		t[i] = format.Float32ToE2M1(math.Float32frombits(uint32(i)<<19 | 1<<18))
+	}
+	return t
+}()
+
+// e2m1Pack sets dst[i] to format.Float32ToE2M1's codes of v[2i]*inv (low
+// nibble) and v[2i+1]*inv (high nibble), for v without NaN and inv such that
+// every |v[i]*inv| <= 6. A value at a bucket start (a possible tie) goes to
+// format itself.
 func e2m1Pack(dst []byte, v *[format.MXGroup]float32, inv float32) {
 	dst = dst[:format.MXGroup/2]
-	var c [format.MXGroup]uint32
+	var c [format.MXGroup]uint8
 	for i, x := range v {
-		b := math.Float32bits(x * inv)
+		y := x * inv
+		b := math.Float32bits(y)
 		a := b & 0x7fffffff
-		code := (a+0x1fffff+(a>>22)&1)>>22 - 252
-		// Below 1 (branch-free: the sign bit of a difference is a comparison,
-		// a in [0, 2^31)): 1 if a > 0.25, plus 1 if a >= 0.75.
-		small := (0x3e800000-a)>>31 + (0x3f3fffff-a)>>31
-		m := uint32(int32(a-0x3f800000) >> 31) // all ones if a < 1
-		code = code&^m | small&m
-		c[i] = b>>28&8 | code
+		if a&(1<<19-1) == 0 || a > 0x40c00000 {
+			c[i] = format.Float32ToE2M1(y)
+			continue
+		}
+		c[i] = uint8(b>>28)&8 | e2m1Table[a>>19]
 	}
 	for i := range dst {
-		dst[i] = byte(c[2*i] | c[2*i+1]<<4)
+		dst[i] = c[2*i] | c[2*i+1]<<4
 	}
 }
 
@@ -172,14 +204,7 @@ func genFP8Block(g *uniformGen, rows, cols, block int, scalesOnly bool) (q, scal
 		clear(amax)
 		for r := range r1 - r0 {
 			row := w[r*cols : r*cols+cols]
-			g.fill(row)
-			for bj := range cb {
-				m := amax[bj]
-				for _, x := range row[bj*block : min(bj*block+block, cols)] {
-					m = max(m, absBits(x))
-				}
-				amax[bj] = m
-			}
+			g.fillMax(row, block, amax)
 		}
 		sc := scale[bi*cb : bi*cb+cb]
 		for bj, m := range amax {
@@ -207,13 +232,15 @@ func genMXFP8(g *uniformGen, rows, cols int, scalesOnly bool) (q, scale []byte) 
 	if !scalesOnly {
 		q = make([]byte, n)
 	}
-	var v [format.MXGroup]float32
+	var chunk [64 * format.MXGroup]float32 // drawn a chunk at a time, in order
+	var amax [64]uint32
 	for gi := range scale {
-		g.fill(v[:])
-		var m uint32
-		for _, x := range v {
-			m = max(m, absBits(x))
+		if gi%64 == 0 {
+			clear(amax[:])
+			g.fillMax(chunk[:min(len(chunk), n-gi*format.MXGroup)], format.MXGroup, amax[:])
 		}
+		v := (*[format.MXGroup]float32)(chunk[gi%64*format.MXGroup:])
+		m := amax[gi%64]
 		e := e4m3Exp(m)
 		scale[gi] = byte(e + 127)
 		if scalesOnly {
@@ -233,20 +260,22 @@ func genMXFP4(g *uniformGen, rows, cols int, scalesOnly bool) (packed, scale []b
 	if !scalesOnly {
 		packed = make([]byte, n/2)
 	}
-	var v [format.MXGroup]float32
+	var chunk [64 * format.MXGroup]float32 // drawn a chunk at a time, in order
+	var amax [64]uint32
 	for gi := range scale {
-		g.fill(v[:])
-		var m uint32
-		for _, x := range v {
-			m = max(m, absBits(x))
+		if gi%64 == 0 {
+			clear(amax[:])
+			g.fillMax(chunk[:min(len(chunk), n-gi*format.MXGroup)], format.MXGroup, amax[:])
 		}
+		v := (*[format.MXGroup]float32)(chunk[gi%64*format.MXGroup:])
+		m := amax[gi%64]
 		e := e2m1Exp(m)
 		scale[gi] = byte(e + 127)
 		if scalesOnly {
 			continue
 		}
 		inv := invPow2(e)
-		e2m1Pack(packed[gi*format.MXGroup/2:], &v, inv)
+		e2m1Pack(packed[gi*format.MXGroup/2:], v, inv)
 	}
 	return packed, scale
 }

@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"flag"
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -14,6 +16,7 @@ import (
 	"testing"
 
 	"moxie/dsv4/config"
+	"moxie/format"
 )
 
 var (
@@ -198,6 +201,114 @@ func BenchmarkSynthTensor(b *testing.B) {
 				if _, err := s.TensorData(name); err != nil {
 					b.Fatal(err)
 				}
+			}
+		})
+	}
+}
+
+// The fast encoders against format's exported ones, over sampled bit patterns
+// and every rounding boundary.
+func TestSynthEncodersMatchFormat(t *testing.T) {
+	var pats []uint32
+	for b := uint64(0); b < 1<<32; b += 7919 { // a sample of every sign, exponent, mantissa
+		pats = append(pats, uint32(b))
+	}
+	for top := uint32(0); top < 1<<12; top++ { // E4M3: each kept-bits pattern at and around the half
+		for _, low := range []uint32{0, 1, 0x7ffff, 0x80000, 0x80001, 0xfffff} {
+			pats = append(pats, top<<20|low)
+		}
+	}
+	t.Run("e4m3Codes", func(t *testing.T) {
+		src := make([]float32, len(pats))
+		for i, p := range pats {
+			src[i] = math.Float32frombits(p)
+		}
+		for _, inv := range []float32{1, 0.5, 1.0 / 1024, 64} {
+			dst := make([]byte, len(src))
+			e4m3Codes(dst, src, inv)
+			for i, x := range src {
+				if want := format.Float32ToE4M3(x * inv); dst[i] != want {
+					t.Fatalf("e4m3Codes(%#08x * %g) = %#02x, format gives %#02x", pats[i], inv, dst[i], want)
+				}
+			}
+		}
+	})
+	t.Run("e2m1Pack", func(t *testing.T) {
+		var vals []float32
+		for a := uint32(0); a <= 0x40c00000; a += 997 {
+			vals = append(vals, math.Float32frombits(a), -math.Float32frombits(a))
+		}
+		for top := uint32(0); top <= 0x40c00000>>19; top++ { // every bucket start, and its neighbours
+			for _, d := range []int64{-1, 0, 1} {
+				if a := int64(top<<19) + d; a >= 0 && a <= 0x40c00000 {
+					vals = append(vals, math.Float32frombits(uint32(a)), -math.Float32frombits(uint32(a)))
+				}
+			}
+		}
+		for len(vals)%format.MXGroup != 0 {
+			vals = append(vals, 0)
+		}
+		dst := make([]byte, format.MXGroup/2)
+		for g := 0; g < len(vals); g += format.MXGroup {
+			v := (*[format.MXGroup]float32)(vals[g:])
+			e2m1Pack(dst, v, 1)
+			for i, x := range v {
+				got := dst[i/2] >> (4 * (i % 2)) & 15
+				if want := format.Float32ToE2M1(x); got != want {
+					t.Fatalf("e2m1Pack code of %g (%#08x) = %d, format gives %d", x, math.Float32bits(x), got, want)
+				}
+			}
+		}
+	})
+	t.Run("scale exponents", func(t *testing.T) {
+		amaxes := append([]uint32{0, 1, 0x7fffff, 0x800000, 0x7f7fffff, 0x7f800000}, pats...)
+		for e := uint32(1); e < 255; e++ { // around both limits' fraction thresholds in every binade
+			for _, m := range []uint32{0, 0x3fffff, 0x400000, 0x400001, 0x5fffff, 0x600000, 0x600001, 0x7fffff} {
+				amaxes = append(amaxes, e<<23|m)
+			}
+		}
+		w := make([]float32, format.MXGroup)
+		for _, a := range amaxes {
+			a &= 0x7fffffff
+			if a > 0x7f800000 {
+				continue // NaN: never drawn
+			}
+			w[5] = -math.Float32frombits(a)
+			if got, want := byte(e2m1Exp(a)+127), format.ScalesMXFP4(w, 1, format.MXGroup)[0]; got != want {
+				t.Fatalf("E2M1 scale of amax %#08x = %d, format gives %d", a, got, want)
+			}
+			if got, want := byte(e4m3Exp(a)+127), format.ScalesFP8Block(w, 1, format.MXGroup, 128)[0]; got != want {
+				t.Fatalf("E4M3 scale of amax %#08x = %d, format gives %d", a, got, want)
+			}
+		}
+	})
+}
+
+// uniformGen draws what rand.Rand.Float64 on the same PCG gives, mapped to
+// float32((f*2 - 1) * a) in float64, then rounded.
+func TestUniformGenMatchesRand(t *testing.T) {
+	for _, tc := range []struct {
+		s1, s2 uint64
+		a      float64
+	}{{0, 0, 1}, {3, 0xcbf29ce484222325, math.Sqrt(3)}, {1 << 63, 12345, 0.1}, {7, 7, 1.5 * math.Sqrt(3.0/2048)}} {
+		t.Run(fmt.Sprintf("%d_%d_%g", tc.s1, tc.s2, tc.a), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(tc.s1, tc.s2))
+			g := newUniformGen(rand.NewPCG(tc.s1, tc.s2), tc.a)
+			got := make([]float32, 5000)
+			amax := make([]uint32, 1)
+			g.fill(got[:1001])
+			g.fillMax(got[1001:], len(got), amax)
+			for i, v := range got {
+				if want := float32((r.Float64()*2 - 1) * tc.a); math.Float32bits(v) != math.Float32bits(want) {
+					t.Fatalf("value %d = %g, rand gives %g", i, v, want)
+				}
+			}
+			var m uint32
+			for _, v := range got[1001:] {
+				m = max(m, math.Float32bits(float32(math.Abs(float64(v)))))
+			}
+			if amax[0] != m {
+				t.Fatalf("fillMax max %#x, want %#x", amax[0], m)
 			}
 		})
 	}

@@ -147,26 +147,22 @@ extern "C" __global__ void hc_dots_r8_t8(float *pre, float *post, float *comb, c
   hc_dots_body<8, 8, 1>(pre, post, comb, x, fn, fmt, hc, n, nm, batch, head);
 }
 
-extern "C" __global__ void hc_finish(float *pre, float *post, float *comb, const float *x, const float *base,
-                                     const float *scale, int hc, int n, int iters, float eps, float normEps, int head) {
-  __shared__ float red[32];
-  __shared__ float cm[HC_MAXNM];
-  const size_t b = blockIdx.x;
-  const float *xb = x + b * n;
-  float ss = 0.f;
-#pragma unroll 8
-  for (int c = threadIdx.x; c < n; c += blockDim.x) {
-    const float v = xb[c];
-    ss += v * v;
-  }
-  ss = block_sum(ss, red);
-  const float rho = 1.0f / sqrtf(ss / (float)n + normEps);
+// hc_gates_sinkhorn is the per-token tail of hc_finish and hc_split_finish:
+// from token b's raw dot products (dpre [hc], dpost [hc], dcomb [hc·hc]; they
+// may alias the token's pre, post and comb slots, each value is read before
+// its slot is written) and ρ, the sigmoids and the Sinkhorn iterations in the
+// host's order (see hc_finish). Called by every thread of the block; cm is
+// the block's [HC_MAXNM] shared scratch.
+__device__ __forceinline__ void hc_gates_sinkhorn(float *pre, float *post, float *comb, const float *dpre,
+                                                  const float *dpost, const float *dcomb, float rho,
+                                                  const float *base, const float *scale, int hc, int iters,
+                                                  float eps, int head, size_t b, float *cm) {
   const int lane = threadIdx.x;
   if (lane < hc) {
-    const float m = pre[b * hc + lane] * rho;
+    const float m = dpre[lane] * rho;
     pre[b * hc + lane] = sigmoidf_(m * scale[0] + base[lane]) + eps;
     if (!head) {
-      const float m2 = post[b * hc + lane] * rho;
+      const float m2 = dpost[lane] * rho;
       post[b * hc + lane] = 2.0f * sigmoidf_(m2 * scale[1] + base[hc + lane]);
     }
   }
@@ -178,7 +174,7 @@ extern "C" __global__ void hc_finish(float *pre, float *post, float *comb, const
     if (threadIdx.x >= 32) return;
     const bool own = lane < hh;
     const int j = lane / hc, k = lane % hc;
-    float L = own ? __fadd_rn(__fmul_rn(cb[lane] * rho, scale[2]), base[2 * hc + lane]) : 0.f;
+    float L = own ? __fadd_rn(__fmul_rn(dcomb[lane] * rho, scale[2]), base[2 * hc + lane]) : 0.f;
     float mx = -__int_as_float(0x7f800000);
     for (int kk = 0; kk < hc; kk++) mx = fmaxf(mx, __shfl_sync(FULL, L, j * hc + kk));
     const float e = (float)exp((double)(L - mx));
@@ -200,7 +196,7 @@ extern "C" __global__ void hc_finish(float *pre, float *post, float *comb, const
   }
   if (threadIdx.x != 0) return;
   float *c = cm;
-  for (int jk = 0; jk < hh; jk++) c[jk] = __fadd_rn(__fmul_rn(cb[jk] * rho, scale[2]), base[2 * hc + jk]);
+  for (int jk = 0; jk < hh; jk++) c[jk] = __fadd_rn(__fmul_rn(dcomb[jk] * rho, scale[2]), base[2 * hc + jk]);
   for (int j = 0; j < hc; j++) {
     float *row = c + j * hc;
     float mx = -__int_as_float(0x7f800000);
@@ -229,6 +225,24 @@ extern "C" __global__ void hc_finish(float *pre, float *post, float *comb, const
   for (int jk = 0; jk < hh; jk++) cb[jk] = c[jk];
 }
 
+extern "C" __global__ void hc_finish(float *pre, float *post, float *comb, const float *x, const float *base,
+                                     const float *scale, int hc, int n, int iters, float eps, float normEps, int head) {
+  __shared__ float red[32];
+  __shared__ float cm[HC_MAXNM];
+  const size_t b = blockIdx.x;
+  const float *xb = x + b * n;
+  float ss = 0.f;
+#pragma unroll 8
+  for (int c = threadIdx.x; c < n; c += blockDim.x) {
+    const float v = xb[c];
+    ss += v * v;
+  }
+  ss = block_sum(ss, red);
+  const float rho = 1.0f / sqrtf(ss / (float)n + normEps);
+  hc_gates_sinkhorn(pre, post, comb, pre + b * hc, post + b * hc, comb + b * hc * hc, rho, base, scale, hc, iters, eps,
+                    head, b, cm);
+}
+
 // ---------------------------------------------------------------------------
 // Split-K hyper-connection mixing for small batches (opt-in, see ops.go
 // hcMix): the same results as hc_dots + hc_finish up to the float32 order of
@@ -248,8 +262,8 @@ extern "C" __global__ void hc_finish(float *pre, float *post, float *comb, const
 //
 // hc_split_finish: block per token (blockDim a multiple of 32, at least 32):
 // sums the S (at most HCS_MAXS) partials of every row in index order, ρ = 1/sqrt(Σx²/n +
-// normEps) from row nm, then the sigmoids and the Sinkhorn iterations of
-// hc_finish, statement for statement, reading the dots from shared memory.
+// normEps) from row nm, then hc_finish's own sigmoids and Sinkhorn
+// iterations (hc_gates_sinkhorn), reading the dots from shared memory.
 
 #define HCS_RB 8
 #define HCS_TB 4
@@ -358,73 +372,7 @@ extern "C" __global__ void hc_split_finish(float *pre, float *post, float *comb,
   __syncthreads();
   const float ss = dot[nm];
   const float rho = 1.0f / sqrtf(ss / (float)n + normEps);
-  const int lane = threadIdx.x;
-  if (lane < hc) {
-    const float m = dot[lane] * rho;
-    pre[b * hc + lane] = sigmoidf_(m * scale[0] + base[lane]) + eps;
-    if (!head) {
-      const float m2 = dot[hc + lane] * rho;
-      post[b * hc + lane] = 2.0f * sigmoidf_(m2 * scale[1] + base[hc + lane]);
-    }
-  }
-  if (head) return;
-  const int its = iters < 1 ? 1 : iters;  // the host always makes the first column pass
-  float *cb = comb + b * hc * hc;
-  const float *db = dot + 2 * hc;
-  const int hh = hc * hc;
-  if (hh <= 32) {
-    if (threadIdx.x >= 32) return;
-    const bool own = lane < hh;
-    const int j = lane / hc, k = lane % hc;
-    float L = own ? __fadd_rn(__fmul_rn(db[lane] * rho, scale[2]), base[2 * hc + lane]) : 0.f;
-    float mx = -__int_as_float(0x7f800000);
-    for (int kk = 0; kk < hc; kk++) mx = fmaxf(mx, __shfl_sync(FULL, L, j * hc + kk));
-    const float e = (float)exp((double)(L - mx));
-    float s = 0.f;
-    for (int kk = 0; kk < hc; kk++) s += __shfl_sync(FULL, e, j * hc + kk);
-    float v = e / s + eps;
-    for (int it = 0; it < its; it++) {
-      if (it > 0) {
-        s = 0.f;
-        for (int kk = 0; kk < hc; kk++) s += __shfl_sync(FULL, v, j * hc + kk);
-        v = v / (s + eps);
-      }
-      s = 0.f;
-      for (int jj = 0; jj < hc; jj++) s += __shfl_sync(FULL, v, jj * hc + k);
-      v = v / (s + eps);
-    }
-    if (own) cb[lane] = v;
-    return;
-  }
-  if (threadIdx.x != 0) return;
-  float *c = cm;
-  for (int jk = 0; jk < hh; jk++) c[jk] = __fadd_rn(__fmul_rn(db[jk] * rho, scale[2]), base[2 * hc + jk]);
-  for (int j = 0; j < hc; j++) {
-    float *row = c + j * hc;
-    float mx = -__int_as_float(0x7f800000);
-    for (int k = 0; k < hc; k++) mx = fmaxf(mx, row[k]);
-    float s = 0.f;
-    for (int k = 0; k < hc; k++) {
-      row[k] = (float)exp((double)(row[k] - mx));
-      s += row[k];
-    }
-    for (int k = 0; k < hc; k++) row[k] = row[k] / s + eps;
-  }
-  for (int it = 0; it < its; it++) {
-    if (it > 0) {
-      for (int j = 0; j < hc; j++) {
-        float s = 0.f;
-        for (int k = 0; k < hc; k++) s += c[j * hc + k];
-        for (int k = 0; k < hc; k++) c[j * hc + k] /= s + eps;
-      }
-    }
-    for (int k = 0; k < hc; k++) {
-      float s = 0.f;
-      for (int j = 0; j < hc; j++) s += c[j * hc + k];
-      for (int j = 0; j < hc; j++) c[j * hc + k] /= s + eps;
-    }
-  }
-  for (int jk = 0; jk < hh; jk++) cb[jk] = c[jk];
+  hc_gates_sinkhorn(pre, post, comb, dot, dot + hc, dot + 2 * hc, rho, base, scale, hc, iters, eps, head, b, cm);
 }
 
 // HCCollapse: y[b, i] = Σ_j pre[b, j]·x[b, j, i]; grid (ceil(dim/blockDim), batch).

@@ -6,21 +6,9 @@ import (
 	"unsafe"
 )
 
-// membwSrc is the device read-bandwidth probe: every thread sums float4 loads
-// over a grid-stride loop; one float per block is written so the loads are kept.
-const membwSrc = `
-extern "C" __global__ void membw_read(const float4 *__restrict__ p, long long n, float *out) {
-  float acc = 0.f;
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-    float4 v = __ldg(p + i);
-    acc += v.x + v.y + v.z + v.w;
-  }
-  if (acc == 12345.678f) out[blockIdx.x] = acc;
-}
-`
-
 // ReadBandwidth measures the device memory read bandwidth in bytes per second:
-// the median of reps timed passes (CUDA events) of a float4 read kernel over a
+// the median of reps timed passes (CUDA events) of read_bw4, the float4 read
+// kernel of the default linear module that BenchmarkV4 also uses, over a
 // buffer of size bytes (make it several times the L2 cache; it is allocated
 // and freed here). It is the ceiling that moxie bench --backend cuda reports
 // efficiency against.
@@ -31,11 +19,11 @@ func (d *Device) ReadBandwidth(size, reps int) (float64, error) {
 	size &^= 15
 	var out float64
 	err := d.Do(func(c *Ctx) error {
-		mod, err := c.Module("membw", membwSrc)
+		mod, err := c.linearModule()
 		if err != nil {
 			return err
 		}
-		k, err := mod.Kernel("membw_read")
+		k, err := mod.Kernel("read_bw4")
 		if err != nil {
 			return err
 		}
@@ -44,8 +32,7 @@ func (d *Device) ReadBandwidth(size, reps int) (float64, error) {
 			return fmt.Errorf("cuda: ReadBandwidth: allocating %d bytes: %w", size, err)
 		}
 		defer c.MemFree(buf)
-		const blocks = 132 * 8
-		sink, err := c.MemAlloc(4 * blocks)
+		sink, err := c.MemAlloc(4)
 		if err != nil {
 			return err
 		}
@@ -65,8 +52,9 @@ func (d *Device) ReadBandwidth(size, reps int) (float64, error) {
 		}
 		defer c.DestroyEvent(end)
 		n := int64(size / 16)
+		grid := uint32((n + 1023) / 1024) // 256 threads, 4 float4 each
 		launch := func() error {
-			return c.Launch(k, Dim3{blocks, 1, 1}, Dim3{256, 1, 1}, 0, s,
+			return c.Launch(k, Dim3{grid, 1, 1}, Dim3{256, 1, 1}, 0, s,
 				unsafe.Pointer(&buf), unsafe.Pointer(&n), unsafe.Pointer(&sink))
 		}
 		if err := launch(); err != nil { // warm-up

@@ -94,6 +94,21 @@ func loadModel(spec string, mf *memFlags, stderr io.Writer) (*loadedModel, error
 	default:
 		return nil, usagef("--backend %q: want cpu, cuda or auto", mf.backend)
 	}
+	hostFlags := mf.mem != "" || mf.policy != "lru"
+	var gpuMem int64
+	switch {
+	case mf.gpuMem != "" && (mf.backend == "" || mf.backend == "cpu"):
+		return nil, usagef("--gpu-mem applies to --backend cuda or auto")
+	case mf.gpuMem != "":
+		n, err := parseBytes(mf.gpuMem)
+		if err != nil {
+			return nil, usagef("--gpu-mem: %v", err)
+		}
+		gpuMem = n
+	}
+	if mf.backend == "cuda" && hostFlags {
+		return nil, usagef("--mem and --policy plan host memory; with --backend cuda the model is resident on the GPU (see --gpu-mem)")
+	}
 	pol, polName, err := experts.ParsePolicy(mf.policy)
 	if err != nil {
 		return nil, usagef("--policy: %v", err)
@@ -137,20 +152,19 @@ func loadModel(spec string, mf *memFlags, stderr io.Writer) (*loadedModel, error
 	if ctx == 0 {
 		ctx = min(32768, cfg.MaxPositions)
 	}
-	if mf.gpuMem != "" && (mf.backend == "" || mf.backend == "cpu") {
-		return fail(usagef("--gpu-mem applies to --backend cuda or auto"))
+	if mf.routes != "" {
+		if l.routes, err = trace.Create(mf.routes, trace.HeaderFor(src.Name(), cfg)); err != nil {
+			return fail(err)
+		}
 	}
-	hostFlags := mf.mem != "" || mf.policy != "lru"
 	switch {
-	case mf.backend == "cuda" && hostFlags:
-		return fail(usagef("--mem and --policy plan host memory; with --backend cuda the model is resident on the GPU (see --gpu-mem)"))
 	case mf.backend == "auto" && hostFlags:
 		fmt.Fprintf(stderr, "note: --mem/--policy plan host memory: running on the CPU\n")
 	case mf.backend == "cuda" || mf.backend == "auto":
 		dev, err := cuda.Open(0)
 		if err == nil {
 			l.dev = dev
-			if err = loadOnDevice(l, cfg, ctx, mf, stderr); err == nil {
+			if err = loadOnDevice(l, cfg, ctx, gpuMem, stderr); err == nil {
 				return l, nil
 			}
 			l.dev.Close()
@@ -177,10 +191,7 @@ func loadModel(spec string, mf *memFlags, stderr io.Writer) (*loadedModel, error
 	}
 
 	opts := dsv4.Options{Backend: l.be, Experts: l.store}
-	if mf.routes != "" {
-		if l.routes, err = trace.Create(mf.routes, trace.HeaderFor(src.Name(), cfg)); err != nil {
-			return fail(err)
-		}
+	if l.routes != nil {
 		opts.Routes = l.routes
 	}
 	if l.m, err = dsv4.Load(src, opts); err != nil {
@@ -239,35 +250,21 @@ func writeJSONFile(path string, v any) error {
 
 // loadOnDevice binds the model resident on l.dev: every weight and routed
 // expert is uploaded (the CPU memory plan and expert store are not used), and
-// sequences run as device sessions of up to ctx tokens. On an error it leaves
-// l as it found it (the caller closes the device or falls back to the CPU).
-func loadOnDevice(l *loadedModel, cfg *config.Config, ctx int, mf *memFlags, stderr io.Writer) error {
-	opts := dsv4.Options{Device: l.dev, DeviceContext: ctx}
-	if mf.gpuMem != "" {
-		n, err := parseBytes(mf.gpuMem)
-		if err != nil {
-			return usagef("--gpu-mem: %v", err)
-		}
-		opts.DeviceMemory = n
-	}
-	var routes *trace.Writer
-	if mf.routes != "" {
-		var err error
-		if routes, err = trace.Create(mf.routes, trace.HeaderFor(l.src.Name(), cfg)); err != nil {
-			return err
-		}
-		opts.Routes = routes
+// sequences run as device sessions of up to ctx tokens; gpuMem > 0 caps the
+// device memory planned with (Options.DeviceMemory); routing decisions go to
+// l.routes when set. On an error it leaves l as it found it (the caller closes
+// the device or falls back to the CPU).
+func loadOnDevice(l *loadedModel, cfg *config.Config, ctx int, gpuMem int64, stderr io.Writer) error {
+	opts := dsv4.Options{Device: l.dev, DeviceContext: ctx, DeviceMemory: gpuMem}
+	if l.routes != nil {
+		opts.Routes = l.routes
 	}
 	t0 := time.Now()
 	m, err := dsv4.Load(l.src, opts)
 	if err != nil {
-		if routes != nil {
-			routes.Close()
-			os.Remove(mf.routes)
-		}
 		return fmt.Errorf("loading %s onto %s: %w", l.src.Name(), l.dev.Info().Name, err)
 	}
-	l.m, l.routes = m, routes
+	l.m = m
 	experts := "every routed expert"
 	if slots, _, _ := m.DeviceExpertStats(); slots > 0 {
 		experts = fmt.Sprintf("routed experts cached in %d of %d slots, loaded from host memory on a miss", slots, cfg.NLayers*cfg.NRoutedExperts)

@@ -147,8 +147,15 @@ func TestBackendFlag(t *testing.T) {
 }
 
 func TestGPUMemNeedsCUDA(t *testing.T) {
-	code, _, errs := moxie(t, "run", "--model", "synth:tiny", "--backend", "cpu", "--gpu-mem", "1GiB", "Hi")
-	if code != 2 || !strings.Contains(errs, "--gpu-mem") {
-		t.Fatalf("exit %d, stderr %q: want a usage error naming --gpu-mem", code, errs)
+	for _, tc := range []struct{ name, backend, value string }{
+		{"with the CPU backend", "cpu", "1GiB"},
+		{"malformed, with auto", "auto", "lots"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, errs := moxie(t, "run", "--model", "synth:tiny", "--backend", tc.backend, "--gpu-mem", tc.value, "Hi")
+			if code != 2 || !strings.Contains(errs, "--gpu-mem") {
+				t.Fatalf("exit %d, stderr %q: want a usage error naming --gpu-mem", code, errs)
+			}
+		})
 	}
 }

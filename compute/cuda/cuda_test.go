@@ -446,6 +446,7 @@ func TestMultiLinear(t *testing.T) {
 					if !multiVariantApplies(v, set.f, batch) {
 						continue
 					}
+					a.Reset() // each case allocates afresh (the cases together outgrow the arena)
 					rng := rand.New(rand.NewPCG(uint64(si), uint64(batch)))
 					var ws []*DeviceWeight
 					var ys, xs []DevicePtr

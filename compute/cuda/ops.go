@@ -225,7 +225,9 @@ type hcMixState struct {
 }
 
 // hcMixChoice returns the device's HCMix path choice, reading
-// $MOXIE_CUDA_HCMIX ("split", or unset for the per-row kernels) on the first
+// $MOXIE_CUDA_HCMIX ("rows" for the per-row kernels; unset or "split" for
+// the split-K kernels, the default since they measured 12.0 against 25.9 µs
+// per decode mix on the H200) on the first
 // call, which also allocates the split path's scratch buffer: LoadOps makes
 // that first call before any capture. An unknown value is an error (and is
 // read again on the next call).
@@ -234,13 +236,13 @@ func (c *Ctx) hcMixChoice() (*hcMixState, error) {
 	if st.chosen {
 		return st, nil
 	}
-	split := false
+	split := true
 	switch v := os.Getenv("MOXIE_CUDA_HCMIX"); v {
-	case "":
-	case "split":
-		split = true
+	case "", "split":
+	case "rows":
+		split = false
 	default:
-		return nil, fmt.Errorf("MOXIE_CUDA_HCMIX=%q: want split (or unset for the default)", v)
+		return nil, fmt.Errorf("MOXIE_CUDA_HCMIX=%q: want rows or split (or unset for the default, split)", v)
 	}
 	if err := c.setHCMixSplit(split); err != nil {
 		return nil, err
@@ -307,8 +309,8 @@ func hcSplitShape(rows, n int) (rb, groups, splits, cq, threads int) {
 // and comb [batch, HC, HC], fused (norm, projection, sigmoids, Sinkhorn) in
 // the host backend's order (compute.Backend.HCMix).
 //
-// With MOXIE_CUDA_HCMIX=split in the environment when the device makes its
-// choice (its first LoadOps, HCMix or HCHeadPre), batches up to 16 with
+// Unless MOXIE_CUDA_HCMIX=rows is in the environment when the device makes
+// its choice (its first LoadOps, HCMix or HCHeadPre), batches up to 16 with
 // Fn.Cols % 4 == 0 and 16-byte aligned x and Fn (8-byte for BF16) take
 // split-K kernels that spread the dot products over many blocks; the
 // results are deterministic but may differ from the default path's in the

@@ -76,6 +76,10 @@ type DeviceSession struct {
 	grouped  bool // prefill chunks use the grouped attention kernel
 	layers   []*devLayerState
 	runs     []*cuda.ExpertRun // per layer; nil: host-routed
+	// multi: decode steps merge the projections that share an input into
+	// one launch per format (see decodeSets); multiErr says why not.
+	multi    bool
+	multiErr error
 
 	// scratch (device)
 	tok, posBuf                cuda.DevicePtr // int32 [chunk]
@@ -84,6 +88,7 @@ type DeviceSession struct {
 	a, attnOut, moeOut         cuda.DevicePtr // [chunk, D]
 	qlat, q, kv, o, u          cuda.DevicePtr
 	cin, zin                   cuda.DevicePtr // compressor inputs [chunk, 2·HeadDim]
+	cin1, zin1                 cuda.DevicePtr // the indexer compressor's in a decode step [1, 2·HeadDim]
 	qi, wts, scores, idx       cuda.DevicePtr
 	glog, ids, rw, hash        cuda.DevicePtr
 	xe, eg, eu, eh, ey         cuda.DevicePtr
@@ -112,6 +117,18 @@ type devLayerState struct {
 	ringRows int
 	comp     *devCompState
 	icomp    *devCompState
+	dec      *decodeSets // nil: one launch per projection
+}
+
+// decodeSets are a layer's one-token projections merged by shared input
+// into multi-linear launches (prepared once per session, batch 1):
+// byA: wq_a → qlat and wkv → kv, both FP8 reading the attention input a;
+// byQ: wq_b → q and the indexer's wq_b → qi, reading the normed qlat (nil
+// without an indexer); bf: the BF16 compressor projections (κ and z of the
+// main compressor into cin/zin, of the indexer's into cin1/zin1) and the
+// indexer's weights_proj → wts, reading a (nil when the layer has none).
+type decodeSets struct {
+	byA, byQ, bf *cuda.MultiLinear
 }
 
 // allocPlan collects device buffers and allocates them from one arena.
@@ -177,6 +194,8 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 	pl.add(&s.u, f*T*c.OGroups*c.OLoraRank)
 	pl.add(&s.cin, f*T*2*max(c.HeadDim, c.IndexHeadDim))
 	pl.add(&s.zin, f*T*2*max(c.HeadDim, c.IndexHeadDim))
+	pl.add(&s.cin1, f*2*max(c.HeadDim, c.IndexHeadDim))
+	pl.add(&s.zin1, f*2*max(c.HeadDim, c.IndexHeadDim))
 	pl.add(&s.qi, f*T*c.IndexNHeads*c.IndexHeadDim)
 	pl.add(&s.wts, f*T*c.IndexNHeads)
 	pl.add(&s.scores, f*T*s.entries)
@@ -214,7 +233,8 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 	}
 	// The expert runs' argument tables (PrepareExpertRun: 3K records of 80
 	// bytes per layer; PrepareExpertTiles: 3 per tile).
-	size := pl.total + len(d.layers)*2*alignUp(3*K*80) + 2*alignUp(3*maxTiles*80) + 1<<16
+	// The decode sets: at most 2 + 2 + 5 records per layer.
+	size := pl.total + len(d.layers)*2*alignUp(3*K*80) + 2*alignUp(3*maxTiles*80) + len(d.layers)*3*alignUp(5*80) + 1<<16
 	err := d.dev.Do(func(cc *cuda.Ctx) error {
 		free, _, err := cc.MemInfo()
 		if err != nil {
@@ -247,6 +267,17 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 			// slower); runErr keeps the reason for tests and diagnostics.
 			if s.runs[l], err = cc.PrepareExpertRun(s.arena, b.table, K, s.a, s.eg, s.eu, s.eh, s.ey); err != nil && s.runErr == nil {
 				s.runErr = fmt.Errorf("layer %d: %w", l, err)
+			}
+		}
+		s.multi = true
+		for l, b := range d.layers {
+			if s.layers[l].dec, err = s.decodeSets(cc, b); err != nil {
+				// One launch per projection instead: correct, a little slower.
+				s.multi, s.multiErr = false, fmt.Errorf("layer %d: %w", l, err)
+				for _, ls := range s.layers {
+					ls.dec = nil
+				}
+				break
 			}
 		}
 		return nil
@@ -302,6 +333,48 @@ func (s *DeviceSession) UseGraphs(on bool) {
 	}
 }
 
+// decodeSets prepares layer b's merged one-token projections (decodeSets).
+func (s *DeviceSession) decodeSets(c *cuda.Ctx, b *devBlock) (*decodeSets, error) {
+	type proj struct {
+		w    *cuda.DeviceWeight
+		y, x cuda.DevicePtr
+	}
+	set := func(ps ...proj) (*cuda.MultiLinear, error) {
+		var ws []*cuda.DeviceWeight
+		var ys, xs []cuda.DevicePtr
+		for _, p := range ps {
+			if p.w != nil {
+				ws, ys, xs = append(ws, p.w), append(ys, p.y), append(xs, p.x)
+			}
+		}
+		if len(ws) < 2 {
+			return nil, nil
+		}
+		return c.PrepareMultiLinear(s.arena, ws, ys, xs, 1, cuda.LinearVariant{})
+	}
+	var ds decodeSets
+	var err error
+	if ds.byA, err = set(proj{b.wqA, s.qlat, s.a}, proj{b.wkv, s.kv, s.a}); err != nil {
+		return nil, fmt.Errorf("wq_a+wkv: %w", err)
+	}
+	if b.idxWqB != nil {
+		if ds.byQ, err = set(proj{b.wqB, s.q, s.qlat}, proj{b.idxWqB, s.qi, s.qlat}); err != nil {
+			return nil, fmt.Errorf("wq_b+indexer wq_b: %w", err)
+		}
+	}
+	var bf []proj
+	if cp := b.comp; cp != nil {
+		bf = append(bf, proj{cp.wkv, s.cin, s.a}, proj{cp.wgate, s.zin, s.a})
+	}
+	if cp := b.icomp; cp != nil {
+		bf = append(bf, proj{cp.wkv, s.cin1, s.a}, proj{cp.wgate, s.zin1, s.a}, proj{b.idxProj, s.wts, s.a})
+	}
+	if ds.bf, err = set(bf...); err != nil {
+		return nil, fmt.Errorf("compressor projections: %w", err)
+	}
+	return &ds, nil
+}
+
 // Describe summarises the session's device paths for logs and benchmark
 // reports: context and chunk, decode graph state, how experts are chosen,
 // and the expert cache if any.
@@ -323,6 +396,9 @@ func (s *DeviceSession) Describe() string {
 		e = "experts routed through the host (route recording)"
 	}
 	out := fmt.Sprintf("device session on %s: context %d, chunks of %d, %s, %s", s.d.dev.Info().Name, s.limit, s.chunk, g, e)
+	if s.multiErr != nil {
+		out += ", one launch per decode projection: " + s.multiErr.Error()
+	}
 	if t := s.d.tier; t != nil {
 		out += fmt.Sprintf(", expert cache %d slots (%d hits, %d misses)", len(t.slots), t.hits, t.misses)
 	}
@@ -585,20 +661,50 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 		freq = d.freqCompress
 	}
 	_ = D
+	// A decode step with merged projections (decodeSets) computes qlat and
+	// kv in one launch, q and qi in another and every BF16 compressor and
+	// indexer-weight projection of a in a third; the results are the same
+	// products, read by the same steps below.
+	var dec *decodeSets
+	if T == 1 && s.multi {
+		dec = ls.dec
+	}
+	merged := func(m *cuda.MultiLinear, plain func() error) func() error {
+		if m == nil {
+			return plain
+		}
+		return func() error { return c.LaunchMultiLinear(m, st) }
+	}
+	var byA, byQ, bf *cuda.MultiLinear
+	if dec != nil {
+		byA, byQ, bf = dec.byA, dec.byQ, dec.bf
+	}
 	if err := errs(
 		// Query path.
-		func() error { return c.Linear(b.wqA, s.qlat, s.a, T, st) },
+		merged(byA, func() error { return c.Linear(b.wqA, s.qlat, s.a, T, st) }),
 		func() error { return c.RMSNorm(s.qlat, s.qlat, b.qNorm, T, cfg.QLoraRank, eps, st) },
-		func() error { return c.Linear(b.wqB, s.q, s.qlat, T, st) },
+		merged(byQ, func() error { return c.Linear(b.wqB, s.q, s.qlat, T, st) }),
 		func() error { return c.RMSNorm(s.q, s.q, 0, T*H, hd, eps, st) },
 		func() error { return c.RoPE(s.q, s.posBuf, freq, T, H*hd, hd, nf, false, st) },
 		// Window KV into the ring.
-		func() error { return c.Linear(b.wkv, s.kv, s.a, T, st) },
+		func() error {
+			if byA != nil {
+				return nil // computed with qlat
+			}
+			return c.Linear(b.wkv, s.kv, s.a, T, st)
+		},
 		func() error { return c.RMSNorm(s.kv, s.kv, b.kvNorm, T, hd, eps, st) },
 		func() error { return c.RoPE(s.kv, s.posBuf, freq, T, hd, hd, nf, false, st) },
 		func() error { return d.fwd.RingStore(c, ls.ring, s.kv, s.posBuf, T, ls.ringRows, hd, st) },
+		merged(bf, func() error { return nil }),
 	); err != nil {
 		return err
+	}
+	// The compressors' inputs: merged, main into cin/zin and the indexer's
+	// into cin1/zin1, already computed; otherwise each compStep projects.
+	ccin, czin, icin, izin := s.cin, s.zin, s.cin, s.zin
+	if bf != nil {
+		icin, izin = s.cin1, s.zin1
 	}
 	var idx cuda.DevicePtr
 	if b.icomp != nil {
@@ -606,11 +712,21 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 		sc := float32(1 / math.Sqrt(float64(ID)) / math.Sqrt(float64(IH)))
 		R := b.icomp.ratio
 		if err := errs(
-			func() error { return c.Linear(b.idxWqB, s.qi, s.qlat, T, st) },
+			func() error {
+				if byQ != nil {
+					return nil // computed with q
+				}
+				return c.Linear(b.idxWqB, s.qi, s.qlat, T, st)
+			},
 			func() error { return c.RoPE(s.qi, s.posBuf, freq, T, IH*ID, ID, nf, false, st) },
-			func() error { return c.Linear(b.idxProj, s.wts, s.a, T, st) },
+			func() error {
+				if bf != nil {
+					return nil // computed with the compressor inputs
+				}
+				return c.Linear(b.idxProj, s.wts, s.a, T, st)
+			},
 			func() error { return c.Scale(s.wts, sc, T*IH, st) },
-			func() error { return s.compStep(c, b.icomp, ls.icomp, T, freq) },
+			func() error { return s.compStep(c, b.icomp, ls.icomp, T, freq, icin, izin, bf == nil) },
 			func() error {
 				maxN := (p0 + T) / R
 				if graph {
@@ -632,7 +748,7 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 	var comp cuda.DevicePtr
 	maxKeys := cfg.Window
 	if b.comp != nil {
-		if err := s.compStep(c, b.comp, ls.comp, T, freq); err != nil {
+		if err := s.compStep(c, b.comp, ls.comp, T, freq, ccin, czin, bf == nil); err != nil {
 			return err
 		}
 		comp = ls.comp.entries
@@ -670,17 +786,24 @@ func (s *DeviceSession) headsPerBlock(T int) int {
 	return 1
 }
 
-// compStep stores the chunk's compressor rows (κ = wkv·a, z = wgate·a + ape)
-// and closes the windows that end inside the chunk.
-func (s *DeviceSession) compStep(c *cuda.Ctx, cp *devComp, cs *devCompState, T int, freq cuda.DevicePtr) error {
+// compStep stores the chunk's compressor rows (κ = wkv·a into cin, z =
+// wgate·a into zin, then + ape) and closes the windows that end inside the
+// chunk; project false means cin and zin already hold the products.
+func (s *DeviceSession) compStep(c *cuda.Ctx, cp *devComp, cs *devCompState, T int, freq, cin, zin cuda.DevicePtr, project bool) error {
 	st := c.Stream()
 	w := cp.c * cp.dw
 	R := cp.ratio
 	return errs(
-		func() error { return c.Linear(cp.wkv, s.cin, s.a, T, st) },
-		func() error { return c.Linear(cp.wgate, s.zin, s.a, T, st) },
 		func() error {
-			return s.d.fwd.CompStore(c, cs.ringKV, cs.ringZ, s.cin, s.zin, cp.ape, s.posBuf, T, R, cs.rows, w, st)
+			if !project {
+				return nil
+			}
+			return errs(
+				func() error { return c.Linear(cp.wkv, cin, s.a, T, st) },
+				func() error { return c.Linear(cp.wgate, zin, s.a, T, st) })
+		},
+		func() error {
+			return s.d.fwd.CompStore(c, cs.ringKV, cs.ringZ, cin, zin, cp.ape, s.posBuf, T, R, cs.rows, w, st)
 		},
 		func() error {
 			return s.d.fwd.CompClose(c, cuda.CompCloseParams{Out: cs.entries, RingKV: cs.ringKV, RingZ: cs.ringZ, RingRows: cs.rows,

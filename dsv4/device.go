@@ -137,6 +137,18 @@ func deviceWeightBytes(src checkpoint.Source, cfg *config.Config) int {
 	return n
 }
 
+// deviceDenseBytes is deviceWeightBytes without the routed experts: the
+// arena bytes of a load that caches them (expertTier).
+func deviceDenseBytes(src checkpoint.Source, cfg *config.Config) int {
+	n := deviceWeightBytes(src, cfg)
+	for _, t := range src.Tensors() {
+		if isRoutedExpert(t.Name) {
+			n -= alignUp(int(t.Size))
+		}
+	}
+	return n
+}
+
 // loadDevice uploads m's main stack to dev (see deviceModel).
 func loadDevice(m *Model, src checkpoint.Source, opts Options) (*deviceModel, error) {
 	if opts.Experts != nil {
@@ -149,13 +161,8 @@ func loadDevice(m *Model, src checkpoint.Source, opts Options) (*deviceModel, er
 	}
 	d.maxCtx = min(d.maxCtx, cfg.MaxPositions)
 	need := deviceWeightBytes(src, cfg)
-	expertBytes := 0
-	for _, t := range src.Tensors() {
-		if isRoutedExpert(t.Name) {
-			expertBytes += alignUp(int(t.Size))
-		}
-	}
-	dense := need - expertBytes
+	dense := deviceDenseBytes(src, cfg)
+	var lay slotLayout
 	err := d.dev.Do(func(c *cuda.Ctx) error {
 		free, total, err := c.MemInfo()
 		if err != nil {
@@ -164,24 +171,44 @@ func loadDevice(m *Model, src checkpoint.Source, opts Options) (*deviceModel, er
 		if opts.DeviceMemory > 0 {
 			free = min(free, uint64(opts.DeviceMemory))
 		}
-		slots := opts.deviceExpertSlots
-		if slots == 0 && uint64(need) > free {
-			// The experts do not all fit: keep the dense weights resident and
-			// cache as many experts as fit, leaving room for session state.
-			slotBytes := expertSlotBytes(src)
-			avail := int64(free) - int64(dense) - DeviceReserve
-			if slotBytes > 0 {
-				slots = int(max(avail, 0) / int64(slotBytes))
+		N, K := cfg.NLayers*cfg.NRoutedExperts, cfg.NActivatedExperts
+		var plan *tierPlan
+		switch {
+		case opts.deviceExpertSlots > 0:
+			// Forced (tests): a cache of that many slots, nothing static.
+			plan = &tierPlan{static: make([]int, cfg.NLayers), dynamic: min(max(opts.deviceExpertSlots, K), N)}
+		case uint64(need)+DeviceReserve > free:
+			// The experts do not all fit with DeviceReserve left for session
+			// state: keep the dense weights resident, and as many experts as
+			// fit (static or cached); the rest wait in pinned host memory.
+			if lay, err = newSlotLayout(src, cfg); err != nil {
+				return fmt.Errorf("device: %w", err)
 			}
-			if slots < cfg.NActivatedExperts {
+			slotBytes := lay.size()
+			avail := int64(free) - int64(dense) - DeviceReserve - 1<<20
+			gpu := 0
+			if slotBytes > 0 {
+				gpu = int(max(avail, 0) / int64(slotBytes))
+			}
+			if gpu < K {
 				return fmt.Errorf("device: the weights need %s (%d bytes) of GPU memory and %s (%d bytes) of %s are free on %s; even an expert cache needs %s dense + %d experts of %s + %s reserved",
 					progress.FormatBytes(int64(need)), need, progress.FormatBytes(int64(free)), free, progress.FormatBytes(int64(total)), d.dev.Info().Name,
-					progress.FormatBytes(int64(dense)), cfg.NActivatedExperts, progress.FormatBytes(int64(slotBytes)), progress.FormatBytes(DeviceReserve))
+					progress.FormatBytes(int64(dense)), K, progress.FormatBytes(int64(slotBytes)), progress.FormatBytes(DeviceReserve))
 			}
+			p := planTier(gpu, cfg.NLayers, cfg.NRoutedExperts, K)
+			plan = &p
 		}
-		if slots > 0 {
-			slots = min(max(slots, cfg.NActivatedExperts), cfg.NLayers*cfg.NRoutedExperts)
+		if plan != nil {
 			need = dense
+			if lay.pieces == nil {
+				if lay, err = newSlotLayout(src, cfg); err != nil {
+					return fmt.Errorf("device: %w", err)
+				}
+			}
+			// Refuse before the long upload when the host cannot pin them.
+			if err := checkPinnable(plan.hostBytes(cfg.NRoutedExperts, lay.size()), hostAvailable(), N-plan.nStatic()); err != nil {
+				return fmt.Errorf("device: %w", err)
+			}
 		}
 		if d.fwd, err = c.Fwd(); err != nil {
 			return err
@@ -191,16 +218,21 @@ func loadDevice(m *Model, src checkpoint.Source, opts Options) (*deviceModel, er
 		}
 		usrc := src
 		if src.Synthetic() {
-			// Generated weights cost CPU per tensor: generate ahead on every core.
-			p := checkpoint.Prefetch(src, uploadOrder(src, cfg, slots == 0), runtime.NumCPU(), 2<<30)
+			// Generated weights cost CPU per tensor: generate ahead on every
+			// core (the tier's experts after the dense weights).
+			order := uploadOrder(src, cfg, plan == nil)
+			if plan != nil {
+				order = append(order, tierOrder(lay, cfg)...)
+			}
+			p := checkpoint.Prefetch(src, order, runtime.NumCPU(), 2<<30)
 			defer p.Close()
 			usrc = p
 		}
-		if err := d.upload(c, m, usrc, slots == 0); err != nil {
+		if err := d.upload(c, m, usrc, plan == nil); err != nil {
 			return err
 		}
-		if slots > 0 {
-			if d.tier, err = newExpertTier(c, d, src, cfg, slots); err != nil {
+		if plan != nil {
+			if d.tier, err = newExpertTier(c, d, lay, usrc, cfg, *plan); err != nil {
 				return fmt.Errorf("device: %w", err)
 			}
 		}
@@ -325,23 +357,20 @@ func (d *deviceModel) upload(c *cuda.Ctx, m *Model, src checkpoint.Source, exper
 	return errors.Join(errs...)
 }
 
-// close frees the device copy (weights become invalid).
+// close frees the device copy (weights become invalid), the expert tier's
+// slots and pinned host memory included.
 func (d *deviceModel) close() {
 	if d == nil {
 		return
 	}
-	a := d.arena
-	var ta *cuda.Arena
-	if d.tier != nil {
-		ta, d.tier.arena = d.tier.arena, nil
-	}
-	d.arena = nil
-	if a == nil && ta == nil {
+	a, t := d.arena, d.tier
+	d.arena, d.tier = nil, nil
+	if a == nil && t == nil {
 		return
 	}
 	_ = d.dev.Do(func(c *cuda.Ctx) error {
-		if ta != nil {
-			_ = c.ReleaseArena(ta)
+		if t != nil {
+			_ = t.release(c)
 		}
 		if a != nil {
 			return c.ReleaseArena(a)
@@ -350,8 +379,9 @@ func (d *deviceModel) close() {
 	})
 }
 
-// DeviceReserve is the GPU memory Load leaves free for sessions when it
-// sizes the expert cache (the routed experts do not all fit).
+// DeviceReserve is the GPU memory Load leaves free for sessions: when the
+// weights plus DeviceReserve exceed the memory it plans with, the routed
+// experts go to the expert tier (expertTier), sized to leave DeviceReserve.
 const DeviceReserve = 4 << 30
 
 // DeviceBytes returns the bytes of device memory the model's weights occupy

@@ -111,8 +111,9 @@ func (c *Ctx) Memset(p DevicePtr, v byte, n int, s Stream) error {
 // HostBuffer is page-locked host memory (C memory, not Go heap): copies from
 // it run at full PCIe speed and may be asynchronous.
 type HostBuffer struct {
-	p unsafe.Pointer
-	n int
+	p   unsafe.Pointer
+	n   int
+	dev DevicePtr // device address of a mapped buffer (0: not mapped)
 }
 
 // Bytes returns the buffer's memory; it is valid until FreeHost.
@@ -125,6 +126,34 @@ func (c *Ctx) NewHostBuffer(n int) (*HostBuffer, error) {
 		return nil, err
 	}
 	return &HostBuffer{p: p, n: n}, nil
+}
+
+// Len returns the buffer's size in bytes.
+func (h *HostBuffer) Len() int { return h.n }
+
+// NewMappedHostBuffer allocates n bytes of pinned host memory that is also
+// mapped into the device's address space: kernels can read it at
+// DevicePtr (every read crosses PCIe). Free it with FreeHost.
+func (c *Ctx) NewMappedHostBuffer(n int) (*HostBuffer, error) {
+	p, err := c.lib.MemHostAlloc(uint64(n), driver.HostAllocPortable|driver.HostAllocDeviceMap)
+	if err != nil {
+		return nil, err
+	}
+	d, err := c.lib.MemHostGetDevicePointer(p)
+	if err != nil {
+		_ = c.lib.MemFreeHost(p)
+		return nil, err
+	}
+	return &HostBuffer{p: p, n: n, dev: d}, nil
+}
+
+// DevicePtr returns the device address of a mapped buffer's byte off (0 for a
+// buffer from NewHostBuffer).
+func (h *HostBuffer) DevicePtr(off int) DevicePtr {
+	if h.dev == 0 {
+		return 0
+	}
+	return h.dev + DevicePtr(off)
 }
 
 // FreeHost frees a pinned buffer.
@@ -174,6 +203,10 @@ func (c *Ctx) DestroyEvent(e Event) error { return c.lib.EventDestroy(e.e) }
 
 // Record records e on s.
 func (c *Ctx) Record(e Event, s Stream) error { return c.lib.EventRecord(e.e, s.s) }
+
+// StreamWait makes work enqueued on s after this call wait until the work
+// captured by e's latest Record has completed; the host does not block.
+func (c *Ctx) StreamWait(s Stream, e Event) error { return c.lib.StreamWaitEvent(s.s, e.e) }
 
 // WaitEvent blocks until e has completed.
 func (c *Ctx) WaitEvent(e Event) error { return c.lib.EventSynchronize(e.e) }

@@ -79,6 +79,15 @@ const (
 	EventDisableTiming = 2
 )
 
+// MemHostAlloc flags (CU_MEMHOSTALLOC_*).
+const (
+	// HostAllocPortable makes the memory pinned for every context.
+	HostAllocPortable = 1
+	// HostAllocDeviceMap maps the memory into the device's address space
+	// (MemHostGetDevicePointer), so kernels can read it over PCIe.
+	HostAllocDeviceMap = 2
+)
+
 // FuncAttrMaxDynamicShared is CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES.
 const FuncAttrMaxDynamicShared = 8
 
@@ -100,6 +109,7 @@ type Lib struct {
 	cuStreamCreate, cuStreamDestroy, cuStreamSynchronize             uintptr
 	cuEventCreate, cuEventDestroy, cuEventRecord, cuEventSynchronize uintptr
 	cuEventElapsedTime                                               uintptr
+	cuStreamWaitEvent, cuMemHostGetDevicePointer                     uintptr
 	cuModuleLoadData, cuModuleUnload, cuModuleGetFunction            uintptr
 	cuFuncSetAttribute, cuFuncGetAttribute, cuLaunchKernel           uintptr
 	cuStreamBeginCapture, cuStreamEndCapture                         uintptr
@@ -148,6 +158,8 @@ func (l *Lib) driverSyms() []struct {
 		{"cuEventRecord", &l.cuEventRecord},
 		{"cuEventSynchronize", &l.cuEventSynchronize},
 		{"cuEventElapsedTime", &l.cuEventElapsedTime},
+		{"cuStreamWaitEvent", &l.cuStreamWaitEvent},
+		{"cuMemHostGetDevicePointer_v2", &l.cuMemHostGetDevicePointer},
 		{"cuModuleLoadData", &l.cuModuleLoadData},
 		{"cuModuleUnload", &l.cuModuleUnload},
 		{"cuModuleGetFunction", &l.cuModuleGetFunction},
@@ -339,6 +351,14 @@ func (l *Lib) MemFreeHost(p unsafe.Pointer) error {
 	return l.check("cuMemFreeHost", call(l.cuMemFreeHost, uintptr(p)))
 }
 
+// MemHostGetDevicePointer returns the device address of host memory
+// allocated with HostAllocDeviceMap (p may point inside the allocation).
+func (l *Lib) MemHostGetDevicePointer(p unsafe.Pointer) (DevicePtr, error) {
+	var d DevicePtr
+	err := l.check("cuMemHostGetDevicePointer_v2", call(l.cuMemHostGetDevicePointer, uintptr(unsafe.Pointer(&d)), uintptr(p), 0))
+	return d, err
+}
+
 // MemcpyHtoD copies n bytes from host src to device dst (synchronous).
 func (l *Lib) MemcpyHtoD(dst DevicePtr, src unsafe.Pointer, n uint64) error {
 	return l.check("cuMemcpyHtoD_v2", call(l.cuMemcpyHtoD, uintptr(dst), uintptr(src), uintptr(n)))
@@ -385,6 +405,12 @@ func (l *Lib) StreamDestroy(s Stream) error {
 // StreamSynchronize waits for s.
 func (l *Lib) StreamSynchronize(s Stream) error {
 	return l.check("cuStreamSynchronize", call(l.cuStreamSynchronize, uintptr(s)))
+}
+
+// StreamWaitEvent makes future work on s wait for the completion of the
+// work captured by e's most recent EventRecord (the host does not wait).
+func (l *Lib) StreamWaitEvent(s Stream, e Event) error {
+	return l.check("cuStreamWaitEvent", call(l.cuStreamWaitEvent, uintptr(s), uintptr(e), 0))
 }
 
 // EventCreate creates an event.

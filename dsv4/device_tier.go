@@ -530,6 +530,14 @@ func (s DeviceExpertCache) Sub(o DeviceExpertCache) DeviceExpertCache {
 	return s
 }
 
+// Add returns s with o's counters added (sums of intervals).
+func (s DeviceExpertCache) Add(o DeviceExpertCache) DeviceExpertCache {
+	s.Hits += o.Hits
+	s.Misses += o.Misses
+	s.PCIeBytes += o.PCIeBytes
+	return s
+}
+
 func (s DeviceExpertCache) String() string {
 	return fmt.Sprintf("experts: %d static on the GPU, %d cache slots, %d in pinned host memory (%s); %d hits, %d misses (%.1f%%), %s copied over PCIe",
 		s.Static, s.Slots, s.Host, progress.FormatBytes(s.HostBytes), s.Hits, s.Misses, 100*s.HitRate(), progress.FormatBytes(s.PCIeBytes))

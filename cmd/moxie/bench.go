@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"moxie/compute/cpu/kern"
+	"moxie/dsv4"
 	"moxie/dsv4/config"
 	"moxie/internal/membw"
 	"moxie/internal/progress"
@@ -35,10 +36,59 @@ type benchReport struct {
 	MemReadGBps     float64 `json:"mem_read_gbps"`          // measured in the same run
 	DecodeBoundTokS float64 `json:"decode_bound_tok_per_s"` // MemReadGBps / BytesPerToken
 	Efficiency      float64 `json:"decode_efficiency"`      // DecodeTokPerS / DecodeBoundTokS
-	// With --backend cuda and routed experts cached in GPU slots (--gpu-mem):
-	DeviceExpertSlots int     `json:"device_expert_slots,omitempty"`
-	ExpertHitRate     float64 `json:"device_expert_hit_rate,omitempty"`
-	PCIeBytesPerToken float64 `json:"pcie_bytes_per_token,omitempty"` // expert bytes copied to the GPU per processed token
+	// With --backend cuda: how the routed experts were served during the
+	// timed runs. ExpertHitRate is the share of expert uses found in GPU
+	// memory and PCIeBytesPerToken the expert bytes copied host→device per
+	// token, over the decode steps (Prefill*: over the prefills); the
+	// all-resident model reports 1 and 0.
+	ExpertHitRate            *float64 `json:"expert_hit_rate,omitempty"`
+	PCIeBytesPerToken        *float64 `json:"pcie_bytes_per_token,omitempty"`
+	PrefillExpertHitRate     *float64 `json:"prefill_expert_hit_rate,omitempty"`
+	PrefillPCIeBytesPerToken *float64 `json:"prefill_pcie_bytes_per_token,omitempty"`
+	// With an expert tier (the experts do not all fit under --gpu-mem): GPU
+	// slots in all (static + cache), experts kept static, cache slots, and
+	// the experts held in pinned host memory with its bytes.
+	DeviceExpertSlots   int   `json:"device_expert_slots,omitempty"`
+	DeviceStaticExperts int   `json:"device_static_experts,omitempty"`
+	DeviceCacheSlots    int   `json:"device_cache_slots,omitempty"`
+	HostExperts         int   `json:"host_experts,omitempty"`
+	PinnedHostBytes     int64 `json:"pinned_host_bytes,omitempty"`
+}
+
+// expertServing fills rep's expert figures of a device run: tier is the
+// model's expert tier (tiered false: every expert resident), dec and pre the
+// tier's counters over the timed decode steps and prefills, of decTokens
+// and preTokens tokens.
+func (rep *benchReport) expertServing(tier dsv4.DeviceExpertCache, tiered bool, dec, pre dsv4.DeviceExpertCache, decTokens, preTokens int) {
+	one, zero := 1.0, 0.0
+	if !tiered {
+		rep.ExpertHitRate, rep.PCIeBytesPerToken = &one, &zero
+		rep.PrefillExpertHitRate, rep.PrefillPCIeBytesPerToken = &one, &zero
+		return
+	}
+	rate := func(c dsv4.DeviceExpertCache) *float64 { r := c.HitRate(); return &r }
+	per := func(b int64, n int) *float64 { r := float64(b) / float64(max(n, 1)); return &r }
+	rep.ExpertHitRate, rep.PCIeBytesPerToken = rate(dec), per(dec.PCIeBytes, decTokens)
+	rep.PrefillExpertHitRate, rep.PrefillPCIeBytesPerToken = rate(pre), per(pre.PCIeBytes, preTokens)
+	rep.DeviceExpertSlots = tier.Static + tier.Slots
+	rep.DeviceStaticExperts, rep.DeviceCacheSlots = tier.Static, tier.Slots
+	rep.HostExperts, rep.PinnedHostBytes = tier.Host, tier.HostBytes
+}
+
+// writeExperts prints the expert figures of a device run (nothing without).
+func (rep *benchReport) writeExperts(w io.Writer) {
+	if rep.ExpertHitRate == nil {
+		return
+	}
+	if rep.DeviceExpertSlots == 0 {
+		fmt.Fprintf(w, "experts            all resident on the GPU (hit rate 100%%, nothing copied over PCIe)\n")
+		return
+	}
+	fmt.Fprintf(w, "expert tier        %d static + %d cache slots on the GPU, %d experts in pinned host memory (%s)\n",
+		rep.DeviceStaticExperts, rep.DeviceCacheSlots, rep.HostExperts, progress.FormatBytes(rep.PinnedHostBytes))
+	fmt.Fprintf(w, "expert hits        decode %.1f%%, %s per token over PCIe; prefill %.1f%%, %s per token\n",
+		*rep.ExpertHitRate*100, progress.FormatBytes(int64(*rep.PCIeBytesPerToken)),
+		*rep.PrefillExpertHitRate*100, progress.FormatBytes(int64(*rep.PrefillPCIeBytesPerToken)))
 }
 
 func runBench(args []string, _ io.Reader, stdout, stderr io.Writer) error {
@@ -96,6 +146,10 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 	var prefillRates []float64
 	var describe string // how a device session ran (graphs, expert paths)
 	var steps []time.Duration
+	// Expert tier counters over the timed prefills and decode steps.
+	tier, tiered := m.DeviceExpertCache()
+	var preTier, decTier dsv4.DeviceExpertCache
+	snap := func() dsv4.DeviceExpertCache { c, _ := m.DeviceExpertCache(); return c }
 	total := *warmup + *runs
 	bar := progress.New(stderr, "bench", int64(total*(*decode+1)), false)
 	for run := range total {
@@ -109,6 +163,7 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 		if err != nil {
 			return err
 		}
+		c0 := snap()
 		start := time.Now()
 		if _, err := s.Append(ctx, toks[:*prompt]); err != nil {
 			return err
@@ -116,6 +171,7 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 		if timed {
 			prefillRates = append(prefillRates, float64(*prompt)/time.Since(start).Seconds())
 		}
+		c1 := snap()
 		bar.Add(1)
 		for _, t := range toks[*prompt:] {
 			st := time.Now()
@@ -127,6 +183,10 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 			}
 			bar.Add(1)
 		}
+		if timed && tiered {
+			preTier = preTier.Add(c1.Sub(c0))
+			decTier = decTier.Add(snap().Sub(c1))
+		}
 		if d, ok := s.(interface{ Describe() string }); ok && run == total-1 {
 			describe = d.Describe()
 		}
@@ -136,12 +196,8 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 	if describe != "" {
 		fmt.Fprintln(stderr, describe)
 	}
-	if slots, hits, misses := m.DeviceExpertStats(); slots > 0 {
-		rep.DeviceExpertSlots = slots
-		if hits+misses > 0 {
-			rep.ExpertHitRate = float64(hits) / float64(hits+misses)
-		}
-		rep.PCIeBytesPerToken = float64(misses) * float64(config.ExpertBytes(m.Cfg)) / float64(total*(*prompt+*decode))
+	if lm.dev != nil {
+		rep.expertServing(tier, tiered, decTier, preTier, *runs**decode, *runs**prompt)
 	}
 	var ceiling string
 	if lm.dev != nil {
@@ -175,10 +231,7 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 	fmt.Fprintf(stdout, "weights per token  %s (%s)\n", commas(rep.BytesPerToken), progress.FormatBytes(rep.BytesPerToken))
 	fmt.Fprintf(stdout, "memory read        %.1f GB/s (%s) -> decode bound %.2f tok/s\n", rep.MemReadGBps, ceiling, rep.DecodeBoundTokS)
 	fmt.Fprintf(stdout, "efficiency         %.1f%% of the bandwidth bound\n", rep.Efficiency*100)
-	if rep.DeviceExpertSlots > 0 {
-		fmt.Fprintf(stdout, "expert cache       %d GPU slots, hit rate %.1f%%, %s per token copied over PCIe (prefill and decode)\n",
-			rep.DeviceExpertSlots, rep.ExpertHitRate*100, progress.FormatBytes(int64(rep.PCIeBytesPerToken)))
-	}
+	rep.writeExperts(stdout)
 	if !kern.SIMD && lm.dev == nil {
 		fmt.Fprintf(stdout, "note               portable build: its kernels and bandwidth probe are scalar Go and may understate\n                   the machine; build with GOEXPERIMENT=simd for speed and a true ceiling\n")
 	}

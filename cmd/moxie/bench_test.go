@@ -4,7 +4,10 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+
+	"moxie/dsv4"
 )
 
 func TestBenchWritesConsistentReport(t *testing.T) {
@@ -32,10 +35,82 @@ func TestBenchWritesConsistentReport(t *testing.T) {
 	if d := r.Efficiency/(r.DecodeTokPerS/bound) - 1; d > 1e-9 || d < -1e-9 {
 		t.Fatalf("efficiency %g inconsistent", r.Efficiency)
 	}
+	if r.ExpertHitRate != nil || r.PCIeBytesPerToken != nil || r.DeviceExpertSlots != 0 {
+		t.Fatalf("the CPU backend reported device expert figures: %+v", r)
+	}
 	if code, _, _ := moxie(t, "bench", "--runs", "0"); code != 2 {
 		t.Fatalf("--runs 0: exit %d, want 2", code)
 	}
 	if code, _, _ := moxie(t, "bench", "--warmup", "-1"); code != 2 {
 		t.Fatalf("--warmup -1: exit %d, want 2", code)
+	}
+}
+
+// TestBenchExpertServing checks the expert figures of a device run against
+// hand-computed values: hit rates and PCIe bytes per token of the decode
+// steps and prefills, the tier's sizes, the JSON keys and the text lines.
+func TestBenchExpertServing(t *testing.T) {
+	tier := dsv4.DeviceExpertCache{Static: 5157, Slots: 343, Host: 3099, HostBytes: 3099 * 13369344, ExpertBytes: 13369344}
+	for _, c := range []struct {
+		name             string
+		tiered           bool
+		dec, pre         dsv4.DeviceExpertCache
+		decToks, preToks int
+		wantHit, wantPre float64 // hit rates
+		wantB, wantPreB  float64 // PCIe bytes per token
+		wantKeys         []string
+		wantText         []string
+	}{
+		{name: "all resident", wantHit: 1, wantPre: 1,
+			wantKeys: []string{`"expert_hit_rate":1`, `"pcie_bytes_per_token":0`},
+			wantText: []string{"all resident on the GPU"}},
+		{name: "tier", tiered: true,
+			// 48 decode steps × 43 layers × 6 experts = 12,384 uses, 3,096 misses.
+			dec:     dsv4.DeviceExpertCache{Hits: 9288, Misses: 3096, PCIeBytes: 3096 * 13369344},
+			pre:     dsv4.DeviceExpertCache{Hits: 100, Misses: 300, PCIeBytes: 300 * 13369344},
+			decToks: 48, preToks: 192,
+			wantHit: 0.75, wantPre: 0.25, wantB: 3096 * 13369344 / 48.0, wantPreB: 300 * 13369344 / 192.0,
+			wantKeys: []string{`"expert_hit_rate":0.75`, `"pcie_bytes_per_token":862322688`, `"device_static_experts":5157`, `"device_cache_slots":343`, `"host_experts":3099`, `"device_expert_slots":5500`},
+			wantText: []string{"5157 static + 343 cache slots", "3099 experts in pinned host memory", "decode 75.0%", "prefill 25.0%"}},
+		{name: "tier, no decode misses", tiered: true,
+			dec: dsv4.DeviceExpertCache{Hits: 60}, decToks: 10, preToks: 5,
+			wantHit: 1, wantPre: 0, wantB: 0, wantPreB: 0,
+			wantKeys: []string{`"expert_hit_rate":1`, `"pcie_bytes_per_token":0`, `"prefill_expert_hit_rate":0`}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var rep benchReport
+			rep.expertServing(tier, c.tiered, c.dec, c.pre, c.decToks, c.preToks)
+			if rep.ExpertHitRate == nil || rep.PCIeBytesPerToken == nil || rep.PrefillExpertHitRate == nil || rep.PrefillPCIeBytesPerToken == nil {
+				t.Fatalf("missing figures: %+v", rep)
+			}
+			if *rep.ExpertHitRate != c.wantHit || *rep.PrefillExpertHitRate != c.wantPre || *rep.PCIeBytesPerToken != c.wantB || *rep.PrefillPCIeBytesPerToken != c.wantPreB {
+				t.Errorf("hit rates %g, %g and bytes/token %g, %g; want %g, %g and %g, %g", *rep.ExpertHitRate, *rep.PrefillExpertHitRate,
+					*rep.PCIeBytesPerToken, *rep.PrefillPCIeBytesPerToken, c.wantHit, c.wantPre, c.wantB, c.wantPreB)
+			}
+			b, err := json.Marshal(&rep)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range c.wantKeys {
+				if !strings.Contains(string(b), k) {
+					t.Errorf("JSON %s lacks %s", b, k)
+				}
+			}
+			if !c.tiered && strings.Contains(string(b), "device_expert_slots") {
+				t.Errorf("all-resident JSON %s names expert slots", b)
+			}
+			var w strings.Builder
+			rep.writeExperts(&w)
+			for _, s := range c.wantText {
+				if !strings.Contains(w.String(), s) {
+					t.Errorf("text %q lacks %q", w.String(), s)
+				}
+			}
+		})
+	}
+	var w strings.Builder
+	(&benchReport{}).writeExperts(&w)
+	if w.Len() != 0 {
+		t.Errorf("a CPU report printed expert figures: %q", w.String())
 	}
 }

@@ -29,11 +29,12 @@ import (
 // Each layer's ExpertTable records point a resident expert at its slot; the
 // host makes every expert a launch uses resident before the launch (ensure),
 // so decode steps synchronise once per layer (the routing comes down) and are
-// not captured in graphs. The copies are ordered on the GPU with events: a
-// copy waits for the compute work queued before it (which may still read the
-// victim slot) and the compute stream waits for the copy; the host does not
-// wait for a copy except through SetTableExpert's stream synchronisation,
-// which overlaps the previous miss's copy with this one's.
+// not captured in graphs. A miss never blocks the host: the copy waits on the
+// GPU (an event) for the compute work queued before it, which may still read
+// the victim slot; the layer table's record of the expert is overwritten by
+// a device→device copy of the slot's record on the compute stream; and the
+// compute stream waits (an event) for the copy before the launches that use
+// it. Consecutive misses' copies run back to back on the copy stream.
 type expertTier struct {
 	lay       slotLayout
 	slotBytes int
@@ -44,7 +45,11 @@ type expertTier struct {
 	hostOff   [][]int // [layer][expert] → offset in host[layer], -1 when static
 	nHost     int
 	hostBytes int64
-	arena     *cuda.Arena // the slots, plus scratch for table records
+	arena     *cuda.Arena // the slots, plus the slot table
+	// slotTable holds the argument records of the dynamic slots (slot
+	// nStatic+j is its expert j): a miss copies its slot's records over the
+	// layer table's record of the expert, on the device.
+	slotTable *cuda.ExpertTable
 	copy      cuda.Stream
 	evCompute cuda.Event // recorded on the compute stream before a copy
 	evCopy    cuda.Event // recorded on the copy stream after a copy
@@ -301,7 +306,8 @@ func newExpertTier(c *cuda.Ctx, d *deviceModel, lay slotLayout, src checkpoint.S
 	if p.dynamic == 0 && t.nStatic < L*E {
 		return nil, fmt.Errorf("device expert cache: %d static experts of %d and no cache slots", t.nStatic, L*E)
 	}
-	if t.arena, err = c.NewArena(n*t.slotBytes + 1<<20); err != nil {
+	const recordBytes = 128 // ≥ one multi-linear argument record
+	if t.arena, err = c.NewArena(n*t.slotBytes + 2*alignUp(3*p.dynamic*recordBytes) + 1<<20); err != nil {
 		return nil, fmt.Errorf("device expert cache of %d slots (%d bytes): %w", n, n*t.slotBytes, err)
 	}
 	for range n {
@@ -312,6 +318,14 @@ func newExpertTier(c *cuda.Ctx, d *deviceModel, lay slotLayout, src checkpoint.S
 		t.slots = append(t.slots, tierSlot{owner: [2]int{-1, -1}, gen: -1, base: base, x: lay.expertAt(base)})
 	}
 	if p.dynamic > 0 {
+		w1, w3, w2 := make([]*cuda.DeviceWeight, p.dynamic), make([]*cuda.DeviceWeight, p.dynamic), make([]*cuda.DeviceWeight, p.dynamic)
+		for j := range p.dynamic {
+			x := t.slots[t.nStatic+j].x
+			w1[j], w3[j], w2[j] = x.w1, x.w3, x.w2
+		}
+		if t.slotTable, err = c.PrepareExpertTable(t.arena, w1, w3, w2); err != nil {
+			return nil, fmt.Errorf("device expert cache: the experts do not fit the multi-linear kernels: %w", err)
+		}
 		if t.copy, err = c.NewStream(); err != nil {
 			return nil, err
 		}
@@ -432,8 +446,8 @@ func (t *expertTier) pin() { t.gen++ }
 // takes the least recently used dynamic slot not used in the current
 // generation, enqueues the expert's copy from pinned host memory on the copy
 // stream (after the compute work already queued, which may read the victim),
-// repoints the layer's table record, and makes the compute stream wait for
-// the copy.
+// repoints the layer's table record on the compute stream, and makes the
+// compute stream wait for the copy; nothing waits on the host.
 func (t *expertTier) ensure(c *cuda.Ctx, b *devBlock, l, e int) (*devExpert, error) {
 	t.stamp++
 	if i := t.where[l][e]; i >= 0 {
@@ -469,12 +483,8 @@ func (t *expertTier) ensure(c *cuda.Ctx, b *devBlock, l, e int) (*devExpert, err
 		return nil, fmt.Errorf("device expert cache: layer %d expert %d: %w", l, e, err)
 	}
 	t.pcie += int64(t.slotBytes)
-	// SetTableExpert synchronises the compute stream, which waits for the
-	// previous miss's copy (not this one's): copies stay back to back.
-	if err := c.SetTableExpert(t.arena, b.table, e, s.x.w1, s.x.w3, s.x.w2); err != nil {
-		return nil, fmt.Errorf("device expert cache: layer %d expert %d: %w", l, e, err)
-	}
 	if err := errs(
+		func() error { return c.CopyTableExpert(b.table, e, t.slotTable, v-t.nStatic, st) },
 		func() error { return c.Record(t.evCopy, t.copy) },
 		func() error { return c.StreamWait(st, t.evCopy) },
 	); err != nil {

@@ -275,3 +275,22 @@ func (c *Ctx) DestroyGraph(g *Graph) error {
 	}
 	return err
 }
+
+// CopyTableExpert enqueues on s, without waiting, a copy of expert se's
+// argument records in table src over expert e's records in table dst, so
+// that launches through dst enqueued after it use src's expert se for
+// expert e (a device→device copy of three records; no host copy, no
+// synchronisation). The tables must hold experts of one format and shape.
+func (c *Ctx) CopyTableExpert(dst *ExpertTable, e int, src *ExpertTable, se int, s Stream) error {
+	if e < 0 || e >= dst.E || se < 0 || se >= src.E {
+		return fmt.Errorf("cuda expert table: copy of expert %d of %d over expert %d of %d", se, src.E, e, dst.E)
+	}
+	if dst.Inter != src.Inter || dst.Dim != src.Dim || dst.w1.Format != src.w1.Format || dst.w1.Block != src.w1.Block {
+		return fmt.Errorf("cuda expert table: copy between tables of %v [%d, %d] and %v [%d, %d] experts", src.w1.Format, src.Inter, src.Dim, dst.w1.Format, dst.Inter, dst.Dim)
+	}
+	rec := DevicePtr(unsafe.Sizeof(linArgs{}))
+	if err := c.CopyAsync(dst.all13.args+DevicePtr(2*e)*rec, src.all13.args+DevicePtr(2*se)*rec, int(2*rec), s); err != nil {
+		return err
+	}
+	return c.CopyAsync(dst.all2.args+DevicePtr(e)*rec, src.all2.args+DevicePtr(se)*rec, int(rec), s)
+}

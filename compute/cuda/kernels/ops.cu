@@ -276,19 +276,28 @@ __device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
   return fmaf(a.w, b.w, acc);
 }
 
+// hc_x_plain is hc_split_dots_body's stream loader for streams read as
+// they are: quad q of token b0 + t of x [batch, n].
+struct hc_x_plain {
+  const float4 *__restrict__ xq;  // x + b0·n
+  int nq;            // n / 4
+  __device__ __forceinline__ float4 operator()(int t, int q) const { return __ldg(xq + (size_t)t * nq + q); }
+};
+
 // hc_split_dots_body: hc_split_dots for Fn in BF16 (BF) or F32, with red the
-// kernel's [HCS_RB·HCS_TB][32] shared scratch. Every load
-// of a quad (the tile's x quads, then its Fn quads) is issued before the
-// first product, so a thread waits for memory once per quad.
-template <bool BF>
-__device__ __forceinline__ void hc_split_dots_body(float *__restrict__ part, const float *__restrict__ x,
+// kernel's [HCS_RB·HCS_TB][32] shared scratch; xl(t, q) returns quad q of
+// the tile's token t (hc_x_plain, or the fused expand of kernels/fuse.cu),
+// called exactly once per (t < nt, q) by each block. Every load of a quad
+// (the tile's x quads, then its Fn quads) is issued before the first
+// product, so a thread waits for memory once per quad.
+template <bool BF, class XL>
+__device__ __forceinline__ void hc_split_dots_body(float *__restrict__ part, const XL &xl,
                                                    const void *__restrict__ fn, int n, int nm, int cq, int rb,
                                                    int batch, float (*red)[32]) {
   const int r0 = blockIdx.x * rb, s = blockIdx.y, S = gridDim.y, b0 = blockIdx.z * HCS_TB;
   const int nr = min(rb, nm + 1 - r0), nt = min(HCS_TB, batch - b0);
   const int nq = n >> 2;
   const int q0 = s * cq, q1 = min(q0 + cq, nq);
-  const float4 *xq = (const float4 *)(x + (size_t)b0 * n);
   float acc[HCS_RB][HCS_TB];
 #pragma unroll
   for (int j = 0; j < HCS_RB; j++)
@@ -298,7 +307,7 @@ __device__ __forceinline__ void hc_split_dots_body(float *__restrict__ part, con
     const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
     float4 xv[HCS_TB], f[HCS_RB];
 #pragma unroll
-    for (int t = 0; t < HCS_TB; t++) xv[t] = t < nt ? __ldg(xq + (size_t)t * nq + q) : z;
+    for (int t = 0; t < HCS_TB; t++) xv[t] = t < nt ? xl(t, q) : z;
 #pragma unroll
     for (int j = 0; j < HCS_RB; j++) {
       const int r = r0 + j;
@@ -346,10 +355,11 @@ extern "C" __global__ void hc_split_dots(float *__restrict__ part, const float *
                                          const void *__restrict__ fn, int fmt, int n, int nm, int cq, int rb,
                                          int batch) {
   __shared__ float red[HCS_RB * HCS_TB][32];
+  const hc_x_plain xl{(const float4 *)(x + (size_t)blockIdx.z * HCS_TB * n), n >> 2};
   if (fmt == 3)
-    hc_split_dots_body<true>(part, x, fn, n, nm, cq, rb, batch, red);
+    hc_split_dots_body<true>(part, xl, fn, n, nm, cq, rb, batch, red);
   else
-    hc_split_dots_body<false>(part, x, fn, n, nm, cq, rb, batch, red);
+    hc_split_dots_body<false>(part, xl, fn, n, nm, cq, rb, batch, red);
 }
 
 extern "C" __global__ void hc_split_finish(float *pre, float *post, float *comb, const float *__restrict__ part,
@@ -375,13 +385,18 @@ extern "C" __global__ void hc_split_finish(float *pre, float *post, float *comb,
   hc_gates_sinkhorn(pre, post, comb, dot, dot + hc, dot + 2 * hc, rho, base, scale, hc, iters, eps, head, b, cm);
 }
 
+// The collapse and the expand pin their float32 order with explicit
+// intrinsics, so that the fused kernels of kernels/fuse.cu give the same bits:
+// collapse y = fma(pre[hc−1], x[hc−1], … fma(pre[0], x[0], 0)); expand
+// out[k] = fma(comb[hc−1, k], x[hc−1], … fma(comb[0, k], x[0], post[k]·o)).
+
 // HCCollapse: y[b, i] = Σ_j pre[b, j]·x[b, j, i]; grid (ceil(dim/blockDim), batch).
 extern "C" __global__ void hc_collapse(float *y, const float *x, const float *pre, int hc, int dim) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   const size_t b = blockIdx.y;
   if (i >= dim) return;
   float s = 0.f;
-  for (int j = 0; j < hc; j++) s += pre[b * hc + j] * x[(b * hc + j) * dim + i];
+  for (int j = 0; j < hc; j++) s = __fmaf_rn(pre[b * hc + j], x[(b * hc + j) * dim + i], s);
   y[b * dim + i] = s;
 }
 
@@ -395,8 +410,8 @@ extern "C" __global__ void hc_expand(float *out, const float *x, const float *o,
   const float ov = o[b * dim + i];
   const float *c = comb + b * hc * hc;
   for (int k = 0; k < hc; k++) {
-    float s = post[b * hc + k] * ov;
-    for (int j = 0; j < hc; j++) s += c[j * hc + k] * x[(b * hc + j) * dim + i];
+    float s = __fmul_rn(post[b * hc + k], ov);
+    for (int j = 0; j < hc; j++) s = __fmaf_rn(c[j * hc + k], x[(b * hc + j) * dim + i], s);
     out[(b * hc + k) * dim + i] = s;
   }
 }

@@ -1,0 +1,244 @@
+package cuda
+
+import (
+	_ "embed"
+	"math"
+	"unsafe"
+)
+
+//go:embed kernels/fuse.cu
+var fuseCu string
+
+// fuseSrc is the fuse module's source: kernels/ops.cu (whose helpers and
+// hc_split_dots the fused kernels use) followed by kernels/fuse.cu.
+var fuseSrc = opsSrc + "\n" + fuseCu
+
+// FuseSource returns the CUDA source of the fuse module (kernels/ops.cu
+// followed by kernels/fuse.cu).
+func FuseSource() string { return fuseSrc }
+
+// fuseModuleName names the fuse module among the device's modules.
+const fuseModuleName = "fuse"
+
+func (c *Ctx) fuseModule() (*Module, error) {
+	for _, m := range c.d.modules {
+		if m.Name == fuseModuleName {
+			return m, nil
+		}
+	}
+	return c.Module(fuseModuleName, fuseSrc)
+}
+
+// LoadFuse compiles (or loads from the disk cache) the fuse module now, so
+// that the first fused op does not: call it before capturing a CUDA graph
+// that contains fused ops (loading a module is not a stream operation).
+func (c *Ctx) LoadFuse() error {
+	_, err := c.fuseModule()
+	return err
+}
+
+func (c *Ctx) launchFuse(name string, grid, block Dim3, shared int, s Stream, args ...unsafe.Pointer) error {
+	m, err := c.fuseModule()
+	if err != nil {
+		return err
+	}
+	k, err := m.Kernel(name)
+	if err != nil {
+		return err
+	}
+	return c.Launch(k, grid, block, shared, s, args...)
+}
+
+// rmsThreads is the block size of the rmsnorm kernel (RMSNorm) for rows of
+// dim; the fused kernels that end in an RMSNorm use the same, so that their
+// sums of squares add in the same order.
+func rmsThreads(dim int) int { return min(1024, max(32, (dim+3)/4/32*32)) }
+
+// HCNorm is the input and output of one fused sublayer boundary (HCMixNorm,
+// HCHeadNorm) for T tokens of HC streams of width D = Fn.Cols/HC. All
+// buffers are float32 device memory owned by the caller.
+//
+//	x' = Post·O + Combᵀ·X       (HCExpand; skipped when O == 0: x' = X)
+//	Pre, PostOut, CombOut = HCMix(x')  (HCHeadNorm: Pre = HCHeadPre(x'))
+//	A = RMS(Σ_j Pre_j·x'_j; Norm)      (HCCollapse, then RMSNorm)
+//
+// Two kernels run in stream order: the first reads X, O, Post and Comb and
+// writes XOut and the dot-product partials (Scratch); the second reads the
+// partials and x' and writes Pre, PostOut, CombOut and A. So PostOut and
+// CombOut may be the same buffers as Post and Comb (the previous
+// coefficients are consumed before the new ones are written); XOut must
+// not overlap X, O, Post or Comb, and A must not overlap X, XOut, Pre,
+// PostOut, CombOut or Scratch (it may be O).
+type HCNorm struct {
+	// X [T, HC, D]: the streams entering the boundary (the previous
+	// sublayer's input when O != 0). 16-byte aligned.
+	X DevicePtr
+	// O [T, D] (16-byte aligned), Post [T, HC], Comb [T, HC, HC]: the
+	// previous sublayer's output and coefficients; O == 0 skips the expand
+	// and leaves Post, Comb and XOut unread.
+	O, Post, Comb DevicePtr
+	// XOut [T, HC, D] receives x' when O != 0. 16-byte aligned.
+	XOut DevicePtr
+	// Pre [T, HC], PostOut [T, HC], CombOut [T, HC, HC]: the new
+	// coefficients (HCHeadNorm writes Pre only).
+	Pre, PostOut, CombOut DevicePtr
+	// A [T, D] receives the normalised collapse.
+	A DevicePtr
+	// Norm [D] is the RMSNorm weight, or 0 for an unweighted norm.
+	Norm DevicePtr
+	// Eps is the RMSNorm's ε (the HC's own ε's are in HC).
+	Eps float32
+	// Scratch holds the dot-product partials: at least
+	// HCNormScratchBytes(HC, D, T) bytes, owned by the caller; fused
+	// boundaries on one stream may share it.
+	Scratch DevicePtr
+	// T is the number of tokens (at least 1).
+	T int
+}
+
+// HCNormScratchBytes is the Scratch size HCMixNorm and HCHeadNorm need for
+// T tokens of hc streams of width dim.
+func HCNormScratchBytes(hc, dim, T int) int {
+	if hc <= 0 || dim <= 0 || T <= 0 {
+		return 0
+	}
+	n := hc * dim
+	_, _, s1, _, _ := hcSplitShape((2+hc)*hc, n)
+	_, _, s2, _, _ := hcSplitShape(hc, n)
+	return 4 * T * max(((2+hc)*hc+1)*s1, (hc+1)*s2)
+}
+
+// HCMixNorm enqueues the sublayer boundary of HCNorm with p a mix site (Fn
+// [(2+HC)·HC, HC·D]): the optional expand of the previous sublayer, the
+// split-K HCMix, the collapse and the RMSNorm in two kernels (see HCNorm
+// for the aliasing rules). D must be a multiple of 4 and Fn 16-byte (F32)
+// or 8-byte (BF16) aligned. The results are those of HCExpand, HCMix (split
+// path, whatever $MOXIE_CUDA_HCMIX says), HCCollapse and RMSNorm run one
+// after another: the same float32 operations in the same order for batches
+// up to 16, where HCMix takes its split path. Positions are not involved;
+// nothing is allocated or synchronised, so the call can be captured in a
+// CUDA graph once the fuse module is loaded (LoadFuse).
+func (c *Ctx) HCMixNorm(a *HCNorm, p *HC, s Stream) error {
+	return c.hcNorm("HCMixNorm", a, p, 0, s)
+}
+
+// HCHeadNorm is HCMixNorm for the output head's collapse (p: Fn [HC,
+// HC·D], one scale): Pre = HCHeadPre(x'), A = RMS(Σ_j Pre_j·x'_j; Norm);
+// PostOut and CombOut are unused.
+func (c *Ctx) HCHeadNorm(a *HCNorm, p *HC, s Stream) error {
+	return c.hcNorm("HCHeadNorm", a, p, 1, s)
+}
+
+func (c *Ctx) hcNorm(op string, a *HCNorm, p *HC, head int32, s Stream) error {
+	if a == nil || p == nil {
+		return opErr(op, "nil arguments or HC parameters")
+	}
+	rows := (2 + p.HC) * p.HC
+	if head != 0 {
+		rows = p.HC
+	}
+	code, err := p.check(op, rows)
+	if err != nil {
+		return err
+	}
+	n := p.Fn.Cols
+	D := n / p.HC
+	T := a.T
+	expand := a.O != 0
+	switch {
+	case !pos32(T) || (T+hcSplitTB-1)/hcSplitTB > opsMaxGridY:
+		return opErr(op, "T %d: want 1..%d tokens", T, hcSplitTB*opsMaxGridY)
+	case D%4 != 0:
+		return opErr(op, "stream width D %d (Fn columns %d / HC %d): want a multiple of 4", D, n, p.HC)
+	case !nonNull(a.X, a.Pre, a.A, a.Scratch) || (head == 0 && !nonNull(a.PostOut, a.CombOut)):
+		return opErr(op, "null X %#x, Pre %#x, PostOut %#x, CombOut %#x, A %#x or Scratch %#x", a.X, a.Pre, a.PostOut, a.CombOut, a.A, a.Scratch)
+	case expand && !nonNull(a.Post, a.Comb, a.XOut):
+		return opErr(op, "expand (O %#x) with null Post %#x, Comb %#x or XOut %#x", a.O, a.Post, a.Comb, a.XOut)
+	case !hcSplitAligned(a.X, p.Fn.Data, n, code) || (expand && (a.O%16 != 0 || a.XOut%16 != 0)):
+		return opErr(op, "X %#x, O %#x, XOut %#x must be 16-byte aligned and Fn %#x 16-byte (F32) or 8-byte (BF16) aligned", a.X, a.O, a.XOut, p.Fn.Data)
+	case expand && (a.XOut == a.X || a.XOut == a.O || a.XOut == a.Post || a.XOut == a.Comb):
+		return opErr(op, "XOut %#x aliases X, O, Post or Comb", a.XOut)
+	case a.A == a.X || (expand && a.A == a.XOut) || a.A == a.Pre || a.A == a.Scratch || (head == 0 && (a.A == a.PostOut || a.A == a.CombOut)):
+		return opErr(op, "A %#x aliases X, XOut, Pre, PostOut, CombOut or Scratch", a.A)
+	case math.IsNaN(float64(a.Eps)) || a.Eps < 0:
+		return opErr(op, "Eps %g: want >= 0", a.Eps)
+	}
+	rb, groups, splits, cq, threads := hcSplitShape(rows, n)
+	fn, part := p.Fn.Data, a.Scratch
+	hc, n32, d32, nm, b32 := int32(p.HC), int32(n), int32(D), int32(rows), int32(T)
+	s32, cq32, rb32 := int32(splits), int32(cq), int32(rb)
+	grid := Dim3{X: uint32(groups), Y: uint32(splits), Z: uint32((T + hcSplitTB - 1) / hcSplitTB)}
+	xs := a.X
+	if expand {
+		xs = a.XOut
+		if err := c.launchFuse("fuse_hc_dots", grid, Dim3{X: uint32(threads)}, 0, s,
+			ptr(&part), ptr(&a.X), ptr(&a.O), ptr(&a.Post), ptr(&a.Comb), ptr(&a.XOut), ptr(&fn), ptr(&code),
+			ptr(&n32), ptr(&nm), ptr(&cq32), ptr(&rb32), ptr(&b32), ptr(&hc), ptr(&d32)); err != nil {
+			return err
+		}
+	} else if err := c.launchFuse("hc_split_dots", grid, Dim3{X: uint32(threads)}, 0, s,
+		ptr(&part), ptr(&a.X), ptr(&fn), ptr(&code), ptr(&n32), ptr(&nm), ptr(&cq32), ptr(&rb32), ptr(&b32)); err != nil {
+		return err
+	}
+	iters, eps, neps, reps := int32(p.Iters), p.Eps, p.NormEps, a.Eps
+	base, scale := p.Base, p.Scale
+	post, comb := a.PostOut, a.CombOut
+	return c.launchFuse("fuse_hc_finish", Dim3{X: uint32(T)}, Dim3{X: uint32(rmsThreads(D))}, 4*(rows+1)*splits, s,
+		ptr(&a.Pre), ptr(&post), ptr(&comb), ptr(&a.A), ptr(&xs), ptr(&a.Norm), ptr(&part), ptr(&base), ptr(&scale),
+		ptr(&hc), ptr(&d32), ptr(&nm), ptr(&s32), ptr(&iters), ptr(&eps), ptr(&neps), ptr(&head), ptr(&reps))
+}
+
+// QNormRoPE enqueues, in place on q [T, heads, dim], the per-head
+// unweighted RMSNorm (ε eps) followed by RoPE at position pos[t] (int32
+// [T]) on the last 2·nfreq dims of every head (freq float32 [nfreq]): the
+// results of RMSNorm(q, q, 0, T·heads, dim, eps) then RoPE(q, pos, freq, T,
+// heads·dim, dim, nfreq, false), in one kernel. Graph-capturable (the
+// positions are read on the device).
+func (c *Ctx) QNormRoPE(q, pos, freq DevicePtr, T, heads, dim, nfreq int, eps float32, s Stream) error {
+	return c.rmsRoPE("QNormRoPE", q, q, 0, pos, freq, T, heads, dim, nfreq, eps, 0, s)
+}
+
+// KVNormRoPEStore enqueues the window-KV tail of attention for T tokens in
+// one kernel: ring[pos[t] mod ringRows] = RoPE(RMS(kv[t]; w), pos[t]) for
+// kv [T, dim] (read only), w [dim] (0: unweighted), pos int32 [T], freq
+// [nfreq] (the last 2·nfreq dims rotate), ring [ringRows, dim] (ringRows ≥
+// T; it must not overlap kv) — the results of RMSNorm(kv, kv, w, T, dim,
+// eps), RoPE(kv, pos, freq, T, dim, dim, nfreq, false) and Fwd.RingStore,
+// without writing kv. Graph-capturable.
+func (c *Ctx) KVNormRoPEStore(ring, kv, w, pos, freq DevicePtr, T, ringRows, dim, nfreq int, eps float32, s Stream) error {
+	if ringRows < T || ring == kv {
+		return opErr("KVNormRoPEStore", "ring rows %d for T %d (ring %#x, kv %#x): want at least T rows, not kv", ringRows, T, ring, kv)
+	}
+	return c.rmsRoPE("KVNormRoPEStore", ring, kv, w, pos, freq, T, 1, dim, nfreq, eps, ringRows, s)
+}
+
+func (c *Ctx) rmsRoPE(op string, y, x, w, pos, freq DevicePtr, T, heads, dim, nfreq int, eps float32, ringRows int, s Stream) error {
+	if !pos32(T, heads, dim, nfreq) || 2*nfreq > dim || int64(T)*int64(heads) > math.MaxInt32 || ringRows < 0 || ringRows > math.MaxInt32 {
+		return opErr(op, "T %d, heads %d, dim %d, nfreq %d: want positive sizes, 2·nfreq <= dim and T·heads < 2^31", T, heads, dim, nfreq)
+	}
+	if !nonNull(y, x, pos, freq) {
+		return opErr(op, "null output, input, pos or freq")
+	}
+	if math.IsNaN(float64(eps)) || eps < 0 {
+		return opErr(op, "eps %g: want >= 0", eps)
+	}
+	h, d, nf, rr := int32(heads), int32(dim), int32(nfreq), int32(ringRows)
+	return c.launchFuse("fuse_rms_rope", Dim3{X: uint32(T * heads)}, Dim3{X: uint32(rmsThreads(dim))}, 0, s,
+		ptr(&y), ptr(&x), ptr(&w), ptr(&pos), ptr(&freq), ptr(&h), ptr(&d), ptr(&nf), ptr(&eps), ptr(&rr))
+}
+
+// RoPEScale enqueues RoPE(x, pos, freq, rows, rowLen, dim, nfreq, false)
+// and Scale(y, a, n) in one kernel (the indexer's query rotation and its
+// head-weight scaling); x and y must not overlap. n == 0 only rotates.
+func (c *Ctx) RoPEScale(x, pos, freq DevicePtr, rows, rowLen, dim, nfreq int, y DevicePtr, a float32, n int, s Stream) error {
+	if !pos32(rows, rowLen, dim, nfreq) || 2*nfreq > dim || rowLen%dim != 0 || n < 0 || int64(rows)*int64(rowLen) > math.MaxInt64/4 {
+		return opErr("RoPEScale", "rows %d, rowLen %d, dim %d, nfreq %d, n %d: want positive sizes, 2·nfreq <= dim, rowLen a multiple of dim, n >= 0", rows, rowLen, dim, nfreq, n)
+	}
+	if !nonNull(x, pos, freq) || (n > 0 && y == 0) {
+		return opErr("RoPEScale", "null x, pos, freq or y")
+	}
+	r, rl, d, nf, n64 := int32(rows), int32(rowLen), int32(dim), int32(nfreq), int64(n)
+	total := int64(rows)*int64(rowLen/dim)*int64(nfreq) + n64
+	return c.launchFuse("fuse_rope_scale", gridFor(total), Dim3{X: 256}, 0, s,
+		ptr(&x), ptr(&pos), ptr(&freq), ptr(&r), ptr(&rl), ptr(&d), ptr(&nf), ptr(&y), ptr(&a), ptr(&n64))
+}

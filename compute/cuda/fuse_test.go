@@ -1,0 +1,671 @@
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"moxie/compute"
+	"moxie/compute/computetest"
+	"moxie/compute/ref"
+)
+
+// The fused ops (fuse.go) are checked twice on the same inputs: against the
+// chain of unfused GPU ops they replace (the same float32 operations in the
+// same order, so the bound is tight: fuseTol, and the maximum error is
+// logged), and against compute/ref float64 compositions (the unfused ops'
+// own tolerances).
+
+// fuseTol bounds the max-relative difference between a fused op and its
+// unfused chain where both run the same float32 operations.
+const fuseTol = 1e-6
+
+// fuseCmp compares a fused result with the unfused chain's, logs the
+// maximum relative difference (and whether the bits agree) and fails above tol.
+func fuseCmp(t *testing.T, what string, fused, unfused []float32, tol float64) {
+	t.Helper()
+	r := computetest.MaxRel(fused, f64s(unfused))
+	t.Logf("%s: fused vs unfused max rel. error %.3g (bit-identical %v)", what, r, bitsEqual(fused, unfused))
+	if !(r <= tol) {
+		t.Errorf("%s: fused vs unfused max relative error %.3g > %.3g", what, r, tol)
+	}
+}
+
+// withSplitHCMix runs f with the device's HCMix on its split path (the one
+// the fused boundary reproduces) and restores the previous choice.
+func withSplitHCMix(t testing.TB, f func()) {
+	dev := testDevice(t)
+	var prev hcMixState
+	if err := dev.Do(func(c *Ctx) error {
+		if _, err := c.hcMixChoice(); err != nil {
+			return err
+		}
+		prev = c.d.hcMix
+		return c.setHCMixSplit(true)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = dev.Do(func(c *Ctx) error { c.d.hcMix.chosen, c.d.hcMix.split = prev.chosen, prev.split; return nil })
+	}()
+	f()
+}
+
+// hcNormCase is one fused-boundary configuration.
+type hcNormCase struct {
+	f        compute.Format
+	hc, D    int
+	Ts       []int
+	weighted bool // RMSNorm with a weight (else unweighted)
+}
+
+func TestFuseHCNorm(t *testing.T) {
+	rng := rand.New(rand.NewPCG(41, 3))
+	cases := []hcNormCase{
+		{compute.F32, 4, 4096, []int{1, 3, 16, 37}, true}, // V4 decode shapes; 37: past the split path of HCMix
+		{compute.BF16, 4, 4096, []int{1, 3, 16}, true},
+		{compute.F32, 6, 100, []int{1, 3, 16}, false}, // hc 6: comb on one thread, generic stream count
+		{compute.BF16, 2, 36, []int{1, 3, 16}, true},  // 72 columns: fewer quads than splits
+		{compute.F32, 3, 1028, []int{1, 3, 16}, true}, // odd stream count, a short last chunk
+	}
+	withSplitHCMix(t, func() {
+		for _, tc := range cases {
+			for _, T := range tc.Ts {
+				for _, head := range []bool{false, true} {
+					for _, expand := range []bool{true, false} {
+						name := fmt.Sprintf("%s_hc%d_D%d_T%d_head%v_expand%v", tc.f, tc.hc, tc.D, T, head, expand)
+						t.Run(name, func(t *testing.T) { testHCNorm(t, rng, tc, T, head, expand) })
+					}
+				}
+			}
+		}
+	})
+}
+
+func testHCNorm(t *testing.T, rng *rand.Rand, tc hcNormCase, T int, head, expand bool) {
+	hc, D := tc.hc, tc.D
+	n := hc * D
+	nm := (2 + hc) * hc
+	fd := computetest.RandomWeight(rng, tc.f, nm, n, 0.3/math.Sqrt(float64(n)))
+	if head {
+		fd.Rows = hc
+		fd.Data = fd.Data[:len(fd.Data)*hc/nm]
+	}
+	base, scale := computetest.Normal(rng, nm, 1), computetest.Normal(rng, 3, 1)
+	scale[2] = 4
+	x, o := computetest.Normal(rng, T*n, 1), computetest.Normal(rng, T*D, 1)
+	post0, comb0 := make([]float32, T*hc), make([]float32, T*hc*hc)
+	for i := range post0 {
+		post0[i] = 2 * rng.Float32()
+	}
+	for i := range comb0 {
+		comb0[i] = rng.Float32() / float32(hc)
+	}
+	var w []float32
+	if tc.weighted {
+		w = computetest.Normal(rng, D, 1)
+	}
+	const eps = 1e-6
+	type out struct{ xs, pre, post, comb, a []float32 }
+	var fu, un out
+	onDevice(t, func(c *Ctx, d *devBufs) {
+		p := &HC{Fn: d.weight(fd), Base: d.floats(base), Scale: d.floats(scale), HC: hc, Iters: 20, Eps: 1e-6, NormEps: 1e-6}
+		dx, do, dp0, dc0 := d.floats(x), d.floats(o), d.floats(post0), d.floats(comb0)
+		dp1, dc1 := d.floats(post0), d.floats(comb0) // the fused op's coefficients, updated in place
+		var dw DevicePtr
+		if w != nil {
+			dw = d.floats(w)
+		}
+		scratch := d.alloc(HCNormScratchBytes(hc, D, T))
+		d.synced()
+		s := c.Stream()
+		// The unfused chain.
+		xsU, preU, postU, combU, aU := dx, d.poisoned(T*hc), d.poisoned(T*hc), d.poisoned(T*hc*hc), d.poisoned(T*D)
+		if expand {
+			xsU = d.poisoned(T * n)
+			d.check(c.HCExpand(xsU, dx, do, dp0, dc0, hc, D, T, s))
+		}
+		if d.err == nil {
+			if head {
+				d.check(c.HCHeadPre(preU, xsU, p, T, s))
+			} else {
+				d.check(c.HCMix(preU, postU, combU, xsU, p, T, s))
+			}
+		}
+		d.check(c.HCCollapse(aU, xsU, preU, hc, D, T, s))
+		d.check(c.RMSNorm(aU, aU, dw, T, D, eps, s))
+		// The fused op, Post/Comb and PostOut/CombOut the same buffers.
+		args := &HCNorm{X: dx, Pre: d.poisoned(T * hc), PostOut: dp1, CombOut: dc1, A: d.poisoned(T * D), Norm: dw, Eps: eps, Scratch: scratch, T: T}
+		if expand {
+			args.O, args.Post, args.Comb, args.XOut = do, dp1, dc1, d.poisoned(T*n)
+		}
+		if d.err == nil {
+			if head {
+				d.check(c.HCHeadNorm(args, p, s))
+			} else {
+				d.check(c.HCMixNorm(args, p, s))
+			}
+		}
+		un.a, fu.a = d.getFloats(aU, T*D), d.getFloats(args.A, T*D)
+		un.pre, fu.pre = d.getFloats(preU, T*hc), d.getFloats(args.Pre, T*hc)
+		if expand {
+			un.xs, fu.xs = d.getFloats(xsU, T*n), d.getFloats(args.XOut, T*n)
+		}
+		if !head {
+			un.post, fu.post = d.getFloats(postU, T*hc), d.getFloats(dp1, T*hc)
+			un.comb, fu.comb = d.getFloats(combU, T*hc*hc), d.getFloats(dc1, T*hc*hc)
+		} else {
+			fu.post, fu.comb = d.getFloats(dp1, T*hc), d.getFloats(dc1, T*hc*hc)
+		}
+	})
+	if t.Failed() {
+		return
+	}
+	// Against the unfused chain: the same operations while HCMix takes its
+	// split path (batches up to hcSmallBatch); beyond, HCMix sums its dots in
+	// another order and the bound is HCMix's own.
+	tol := fuseTol
+	if T > hcSmallBatch {
+		tol = computetest.TolHCMix
+	}
+	if expand {
+		fuseCmp(t, "x'", fu.xs, un.xs, fuseTol)
+	}
+	fuseCmp(t, "pre", fu.pre, un.pre, tol)
+	if head {
+		if !bitsEqual(fu.post, post0) || !bitsEqual(fu.comb, comb0) {
+			t.Errorf("HCHeadNorm changed Post or Comb")
+		}
+	} else {
+		fuseCmp(t, "post", fu.post, un.post, tol)
+		fuseCmp(t, "comb", fu.comb, un.comb, tol)
+	}
+	fuseCmp(t, "a", fu.a, un.a, tol)
+	// Against the float64 composition.
+	fn := ref.Dequant(fd)
+	var w64 []float64
+	if w != nil {
+		w64 = f64s(w)
+	}
+	for b := range T {
+		xs := f64s(x[b*n : (b+1)*n])
+		if expand {
+			xs = ref.HCExpand(xs, f64s(o[b*D:(b+1)*D]), f64s(post0[b*hc:(b+1)*hc]), f64s(comb0[b*hc*hc:(b+1)*hc*hc]), hc, D)
+			expectRel(t, fmt.Sprint("ref x' ", b), fu.xs[b*n:(b+1)*n], xs, computetest.TolElemwise)
+		}
+		var pre []float64
+		if head {
+			pre = ref.HCHeadPre(xs, fn, f64s(base[:hc]), f64s(scale[:1]), hc, 1e-6, 1e-6)
+		} else {
+			var post, comb []float64
+			pre, post, comb = ref.HCMix(xs, fn, f64s(base), f64s(scale), hc, 20, 1e-6, 1e-6)
+			expectRel(t, fmt.Sprint("ref post ", b), fu.post[b*hc:(b+1)*hc], post, computetest.TolHCMix)
+			expectRel(t, fmt.Sprint("ref comb ", b), fu.comb[b*hc*hc:(b+1)*hc*hc], comb, computetest.TolHCMix)
+		}
+		expectRel(t, fmt.Sprint("ref pre ", b), fu.pre[b*hc:(b+1)*hc], pre, computetest.TolHCMix)
+		a := ref.RMSNorm(ref.HCCollapse(xs, pre, hc, D), w64, D, eps)
+		expectRel(t, fmt.Sprint("ref a ", b), fu.a[b*D:(b+1)*D], a, computetest.TolHCMix)
+	}
+}
+
+// ropeFreqs returns nf rotation frequencies: V4's YaRN table for nf 32,
+// plain base-10000 ones otherwise.
+func ropeFreqs(nf int) []float32 {
+	if nf == 32 {
+		return compute.RopeFreqs(160000, 64, &compute.YaRN{Factor: 16, OriginalSeqLen: 65536, BetaFast: 32, BetaSlow: 1})
+	}
+	return compute.RopeFreqs(10000, 2*nf, nil)
+}
+
+func TestFuseQNormRoPE(t *testing.T) {
+	rng := rand.New(rand.NewPCG(43, 5))
+	for _, sh := range [][3]int{{64, 512, 32}, {5, 36, 7}, {3, 64, 32}, {2, 1500, 32}} { // heads, dim, nfreq
+		heads, dim, nf := sh[0], sh[1], sh[2]
+		for _, T := range []int{1, 3, 16} {
+			t.Run(fmt.Sprintf("H%d_d%d_nf%d_T%d", heads, dim, nf, T), func(t *testing.T) {
+				freq := ropeFreqs(nf)
+				pos := make([]int32, T)
+				for i := range pos {
+					pos[i] = int32(rng.IntN(1 << 20))
+				}
+				q := computetest.Normal(rng, T*heads*dim, 3)
+				const eps = 1e-6
+				var fused, unfused []float32
+				onDevice(t, func(c *Ctx, d *devBufs) {
+					qu, qf, dp, df := d.floats(q), d.floats(q), d.int32s(pos), d.floats(freq)
+					d.synced()
+					s := c.Stream()
+					d.check(c.RMSNorm(qu, qu, 0, T*heads, dim, eps, s))
+					d.check(c.RoPE(qu, dp, df, T, heads*dim, dim, nf, false, s))
+					d.check(c.QNormRoPE(qf, dp, df, T, heads, dim, nf, eps, s))
+					unfused, fused = d.getFloats(qu, len(q)), d.getFloats(qf, len(q))
+				})
+				if t.Failed() {
+					return
+				}
+				fuseCmp(t, "q", fused, unfused, fuseTol)
+				for i := range T {
+					row := q[i*heads*dim : (i+1)*heads*dim]
+					want := ref.RoPE(ref.RMSNorm(f64s(row), nil, dim, eps), int(pos[i]), freq, dim, false)
+					expectRel(t, fmt.Sprint("ref token ", i), fused[i*heads*dim:(i+1)*heads*dim], want, computetest.TolElemwise)
+				}
+			})
+		}
+	}
+}
+
+func TestFuseKVNormRoPEStore(t *testing.T) {
+	rng := rand.New(rand.NewPCG(47, 7))
+	for _, sh := range [][3]int{{512, 32, 128}, {36, 7, 5}, {64, 32, 8}} { // dim, nfreq, window
+		dim, nf, window := sh[0], sh[1], sh[2]
+		for _, T := range []int{1, 3, 16} {
+			t.Run(fmt.Sprintf("d%d_nf%d_T%d", dim, nf, T), func(t *testing.T) {
+				freq := ropeFreqs(nf)
+				ringRows := window + T
+				p0 := 1000 + rng.IntN(1000) // the chunk's positions wrap around the ring
+				pos := make([]int32, T)
+				for i := range pos {
+					pos[i] = int32(p0 + i)
+				}
+				kv, w := computetest.Normal(rng, T*dim, 2), computetest.Normal(rng, dim, 1)
+				ring0 := computetest.Normal(rng, ringRows*dim, 1)
+				const eps = 1e-6
+				var fused, unfused, kvAfter []float32
+				onDevice(t, func(c *Ctx, d *devBufs) {
+					f, err := c.Fwd()
+					if err != nil {
+						d.check(err)
+						return
+					}
+					kvu, kvf, dw, dp, df := d.floats(kv), d.floats(kv), d.floats(w), d.int32s(pos), d.floats(freq)
+					ru, rf := d.floats(ring0), d.floats(ring0)
+					d.synced()
+					s := c.Stream()
+					d.check(c.RMSNorm(kvu, kvu, dw, T, dim, eps, s))
+					d.check(c.RoPE(kvu, dp, df, T, dim, dim, nf, false, s))
+					if d.err == nil {
+						d.check(f.RingStore(c, ru, kvu, dp, T, ringRows, dim, s))
+					}
+					d.check(c.KVNormRoPEStore(rf, kvf, dw, dp, df, T, ringRows, dim, nf, eps, s))
+					unfused, fused = d.getFloats(ru, ringRows*dim), d.getFloats(rf, ringRows*dim)
+					kvAfter = d.getFloats(kvf, T*dim)
+				})
+				if t.Failed() {
+					return
+				}
+				fuseCmp(t, "ring", fused, unfused, fuseTol)
+				if !bitsEqual(kvAfter, kv) {
+					t.Errorf("kv was modified")
+				}
+				for i := range T {
+					r := (p0 + i) % ringRows
+					row := ref.RoPE(ref.RMSNorm(f64s(kv[i*dim:(i+1)*dim]), f64s(w), dim, eps), p0+i, freq, dim, false)
+					expectRel(t, fmt.Sprint("ref token ", i), fused[r*dim:(r+1)*dim], row, computetest.TolElemwise)
+				}
+				for r := range ringRows { // the rows no token owns are untouched
+					if !ownsRow(r, p0, T, ringRows) && !bitsEqual(fused[r*dim:(r+1)*dim], ring0[r*dim:(r+1)*dim]) {
+						t.Errorf("ring row %d (no token's) changed", r)
+					}
+				}
+			})
+		}
+	}
+}
+
+// ownsRow reports whether one of the T positions p0.. lands in ring row r.
+func ownsRow(r, p0, T, ringRows int) bool {
+	for i := range T {
+		if (p0+i)%ringRows == r {
+			return true
+		}
+	}
+	return false
+}
+
+func TestFuseRoPEScale(t *testing.T) {
+	rng := rand.New(rand.NewPCG(53, 9))
+	for _, sh := range [][4]int{{64, 128, 32, 1}, {64, 128, 32, 16}, {3, 20, 5, 3}} { // heads, dim, nfreq, T
+		heads, dim, nf, T := sh[0], sh[1], sh[2], sh[3]
+		for _, n := range []int{T * heads, 0} {
+			t.Run(fmt.Sprintf("H%d_d%d_nf%d_T%d_n%d", heads, dim, nf, T, n), func(t *testing.T) {
+				freq := ropeFreqs(nf)
+				pos := make([]int32, T)
+				for i := range pos {
+					pos[i] = int32(rng.IntN(1 << 20))
+				}
+				x, y := computetest.Normal(rng, T*heads*dim, 1), computetest.Normal(rng, max(n, 1), 1)
+				const a = 0.0110485
+				var xf, xu, yf, yu []float32
+				onDevice(t, func(c *Ctx, d *devBufs) {
+					dxu, dxf, dyu, dyf, dp, df := d.floats(x), d.floats(x), d.floats(y), d.floats(y), d.int32s(pos), d.floats(freq)
+					d.synced()
+					s := c.Stream()
+					d.check(c.RoPE(dxu, dp, df, T, heads*dim, dim, nf, false, s))
+					d.check(c.Scale(dyu, a, n, s))
+					d.check(c.RoPEScale(dxf, dp, df, T, heads*dim, dim, nf, dyf, a, n, s))
+					xu, xf = d.getFloats(dxu, len(x)), d.getFloats(dxf, len(x))
+					yu, yf = d.getFloats(dyu, len(y)), d.getFloats(dyf, len(y))
+				})
+				if t.Failed() {
+					return
+				}
+				fuseCmp(t, "x", xf, xu, fuseTol)
+				fuseCmp(t, "y", yf, yu, fuseTol)
+				for i := range T {
+					want := ref.RoPE(f64s(x[i*heads*dim:(i+1)*heads*dim]), int(pos[i]), freq, dim, false)
+					expectRel(t, fmt.Sprint("ref x token ", i), xf[i*heads*dim:(i+1)*heads*dim], want, computetest.TolElemwise)
+				}
+				wy := f64s(y)
+				for i := range n {
+					wy[i] *= float64(float32(a))
+				}
+				expectRel(t, "ref y", yf, wy, computetest.TolElemwise)
+			})
+		}
+	}
+}
+
+// TestFuseErrors checks that bad arguments give an error naming the op
+// before anything touches the device (so it runs without a GPU).
+func TestFuseErrors(t *testing.T) {
+	c := &Ctx{} // no device: the argument checks must return first
+	const p = DevicePtr(1 << 20)
+	mixW := &DeviceWeight{Format: compute.F32, Rows: 24, Cols: 4 * 64, Data: p}
+	headW := &DeviceWeight{Format: compute.F32, Rows: 4, Cols: 4 * 64, Data: p}
+	mix := &HC{Fn: mixW, Base: p, Scale: p, HC: 4, Iters: 20, Eps: 1e-6, NormEps: 1e-6}
+	hd := &HC{Fn: headW, Base: p, Scale: p, HC: 4, Eps: 1e-6, NormEps: 1e-6}
+	odd := &HC{Fn: &DeviceWeight{Format: compute.F32, Rows: 24, Cols: 4 * 63, Data: p}, Base: p, Scale: p, HC: 4, Iters: 20}
+	fp8 := &HC{Fn: &DeviceWeight{Format: compute.FP8Block, Rows: 24, Cols: 4 * 64, Data: p, Scale: p}, Base: p, Scale: p, HC: 4, Iters: 20}
+	const (
+		X, O, Post, Comb, XOut    = p, p + 1<<16, p + 2<<16, p + 3<<16, p + 4<<16
+		Pre, PostOut, CombOut, A  = p + 5<<16, p + 6<<16, p + 7<<16, p + 8<<16
+		Scratch, Norm             = p + 9<<16, p + 10<<16
+		pos, freq, ring, kv, ydst = p + 11<<16, p + 12<<16, p + 13<<16, p + 14<<16, p + 15<<16
+		misaligned                = p + 8
+		okT                       = 3
+	)
+	good := func() *HCNorm {
+		return &HCNorm{X: X, O: O, Post: Post, Comb: Comb, XOut: XOut, Pre: Pre, PostOut: PostOut, CombOut: CombOut, A: A, Norm: Norm, Eps: 1e-6, Scratch: Scratch, T: okT}
+	}
+	with := func(f func(a *HCNorm)) *HCNorm { a := good(); f(a); return a }
+	s := Stream{}
+	cases := []struct {
+		op   string
+		call func() error
+	}{
+		{"HCMixNorm", func() error { return c.HCMixNorm(nil, mix, s) }},
+		{"HCMixNorm", func() error { return c.HCMixNorm(good(), nil, s) }},
+		{"HCMixNorm", func() error { return c.HCMixNorm(good(), hd, s) }},    // head Fn for a mix
+		{"HCHeadNorm", func() error { return c.HCHeadNorm(good(), mix, s) }}, // mix Fn for the head
+		{"HCMixNorm", func() error { return c.HCMixNorm(good(), fp8, s) }},
+		{"HCMixNorm", func() error { return c.HCMixNorm(good(), odd, s) }}, // D 63
+		{"HCMixNorm", func() error { return c.HCMixNorm(with(func(a *HCNorm) { a.T = 0 }), mix, s) }},
+		{"HCMixNorm", func() error { return c.HCMixNorm(with(func(a *HCNorm) { a.T = 4*opsMaxGridY + 1 }), mix, s) }},
+		{"HCMixNorm", func() error { return c.HCMixNorm(with(func(a *HCNorm) { a.A = 0 }), mix, s) }},
+		{"HCMixNorm", func() error { return c.HCMixNorm(with(func(a *HCNorm) { a.Scratch = 0 }), mix, s) }},
+		{"HCMixNorm", func() error { return c.HCMixNorm(with(func(a *HCNorm) { a.CombOut = 0 }), mix, s) }},
+		{"HCMixNorm", func() error { return c.HCMixNorm(with(func(a *HCNorm) { a.XOut = 0 }), mix, s) }},
+		{"HCMixNorm", func() error { return c.HCMixNorm(with(func(a *HCNorm) { a.Post = 0 }), mix, s) }},
+		{"HCMixNorm", func() error { return c.HCMixNorm(with(func(a *HCNorm) { a.X = misaligned }), mix, s) }},
+		{"HCMixNorm", func() error { return c.HCMixNorm(with(func(a *HCNorm) { a.O = misaligned }), mix, s) }},
+		{"HCMixNorm", func() error { return c.HCMixNorm(with(func(a *HCNorm) { a.XOut = X }), mix, s) }},
+		{"HCMixNorm", func() error { return c.HCMixNorm(with(func(a *HCNorm) { a.XOut = Comb }), mix, s) }},
+		{"HCMixNorm", func() error { return c.HCMixNorm(with(func(a *HCNorm) { a.A = XOut }), mix, s) }},
+		{"HCMixNorm", func() error { return c.HCMixNorm(with(func(a *HCNorm) { a.A = PostOut }), mix, s) }},
+		{"HCMixNorm", func() error { return c.HCMixNorm(with(func(a *HCNorm) { a.Eps = float32(math.NaN()) }), mix, s) }},
+		{"HCHeadNorm", func() error { return c.HCHeadNorm(with(func(a *HCNorm) { a.Pre = 0 }), hd, s) }},
+		{"QNormRoPE", func() error { return c.QNormRoPE(X, pos, freq, 1, 64, 16, 9, 1e-6, s) }}, // 2·9 > 16
+		{"QNormRoPE", func() error { return c.QNormRoPE(X, pos, freq, 0, 64, 16, 4, 1e-6, s) }},
+		{"QNormRoPE", func() error { return c.QNormRoPE(X, 0, freq, 1, 64, 16, 4, 1e-6, s) }},
+		{"QNormRoPE", func() error { return c.QNormRoPE(X, pos, freq, 1<<20, 1<<12, 16, 4, 1e-6, s) }}, // T·heads ≥ 2^31
+		{"KVNormRoPEStore", func() error { return c.KVNormRoPEStore(ring, kv, Norm, pos, freq, 4, 3, 16, 4, 1e-6, s) }},
+		{"KVNormRoPEStore", func() error { return c.KVNormRoPEStore(kv, kv, Norm, pos, freq, 1, 3, 16, 4, 1e-6, s) }},
+		{"KVNormRoPEStore", func() error { return c.KVNormRoPEStore(ring, kv, Norm, pos, 0, 1, 3, 16, 4, 1e-6, s) }},
+		{"KVNormRoPEStore", func() error { return c.KVNormRoPEStore(ring, kv, Norm, pos, freq, 1, 3, 16, 4, -1, s) }},
+		{"RoPEScale", func() error { return c.RoPEScale(X, pos, freq, 2, 60, 16, 4, ydst, 1, 8, s) }}, // rowLen % dim
+		{"RoPEScale", func() error { return c.RoPEScale(X, pos, freq, 2, 64, 16, 4, 0, 1, 8, s) }},
+		{"RoPEScale", func() error { return c.RoPEScale(X, pos, freq, 2, 64, 16, 4, ydst, 1, -1, s) }},
+	}
+	for i, tc := range cases {
+		t.Run(fmt.Sprint(i, "_", tc.op), func(t *testing.T) {
+			err := tc.call()
+			if err == nil {
+				t.Fatal("bad arguments accepted")
+			}
+			if !strings.Contains(err.Error(), "cuda "+tc.op+":") {
+				t.Fatalf("error %q does not name %s", err, tc.op)
+			}
+		})
+	}
+}
+
+func TestHCNormScratchBytes(t *testing.T) {
+	for _, sh := range [][3]int{{4, 4096, 1}, {4, 4096, 16}, {6, 100, 3}, {2, 36, 5}} {
+		hc, D, T := sh[0], sh[1], sh[2]
+		got := HCNormScratchBytes(hc, D, T)
+		for _, rows := range []int{(2 + hc) * hc, hc} {
+			_, _, splits, _, _ := hcSplitShape(rows, hc*D)
+			if need := 4 * T * (rows + 1) * splits; got < need {
+				t.Errorf("hc %d D %d T %d: %d bytes, the %d-row site needs %d", hc, D, T, got, rows, need)
+			}
+		}
+	}
+	if HCNormScratchBytes(0, 4096, 1) != 0 || HCNormScratchBytes(4, 4096, 0) != 0 {
+		t.Error("want 0 for empty shapes")
+	}
+}
+
+// BenchmarkFuse times each fused chain against the unfused ops it replaces,
+// at V4-Flash decode shapes (hc 4, D 4096, 64 heads of 512, rope 64; the
+// indexer's 64 heads of 128) and batches 1 and 16, as a decode step runs
+// them: fuseGraphCalls chains captured into one CUDA graph (HCMix on its
+// split path). It reports device microseconds per chain.
+func BenchmarkFuse(b *testing.B) {
+	dev := testDevice(b)
+	for _, chain := range []string{"boundary", "boundary0", "head", "q", "kv", "idx"} {
+		for _, T := range []int{1, 16} {
+			for _, fused := range []bool{false, true} {
+				kind := "unfused"
+				if fused {
+					kind = "fused"
+				}
+				b.Run(fmt.Sprintf("%s/b%d/%s", chain, T, kind), func(b *testing.B) {
+					var us float64
+					withSplitHCMix(b, func() {
+						err := dev.Do(func(c *Ctx) error {
+							d := &devBufs{c: c}
+							defer d.free()
+							one := fuseBenchChain(c, d, chain, T, fused)
+							d.synced()
+							if d.err != nil {
+								return d.err
+							}
+							var err error
+							us, err = graphTime(b, c, fuseGraphCalls, one)
+							return err
+						})
+						if err != nil {
+							b.Fatal(err)
+						}
+					})
+					b.ReportMetric(us, "device-us/op")
+				})
+			}
+		}
+	}
+}
+
+// fuseGraphCalls is how many chains BenchmarkFuse captures into one graph.
+const fuseGraphCalls = 32
+
+// fuseBenchChain allocates the buffers of one BenchmarkFuse chain and
+// returns the function that enqueues it once (errors stick in d).
+func fuseBenchChain(c *Ctx, d *devBufs, chain string, T int, fused bool) func() error {
+	const hc, D, H, hd, nf, IH, ID = 4, 4096, 64, 512, 32, 64, 128
+	const eps = 1e-6
+	rng := rand.New(rand.NewPCG(7, uint64(T)))
+	s := c.Stream()
+	freq := d.floats(ropeFreqs(nf))
+	pos := make([]int32, T)
+	for i := range pos {
+		pos[i] = int32(5000 + i)
+	}
+	dpos := d.int32s(pos)
+	switch chain {
+	case "boundary", "boundary0", "head":
+		head := chain == "head"
+		nm := (2 + hc) * hc
+		rows := nm
+		if head {
+			rows = hc
+		}
+		p := &HC{Fn: d.weight(computetest.RandomWeight(rng, compute.F32, rows, hc*D, 0.02)),
+			Base: d.floats(computetest.Normal(rng, nm, 1)), Scale: d.floats(computetest.Normal(rng, 3, 1)),
+			HC: hc, Iters: 20, Eps: 1e-6, NormEps: 1e-6}
+		post0, comb0 := make([]float32, T*hc), make([]float32, T*hc*hc)
+		for i := range post0 {
+			post0[i] = 1
+		}
+		for i := range comb0 {
+			comb0[i] = 1 / float32(hc)
+		}
+		x, o := d.floats(computetest.Normal(rng, T*hc*D, 1)), d.floats(computetest.Normal(rng, T*D, 1))
+		post, comb, xmid := d.floats(post0), d.floats(comb0), d.alloc(4*T*hc*D)
+		pre, a, w := d.alloc(4*T*hc), d.alloc(4*T*D), d.floats(computetest.Normal(rng, D, 1))
+		expand := chain != "boundary0"
+		if fused {
+			args := &HCNorm{X: x, Pre: pre, PostOut: post, CombOut: comb, A: a, Norm: w, Eps: eps, Scratch: d.alloc(HCNormScratchBytes(hc, D, T)), T: T}
+			if expand {
+				args.O, args.Post, args.Comb, args.XOut = o, post, comb, xmid
+			}
+			if head {
+				return func() error { return c.HCHeadNorm(args, p, s) }
+			}
+			return func() error { return c.HCMixNorm(args, p, s) }
+		}
+		return func() error {
+			xs := x
+			if expand {
+				if err := c.HCExpand(xmid, x, o, post, comb, hc, D, T, s); err != nil {
+					return err
+				}
+				xs = xmid
+			}
+			var err error
+			if head {
+				err = c.HCHeadPre(pre, xs, p, T, s)
+			} else {
+				err = c.HCMix(pre, post, comb, xs, p, T, s)
+			}
+			if err != nil {
+				return err
+			}
+			if err := c.HCCollapse(a, xs, pre, hc, D, T, s); err != nil {
+				return err
+			}
+			return c.RMSNorm(a, a, w, T, D, eps, s)
+		}
+	case "q":
+		q := d.floats(computetest.Normal(rng, T*H*hd, 1))
+		if fused {
+			return func() error { return c.QNormRoPE(q, dpos, freq, T, H, hd, nf, eps, s) }
+		}
+		return func() error {
+			if err := c.RMSNorm(q, q, 0, T*H, hd, eps, s); err != nil {
+				return err
+			}
+			return c.RoPE(q, dpos, freq, T, H*hd, hd, nf, false, s)
+		}
+	case "kv":
+		ringRows := 128 + T
+		kv, w, ring := d.floats(computetest.Normal(rng, T*hd, 1)), d.floats(computetest.Normal(rng, hd, 1)), d.alloc(4*ringRows*hd)
+		if fused {
+			return func() error { return c.KVNormRoPEStore(ring, kv, w, dpos, freq, T, ringRows, hd, nf, eps, s) }
+		}
+		f, err := c.Fwd()
+		d.check(err)
+		return func() error {
+			if err := c.RMSNorm(kv, kv, w, T, hd, eps, s); err != nil {
+				return err
+			}
+			if err := c.RoPE(kv, dpos, freq, T, hd, hd, nf, false, s); err != nil {
+				return err
+			}
+			return f.RingStore(c, ring, kv, dpos, T, ringRows, hd, s)
+		}
+	case "idx":
+		qi, wts := d.floats(computetest.Normal(rng, T*IH*ID, 1)), d.floats(computetest.Normal(rng, T*IH, 1))
+		const sc = 1.0001
+		if fused {
+			return func() error { return c.RoPEScale(qi, dpos, freq, T, IH*ID, ID, nf, wts, sc, T*IH, s) }
+		}
+		return func() error {
+			if err := c.RoPE(qi, dpos, freq, T, IH*ID, ID, nf, false, s); err != nil {
+				return err
+			}
+			return c.Scale(wts, sc, T*IH, s)
+		}
+	}
+	d.check(fmt.Errorf("unknown chain %q", chain))
+	return func() error { return nil }
+}
+
+// graphTime captures calls runs of one into a CUDA graph (after one plain
+// run, which loads the modules), replays it b.N times between CUDA events
+// and returns device microseconds per run of one.
+func graphTime(b *testing.B, c *Ctx, calls int, one func() error) (float64, error) {
+	s := c.Stream()
+	if err := one(); err != nil {
+		return 0, err
+	}
+	if err := c.BeginCapture(s); err != nil {
+		return 0, err
+	}
+	for range calls {
+		if err := one(); err != nil {
+			_, _ = c.EndCapture(s)
+			return 0, err
+		}
+	}
+	g, err := c.EndCapture(s)
+	if err != nil {
+		return 0, err
+	}
+	defer c.DestroyGraph(g)
+	e0, err := c.NewEvent(true)
+	if err != nil {
+		return 0, err
+	}
+	defer c.DestroyEvent(e0)
+	e1, err := c.NewEvent(true)
+	if err != nil {
+		return 0, err
+	}
+	defer c.DestroyEvent(e1)
+	if err := c.LaunchGraph(g, s); err != nil { // warm-up
+		return 0, err
+	}
+	if err := c.Sync(s); err != nil {
+		return 0, err
+	}
+	b.ResetTimer()
+	if err := c.Record(e0, s); err != nil {
+		return 0, err
+	}
+	for range b.N {
+		if err := c.LaunchGraph(g, s); err != nil {
+			return 0, err
+		}
+	}
+	if err := c.Record(e1, s); err != nil {
+		return 0, err
+	}
+	if err := c.WaitEvent(e1); err != nil {
+		return 0, err
+	}
+	b.StopTimer()
+	ms, err := c.Elapsed(e0, e1)
+	return ms * 1000 / float64(b.N*calls), err
+}

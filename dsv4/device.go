@@ -33,8 +33,14 @@ type deviceModel struct {
 	// (nil when every layer's can).
 	tableErr error
 	// tier caches the routed experts when they do not all fit (nil: all
-	// resident in db.experts).
+	// resident in db.experts, or mapped).
 	tier *expertTier
+	// mapped, in MOXIE_DEVICE_EXPERTS=mapped mode, owns the routed experts
+	// when they do not all fit: some static in GPU memory, the rest in
+	// mapped pinned host memory that the kernels read in place over PCIe.
+	// db.experts and db.table point at both, so sessions run as if every
+	// expert were resident (nil otherwise).
+	mapped *expertTier
 
 	embed  cuda.DevicePtr // BF16 [V, D]
 	head   *cuda.DeviceWeight
@@ -195,7 +201,14 @@ func loadDevice(m *Model, src checkpoint.Source, opts Options) (*deviceModel, er
 					progress.FormatBytes(int64(need)), need, progress.FormatBytes(int64(free)), free, progress.FormatBytes(int64(total)), d.dev.Info().Name,
 					progress.FormatBytes(int64(dense)), K, progress.FormatBytes(int64(slotBytes)), progress.FormatBytes(DeviceReserve))
 			}
+			mode, err := deviceExpertMode()
+			if err != nil {
+				return fmt.Errorf("device: %w", err)
+			}
 			p := planTier(gpu, cfg.NLayers, cfg.NRoutedExperts, K)
+			if mode == "mapped" {
+				p = planMapped(gpu, cfg.NLayers, cfg.NRoutedExperts)
+			}
 			plan = &p
 		}
 		if plan != nil {
@@ -232,14 +245,18 @@ func loadDevice(m *Model, src checkpoint.Source, opts Options) (*deviceModel, er
 			return err
 		}
 		if plan != nil {
-			if d.tier, err = newExpertTier(c, d, lay, usrc, cfg, *plan); err != nil {
+			t, err := newExpertTier(c, d, lay, usrc, cfg, *plan)
+			if err != nil {
 				return fmt.Errorf("device: %w", err)
 			}
+			if plan.mapped {
+				d.mapped = t
+			} else {
+				d.tier = t
+			}
+			d.bytes += t.arena.Live()
 		}
-		d.bytes = d.arena.Live()
-		if d.tier != nil {
-			d.bytes += d.tier.arena.Live()
-		}
+		d.bytes += d.arena.Live()
 		return nil
 	})
 	if err != nil {
@@ -363,14 +380,17 @@ func (d *deviceModel) close() {
 	if d == nil {
 		return
 	}
-	a, t := d.arena, d.tier
-	d.arena, d.tier = nil, nil
-	if a == nil && t == nil {
+	a, t, mt := d.arena, d.tier, d.mapped
+	d.arena, d.tier, d.mapped = nil, nil, nil
+	if a == nil && t == nil && mt == nil {
 		return
 	}
 	_ = d.dev.Do(func(c *cuda.Ctx) error {
 		if t != nil {
 			_ = t.release(c)
+		}
+		if mt != nil {
+			_ = mt.release(c)
 		}
 		if a != nil {
 			return c.ReleaseArena(a)

@@ -44,6 +44,7 @@ type expertTier struct {
 	host      []*cuda.HostBuffer
 	hostOff   [][]int // [layer][expert] → offset in host[layer], -1 when static
 	nHost     int
+	hasMapped bool // the host buffers are mapped and read in place (no cache)
 	hostBytes int64
 	arena     *cuda.Arena // the slots, plus the slot table
 	// slotTable holds the argument records of the dynamic slots (slot
@@ -181,6 +182,9 @@ func (s *slotLayout) expertAt(base cuda.DevicePtr) devExpert {
 type tierPlan struct {
 	static  []int
 	dynamic int
+	// mapped: no cache; the host memory is mapped into the device's address
+	// space and the kernels read the non-static experts in place.
+	mapped bool
 }
 
 func (p tierPlan) nStatic() int {
@@ -219,14 +223,47 @@ func planTier(gpuSlots, layers, experts, k int) tierPlan {
 
 // hostBytes is the pinned host memory plan p needs with slots of slotBytes.
 func (p tierPlan) hostBytes(experts, slotBytes int) int64 {
-	if p.dynamic == 0 {
-		return 0
-	}
 	n := int64(0)
 	for _, s := range p.static {
 		n += int64(experts-s) * int64(slotBytes)
 	}
 	return n
+}
+
+// planMapped spreads gpuSlots static experts evenly over the layers (all of
+// them when they fit) for the mapped mode: no cache, the other experts read
+// in place from mapped host memory.
+func planMapped(gpuSlots, layers, experts int) tierPlan {
+	p := tierPlan{static: make([]int, layers), mapped: true}
+	s := min(gpuSlots, layers*experts)
+	for l := range p.static {
+		p.static[l] = s / layers
+		if l < s%layers {
+			p.static[l]++
+		}
+	}
+	return p
+}
+
+// DeviceExpertsEnv selects how a GPU-resident model serves the routed
+// experts that do not fit in GPU memory: "copy" (the default) caches them
+// in GPU slots, copied from pinned host memory on a miss (one host
+// synchronisation per layer for the routing); "mapped" keeps none in slots
+// and lets the kernels read them in place from mapped pinned host memory
+// over PCIe (no host synchronisation; decode graphs stay possible; hits and
+// misses are not counted).
+const DeviceExpertsEnv = "MOXIE_DEVICE_EXPERTS"
+
+// deviceExpertMode returns $MOXIE_DEVICE_EXPERTS ("copy" when unset).
+func deviceExpertMode() (string, error) {
+	switch v := os.Getenv(DeviceExpertsEnv); v {
+	case "", "copy":
+		return "copy", nil
+	case "mapped":
+		return v, nil
+	default:
+		return "", fmt.Errorf("%s=%q: want copy or mapped", DeviceExpertsEnv, v)
+	}
 }
 
 // tierOrder lists the expert tensors newExpertTier reads, in its order.
@@ -292,7 +329,7 @@ func hostAvailable() int64 {
 // others at the first dynamic slot until they are loaded).
 func newExpertTier(c *cuda.Ctx, d *deviceModel, lay slotLayout, src checkpoint.Source, cfg *config.Config, p tierPlan) (t *expertTier, err error) {
 	L, E := cfg.NLayers, cfg.NRoutedExperts
-	t = &expertTier{lay: lay, slotBytes: lay.size(), nStatic: p.nStatic()}
+	t = &expertTier{lay: lay, slotBytes: lay.size(), nStatic: p.nStatic(), hasMapped: p.mapped}
 	defer func() {
 		if err != nil {
 			t.release(c)
@@ -303,7 +340,7 @@ func newExpertTier(c *cuda.Ctx, d *deviceModel, lay slotLayout, src checkpoint.S
 	if n == 0 || t.slotBytes == 0 {
 		return nil, fmt.Errorf("device expert cache: %d slots of %d bytes", n, t.slotBytes)
 	}
-	if p.dynamic == 0 && t.nStatic < L*E {
+	if p.dynamic == 0 && !p.mapped && t.nStatic < L*E {
 		return nil, fmt.Errorf("device expert cache: %d static experts of %d and no cache slots", t.nStatic, L*E)
 	}
 	const recordBytes = 128 // ≥ one multi-linear argument record
@@ -371,7 +408,11 @@ func newExpertTier(c *cuda.Ctx, d *deviceModel, lay slotLayout, src checkpoint.S
 		if h == 0 {
 			continue
 		}
-		if t.host[l], err = c.NewHostBuffer(h); err != nil {
+		alloc := c.NewHostBuffer
+		if p.mapped {
+			alloc = c.NewMappedHostBuffer
+		}
+		if t.host[l], err = alloc(h); err != nil {
 			return nil, fmt.Errorf("device expert cache: pinned host memory for the %d experts of layer %d not kept on the GPU (%s; %s for all %d such experts): %w",
 				E-p.static[l], l, progress.FormatBytes(int64(h)), progress.FormatBytes(t.hostBytes), t.nHost, err)
 		}
@@ -400,16 +441,24 @@ func newExpertTier(c *cuda.Ctx, d *deviceModel, lay slotLayout, src checkpoint.S
 		}
 	}
 	// Tables: static experts at their slots, the rest at the first dynamic
-	// slot (never launched before ensure points them at their own).
+	// slot (never launched before ensure points them at their own) or, when
+	// mapped, at their host memory (then db.experts lists them all too).
 	for l, db := range d.layers {
 		w1, w3, w2 := make([]*cuda.DeviceWeight, E), make([]*cuda.DeviceWeight, E), make([]*cuda.DeviceWeight, E)
 		for e := range E {
-			s := t.where[l][e]
-			if s < 0 {
-				s = t.nStatic
+			var x devExpert
+			switch s := t.where[l][e]; {
+			case s >= 0:
+				x = t.slots[s].x
+			case p.mapped:
+				x = lay.expertAt(t.host[l].DevicePtr(t.hostOff[l][e]))
+			default:
+				x = t.slots[t.nStatic].x
 			}
-			x := t.slots[s].x
 			w1[e], w3[e], w2[e] = x.w1, x.w3, x.w2
+			if p.mapped {
+				db.experts = append(db.experts, x)
+			}
 		}
 		if db.table, err = c.PrepareExpertTable(d.arena, w1, w3, w2); err != nil {
 			return nil, fmt.Errorf("device expert cache: layer %d: the experts do not fit the multi-linear kernels: %w", db.layer, err)
@@ -497,7 +546,7 @@ func (t *expertTier) ensure(c *cuda.Ctx, b *devBlock, l, e int) (*devExpert, err
 
 // stats returns the tier's figures (see DeviceExpertCache).
 func (t *expertTier) stats() DeviceExpertCache {
-	return DeviceExpertCache{Static: t.nStatic, Slots: len(t.slots) - t.nStatic, Host: t.nHost, HostBytes: t.hostBytes,
+	return DeviceExpertCache{Static: t.nStatic, Slots: len(t.slots) - t.nStatic, Host: t.nHost, HostBytes: t.hostBytes, Mapped: t.hasMapped,
 		ExpertBytes: t.slotBytes, Hits: int64(t.hits), Misses: int64(t.misses), PCIeBytes: t.pcie}
 }
 
@@ -521,6 +570,10 @@ type DeviceExpertCache struct {
 	Hits        int64
 	Misses      int64
 	PCIeBytes   int64 // bytes copied host→device
+	// Mapped: the host-held experts are read in place over PCIe by the
+	// kernels (MOXIE_DEVICE_EXPERTS=mapped); Hits, Misses and PCIeBytes are
+	// not counted then.
+	Mapped bool
 }
 
 // HitRate is Hits / (Hits + Misses), 0 before any use.
@@ -549,6 +602,10 @@ func (s DeviceExpertCache) Add(o DeviceExpertCache) DeviceExpertCache {
 }
 
 func (s DeviceExpertCache) String() string {
+	if s.Mapped {
+		return fmt.Sprintf("experts: %d static on the GPU, %d in mapped pinned host memory (%s) read in place over PCIe",
+			s.Static, s.Host, progress.FormatBytes(s.HostBytes))
+	}
 	return fmt.Sprintf("experts: %d static on the GPU, %d cache slots, %d in pinned host memory (%s); %d hits, %d misses (%.1f%%), %s copied over PCIe",
 		s.Static, s.Slots, s.Host, progress.FormatBytes(s.HostBytes), s.Hits, s.Misses, 100*s.HitRate(), progress.FormatBytes(s.PCIeBytes))
 }
@@ -557,17 +614,28 @@ func (s DeviceExpertCache) String() string {
 // routed expert is resident in GPU memory (or the model has no device).
 // Call it between passes, not during one.
 func (m *Model) DeviceExpertCache() (s DeviceExpertCache, ok bool) {
-	if m.dev == nil || m.dev.tier == nil {
+	switch {
+	case m.dev == nil:
 		return DeviceExpertCache{}, false
+	case m.dev.tier != nil:
+		return m.dev.tier.stats(), true
+	case m.dev.mapped != nil:
+		return m.dev.mapped.stats(), true
 	}
-	return m.dev.tier.stats(), true
+	return DeviceExpertCache{}, false
 }
 
 // DeviceExpertStats reports the device expert cache: GPU slots (static and
 // cache; 0 when every routed expert is resident), and the hits and misses
-// since Load.
+// since Load (in the mapped mode: the static experts, and no counts).
 func (m *Model) DeviceExpertStats() (slots, hits, misses int) {
-	if m.dev == nil || m.dev.tier == nil {
+	if m.dev == nil {
+		return 0, 0, 0
+	}
+	if m.dev.mapped != nil {
+		return m.dev.mapped.nStatic, 0, 0
+	}
+	if m.dev.tier == nil {
 		return 0, 0, 0
 	}
 	t := m.dev.tier

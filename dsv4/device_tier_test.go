@@ -330,7 +330,8 @@ func TestDeviceTierBudget(t *testing.T) {
 }
 
 // TestDeviceTierRejects checks the budget errors: fewer GPU slots than the
-// experts of one token is refused with the sizes.
+// experts of one token is refused with the sizes, and an unknown
+// MOXIE_DEVICE_EXPERTS by name.
 func TestDeviceTierRejects(t *testing.T) {
 	dev := deviceForTest(t)
 	src, err := checkpoint.Open("synth:tiny")
@@ -344,5 +345,73 @@ func TestDeviceTierRejects(t *testing.T) {
 	_, err = Load(src, Options{Backend: be, Device: dev, DeviceMemory: tierBudget(t, src, cfg, cfg.NActivatedExperts-1)})
 	if err == nil || !strings.Contains(err.Error(), "even an expert cache") {
 		t.Errorf("a budget below %d expert slots: error %v, want one saying what an expert cache needs", cfg.NActivatedExperts, err)
+	}
+	t.Setenv(DeviceExpertsEnv, "bogus")
+	_, err = Load(src, Options{Backend: be, Device: dev, DeviceMemory: tierBudget(t, src, cfg, 12)})
+	if err == nil || !strings.Contains(err.Error(), DeviceExpertsEnv) {
+		t.Errorf("%s=bogus under a budget: error %v, want one naming the variable", DeviceExpertsEnv, err)
+	}
+}
+
+// TestDeviceTierMapped loads synth:tiny with MOXIE_DEVICE_EXPERTS=mapped
+// under budgets of 2, 12 and 31 GPU expert slots: that many experts stay
+// static in GPU memory and the kernels read the rest in place from mapped
+// pinned host memory. Sessions then run the resident paths (decode graphs,
+// experts grouped on the device for chunks), so the logits must be
+// bit-identical to the all-resident model's with the same settings.
+func TestDeviceTierMapped(t *testing.T) {
+	deviceForTest(t)
+	src, err := checkpoint.Open("synth:tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	mc := loadTiny(t, src)
+	cfg := mc.Cfg
+	V, L, E := cfg.VocabSize, cfg.NLayers, cfg.NRoutedExperts
+	toks := testTokens(40, V, 11)
+	decode := decodeSchedule(40, 8)
+	chunks := []int{13, 11, 16}
+	md0 := loadDeviceModel(t, "synth:tiny", Options{})
+	ref := func(sched []int) []float32 { return runSchedule(t, newDeviceSession(t, md0).PrefillAll, toks, sched) }
+	wantDecode, wantChunks := ref(decode), ref(chunks)
+	cpuDecode := runSchedule(t, mc.NewSession().PrefillAll, toks, decode)
+	cpuChunks := runSchedule(t, mc.NewSession().PrefillAll, toks, chunks)
+	t.Setenv(DeviceExpertsEnv, "mapped")
+	for _, gpu := range []int{2, 12, 31} {
+		t.Run(fmt.Sprint(gpu, " GPU slots"), func(t *testing.T) {
+			md := loadDeviceModel(t, "synth:tiny", Options{DeviceMemory: tierBudget(t, src, cfg, gpu)})
+			st, ok := md.DeviceExpertCache()
+			if !ok || !st.Mapped || st.Static != gpu || st.Slots != 0 || st.Host != L*E-gpu || st.HostBytes != int64(st.Host)*int64(st.ExpertBytes) {
+				t.Fatalf("tier %+v (reported %v), want mapped, %d static, no slots, %d host experts", st, ok, gpu, L*E-gpu)
+			}
+			ds := newDeviceSession(t, md)
+			got := runSchedule(t, ds.PrefillAll, toks, decode)
+			if i := bitEqual(got, wantDecode); i >= 0 {
+				t.Errorf("decode: logit %d (position %d) is %g, the all-resident model gives %g", i, i/V, got[i], wantDecode[i])
+			}
+			compareDevice(t, "decode", got, cpuDecode, V, 1e-4)
+			t.Logf("%s; %s", ds.Describe(), st)
+			got = runSchedule(t, newDeviceSession(t, md).PrefillAll, toks, chunks)
+			if i := bitEqual(got, wantChunks); i >= 0 {
+				t.Errorf("chunks %v: logit %d (position %d) is %g, the all-resident model gives %g", chunks, i, i/V, got[i], wantChunks[i])
+			}
+			compareDevice(t, "chunks", got, cpuChunks, V, 1e-4)
+		})
+	}
+}
+
+func TestDeviceExpertMode(t *testing.T) {
+	for _, c := range []struct{ env, want string }{{"", "copy"}, {"copy", "copy"}, {"mapped", "mapped"}, {"Mapped", ""}, {"zero-copy", ""}} {
+		t.Run(fmt.Sprintf("%q", c.env), func(t *testing.T) {
+			t.Setenv(DeviceExpertsEnv, c.env)
+			got, err := deviceExpertMode()
+			if got != c.want || (err != nil) != (c.want == "") {
+				t.Fatalf("mode %q, error %v; want %q", got, err, c.want)
+			}
+			if err != nil && (!strings.Contains(err.Error(), DeviceExpertsEnv) || !strings.Contains(err.Error(), c.env)) {
+				t.Errorf("error %q does not name the variable and its value", err)
+			}
+		})
 	}
 }

@@ -53,6 +53,10 @@ type benchReport struct {
 	DeviceCacheSlots    int   `json:"device_cache_slots,omitempty"`
 	HostExperts         int   `json:"host_experts,omitempty"`
 	PinnedHostBytes     int64 `json:"pinned_host_bytes,omitempty"`
+	// ExpertsMapped: the host-held experts were read in place over PCIe
+	// (MOXIE_DEVICE_EXPERTS=mapped); hit rates and PCIe bytes are not
+	// counted then.
+	ExpertsMapped bool `json:"experts_mapped,omitempty"`
 }
 
 // expertServing fills rep's expert figures of a device run: tier is the
@@ -66,17 +70,25 @@ func (rep *benchReport) expertServing(tier dsv4.DeviceExpertCache, tiered bool, 
 		rep.PrefillExpertHitRate, rep.PrefillPCIeBytesPerToken = &one, &zero
 		return
 	}
+	rep.DeviceExpertSlots = tier.Static + tier.Slots
+	rep.DeviceStaticExperts, rep.DeviceCacheSlots = tier.Static, tier.Slots
+	rep.HostExperts, rep.PinnedHostBytes = tier.Host, tier.HostBytes
+	if rep.ExpertsMapped = tier.Mapped; tier.Mapped {
+		return
+	}
 	rate := func(c dsv4.DeviceExpertCache) *float64 { r := c.HitRate(); return &r }
 	per := func(b int64, n int) *float64 { r := float64(b) / float64(max(n, 1)); return &r }
 	rep.ExpertHitRate, rep.PCIeBytesPerToken = rate(dec), per(dec.PCIeBytes, decTokens)
 	rep.PrefillExpertHitRate, rep.PrefillPCIeBytesPerToken = rate(pre), per(pre.PCIeBytes, preTokens)
-	rep.DeviceExpertSlots = tier.Static + tier.Slots
-	rep.DeviceStaticExperts, rep.DeviceCacheSlots = tier.Static, tier.Slots
-	rep.HostExperts, rep.PinnedHostBytes = tier.Host, tier.HostBytes
 }
 
 // writeExperts prints the expert figures of a device run (nothing without).
 func (rep *benchReport) writeExperts(w io.Writer) {
+	if rep.ExpertsMapped {
+		fmt.Fprintf(w, "expert tier        %d static on the GPU, %d experts read in place from mapped host memory (%s); hits and PCIe bytes not counted\n",
+			rep.DeviceStaticExperts, rep.HostExperts, progress.FormatBytes(rep.PinnedHostBytes))
+		return
+	}
 	if rep.ExpertHitRate == nil {
 		return
 	}

@@ -80,6 +80,9 @@ func TestBenchExpertServing(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			var rep benchReport
 			rep.expertServing(tier, c.tiered, c.dec, c.pre, c.decToks, c.preToks)
+			if rep.ExpertsMapped {
+				t.Fatalf("a copy-mode tier reported as mapped")
+			}
 			if rep.ExpertHitRate == nil || rep.PCIeBytesPerToken == nil || rep.PrefillExpertHitRate == nil || rep.PrefillPCIeBytesPerToken == nil {
 				t.Fatalf("missing figures: %+v", rep)
 			}
@@ -108,6 +111,23 @@ func TestBenchExpertServing(t *testing.T) {
 			}
 		})
 	}
+	t.Run("mapped", func(t *testing.T) {
+		var rep benchReport
+		m := dsv4.DeviceExpertCache{Static: 5443, Host: 2813, HostBytes: 2813 * 13369344, ExpertBytes: 13369344, Mapped: true}
+		rep.expertServing(m, true, dsv4.DeviceExpertCache{}, dsv4.DeviceExpertCache{}, 10, 10)
+		if !rep.ExpertsMapped || rep.ExpertHitRate != nil || rep.PCIeBytesPerToken != nil || rep.DeviceStaticExperts != 5443 || rep.HostExperts != 2813 || rep.DeviceCacheSlots != 0 {
+			t.Fatalf("mapped report %+v: want mapped, 5443 static, 2813 host, no counted figures", rep)
+		}
+		b, _ := json.Marshal(&rep)
+		if !strings.Contains(string(b), `"experts_mapped":true`) || strings.Contains(string(b), "expert_hit_rate") {
+			t.Errorf("mapped JSON %s", b)
+		}
+		var w strings.Builder
+		rep.writeExperts(&w)
+		if !strings.Contains(w.String(), "5443 static") || !strings.Contains(w.String(), "2813 experts read in place") {
+			t.Errorf("mapped text %q", w.String())
+		}
+	})
 	var w strings.Builder
 	(&benchReport{}).writeExperts(&w)
 	if w.Len() != 0 {

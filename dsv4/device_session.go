@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"os"
 	"unsafe"
 
 	"moxie/compute/cuda"
@@ -269,8 +270,13 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 				s.runErr = fmt.Errorf("layer %d: %w", l, err)
 			}
 		}
-		s.multi = true
+		// MOXIE_CUDA_MERGE=off keeps one launch per projection (for A/B
+		// measurements of the merged launches).
+		s.multi = os.Getenv("MOXIE_CUDA_MERGE") != "off"
 		for l, b := range d.layers {
+			if !s.multi {
+				break
+			}
 			if s.layers[l].dec, err = s.decodeSets(cc, b); err != nil {
 				// One launch per projection instead: correct, a little slower.
 				s.multi, s.multiErr = false, fmt.Errorf("layer %d: %w", l, err)

@@ -168,23 +168,27 @@ func (c *Ctx) hcNorm(op string, a *HCNorm, p *HC, head int32, s Stream) error {
 	hc, n32, d32, nm, b32 := int32(p.HC), int32(n), int32(D), int32(rows), int32(T)
 	s32, cq32, rb32 := int32(splits), int32(cq), int32(rb)
 	grid := Dim3{X: uint32(groups), Y: uint32(splits), Z: uint32((T + hcSplitTB - 1) / hcSplitTB)}
-	xs := a.X
+	x, o, post0, comb0, xout := a.X, a.O, a.Post, a.Comb, a.XOut
+	xs := x
 	if expand {
-		xs = a.XOut
+		xs = xout
 		if err := c.launchFuse("fuse_hc_dots", grid, Dim3{X: uint32(threads)}, 0, s,
-			ptr(&part), ptr(&a.X), ptr(&a.O), ptr(&a.Post), ptr(&a.Comb), ptr(&a.XOut), ptr(&fn), ptr(&code),
+			ptr(&part), ptr(&x), ptr(&o), ptr(&post0), ptr(&comb0), ptr(&xout), ptr(&fn), ptr(&code),
 			ptr(&n32), ptr(&nm), ptr(&cq32), ptr(&rb32), ptr(&b32), ptr(&hc), ptr(&d32)); err != nil {
 			return err
 		}
 	} else if err := c.launchFuse("hc_split_dots", grid, Dim3{X: uint32(threads)}, 0, s,
-		ptr(&part), ptr(&a.X), ptr(&fn), ptr(&code), ptr(&n32), ptr(&nm), ptr(&cq32), ptr(&rb32), ptr(&b32)); err != nil {
+		ptr(&part), ptr(&x), ptr(&fn), ptr(&code), ptr(&n32), ptr(&nm), ptr(&cq32), ptr(&rb32), ptr(&b32)); err != nil {
 		return err
 	}
 	iters, eps, neps, reps := int32(p.Iters), p.Eps, p.NormEps, a.Eps
 	base, scale := p.Base, p.Scale
-	post, comb := a.PostOut, a.CombOut
-	return c.launchFuse("fuse_hc_finish", Dim3{X: uint32(T)}, Dim3{X: uint32(rmsThreads(D))}, 4*(rows+1)*splits, s,
-		ptr(&a.Pre), ptr(&post), ptr(&comb), ptr(&a.A), ptr(&xs), ptr(&a.Norm), ptr(&part), ptr(&base), ptr(&scale),
+	pre, post, comb, out, norm := a.Pre, a.PostOut, a.CombOut, a.A, a.Norm
+	// A mix's finish runs two blocks per token (the Sinkhorn beside the
+	// collapse and norm), the head's one.
+	roles := uint32(2 - head)
+	return c.launchFuse("fuse_hc_finish", Dim3{X: uint32(T), Y: roles}, Dim3{X: uint32(rmsThreads(D))}, 4*(rows+1)*splits, s,
+		ptr(&pre), ptr(&post), ptr(&comb), ptr(&out), ptr(&xs), ptr(&norm), ptr(&part), ptr(&base), ptr(&scale),
 		ptr(&hc), ptr(&d32), ptr(&nm), ptr(&s32), ptr(&iters), ptr(&eps), ptr(&neps), ptr(&head), ptr(&reps))
 }
 

@@ -18,13 +18,17 @@
 // that HCExpand followed by hc_split_dots gives. Needs dim % 4 == 0, x, o
 // and xout 16-byte aligned; xout must not overlap x, o, post or comb.
 //
-// fuse_hc_finish: block per token, blockDim = the rmsnorm kernel's for dim
-// (ops.go rmsThreads; at most 1024): the partials of the token (dynamic
-// shared memory [(nm+1)·S]) summed as hc_split_finish sums them, ρ, the
-// gates and Sinkhorn (hc_gates_sinkhorn: pre, post, comb written), then
+// fuse_hc_finish: grid (T, 2) for a mix, (T, 1) for the head; blockDim =
+// the rmsnorm kernel's for dim (ops.go rmsThreads; at most 1024). Each
+// block sums the token's partials (dynamic shared memory [(nm+1)·S]) as
+// hc_split_finish sums them and forms ρ. Block (b, 0) then writes the
+// gates and the Sinkhorn result (hc_gates_sinkhorn: pre, post, comb); block
+// (b, 1) forms pre itself (hc_pre_gate, the same bits) and writes
 // a = Σ_j pre_j·xs_j (HCCollapse's order) and a ← RMS(a; w) with the
-// rmsnorm kernel's order (thread-strided Σa², block_sum, w·(a·inv)). xs is
-// x' (or x without expand); a must not overlap xs, pre, post or comb.
+// rmsnorm kernel's order (thread-strided Σa², block_sum, w·(a·inv)), so
+// the serial Sinkhorn and the collapse run side by side. With one block per
+// token (the head: no Sinkhorn) it does both. xs is x' (or x without
+// expand); a must not overlap xs, pre, post or comb.
 
 // hc_x_expand is hc_split_dots_body's stream loader for the fused expand:
 // quad q (flat index over [hc, dim] / 4) of token b0 + t is
@@ -180,9 +184,11 @@ extern "C" __global__ void __launch_bounds__(1024)
   __syncthreads();
   const float ss = dot[nm];
   const float rho = 1.0f / sqrtf(ss / (float)(hc * dim) + normEps);
-  hc_gates_sinkhorn(pre, post, comb, dot, dot + hc, dot + 2 * hc, rho, base, scale, hc, iters, eps, head, b, cm);
-  __syncthreads();  // pre is in global memory, written by threads < hc
-  if (threadIdx.x < hc) pw[threadIdx.x] = pre[b * hc + threadIdx.x];
+  if (gridDim.y == 1 || blockIdx.y == 0) {
+    hc_gates_sinkhorn(pre, post, comb, dot, dot + hc, dot + 2 * hc, rho, base, scale, hc, iters, eps, head, b, cm);
+    if (gridDim.y == 2) return;
+  }
+  if (threadIdx.x < hc) pw[threadIdx.x] = hc_pre_gate(dot[threadIdx.x], rho, scale, base, threadIdx.x, eps);
   __syncthreads();
   const float *xb = xs + b * hc * dim;
   float *ab = a + b * dim;

@@ -147,6 +147,15 @@ extern "C" __global__ void hc_dots_r8_t8(float *pre, float *post, float *comb, c
   hc_dots_body<8, 8, 1>(pre, post, comb, x, fn, fmt, hc, n, nm, batch, head);
 }
 
+// hc_pre_gate is pre[j] from its raw dot product d and ρ:
+// sigmoid(d·ρ·scale[0] + base[j]) + eps (hc_gates_sinkhorn's, shared with
+// the fused kernels of kernels/fuse.cu so that they give the same bits).
+__device__ __forceinline__ float hc_pre_gate(float d, float rho, const float *scale, const float *base, int j,
+                                             float eps) {
+  const float m = d * rho;
+  return sigmoidf_(m * scale[0] + base[j]) + eps;
+}
+
 // hc_gates_sinkhorn is the per-token tail of hc_finish and hc_split_finish:
 // from token b's raw dot products (dpre [hc], dpost [hc], dcomb [hc·hc]; they
 // may alias the token's pre, post and comb slots, each value is read before
@@ -159,8 +168,7 @@ __device__ __forceinline__ void hc_gates_sinkhorn(float *pre, float *post, float
                                                   float eps, int head, size_t b, float *cm) {
   const int lane = threadIdx.x;
   if (lane < hc) {
-    const float m = dpre[lane] * rho;
-    pre[b * hc + lane] = sigmoidf_(m * scale[0] + base[lane]) + eps;
+    pre[b * hc + lane] = hc_pre_gate(dpre[lane], rho, scale, base, lane, eps);
     if (!head) {
       const float m2 = dpost[lane] * rho;
       post[b * hc + lane] = 2.0f * sigmoidf_(m2 * scale[1] + base[hc + lane]);

@@ -3,6 +3,7 @@ package cuda
 import (
 	_ "embed"
 	"math"
+	"structs"
 	"unsafe"
 )
 
@@ -192,14 +193,131 @@ func (c *Ctx) hcNorm(op string, a *HCNorm, p *HC, head int32, s Stream) error {
 		ptr(&hc), ptr(&d32), ptr(&nm), ptr(&s32), ptr(&iters), ptr(&eps), ptr(&neps), ptr(&head), ptr(&reps))
 }
 
+// RowOp is one operation of a RowOps launch: each of Rows rows of Dim
+// floats of X is, in this order, RMS-normalised (Norm), rotated (NFreq > 0)
+// and scaled (Scale), and written to Y (or into a ring). Pointers are
+// float32 device memory owned by the caller, Pos int32.
+type RowOp struct {
+	// X [Rows, Dim] is read; Y [Rows, Dim] is written and may be X (in
+	// place), or with RingRows > 0 is a ring [RingRows, Heads, Dim] that
+	// must not overlap X.
+	Y, X      DevicePtr
+	Rows, Dim int
+	// Heads is the number of rows per token (0 means 1): row r belongs to
+	// token r / Heads, at position Pos[r / Heads].
+	Heads int
+	// Norm: RMSNorm over each row (W [Dim] its weight, 0 for unweighted;
+	// Eps its ε), as RMSNorm computes it (the same float32 operations).
+	Norm bool
+	W    DevicePtr
+	Eps  float32
+	// NFreq > 0: RoPE on the last 2·NFreq dims of each row at its token's
+	// position (Freq [NFreq]), as RoPE computes it (forward rotation).
+	NFreq int
+	Freq  DevicePtr
+	// Pos (int32 [Rows/Heads]) is needed with NFreq > 0 or RingRows > 0.
+	Pos DevicePtr
+	// RingRows > 0: row r of token t goes to ring row (Pos[t] mod
+	// RingRows)·Heads + r mod Heads (Fwd.RingStore's slot); RingRows must
+	// be at least the token count.
+	RingRows int
+	// Scale: multiply by A last (as Scale does).
+	Scale bool
+	A     float32
+}
+
+// FuseMaxRowOps is the most operations one RowOps launch takes
+// (FUSE_MAXROWOPS in kernels/fuse.cu).
+const FuseMaxRowOps = 4
+
+// fuseRow and fuseRows mirror struct FuseRow and FuseRows in kernels/fuse.cu.
+type fuseRow struct {
+	_                                               structs.HostLayout
+	Y, X, W, Pos, Freq                              uint64
+	Rows, Heads, Dim, NF, RingRows, Flags, VThreads int32
+	Eps, A                                          float32
+	_                                               int32
+}
+
+type fuseRows struct {
+	_  structs.HostLayout
+	Op [FuseMaxRowOps]fuseRow
+	N  int32
+	_  int32
+}
+
+// RowOps enqueues up to FuseMaxRowOps independent row operations in one
+// kernel (one block per row): for instance a decode step's query-latent
+// RMSNorm with the window KV's RMSNorm, RoPE and ring store, or the
+// queries' per-head RMSNorm and RoPE with the indexer queries' RoPE and
+// the indexer weights' scaling. Each op's results are those of the
+// unfused ops (RMSNorm, RoPE, Fwd.RingStore, Scale) run one after another,
+// float32 operation for operation. The ops run concurrently: none may
+// write memory another reads or writes. Positions are read on the device,
+// nothing is allocated: the call can be captured in a CUDA graph once the
+// fuse module is loaded (LoadFuse).
+func (c *Ctx) RowOps(ops []RowOp, s Stream) error {
+	return c.rowOps("RowOps", ops, s)
+}
+
+func (c *Ctx) rowOps(op string, ops []RowOp, s Stream) error {
+	if len(ops) == 0 || len(ops) > FuseMaxRowOps {
+		return opErr(op, "%d operations: want 1..%d", len(ops), FuseMaxRowOps)
+	}
+	var a fuseRows
+	a.N = int32(len(ops))
+	threads, blocks := 32, int64(0)
+	for i, o := range ops {
+		heads := max(o.Heads, 1)
+		switch {
+		case !pos32(o.Rows, o.Dim) || o.Heads < 0 || o.Rows%heads != 0 || o.NFreq < 0 || 2*o.NFreq > o.Dim || o.RingRows < 0 || o.RingRows > math.MaxInt32:
+			return opErr(op, "op %d: rows %d, dim %d, heads %d, nfreq %d, ring rows %d: want positive sizes, rows a multiple of heads, 0 <= 2·nfreq <= dim", i, o.Rows, o.Dim, o.Heads, o.NFreq, o.RingRows)
+		case !nonNull(o.Y, o.X) || (o.NFreq > 0 && !nonNull(o.Pos, o.Freq)) || (o.RingRows > 0 && o.Pos == 0):
+			return opErr(op, "op %d: null Y %#x, X %#x, Pos %#x or Freq %#x", i, o.Y, o.X, o.Pos, o.Freq)
+		case o.RingRows > 0 && (o.RingRows < o.Rows/heads || o.Y == o.X):
+			return opErr(op, "op %d: ring of %d rows for %d tokens (ring %#x, x %#x): want at least one row per token, not x", i, o.RingRows, o.Rows/heads, o.Y, o.X)
+		case o.Norm && (math.IsNaN(float64(o.Eps)) || o.Eps < 0):
+			return opErr(op, "op %d: eps %g: want >= 0", i, o.Eps)
+		}
+		r := &a.Op[i]
+		*r = fuseRow{Y: uint64(o.Y), X: uint64(o.X), W: uint64(o.W), Pos: uint64(o.Pos), Freq: uint64(o.Freq),
+			Rows: int32(o.Rows), Heads: int32(heads), Dim: int32(o.Dim), NF: int32(o.NFreq), RingRows: int32(o.RingRows),
+			Eps: o.Eps, A: o.A}
+		if !o.Norm {
+			r.W = 0
+		}
+		if o.NFreq == 0 {
+			r.Freq = 0
+		}
+		if o.Norm {
+			r.Flags |= 1
+			r.VThreads = int32(rmsThreads(o.Dim))
+			threads = max(threads, rmsThreads(o.Dim))
+		} else {
+			threads = max(threads, min(256, (max(o.Dim-2*o.NFreq, o.NFreq)+31)/32*32))
+		}
+		if o.Scale {
+			r.Flags |= 2
+		}
+		blocks += int64(o.Rows)
+	}
+	if blocks > math.MaxInt32 {
+		return opErr(op, "%d rows in all: want fewer than 2^31", blocks)
+	}
+	return c.launchFuse("fuse_rows", Dim3{X: uint32(blocks)}, Dim3{X: uint32(threads)}, 0, s, ptr(&a))
+}
+
 // QNormRoPE enqueues, in place on q [T, heads, dim], the per-head
 // unweighted RMSNorm (ε eps) followed by RoPE at position pos[t] (int32
 // [T]) on the last 2·nfreq dims of every head (freq float32 [nfreq]): the
 // results of RMSNorm(q, q, 0, T·heads, dim, eps) then RoPE(q, pos, freq, T,
-// heads·dim, dim, nfreq, false), in one kernel. Graph-capturable (the
-// positions are read on the device).
+// heads·dim, dim, nfreq, false), in one kernel (RowOps with one op).
 func (c *Ctx) QNormRoPE(q, pos, freq DevicePtr, T, heads, dim, nfreq int, eps float32, s Stream) error {
-	return c.rmsRoPE("QNormRoPE", q, q, 0, pos, freq, T, heads, dim, nfreq, eps, 0, s)
+	if !pos32(T, heads, nfreq) || int64(T)*int64(heads) > math.MaxInt32 {
+		return opErr("QNormRoPE", "T %d, heads %d, nfreq %d: want positive sizes, T·heads < 2^31", T, heads, nfreq)
+	}
+	return c.rowOps("QNormRoPE", []RowOp{{Y: q, X: q, Rows: T * heads, Dim: dim, Heads: heads, Norm: true, Eps: eps,
+		NFreq: nfreq, Freq: freq, Pos: pos}}, s)
 }
 
 // KVNormRoPEStore enqueues the window-KV tail of attention for T tokens in
@@ -208,41 +326,26 @@ func (c *Ctx) QNormRoPE(q, pos, freq DevicePtr, T, heads, dim, nfreq int, eps fl
 // [nfreq] (the last 2·nfreq dims rotate), ring [ringRows, dim] (ringRows ≥
 // T; it must not overlap kv) — the results of RMSNorm(kv, kv, w, T, dim,
 // eps), RoPE(kv, pos, freq, T, dim, dim, nfreq, false) and Fwd.RingStore,
-// without writing kv. Graph-capturable.
+// without writing kv (RowOps with one op).
 func (c *Ctx) KVNormRoPEStore(ring, kv, w, pos, freq DevicePtr, T, ringRows, dim, nfreq int, eps float32, s Stream) error {
-	if ringRows < T || ring == kv {
-		return opErr("KVNormRoPEStore", "ring rows %d for T %d (ring %#x, kv %#x): want at least T rows, not kv", ringRows, T, ring, kv)
+	if !pos32(T, ringRows, nfreq) {
+		return opErr("KVNormRoPEStore", "T %d, ring rows %d, nfreq %d: want positive sizes", T, ringRows, nfreq)
 	}
-	return c.rmsRoPE("KVNormRoPEStore", ring, kv, w, pos, freq, T, 1, dim, nfreq, eps, ringRows, s)
-}
-
-func (c *Ctx) rmsRoPE(op string, y, x, w, pos, freq DevicePtr, T, heads, dim, nfreq int, eps float32, ringRows int, s Stream) error {
-	if !pos32(T, heads, dim, nfreq) || 2*nfreq > dim || int64(T)*int64(heads) > math.MaxInt32 || ringRows < 0 || ringRows > math.MaxInt32 {
-		return opErr(op, "T %d, heads %d, dim %d, nfreq %d: want positive sizes, 2·nfreq <= dim and T·heads < 2^31", T, heads, dim, nfreq)
-	}
-	if !nonNull(y, x, pos, freq) {
-		return opErr(op, "null output, input, pos or freq")
-	}
-	if math.IsNaN(float64(eps)) || eps < 0 {
-		return opErr(op, "eps %g: want >= 0", eps)
-	}
-	h, d, nf, rr := int32(heads), int32(dim), int32(nfreq), int32(ringRows)
-	return c.launchFuse("fuse_rms_rope", Dim3{X: uint32(T * heads)}, Dim3{X: uint32(rmsThreads(dim))}, 0, s,
-		ptr(&y), ptr(&x), ptr(&w), ptr(&pos), ptr(&freq), ptr(&h), ptr(&d), ptr(&nf), ptr(&eps), ptr(&rr))
+	return c.rowOps("KVNormRoPEStore", []RowOp{{Y: ring, X: kv, Rows: T, Dim: dim, Norm: true, W: w, Eps: eps,
+		NFreq: nfreq, Freq: freq, Pos: pos, RingRows: ringRows}}, s)
 }
 
 // RoPEScale enqueues RoPE(x, pos, freq, rows, rowLen, dim, nfreq, false)
 // and Scale(y, a, n) in one kernel (the indexer's query rotation and its
-// head-weight scaling); x and y must not overlap. n == 0 only rotates.
+// head-weight scaling; RowOps with two ops); x and y must not overlap.
+// n == 0 only rotates.
 func (c *Ctx) RoPEScale(x, pos, freq DevicePtr, rows, rowLen, dim, nfreq int, y DevicePtr, a float32, n int, s Stream) error {
-	if !pos32(rows, rowLen, dim, nfreq) || 2*nfreq > dim || rowLen%dim != 0 || n < 0 || int64(rows)*int64(rowLen) > math.MaxInt64/4 {
-		return opErr("RoPEScale", "rows %d, rowLen %d, dim %d, nfreq %d, n %d: want positive sizes, 2·nfreq <= dim, rowLen a multiple of dim, n >= 0", rows, rowLen, dim, nfreq, n)
+	if !pos32(rows, rowLen, dim, nfreq) || rowLen%dim != 0 || n < 0 || int64(rows)*int64(rowLen/dim) > math.MaxInt32 || n > math.MaxInt32 {
+		return opErr("RoPEScale", "rows %d, rowLen %d, dim %d, nfreq %d, n %d: want positive sizes, rowLen a multiple of dim, n >= 0", rows, rowLen, dim, nfreq, n)
 	}
-	if !nonNull(x, pos, freq) || (n > 0 && y == 0) {
-		return opErr("RoPEScale", "null x, pos, freq or y")
+	ops := []RowOp{{Y: x, X: x, Rows: rows * (rowLen / dim), Dim: dim, Heads: rowLen / dim, NFreq: nfreq, Freq: freq, Pos: pos}}
+	if n > 0 {
+		ops = append(ops, RowOp{Y: y, X: y, Rows: 1, Dim: n, Scale: true, A: a})
 	}
-	r, rl, d, nf, n64 := int32(rows), int32(rowLen), int32(dim), int32(nfreq), int64(n)
-	total := int64(rows)*int64(rowLen/dim)*int64(nfreq) + n64
-	return c.launchFuse("fuse_rope_scale", gridFor(total), Dim3{X: 256}, 0, s,
-		ptr(&x), ptr(&pos), ptr(&freq), ptr(&r), ptr(&rl), ptr(&d), ptr(&nf), ptr(&y), ptr(&a), ptr(&n64))
+	return c.rowOps("RoPEScale", ops, s)
 }

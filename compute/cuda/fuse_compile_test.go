@@ -9,7 +9,7 @@ import (
 )
 
 // fuseKernelNames lists every kernel fuse.go launches from the fuse module.
-var fuseKernelNames = []string{"hc_split_dots", "fuse_hc_dots", "fuse_hc_finish", "fuse_rms_rope", "fuse_rope_scale"}
+var fuseKernelNames = []string{"hc_split_dots", "fuse_hc_dots", "fuse_hc_finish", "fuse_rows"}
 
 // TestFuseCompile compiles the fuse module (kernels/ops.cu followed by
 // kernels/fuse.cu) with NVRTC for sm_90 (no GPU needed; skipped when NVRTC

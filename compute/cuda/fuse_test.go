@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"moxie/compute"
 	"moxie/compute/computetest"
@@ -367,6 +368,105 @@ func TestFuseRoPEScale(t *testing.T) {
 	}
 }
 
+// TestFuseRowOps runs the two row-op launches a decode step's attention
+// can use at V4-Flash shapes — the query latent's RMSNorm with the window
+// KV's RMSNorm, RoPE and ring store; the queries' per-head RMSNorm and RoPE
+// with the indexer queries' RoPE and the indexer weights' scaling — against
+// the unfused ops and compute/ref.
+func TestFuseRowOps(t *testing.T) {
+	const qr, H, hd, nf, IH, ID, window = 1024, 64, 512, 32, 64, 128, 128
+	const eps = 1e-6
+	const sc = float32(0.011048543) // 128^-0.5 · 64^-0.5
+	rng := rand.New(rand.NewPCG(59, 11))
+	freq := ropeFreqs(nf)
+	for _, T := range []int{1, 3, 16} {
+		t.Run(fmt.Sprint("T", T), func(t *testing.T) {
+			ringRows := window + T
+			p0 := 3000 + rng.IntN(500)
+			pos := make([]int32, T)
+			for i := range pos {
+				pos[i] = int32(p0 + i)
+			}
+			qlat, qnorm := computetest.Normal(rng, T*qr, 2), computetest.Normal(rng, qr, 1)
+			kv, kvnorm := computetest.Normal(rng, T*hd, 2), computetest.Normal(rng, hd, 1)
+			q, qi, wts := computetest.Normal(rng, T*H*hd, 1), computetest.Normal(rng, T*IH*ID, 1), computetest.Normal(rng, T*IH, 1)
+			ring0 := computetest.Normal(rng, ringRows*hd, 1)
+			type bufs struct{ qlat, ring, q, qi, wts []float32 }
+			var fu, un bufs
+			onDevice(t, func(c *Ctx, d *devBufs) {
+				f, err := c.Fwd()
+				d.check(err)
+				dp, df, dqn, dkn := d.int32s(pos), d.floats(freq), d.floats(qnorm), d.floats(kvnorm)
+				up := func() (DevicePtr, DevicePtr, DevicePtr, DevicePtr, DevicePtr, DevicePtr) {
+					return d.floats(qlat), d.floats(kv), d.floats(ring0), d.floats(q), d.floats(qi), d.floats(wts)
+				}
+				uQlat, uKV, uRing, uQ, uQi, uW := up()
+				fQlat, fKV, fRing, fQ, fQi, fW := up()
+				d.synced()
+				if d.err != nil {
+					return
+				}
+				s := c.Stream()
+				d.check(c.RMSNorm(uQlat, uQlat, dqn, T, qr, eps, s))
+				d.check(c.RMSNorm(uKV, uKV, dkn, T, hd, eps, s))
+				d.check(c.RoPE(uKV, dp, df, T, hd, hd, nf, false, s))
+				d.check(f.RingStore(c, uRing, uKV, dp, T, ringRows, hd, s))
+				d.check(c.RMSNorm(uQ, uQ, 0, T*H, hd, eps, s))
+				d.check(c.RoPE(uQ, dp, df, T, H*hd, hd, nf, false, s))
+				d.check(c.RoPE(uQi, dp, df, T, IH*ID, ID, nf, false, s))
+				d.check(c.Scale(uW, sc, T*IH, s))
+				d.check(c.RowOps([]RowOp{
+					{Y: fQlat, X: fQlat, Rows: T, Dim: qr, Norm: true, W: dqn, Eps: eps},
+					{Y: fRing, X: fKV, Rows: T, Dim: hd, Norm: true, W: dkn, Eps: eps, NFreq: nf, Freq: df, Pos: dp, RingRows: ringRows},
+				}, s))
+				d.check(c.RowOps([]RowOp{
+					{Y: fQ, X: fQ, Rows: T * H, Heads: H, Dim: hd, Norm: true, Eps: eps, NFreq: nf, Freq: df, Pos: dp},
+					{Y: fQi, X: fQi, Rows: T * IH, Heads: IH, Dim: ID, NFreq: nf, Freq: df, Pos: dp},
+					{Y: fW, X: fW, Rows: T, Dim: IH, Scale: true, A: sc},
+				}, s))
+				get := func(qlat, ring, q, qi, w DevicePtr) bufs {
+					return bufs{d.getFloats(qlat, T*qr), d.getFloats(ring, ringRows*hd), d.getFloats(q, T*H*hd), d.getFloats(qi, T*IH*ID), d.getFloats(w, T*IH)}
+				}
+				un, fu = get(uQlat, uRing, uQ, uQi, uW), get(fQlat, fRing, fQ, fQi, fW)
+			})
+			if t.Failed() {
+				return
+			}
+			fuseCmp(t, "qlat", fu.qlat, un.qlat, fuseTol)
+			fuseCmp(t, "ring", fu.ring, un.ring, fuseTol)
+			fuseCmp(t, "q", fu.q, un.q, fuseTol)
+			fuseCmp(t, "qi", fu.qi, un.qi, fuseTol)
+			fuseCmp(t, "wts", fu.wts, un.wts, fuseTol)
+			expectRel(t, "ref qlat", fu.qlat, ref.RMSNorm(f64s(qlat), f64s(qnorm), qr, eps), computetest.TolElemwise)
+			for i := range T {
+				r := (p0 + i) % ringRows
+				want := ref.RoPE(ref.RMSNorm(f64s(kv[i*hd:(i+1)*hd]), f64s(kvnorm), hd, eps), p0+i, freq, hd, false)
+				expectRel(t, fmt.Sprint("ref ring token ", i), fu.ring[r*hd:(r+1)*hd], want, computetest.TolElemwise)
+				want = ref.RoPE(ref.RMSNorm(f64s(q[i*H*hd:(i+1)*H*hd]), nil, hd, eps), p0+i, freq, hd, false)
+				expectRel(t, fmt.Sprint("ref q token ", i), fu.q[i*H*hd:(i+1)*H*hd], want, computetest.TolElemwise)
+				want = ref.RoPE(f64s(qi[i*IH*ID:(i+1)*IH*ID]), p0+i, freq, ID, false)
+				expectRel(t, fmt.Sprint("ref qi token ", i), fu.qi[i*IH*ID:(i+1)*IH*ID], want, computetest.TolElemwise)
+			}
+			ww := f64s(wts)
+			for i := range ww {
+				ww[i] *= float64(sc)
+			}
+			expectRel(t, "ref wts", fu.wts, ww, computetest.TolElemwise)
+		})
+	}
+}
+
+// TestFuseRowLayout checks the Go mirrors of the kernel's argument structs
+// against the sizes kernels/fuse.cu asserts.
+func TestFuseRowLayout(t *testing.T) {
+	if a, b := unsafe.Sizeof(fuseRow{}), unsafe.Sizeof(fuseRows{}); a != 80 || b != 328 {
+		t.Errorf("fuseRow %d bytes, fuseRows %d: want 80 and 328 (struct FuseRow, FuseRows)", a, b)
+	}
+	if o := unsafe.Offsetof(fuseRows{}.N); o != 320 {
+		t.Errorf("fuseRows.N at %d, want 320", o)
+	}
+}
+
 // TestFuseErrors checks that bad arguments give an error naming the op
 // before anything touches the device (so it runs without a GPU).
 func TestFuseErrors(t *testing.T) {
@@ -424,6 +524,13 @@ func TestFuseErrors(t *testing.T) {
 		{"KVNormRoPEStore", func() error { return c.KVNormRoPEStore(kv, kv, Norm, pos, freq, 1, 3, 16, 4, 1e-6, s) }},
 		{"KVNormRoPEStore", func() error { return c.KVNormRoPEStore(ring, kv, Norm, pos, 0, 1, 3, 16, 4, 1e-6, s) }},
 		{"KVNormRoPEStore", func() error { return c.KVNormRoPEStore(ring, kv, Norm, pos, freq, 1, 3, 16, 4, -1, s) }},
+		{"RowOps", func() error { return c.RowOps(nil, s) }},
+		{"RowOps", func() error { return c.RowOps(make([]RowOp, FuseMaxRowOps+1), s) }},
+		{"RowOps", func() error { return c.RowOps([]RowOp{{Y: X, X: X, Rows: 6, Heads: 4, Dim: 16}}, s) }},             // rows % heads
+		{"RowOps", func() error { return c.RowOps([]RowOp{{Y: X, X: X, Rows: 4, Dim: 16, NFreq: 2, Freq: freq}}, s) }}, // no pos
+		{"RowOps", func() error {
+			return c.RowOps([]RowOp{{Y: X, X: X, Rows: 4, Dim: 16}, {Y: ring, X: kv, Rows: 4, Dim: 16, Pos: pos, RingRows: 3}}, s)
+		}},
 		{"RoPEScale", func() error { return c.RoPEScale(X, pos, freq, 2, 60, 16, 4, ydst, 1, 8, s) }}, // rowLen % dim
 		{"RoPEScale", func() error { return c.RoPEScale(X, pos, freq, 2, 64, 16, 4, 0, 1, 8, s) }},
 		{"RoPEScale", func() error { return c.RoPEScale(X, pos, freq, 2, 64, 16, 4, ydst, 1, -1, s) }},
@@ -464,7 +571,7 @@ func TestHCNormScratchBytes(t *testing.T) {
 // split path). It reports device microseconds per chain.
 func BenchmarkFuse(b *testing.B) {
 	dev := testDevice(b)
-	for _, chain := range []string{"boundary", "boundary0", "head", "q", "kv", "idx"} {
+	for _, chain := range []string{"boundary", "boundary0", "head", "q", "kv", "idx", "qlat+kv", "q+qi+wts"} {
 		for _, T := range []int{1, 16} {
 			for _, fused := range []bool{false, true} {
 				kind := "unfused"
@@ -607,6 +714,46 @@ func fuseBenchChain(c *Ctx, d *devBufs, chain string, T int, fused bool) func() 
 			}
 			return c.Scale(wts, sc, T*IH, s)
 		}
+	case "qlat+kv":
+		const qr = 1024
+		ringRows := 128 + T
+		qlat, qn := d.floats(computetest.Normal(rng, T*qr, 1)), d.floats(computetest.Normal(rng, qr, 1))
+		kv, w, ring := d.floats(computetest.Normal(rng, T*hd, 1)), d.floats(computetest.Normal(rng, hd, 1)), d.alloc(4*ringRows*hd)
+		if fused {
+			ops := []RowOp{
+				{Y: qlat, X: qlat, Rows: T, Dim: qr, Norm: true, W: qn, Eps: eps},
+				{Y: ring, X: kv, Rows: T, Dim: hd, Norm: true, W: w, Eps: eps, NFreq: nf, Freq: freq, Pos: dpos, RingRows: ringRows},
+			}
+			return func() error { return c.RowOps(ops, s) }
+		}
+		f, err := c.Fwd()
+		d.check(err)
+		return func() error {
+			return errsOf(
+				func() error { return c.RMSNorm(qlat, qlat, qn, T, qr, eps, s) },
+				func() error { return c.RMSNorm(kv, kv, w, T, hd, eps, s) },
+				func() error { return c.RoPE(kv, dpos, freq, T, hd, hd, nf, false, s) },
+				func() error { return f.RingStore(c, ring, kv, dpos, T, ringRows, hd, s) })
+		}
+	case "q+qi+wts":
+		q := d.floats(computetest.Normal(rng, T*H*hd, 1))
+		qi, wts := d.floats(computetest.Normal(rng, T*IH*ID, 1)), d.floats(computetest.Normal(rng, T*IH, 1))
+		const sc = 1.0001
+		if fused {
+			ops := []RowOp{
+				{Y: q, X: q, Rows: T * H, Heads: H, Dim: hd, Norm: true, Eps: eps, NFreq: nf, Freq: freq, Pos: dpos},
+				{Y: qi, X: qi, Rows: T * IH, Heads: IH, Dim: ID, NFreq: nf, Freq: freq, Pos: dpos},
+				{Y: wts, X: wts, Rows: T, Dim: IH, Scale: true, A: sc},
+			}
+			return func() error { return c.RowOps(ops, s) }
+		}
+		return func() error {
+			return errsOf(
+				func() error { return c.RMSNorm(q, q, 0, T*H, hd, eps, s) },
+				func() error { return c.RoPE(q, dpos, freq, T, H*hd, hd, nf, false, s) },
+				func() error { return c.RoPE(qi, dpos, freq, T, IH*ID, ID, nf, false, s) },
+				func() error { return c.Scale(wts, sc, T*IH, s) })
+		}
 	}
 	d.check(fmt.Errorf("unknown chain %q", chain))
 	return func() error { return nil }
@@ -668,4 +815,14 @@ func graphTime(b *testing.B, c *Ctx, calls int, one func() error) (float64, erro
 	b.StopTimer()
 	ms, err := c.Elapsed(e0, e1)
 	return ms * 1000 / float64(b.N*calls), err
+}
+
+// errsOf runs steps in order and returns the first error.
+func errsOf(steps ...func() error) error {
+	for _, f := range steps {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -199,76 +199,106 @@ extern "C" __global__ void __launch_bounds__(1024)
 }
 
 // ---------------------------------------------------------------------------
-// fuse_rms_rope: block per row r of x [rows, dim] (rows = T·heads; token
-// t = r / heads at position pos[t]), blockDim the rmsnorm kernel's for dim:
-// y_r = RMS(x_r; w) (w null: unweighted) in the rmsnorm kernel's order, then
-// its last 2·nf dims rotated as the rope kernel rotates them (angle
-// float(pos[t])·freq[p] in float32, cos/sin in double, pairs (even, odd)).
-// ringRows == 0: y [rows, dim] (may be x: every element is read by the
-// thread that writes it, after the reduction); ringRows > 0: row r goes to
-// y[(pos[t] mod ringRows)·heads + r mod heads] (a ring [ringRows, heads,
-// dim], which must not overlap x).
-extern "C" __global__ void fuse_rms_rope(float *y, const float *x, const float *w, const int *pos, const float *freq,
-                                         int heads, int dim, int nf, float eps, int ringRows) {
+// fuse_rows: up to FUSE_MAXROWOPS independent row operations in one launch
+// (RowOps in fuse.go), one block per row; block r belongs to the first op
+// whose rows it falls in. For row r of op g (token t = r / heads, at
+// position pos[t]):
+//   v = x_r;
+//   FR_NORM:  v = RMS(v; w) (w null: unweighted) in the rmsnorm kernel's
+//             order for a block of g.vb threads (thread-strided Σv², the
+//             warps' sums in order; threads vb.. add zeros, which leave a
+//             sum of squares as it is), w·(v·inv);
+//   nf > 0:   the last 2·nf dims rotated as the rope kernel rotates them
+//             (angle float(pos[t])·freq[p] in float32, cos/sin in double);
+//   FR_SCALE: v = v·a (the scale_f32 kernel's product);
+// written to y_r, or with ring_rows > 0 to row (pos[t] mod ring_rows)·heads
+// + r mod heads of the ring y. y may be x (every element is read by the
+// thread that writes it, after the reduction); the ops run concurrently, so
+// no op may write what another reads or writes. blockDim: at least every
+// normalising op's vb, a multiple of 32.
+#define FUSE_MAXROWOPS 4
+#define FR_NORM 1
+#define FR_SCALE 2
+
+struct FuseRow {
+  float *y;
+  const float *x, *w;
+  const int *pos;
+  const float *freq;
+  int rows, heads, dim, nf, ring_rows, flags, vb;
+  float eps, a;
+  int pad_;
+};
+
+struct FuseRows {
+  FuseRow op[FUSE_MAXROWOPS];
+  int n;
+};
+static_assert(sizeof(FuseRow) == 80 && sizeof(FuseRows) == 328, "fuseRow/fuseRows in fuse.go mirror these layouts");
+
+extern "C" __global__ void fuse_rows(const FuseRows p) {
   __shared__ float red[32];
-  const size_t r = blockIdx.x;
-  const size_t t = r / heads;
-  const int h = (int)(r % heads);
-  const float *xr = x + r * dim;
-  const int p0 = pos[t];
-  float *yr = ringRows > 0 ? y + ((size_t)(p0 % ringRows) * heads + h) * dim : y + r * dim;
-  float ss = 0.f;
+  int r = blockIdx.x, k = 0;
+  while (k + 1 < p.n && r >= p.op[k].rows) r -= p.op[k++].rows;
+  FuseRow g = p.op[0];
+#pragma unroll
+  for (int i = 1; i < FUSE_MAXROWOPS; i++)
+    if (i == k) g = p.op[i];
+  const int dim = g.dim, bd = blockDim.x;
+  const size_t t = (size_t)r / g.heads;
+  const int h = r % g.heads;
+  const float *xr = g.x + (size_t)r * dim;
+  const int p0 = g.pos ? g.pos[t] : 0;
+  float *yr = g.ring_rows > 0 ? g.y + ((size_t)(p0 % g.ring_rows) * g.heads + h) * dim : g.y + (size_t)r * dim;
+  const bool norm = g.flags & FR_NORM, scl = g.flags & FR_SCALE;
+  float inv = 1.f;
+  if (norm) {
+    float ss = 0.f;
+    if (threadIdx.x < g.vb) {
 #pragma unroll 4
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    float v = xr[i];
-    ss += v * v;
+      for (int i = threadIdx.x; i < dim; i += g.vb) {
+        float v = xr[i];
+        ss += v * v;
+      }
+    }
+    ss = block_sum(ss, red);
+    inv = 1.0f / sqrtf(ss / (float)dim + g.eps);
   }
-  ss = block_sum(ss, red);
-  const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
-  const int r0 = dim - 2 * nf;
-  for (int i = threadIdx.x; i < r0; i += blockDim.x) {
-    float v = xr[i] * inv;
-    yr[i] = w ? w[i] * v : v;
+  const int r0 = dim - 2 * g.nf;
+  if (norm || scl || yr != xr) {
+    for (int i = threadIdx.x; i < r0; i += bd) {
+      float v = xr[i];
+      if (norm) {
+        v = v * inv;
+        v = g.w ? g.w[i] * v : v;
+      }
+      if (scl) v = v * g.a;
+      yr[i] = v;
+    }
   }
   const float fp = (float)p0;
-  for (int p = threadIdx.x; p < nf; p += blockDim.x) {
-    const int e = r0 + 2 * p;
-    const float v0 = xr[e] * inv, v1 = xr[e + 1] * inv;
-    const float re = w ? w[e] * v0 : v0, im = w ? w[e + 1] * v1 : v1;
-    const float ang = __fmul_rn(fp, freq[p]);
-    double sd, cd;
-    sincos((double)ang, &sd, &cd);
-    const float c = (float)cd, s = (float)sd;
-    yr[e] = re * c - im * s;
-    yr[e + 1] = re * s + im * c;
-  }
-}
-
-// ---------------------------------------------------------------------------
-// fuse_rope_scale: the rope kernel (forward, in place on x [rows, rowLen],
-// segments of dim, last 2·nfreq dims of each) and the scale_f32 kernel
-// (y[i] *= a, i < n) in one grid-stride launch; x and y must not overlap.
-extern "C" __global__ void fuse_rope_scale(float *x, const int *pos, const float *freq, int rows, int rowLen, int dim,
-                                           int nfreq, float *y, float a, long long n) {
-  const int segs = rowLen / dim;
-  const long long total = (long long)rows * segs * nfreq;
-  for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total + n;
-       t += (long long)gridDim.x * blockDim.x) {
-    if (t >= total) {
-      y[t - total] *= a;
-      continue;
+  for (int q = threadIdx.x; q < g.nf; q += bd) {
+    const int e = r0 + 2 * q;
+    float re = xr[e], im = xr[e + 1];
+    if (norm) {
+      re = re * inv;
+      im = im * inv;
+      if (g.w) {
+        re = g.w[e] * re;
+        im = g.w[e + 1] * im;
+      }
     }
-    const int p = (int)(t % nfreq);
-    const long long rs = t / nfreq;
-    const int seg = (int)(rs % segs);
-    const long long row = rs / segs;
-    const float ang = __fmul_rn((float)pos[row], freq[p]);
+    const float ang = __fmul_rn(fp, g.freq[q]);
     double sd, cd;
     sincos((double)ang, &sd, &cd);
     const float c = (float)cd, s = (float)sd;
-    float *e = x + row * rowLen + (long long)seg * dim + dim - 2 * nfreq + 2 * p;
-    const float re = e[0], im = e[1];
-    e[0] = re * c - im * s;
-    e[1] = re * s + im * c;
+    float o0 = re * c - im * s;
+    float o1 = re * s + im * c;
+    if (scl) {
+      o0 = o0 * g.a;
+      o1 = o1 * g.a;
+    }
+    yr[e] = o0;
+    yr[e + 1] = o1;
   }
 }

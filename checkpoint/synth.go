@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"moxie/dsv4/config"
 	"moxie/format"
@@ -126,7 +127,27 @@ type Synth struct {
 	layout map[string]config.Tensor
 	infos  []TensorInfo
 	files  map[string][]byte
+
+	// A quantized weight's codes and scales come from one generation: the
+	// half not asked for waits in pairs (by weight name) for its request,
+	// which usually follows at once (loaders read a weight and its scales
+	// together); pairBytes bounds what waits, oldest dropped first (a
+	// dropped half is generated again when asked for).
+	mu        sync.Mutex
+	pairs     map[string]*quantPair
+	pairOrder []string
+	pairBytes int64
 }
+
+// quantPair is one generation of a quantized weight: done closes when q and
+// sc are set; each half is handed out once (nil after).
+type quantPair struct {
+	done  chan struct{}
+	q, sc []byte
+}
+
+// synthPairBudget bounds the bytes of generated halves waiting for their request.
+const synthPairBudget = 1 << 30
 
 // OpenSynth opens a synthetic source from a spec such as "synth:tiny?seed=3".
 func OpenSynth(spec string) (*Synth, error) {
@@ -148,7 +169,7 @@ func NewSynth(c *config.Config, seed uint64) (*Synth, error) {
 }
 
 func newSynth(s *SynthSpec) *Synth {
-	src := &Synth{spec: s, cfg: s.Config, layout: map[string]config.Tensor{}}
+	src := &Synth{spec: s, cfg: s.Config, layout: map[string]config.Tensor{}, pairs: map[string]*quantPair{}}
 	for _, t := range config.Layout(s.Config) {
 		src.layout[t.Name] = t
 		src.infos = append(src.infos, TensorInfo{Name: t.Name, DType: t.DType, Shape: t.Shape, Size: t.Bytes()})
@@ -225,12 +246,76 @@ func (s *Synth) TensorData(name string) ([]byte, error) {
 		return nil, fmt.Errorf("%s: no tensor %q", s.Name(), name)
 	}
 	if t.ScaleOf != "" {
-		return s.quantized(s.layout[t.ScaleOf], true), nil
+		return s.half(s.layout[t.ScaleOf], true), nil
 	}
 	if sc, ok := s.layout[strings.TrimSuffix(name, ".weight")+".scale"]; ok && sc.ScaleOf == name {
-		return s.quantized(t, false), nil
+		return s.half(t, false), nil
 	}
 	return s.plain(t), nil
+}
+
+// half returns the scales (or the codes) of quantized weight t, from a
+// generation of both halves that a request for the other half started or
+// will use (see Synth.pairs).
+func (s *Synth) half(t config.Tensor, scales bool) []byte {
+	take := func(p *quantPair) []byte {
+		var b []byte
+		if scales {
+			b, p.sc = p.sc, nil
+		} else {
+			b, p.q = p.q, nil
+		}
+		if b != nil {
+			s.pairBytes -= int64(len(b))
+		}
+		if p.q == nil && p.sc == nil && s.pairs[t.Name] == p {
+			delete(s.pairs, t.Name)
+		}
+		return b
+	}
+	s.mu.Lock()
+	if p, ok := s.pairs[t.Name]; ok {
+		s.mu.Unlock()
+		<-p.done
+		s.mu.Lock()
+		b := take(p)
+		s.mu.Unlock()
+		if b != nil {
+			return b
+		}
+		return s.quantized(t, scales) // this half was handed out already
+	}
+	p := &quantPair{done: make(chan struct{})}
+	s.pairs[t.Name] = p
+	s.pairOrder = append(s.pairOrder, t.Name)
+	s.mu.Unlock()
+	q, sc := s.quantizedBoth(t)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p.q, p.sc = q, sc
+	s.pairBytes += int64(len(q) + len(sc))
+	close(p.done)
+	b := take(p)
+	// Forget the names of complete pairs at the front of the order, and drop
+	// the oldest finished halves while over the budget.
+	for len(s.pairOrder) > 0 {
+		o := s.pairs[s.pairOrder[0]]
+		if o != nil {
+			if o == p || s.pairBytes <= synthPairBudget {
+				break
+			}
+			select {
+			case <-o.done:
+			default:
+				return b // still being generated
+			}
+			s.pairBytes -= int64(len(o.q) + len(o.sc))
+			o.q, o.sc = nil, nil
+			delete(s.pairs, s.pairOrder[0])
+		}
+		s.pairOrder = s.pairOrder[1:]
+	}
+	return b
 }
 
 // pcg returns the generator of one tensor: a PCG seeded from the global seed and
@@ -250,6 +335,20 @@ func fanInScale(fanIn int, gain float64) float64 { return gain * math.Sqrt(3/flo
 // scales is set, else its element codes. Both come from the same generated
 // values, so they always agree; asking for the scales skips the encoding.
 func (s *Synth) quantized(t config.Tensor, scales bool) []byte {
+	if scales {
+		_, sc := s.generateQuantized(t, true)
+		return sc
+	}
+	q, _ := s.generateQuantized(t, false)
+	return q
+}
+
+// quantizedBoth generates a quantized weight's codes and scales together.
+func (s *Synth) quantizedBoth(t config.Tensor) (q, sc []byte) { return s.generateQuantized(t, false) }
+
+// generateQuantized generates the codes (unless scales: only the scales) and
+// the scales of quantized weight t.
+func (s *Synth) generateQuantized(t config.Tensor, scales bool) (codes, scaleBytes []byte) {
 	rows, cols := int(t.Shape[0]), int(t.Shape[1])
 	if t.DType == format.I8 { // MXFP4 packs two values per byte
 		cols *= 2
@@ -268,10 +367,7 @@ func (s *Synth) quantized(t config.Tensor, scales bool) []byte {
 	default:
 		q, sc = genFP8Block(&g, rows, cols, s.cfg.BlockSize, scales)
 	}
-	if scales {
-		return sc
-	}
-	return q
+	return q, sc
 }
 
 // plain generates an unquantized tensor (BF16, F32, I64).

@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"flag"
@@ -315,5 +316,76 @@ func TestUniformGenMatchesRand(t *testing.T) {
 				t.Fatalf("fillMax max %#x, want %#x", amax[0], m)
 			}
 		})
+	}
+}
+
+// TestSynthPairs asks for quantized weights and their scales from several
+// goroutines at once, in shuffled order and some more than once, and checks
+// every answer against a separate generation of that half alone: sharing one
+// generation between the two halves (Synth.pairs) must change no byte and
+// hand no slice out twice.
+func TestSynthPairs(t *testing.T) {
+	for _, twice := range []bool{false, true} {
+		t.Run(fmt.Sprintf("twice=%v", twice), func(t *testing.T) { testSynthPairs(t, twice) })
+	}
+}
+
+func testSynthPairs(t *testing.T, twice bool) {
+	s, err := OpenSynth("synth:tiny?seed=7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type req struct {
+		name  string
+		w     config.Tensor
+		scale bool
+	}
+	var reqs []req
+	for _, ti := range s.Tensors() {
+		tn := s.layout[ti.Name]
+		if tn.ScaleOf != "" {
+			w := s.layout[tn.ScaleOf]
+			reqs = append(reqs, req{ti.Name, w, true}, req{tn.ScaleOf, w, false})
+			if twice && len(reqs)%3 == 0 { // some halves asked for twice
+				reqs = append(reqs, req{ti.Name, w, true})
+			}
+		}
+	}
+	if len(reqs) < 20 {
+		t.Fatalf("only %d quantized requests in synth:tiny", len(reqs))
+	}
+	rand.New(rand.NewPCG(1, 2)).Shuffle(len(reqs), func(i, j int) { reqs[i], reqs[j] = reqs[j], reqs[i] })
+	got := make([][]byte, len(reqs))
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := g; i < len(reqs); i += 4 {
+				b, err := s.TensorData(reqs[i].name)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				got[i] = b
+			}
+		}()
+	}
+	wg.Wait()
+	seen := map[*byte]bool{}
+	for i, r := range reqs {
+		if want := s.quantized(r.w, r.scale); !bytes.Equal(got[i], want) {
+			t.Errorf("%s: %d bytes differ from a generation of that half alone", r.name, len(got[i]))
+		}
+		if len(got[i]) > 0 {
+			if seen[&got[i][0]] {
+				t.Errorf("%s: a slice was handed out twice", r.name)
+			}
+			seen[&got[i][0]] = true
+		}
+	}
+	if !twice && s.pairBytes != 0 {
+		// Every pair had both halves asked for once: nothing should wait.
+		t.Errorf("%d bytes of generated halves still waiting", s.pairBytes)
 	}
 }

@@ -1,0 +1,441 @@
+// Fused MoE decode kernels for moxie (one token, batch 1): the K routed
+// experts selected on the device (MXFP4 w1/w3/w2, records of an ExpertTable)
+// plus an optional shared expert (FP8 block w1/w3/w2), in two launches:
+//
+//   moe1_*: h[k] = SwiGLU(w1_k·x, w3_k·x) · rw[k] (clamped by limit) for the
+//           K routed experts and h[K] = SwiGLU(w1_s·x, w3_s·x) for the shared
+//           one; one block per 16-row tile of (w1, w3) of one expert.
+//   moe2_*: out[d] = Σ_k (w2_k·h[k])[d] + (w2_s·h[K])[d], written (not
+//           accumulated); one block per 16 output rows, the sum in a fixed
+//           order (deterministic).
+//
+// Both use tensor cores (mma.sync m16n8k16, f16 inputs, f32 accumulation).
+// The weights are the A operand, exact in f16: an E2M1 code becomes the
+// f16 value v·2^-14 by bit placement (sign to bit 15, exponent and mantissa
+// bits to bits 11..9; code 0.5 lands on the f16 subnormal 2^-15), built with
+// two shift/mask steps per 32-bit word and one PRMT per f16 pair; E4M3 bytes
+// use the hardware cvt.rn.f16x2.e4m3x2. The activation vector v (x in stage
+// 1, h in stage 2) is the B operand as two f16 columns: hi = f16(v) and
+// lo = f16((v - hi)·2^11), so a product carries about 22 significant bits of
+// v (|v| must stay below 65504); the result is d_hi + d_lo·2^-11.
+//
+// Fragment layout (m16n8k16): thread (g = lane/4, t = lane%4) holds rows g
+// and g+8 of a 16-row tile. MXFP4: a 16-byte span of a row is one 32-column
+// scale group; thread t takes its 4-byte word t (8 codes, columns 8t..8t+7)
+// of rows g and g+8, which feed two mmas; the decoder pairs codes (j, j+4),
+// so the B vectors are stored with each 8 columns permuted as
+// [0,4,1,5,2,6,3,7] ("routed layout") and one 16-byte load gives a thread
+// its four B registers of a span. FP8: a span is 64 columns (one FP8 block
+// scale covers it and the 16 rows); thread t takes the 16 bytes at 16t of
+// rows g and g+8 (four mmas), B in natural column order ("natural layout").
+// Lanes with g = 0 supply the hi column, g = 1 the lo column, the others
+// zeros; so lanes with t = 0 receive row g's (hi, lo) sums in d[0], d[1]
+// and row g+8's in d[2], d[3].
+//
+// E8M0 scales are read as 2^(s-127) through the bits s << 23 (s = 0 reads as
+// 0 and s = 255 as infinity rather than 2^-127 and NaN: no sane quantizer
+// emits either), applied per span to the mma result.
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+// LinRec mirrors struct LinArgs of kernels/linear.cu (the ExpertTable
+// records); only W and S are read here.
+struct LinRec {
+  const u8 *W;
+  const u8 *S;
+  const float *x;
+  float *y;
+  int rows, cols, sdivr, sdivc, srshift, scshift, sstride, rpg, xstride, ystride, batch;
+};
+static_assert(sizeof(LinRec) == 80, "LinRec must mirror LinArgs (80 bytes)");
+
+// MoeArgs mirrors moeArgs in compute/cuda/moe.go (E at byte 104, limit at 128).
+struct MoeArgs {
+  const LinRec *t13;  // table: expert e's w1 record at 2e, w3 at 2e+1
+  const LinRec *t2;   // table: expert e's w2 record at e
+  const int *ids;     // [K] expert ids
+  const float *rw;    // [K] route weights, or null (weight 1)
+  const float *x;     // [D]
+  u16 *h;             // K rows of 2*I halves (routed layout), then 2*Is (natural)
+  float *out;         // [D]
+  const u8 *s1, *s3, *s2;  // shared expert FP8 data (null when none)
+  const u8 *c1, *c3, *c2;  // their block scales
+  int E, K, D, I, Is;      // Is = 0: no shared expert
+  int bshift;              // log2 of the shared expert's FP8 block edge
+  float limit;             // routed clamp (0: none)
+};
+static_assert(sizeof(MoeArgs) == 136, "MoeArgs must mirror moeArgs (136 bytes)");
+
+#define MOE_WARPS 8
+#define MOE_THREADS (32 * MOE_WARPS)
+
+__device__ __forceinline__ void mma16816(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Eight E2M1 codes (nibble i = column i) to four f16x2 of value·2^-14:
+// h0 = (c0, c4), h1 = (c1, c5), h2 = (c2, c6), h3 = (c3, c7) (low half
+// first). ev holds the even codes one per byte as f16 high bytes (sign at
+// bit 7, exponent and mantissa at bits 3..1), od the odd ones; a PRMT then
+// puts two of those bytes into the high bytes of an f16 pair (low bytes
+// zero: every E2M1 value has at most one mantissa bit).
+__device__ __forceinline__ void e2m1_f16x4(u32 w, u32 &h0, u32 &h1, u32 &h2, u32 &h3) {
+  const u32 ev = ((w << 1) & 0x0E0E0E0Eu) | ((w << 4) & 0x80808080u);
+  const u32 od = ((w >> 3) & 0x0E0E0E0Eu) | (w & 0x80808080u);
+  h0 = __byte_perm(ev, 0u, 0x2404);
+  h2 = __byte_perm(ev, 0u, 0x3414);
+  h1 = __byte_perm(od, 0u, 0x2404);
+  h3 = __byte_perm(od, 0u, 0x3414);
+}
+
+// The same codes through an E4M3 lookup (PRMT) and the hardware conversion
+// (as kernels/linear.cu's mma family): the values themselves (no f16
+// subnormals), same pairing.
+__device__ __forceinline__ u32 e4m3x2_f16x2(u32 w16) {
+  u32 h;
+  asm("{ .reg .b16 lo; cvt.u16.u32 lo, %1; cvt.rn.f16x2.e4m3x2 %0, lo; }" : "=r"(h) : "r"(w16));
+  return h;
+}
+
+__device__ __forceinline__ void e2m1_f16x4_lut(u32 w, u32 &h0, u32 &h1, u32 &h2, u32 &h3) {
+  const u32 lutLo = 0x3C383000u, lutHi = 0x4C484440u;  // 0, .5, 1, 1.5 | 2, 3, 4, 6 as E4M3
+  const u32 m = w & 0x77777777u, sg = (w >> 3) & 0x11111111u;
+  const u32 e0 = __byte_perm(lutLo, lutHi, m) | __byte_perm(0x8000u, 0u, sg);              // codes 0..3
+  const u32 e1 = __byte_perm(lutLo, lutHi, m >> 16) | __byte_perm(0x8000u, 0u, sg >> 16);  // codes 4..7
+  h0 = e4m3x2_f16x2(__byte_perm(e0, e1, 0x40));
+  h1 = e4m3x2_f16x2(__byte_perm(e0, e1, 0x51));
+  h2 = e4m3x2_f16x2(__byte_perm(e0, e1, 0x62));
+  h3 = e4m3x2_f16x2(__byte_perm(e0, e1, 0x73));
+}
+
+// MoeDec<DEC>: DEC 0 bit placement (values ·2^-14), 1 E4M3 lookup and cvt
+// (values ·1).
+template <int DEC> struct MoeDec;
+template <> struct MoeDec<0> {
+  static __device__ __forceinline__ void run(u32 w, u32 &a, u32 &b, u32 &c, u32 &d) { e2m1_f16x4(w, a, b, c, d); }
+  static __device__ __forceinline__ float post() { return 16384.f; }
+};
+template <> struct MoeDec<1> {
+  static __device__ __forceinline__ void run(u32 w, u32 &a, u32 &b, u32 &c, u32 &d) { e2m1_f16x4_lut(w, a, b, c, d); }
+  static __device__ __forceinline__ float post() { return 1.f; }
+};
+
+// Byte j (compile-time) of a word of four E8M0 scales, as the float 2^(s-127).
+template <int J> __device__ __forceinline__ float e8m0_byte(u32 w) {
+  return __int_as_float(J == 3 ? (w >> 1) & 0x7F800000u : (w << (23 - 8 * J)) & 0x7F800000u);
+}
+__device__ __forceinline__ float e8m0_at(u32 w, int j) {
+  return j == 0 ? e8m0_byte<0>(w) : j == 1 ? e8m0_byte<1>(w) : j == 2 ? e8m0_byte<2>(w) : e8m0_byte<3>(w);
+}
+
+__device__ __forceinline__ u32 quarter(const uint4 &w, int q) {
+  return q == 0 ? w.x : (q == 1 ? w.y : (q == 2 ? w.z : w.w));
+}
+
+template <bool GLOBAL> __device__ __forceinline__ uint4 ldb(const u16 *p) {
+  if (GLOBAL) return __ldg(reinterpret_cast<const uint4 *>(p));
+  return *reinterpret_cast<const uint4 *>(p);
+}
+
+// One chunk of U MXFP4 spans (32 columns each) of NM matrices' 16-row tiles:
+// every word and scale load is issued before any is used. wr[m][r] are the
+// u32 words of rows g (r = 0) and g+8 (r = 1) of matrix m, sr[m][r] those
+// rows' scale bytes as u32 words. xb is this lane's B row (hi or lo, routed
+// layout), bl whether the lane supplies B. U is a multiple of 4 and spans
+// of 4 (scale words never straddle). GUARD: the chunk may pass the last span.
+template <int NM, int U, int DEC, bool GLOBAL, bool GUARD>
+__device__ __forceinline__ void fp4_chunk(const u32 *const (&wr)[NM][2], const u32 *const (&sr)[NM][2], const u16 *xb, bool bl,
+                                          int s0, int spans, int t, float (&acc)[NM][4]) {
+  u32 w[U][NM][2];
+  u32 sc[U / 4][NM][2];
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    const int s = s0 + u;
+#pragma unroll
+    for (int m = 0; m < NM; m++)
+#pragma unroll
+      for (int r = 0; r < 2; r++) w[u][m][r] = (!GUARD || s < spans) ? __ldg(wr[m][r] + s * 4 + t) : 0u;
+  }
+#pragma unroll
+  for (int q = 0; q < U / 4; q++) {
+    const int s = s0 + 4 * q;
+#pragma unroll
+    for (int m = 0; m < NM; m++)
+#pragma unroll
+      for (int r = 0; r < 2; r++) sc[q][m][r] = (!GUARD || s < spans) ? __ldg(sr[m][r] + (s >> 2)) : 0u;
+  }
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    const int s = s0 + u;
+    if (GUARD && s >= spans) break;
+    uint4 bq = make_uint4(0u, 0u, 0u, 0u);
+    if (bl) bq = ldb<GLOBAL>(xb + s * 32 + 8 * t);
+#pragma unroll
+    for (int m = 0; m < NM; m++) {
+      u32 a0, a1, a2, a3, b0, b1, b2, b3;
+      MoeDec<DEC>::run(w[u][m][0], a0, a1, a2, a3);
+      MoeDec<DEC>::run(w[u][m][1], b0, b1, b2, b3);
+      float d[4] = {0.f, 0.f, 0.f, 0.f};
+      mma16816(d, a0, b0, a1, b1, bq.x, bq.y);
+      mma16816(d, a2, b2, a3, b3, bq.z, bq.w);
+      const float fa = e8m0_at(sc[u / 4][m][0], u & 3), fb = e8m0_at(sc[u / 4][m][1], u & 3);
+      acc[m][0] = fmaf(d[0], fa, acc[m][0]);
+      acc[m][1] = fmaf(d[1], fa, acc[m][1]);
+      acc[m][2] = fmaf(d[2], fb, acc[m][2]);
+      acc[m][3] = fmaf(d[3], fb, acc[m][3]);
+    }
+  }
+}
+
+// One chunk of U FP8 spans (64 columns each) of NM matrices' 16-row tiles
+// (rows g and g+8 as 16-byte words wr[m][r]); sr[m] is the tile's row of
+// block scales, bshift log2 of the block edge (>= 6). B in natural layout.
+template <int NM, int U, bool GLOBAL, bool GUARD>
+__device__ __forceinline__ void fp8_chunk(const uint4 *const (&wr)[NM][2], const u8 *const (&sr)[NM], int bshift, const u16 *xb,
+                                          bool bl, int s0, int spans, int t, float (&acc)[NM][4]) {
+  uint4 w[U][NM][2];
+  u32 sc[U][NM];
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    const int s = s0 + u;
+#pragma unroll
+    for (int m = 0; m < NM; m++) {
+#pragma unroll
+      for (int r = 0; r < 2; r++) w[u][m][r] = (!GUARD || s < spans) ? __ldg(wr[m][r] + s * 4 + t) : make_uint4(0u, 0u, 0u, 0u);
+      sc[u][m] = (!GUARD || s < spans) ? (u32)__ldg(sr[m] + ((s * 64) >> bshift)) : 0u;
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    const int s = s0 + u;
+    if (GUARD && s >= spans) break;
+    uint4 p = make_uint4(0u, 0u, 0u, 0u), q = p;
+    if (bl) {
+      p = ldb<GLOBAL>(xb + s * 64 + 16 * t);
+      q = ldb<GLOBAL>(xb + s * 64 + 16 * t + 8);
+    }
+    const u32 bq[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int m = 0; m < NM; m++) {
+      float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        const u32 ra = quarter(w[u][m][0], k), rb = quarter(w[u][m][1], k);
+        mma16816(d, e4m3x2_f16x2(ra), e4m3x2_f16x2(rb), e4m3x2_f16x2(ra >> 16), e4m3x2_f16x2(rb >> 16), bq[2 * k], bq[2 * k + 1]);
+      }
+      const float f = __int_as_float(sc[u][m] << 23);
+#pragma unroll
+      for (int i = 0; i < 4; i++) acc[m][i] = fmaf(d[i], f, acc[m][i]);
+    }
+  }
+}
+
+// hi/lo f16 split of v: hi = f16(v), lo = f16((v - hi)·2^11).
+__device__ __forceinline__ void hilo(float v, u16 &hi, u16 &lo) {
+  float back;
+  asm("{ .reg .b16 h; cvt.rn.f16.f32 h, %2; mov.b16 %0, h; cvt.f32.f16 %1, h; }" : "=h"(hi), "=f"(back) : "f"(v));
+  const float r = (v - back) * 2048.f;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(lo) : "f"(r));
+}
+
+__device__ __forceinline__ u32 pack2(u16 lo, u16 hi) { return (u32)lo | ((u32)hi << 16); }
+
+// Position of column j of an 8-column block in the routed layout.
+__device__ __forceinline__ int perm8(int j) { return ((j & 3) << 1) | (j >> 2); }
+
+// Stages v [n] (n a multiple of 8) as hi (xs[0..n)) and lo (xs[n..2n)),
+// in the routed (perm) or natural layout; all threads of the block.
+__device__ __forceinline__ void stage_hilo(const float *__restrict__ v, u16 *xs, int n, bool perm) {
+  const float4 *v4 = reinterpret_cast<const float4 *>(v);
+  for (int i = threadIdx.x; i < n / 8; i += blockDim.x) {
+    const float4 p = __ldg(v4 + 2 * i), q = __ldg(v4 + 2 * i + 1);
+    const float f[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+    u16 hi[8], lo[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) hilo(f[j], hi[j], lo[j]);
+    uint4 H, L;
+    if (perm) {  // [0,4,1,5,2,6,3,7]
+      H = make_uint4(pack2(hi[0], hi[4]), pack2(hi[1], hi[5]), pack2(hi[2], hi[6]), pack2(hi[3], hi[7]));
+      L = make_uint4(pack2(lo[0], lo[4]), pack2(lo[1], lo[5]), pack2(lo[2], lo[6]), pack2(lo[3], lo[7]));
+    } else {
+      H = make_uint4(pack2(hi[0], hi[1]), pack2(hi[2], hi[3]), pack2(hi[4], hi[5]), pack2(hi[6], hi[7]));
+      L = make_uint4(pack2(lo[0], lo[1]), pack2(lo[2], lo[3]), pack2(lo[4], lo[5]), pack2(lo[6], lo[7]));
+    }
+    *reinterpret_cast<uint4 *>(xs + 8 * i) = H;
+    *reinterpret_cast<uint4 *>(xs + n + 8 * i) = L;
+  }
+}
+
+// The existing swiglu op's arithmetic (kernels/ops.cu), for one element.
+__device__ __forceinline__ float moe_sigmoid(float x) { return (float)(1.0 / (1.0 + exp(-(double)x))); }
+__device__ __forceinline__ float moe_swiglu(float g, float u, float limit) {
+  if (limit > 0.f) {
+    g = fminf(g, limit);
+    u = fmaxf(fminf(u, limit), -limit);
+  }
+  return g * moe_sigmoid(g) * u;
+}
+
+// Stage 1. Blocks [0, Is/16) are the shared expert's tiles (the heavier
+// ones first), then K·I/16 routed tiles (expert slot k = tile / (I/16)).
+// Dynamic shared memory: 4·D bytes (x as hi/lo f16).
+template <int U, int UF, int DEC>
+__device__ __forceinline__ void moe_stage1(const MoeArgs &a) {
+  extern __shared__ uint4 moe_smem[];
+  u16 *xs = reinterpret_cast<u16 *>(moe_smem);
+  __shared__ float red[MOE_WARPS][8][4];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int nsh = a.Is >> 4;
+  const bool shared = (int)blockIdx.x < nsh;
+  stage_hilo(a.x, xs, a.D, !shared);
+  __syncthreads();
+  const bool bl = g < 2;
+  const u16 *xb = xs + (g & 1) * a.D;
+  float acc[2][4];
+#pragma unroll
+  for (int m = 0; m < 2; m++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) acc[m][i] = 0.f;
+  int k = 0, r0;
+  bool valid = true;
+  if (shared) {
+    r0 = blockIdx.x * 16;
+    const uint4 *wr[2][2] = {
+        {reinterpret_cast<const uint4 *>(a.s1 + (long long)(r0 + g) * a.D), reinterpret_cast<const uint4 *>(a.s1 + (long long)(r0 + g + 8) * a.D)},
+        {reinterpret_cast<const uint4 *>(a.s3 + (long long)(r0 + g) * a.D), reinterpret_cast<const uint4 *>(a.s3 + (long long)(r0 + g + 8) * a.D)}};
+    const int sstride = a.D >> a.bshift;
+    const u8 *sr[2] = {a.c1 + (long long)(r0 >> a.bshift) * sstride, a.c3 + (long long)(r0 >> a.bshift) * sstride};
+    const int spans = a.D >> 6;
+    int s0 = warp * UF;
+    for (; s0 + UF <= spans; s0 += MOE_WARPS * UF) fp8_chunk<2, UF, false, false>(wr, sr, a.bshift, xb, bl, s0, spans, t, acc);
+    if (s0 < spans) fp8_chunk<2, UF, false, true>(wr, sr, a.bshift, xb, bl, s0, spans, t, acc);
+  } else {
+    const int tile = blockIdx.x - nsh, tpe = a.I >> 4;
+    k = tile / tpe;
+    r0 = (tile - k * tpe) * 16;
+    const int id = __ldg(a.ids + k);
+    valid = (unsigned)id < (unsigned)a.E;
+    if (valid) {
+      const LinRec *r1 = a.t13 + 2 * id, *r3 = r1 + 1;
+      const u8 *W1 = r1->W, *S1 = r1->S, *W3 = r3->W, *S3 = r3->S;
+      const long long rb = a.D >> 1, sb = a.D >> 5;
+      const u32 *wr[2][2] = {{reinterpret_cast<const u32 *>(W1 + (r0 + g) * rb), reinterpret_cast<const u32 *>(W1 + (r0 + g + 8) * rb)},
+                             {reinterpret_cast<const u32 *>(W3 + (r0 + g) * rb), reinterpret_cast<const u32 *>(W3 + (r0 + g + 8) * rb)}};
+      const u32 *sr[2][2] = {{reinterpret_cast<const u32 *>(S1 + (r0 + g) * sb), reinterpret_cast<const u32 *>(S1 + (r0 + g + 8) * sb)},
+                             {reinterpret_cast<const u32 *>(S3 + (r0 + g) * sb), reinterpret_cast<const u32 *>(S3 + (r0 + g + 8) * sb)}};
+      const int spans = a.D >> 5;
+      int s0 = warp * U;
+      for (; s0 + U <= spans; s0 += MOE_WARPS * U) fp4_chunk<2, U, DEC, false, false>(wr, sr, xb, bl, s0, spans, t, acc);
+      if (s0 < spans) fp4_chunk<2, U, DEC, false, true>(wr, sr, xb, bl, s0, spans, t, acc);
+    }
+  }
+  if (t == 0) {
+#pragma unroll
+    for (int m = 0; m < 2; m++) {
+      red[warp][g][2 * m] = fmaf(acc[m][1], 1.f / 2048.f, acc[m][0]);
+      red[warp][g][2 * m + 1] = fmaf(acc[m][3], 1.f / 2048.f, acc[m][2]);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < 16) {
+    const int i = threadIdx.x, gi = i & 7, hf = i >> 3;
+    float gv = 0.f, uv = 0.f;
+    for (int w = 0; w < MOE_WARPS; w++) {
+      gv += red[w][gi][hf];
+      uv += red[w][gi][2 + hf];
+    }
+    const int row = r0 + i;
+    float v;
+    u16 *hrow;
+    int at;
+    if (shared) {
+      v = moe_swiglu(gv, uv, 0.f);
+      hrow = a.h + (long long)a.K * 2 * a.I;
+      at = row;
+      hilo(v, hrow[at], hrow[a.Is + at]);
+    } else {
+      const float post = MoeDec<DEC>::post();
+      v = moe_swiglu(gv * post, uv * post, a.limit);
+      if (a.rw) v *= __ldg(a.rw + k);
+      if (!valid) v = __int_as_float(0x7fc00000);
+      hrow = a.h + (long long)k * 2 * a.I;
+      at = (row & ~7) | perm8(row & 7);
+      hilo(v, hrow[at], hrow[a.I + at]);
+    }
+  }
+}
+
+// Stage 2: one block per 16 output rows. The routed work is K·ceil(I/32/U)
+// chunks (expert slot-major), the shared expert's ceil(Is/64/UF) chunks;
+// warp w takes chunks w, w+8, ... of each, adds them into its accumulators,
+// and the block adds the warps' sums in warp order.
+template <int U, int UF, int DEC>
+__device__ __forceinline__ void moe_stage2(const MoeArgs &a) {
+  __shared__ float red[MOE_WARPS][8][2];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int r0 = blockIdx.x * 16;
+  const bool bl = g < 2;
+  float accR[1][4] = {{0.f, 0.f, 0.f, 0.f}}, accS[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+  const int spans = a.I >> 5, cpe = (spans + U - 1) / U;
+  bool bad = false;
+  for (int c = warp; c < a.K * cpe; c += MOE_WARPS) {
+    const int k = c / cpe, s0 = (c - k * cpe) * U;
+    const int id = __ldg(a.ids + k);
+    if ((unsigned)id >= (unsigned)a.E) {
+      bad = true;
+      continue;
+    }
+    const LinRec *rec = a.t2 + id;
+    const u8 *W = rec->W, *S = rec->S;
+    const long long rb = a.I >> 1, sb = a.I >> 5;
+    const u32 *wr[1][2] = {{reinterpret_cast<const u32 *>(W + (r0 + g) * rb), reinterpret_cast<const u32 *>(W + (r0 + g + 8) * rb)}};
+    const u32 *sr[1][2] = {{reinterpret_cast<const u32 *>(S + (r0 + g) * sb), reinterpret_cast<const u32 *>(S + (r0 + g + 8) * sb)}};
+    const u16 *xb = a.h + (long long)k * 2 * a.I + (g & 1) * a.I;
+    if (s0 + U <= spans) fp4_chunk<1, U, DEC, true, false>(wr, sr, xb, bl, s0, spans, t, accR);
+    else fp4_chunk<1, U, DEC, true, true>(wr, sr, xb, bl, s0, spans, t, accR);
+  }
+  if (a.Is > 0) {
+    const int sspans = a.Is >> 6, scs = (sspans + UF - 1) / UF;
+    const uint4 *wr[1][2] = {{reinterpret_cast<const uint4 *>(a.s2 + (long long)(r0 + g) * a.Is),
+                              reinterpret_cast<const uint4 *>(a.s2 + (long long)(r0 + g + 8) * a.Is)}};
+    const u8 *sr[1] = {a.c2 + (long long)(r0 >> a.bshift) * (a.Is >> a.bshift)};
+    const u16 *xb = a.h + (long long)a.K * 2 * a.I + (g & 1) * a.Is;
+    for (int c = warp; c < scs; c += MOE_WARPS) {
+      const int s0 = c * UF;
+      if (s0 + UF <= sspans) fp8_chunk<1, UF, true, false>(wr, sr, a.bshift, xb, bl, s0, sspans, t, accS);
+      else fp8_chunk<1, UF, true, true>(wr, sr, a.bshift, xb, bl, s0, sspans, t, accS);
+    }
+  }
+  if (t == 0) {
+    const float post = MoeDec<DEC>::post();
+    const float nan = __int_as_float(0x7fc00000);
+    const float r0v = fmaf(accR[0][1], 1.f / 2048.f, accR[0][0]) * post + fmaf(accS[0][1], 1.f / 2048.f, accS[0][0]);
+    const float r8v = fmaf(accR[0][3], 1.f / 2048.f, accR[0][2]) * post + fmaf(accS[0][3], 1.f / 2048.f, accS[0][2]);
+    red[warp][g][0] = bad ? nan : r0v;
+    red[warp][g][1] = bad ? nan : r8v;
+  }
+  __syncthreads();
+  if (threadIdx.x < 16) {
+    const int i = threadIdx.x;
+    float s = 0.f;
+    for (int w = 0; w < MOE_WARPS; w++) s += red[w][i & 7][i >> 3];
+    a.out[r0 + i] = s;
+  }
+}
+
+// Kernel names: moe1_u<U>_f<UF>_d<DEC> (stage 1), moe2_u<U>_f<UF>_d<DEC>
+// (stage 2); the variants of compute/cuda/moe.go's moeVariants.
+#define MOE1(U, UF, DEC) \
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, 2) moe1_u##U##_f##UF##_d##DEC(MoeArgs a) { moe_stage1<U, UF, DEC>(a); }
+#define MOE2(U, UF, DEC) \
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, 2) moe2_u##U##_f##UF##_d##DEC(MoeArgs a) { moe_stage2<U, UF, DEC>(a); }
+
+MOE1(8, 2, 0) MOE2(8, 4, 0)
+MOE2(16, 4, 0)
+MOE1(4, 1, 0) MOE2(4, 2, 0)
+MOE1(8, 2, 1) MOE2(8, 4, 1)

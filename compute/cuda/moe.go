@@ -1,0 +1,283 @@
+package cuda
+
+import (
+	_ "embed"
+	"fmt"
+	"math/bits"
+	"structs"
+	"unsafe"
+
+	"moxie/compute"
+)
+
+//go:embed kernels/moe.cu
+var moeSrc string
+
+// MoESource returns the CUDA source of the fused MoE decode kernels
+// (kernels/moe.cu).
+func MoESource() string { return moeSrc }
+
+// SharedExpert is an always-active expert of a MoE layer in FP8Block format:
+// W1 and W3 [Is, D], W2 [D, Is], one FP8 block edge (a power of two of at
+// least 64 that divides D and Is).
+type SharedExpert struct {
+	W1, W3, W2 *DeviceWeight
+}
+
+// MoEVariant picks the kernels of a fused MoE decode (see moeVariants).
+type MoEVariant int
+
+// The fused MoE decode variants. All use tensor cores (mma.sync with the
+// weights as exact f16 and the activations split into f16 hi and lo parts);
+// they differ in the MXFP4 spans (32-column scale groups) each lane loads
+// before using any (U1 in stage 1, where a span means four words: w1 and w3,
+// rows g and g+8; U2 in stage 2, two words), and in the E2M1 decoder.
+const (
+	// MoEDefault: U1 8, U2 8, E2M1 codes placed into f16 bits (two
+	// shift/mask steps per word, one PRMT per pair; values ×2^-14, code 0.5
+	// an f16 subnormal).
+	MoEDefault MoEVariant = iota
+	// MoEU16: U1 8, U2 16 (stage 2 with as many bytes in flight per lane as
+	// stage 1).
+	MoEU16
+	// MoEU4: U1 4, U2 4 (fewer registers: 85 and 74).
+	MoEU4
+	// MoELUT: U1 8, U2 8 with kernels/linear.cu's decoder (E4M3 lookup by
+	// PRMT, then cvt.rn.f16x2.e4m3x2; no f16 subnormals).
+	MoELUT
+	moeVariantCount
+)
+
+// moeVariants: kernel parameters of each MoEVariant (U1, U2 routed spans
+// per chunk, UF1, UF2 the FP8 shared expert's 64-column spans per chunk,
+// DEC the decoder).
+var moeVariants = [moeVariantCount]struct {
+	name    string
+	u1, uf1 int
+	u2, uf2 int
+	dec     int
+}{
+	MoEDefault: {name: "u8", u1: 8, uf1: 2, u2: 8, uf2: 4},
+	MoEU16:     {name: "u8x16", u1: 8, uf1: 2, u2: 16, uf2: 4},
+	MoEU4:      {name: "u4", u1: 4, uf1: 1, u2: 4, uf2: 2},
+	MoELUT:     {name: "u8lut", u1: 8, uf1: 2, u2: 8, uf2: 4, dec: 1},
+}
+
+func (v MoEVariant) String() string {
+	if v < 0 || v >= moeVariantCount {
+		return fmt.Sprintf("MoEVariant(%d)", int(v))
+	}
+	return moeVariants[v].name
+}
+
+// moeKernelNames returns the stage 1 and stage 2 kernel names of v.
+func moeKernelNames(v MoEVariant) (string, string) {
+	p := moeVariants[v]
+	return fmt.Sprintf("moe1_u%d_f%d_d%d", p.u1, p.uf1, p.dec), fmt.Sprintf("moe2_u%d_f%d_d%d", p.u2, p.uf2, p.dec)
+}
+
+// moeThreads is MOE_THREADS in kernels/moe.cu.
+const moeThreads = 256
+
+// moeStatic is the stage 1 kernel's static shared memory (red), bytes.
+const moeStatic = 8 * 8 * 4 * 4
+
+// moeMaxK bounds the experts of one fused launch.
+const moeMaxK = 64
+
+// moeArgs mirrors struct MoeArgs in kernels/moe.cu (136 bytes; the .cu
+// file asserts the size and two offsets).
+type moeArgs struct {
+	_                                                   structs.HostLayout
+	T13, T2, Ids, Rw, X, H, Out, S1, S3, S2, C1, C3, C2 uint64
+	E, K, D, I, Is, Bshift                              int32
+	Limit                                               float32
+}
+
+// MoEDecode is a prepared fused MoE decode step for one token: the routed
+// experts of an ExpertTable selected on the device (ids), SwiGLU with the
+// route weights, and the optional shared expert, in two kernel launches
+// (RunMoEDecode). It holds no host state that a run changes, so runs can be
+// captured in a CUDA graph.
+type MoEDecode struct {
+	args         moeArgs
+	k1, k2       *Kernel
+	grid1, grid2 Dim3
+	smem1        int
+	h            DevicePtr
+	hBytes       int
+	variant      MoEVariant
+	// Bytes1 and Bytes2 are the weight bytes (data and scales) one run's
+	// stage 1 (w1, w3) and stage 2 (w2) read, for bandwidth figures.
+	Bytes1, Bytes2 int
+}
+
+// moeShapes validates a fused MoE decode's inputs without a device and
+// returns the shared expert's width Is (0 without one) and FP8 block shift.
+func moeShapes(t *ExpertTable, K int, sh *SharedExpert, limit float32, v MoEVariant) (is, bshift int, err error) {
+	switch {
+	case t == nil || t.w1 == nil || t.w3 == nil || t.w2 == nil:
+		return 0, 0, fmt.Errorf("cuda moe decode: no expert table")
+	case v < 0 || v >= moeVariantCount:
+		return 0, 0, fmt.Errorf("cuda moe decode: unknown variant %d (want 0..%d)", int(v), int(moeVariantCount)-1)
+	case t.w1.Format != compute.MXFP4 || t.w3.Format != compute.MXFP4 || t.w2.Format != compute.MXFP4:
+		return 0, 0, fmt.Errorf("cuda moe decode: routed experts are %v/%v/%v, want %v", t.w1.Format, t.w3.Format, t.w2.Format, compute.MXFP4)
+	case K <= 0 || K > moeMaxK:
+		return 0, 0, fmt.Errorf("cuda moe decode: K %d, want 1..%d", K, moeMaxK)
+	case t.Dim <= 0 || t.Dim%128 != 0 || 4*t.Dim+moeStatic > maxStaticShared:
+		return 0, 0, fmt.Errorf("cuda moe decode: model dim %d, want a positive multiple of 128 up to %d", t.Dim, (maxStaticShared-moeStatic)/4/128*128)
+	case t.Inter <= 0 || t.Inter%128 != 0:
+		return 0, 0, fmt.Errorf("cuda moe decode: expert width %d, want a positive multiple of 128", t.Inter)
+	case !(limit >= 0) || limit > 3.4e38:
+		return 0, 0, fmt.Errorf("cuda moe decode: limit %g, want a finite value >= 0 (0: no clamp)", limit)
+	}
+	if sh == nil {
+		return 0, 0, nil
+	}
+	if sh.W1 == nil || sh.W3 == nil || sh.W2 == nil {
+		return 0, 0, fmt.Errorf("cuda moe decode: shared expert lacks a weight (w1 %v, w3 %v, w2 %v)", sh.W1 != nil, sh.W3 != nil, sh.W2 != nil)
+	}
+	D := t.Dim
+	is = sh.W1.Rows
+	blk := sh.W1.Block
+	for i, w := range []*DeviceWeight{sh.W1, sh.W3, sh.W2} {
+		name := [...]string{"w1", "w3", "w2"}[i]
+		rows, cols := is, D
+		if i == 2 {
+			rows, cols = D, is
+		}
+		switch {
+		case w.Format != compute.FP8Block:
+			return 0, 0, fmt.Errorf("cuda moe decode: shared expert %s is %v, want %v", name, w.Format, compute.FP8Block)
+		case w.Block != blk:
+			return 0, 0, fmt.Errorf("cuda moe decode: shared expert %s has FP8 blocks of %d, w1 of %d", name, w.Block, blk)
+		case w.Rows != rows || w.Cols != cols:
+			return 0, 0, fmt.Errorf("cuda moe decode: shared expert %s is [%d, %d], want [%d, %d]", name, w.Rows, w.Cols, rows, cols)
+		}
+	}
+	switch {
+	case blk < 64 || blk&(blk-1) != 0 || D%blk != 0:
+		return 0, 0, fmt.Errorf("cuda moe decode: shared expert FP8 block %d, want a power of two >= 64 dividing the model dim %d", blk, D)
+	case is <= 0 || is%128 != 0 || is%blk != 0:
+		return 0, 0, fmt.Errorf("cuda moe decode: shared expert width %d, want a positive multiple of 128 and of its block %d", is, blk)
+	}
+	return is, bits.TrailingZeros(uint(blk)), nil
+}
+
+// moeAligned checks the alignment the kernels' wide loads need: weight data
+// 16 bytes, MXFP4 scales 4 bytes (expert 0 of t stands for every expert).
+func moeAligned(t *ExpertTable, sh *SharedExpert) error {
+	ws := []*DeviceWeight{t.w1, t.w3, t.w2}
+	if sh != nil {
+		ws = append(ws, sh.W1, sh.W3, sh.W2)
+	}
+	for i, w := range ws {
+		if w.Data%16 != 0 || w.Scale%4 != 0 {
+			return fmt.Errorf("cuda moe decode: weight %d (%v [%d, %d]) at data %#x, scales %#x: want data 16-byte and scales 4-byte aligned", i, w.Format, w.Rows, w.Cols, w.Data, w.Scale)
+		}
+	}
+	return nil
+}
+
+// MoEDecodeScratch returns the bytes of device scratch a fused MoE decode of
+// K experts over t (and shared expert sh, or nil) allocates for h.
+func MoEDecodeScratch(t *ExpertTable, K int, sh *SharedExpert) int {
+	is := 0
+	if sh != nil && sh.W1 != nil {
+		is = sh.W1.Rows
+	}
+	return 4 * (K*t.Inter + is)
+}
+
+// PrepareMoEDecode validates and prepares the fused MoE decode of one token
+// over table t (MXFP4 experts, w1/w3 [I, D], w2 [D, I]; D and I multiples of
+// 128, D at most 12,032): each run computes, for the K experts ids[k],
+//
+//	out[d] = Σ_k (w2_{ids[k]} · h_k)[d] + (sh.W2 · h_s)[d]
+//	h_k = SwiGLU(w1_{ids[k]}·x, w3_{ids[k]}·x) · rw[k]  (SwiGLU op semantics, clamp limit)
+//	h_s = silu(sh.W1·x)·(sh.W3·x)                        (no clamp, no route weight)
+//
+// with x [D] and out [D] float32 device buffers the caller owns (out is
+// written, not accumulated; x and out must not overlap; the sum's order is
+// fixed, so results are bitwise reproducible). limit 0 means no clamp; sh
+// nil means no shared expert. The h scratch (MoEDecodeScratch bytes) is
+// allocated in a and lives as long as the arena allocation. The kernels
+// read t's records at run time, so SetTableExpert / CopyTableExpert
+// repointing works, provided every weight put into t is MXFP4 of t's shape
+// with its data 16-byte and its scales 4-byte aligned (arena allocations
+// are).
+// Activations x and h must stay below 65504 in magnitude (f16 hi parts).
+func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert, x, out DevicePtr, limit float32, v MoEVariant) (*MoEDecode, error) {
+	is, bshift, err := moeShapes(t, K, sh, limit, v)
+	if err != nil {
+		return nil, err
+	}
+	if x == 0 || out == 0 || x%16 != 0 || out%4 != 0 {
+		return nil, fmt.Errorf("cuda moe decode: x %#x, out %#x: want non-null buffers, x 16-byte aligned", x, out)
+	}
+	if err := moeAligned(t, sh); err != nil {
+		return nil, err
+	}
+	mod, err := c.Module("moe", moeSrc)
+	if err != nil {
+		return nil, fmt.Errorf("cuda moe module: %w", err)
+	}
+	n1, n2 := moeKernelNames(v)
+	m := &MoEDecode{variant: v, hBytes: MoEDecodeScratch(t, K, sh)}
+	if m.k1, err = mod.Kernel(n1); err != nil {
+		return nil, err
+	}
+	if m.k2, err = mod.Kernel(n2); err != nil {
+		return nil, err
+	}
+	if m.h, err = a.Alloc(m.hBytes); err != nil {
+		return nil, fmt.Errorf("cuda moe decode: scratch h of %d bytes: %w", m.hBytes, err)
+	}
+	D, I := t.Dim, t.Inter
+	m.args = moeArgs{T13: uint64(t.all13.args), T2: uint64(t.all2.args), X: uint64(x), H: uint64(m.h), Out: uint64(out),
+		E: int32(t.E), K: int32(K), D: int32(D), I: int32(I), Is: int32(is), Bshift: int32(bshift), Limit: limit}
+	m.Bytes1 = K * (t.w1.Bytes + t.w3.Bytes)
+	m.Bytes2 = K * t.w2.Bytes
+	if sh != nil {
+		m.args.S1, m.args.S3, m.args.S2 = uint64(sh.W1.Data), uint64(sh.W3.Data), uint64(sh.W2.Data)
+		m.args.C1, m.args.C3, m.args.C2 = uint64(sh.W1.Scale), uint64(sh.W3.Scale), uint64(sh.W2.Scale)
+		m.Bytes1 += sh.W1.Bytes + sh.W3.Bytes
+		m.Bytes2 += sh.W2.Bytes
+	}
+	m.grid1 = Dim3{X: uint32(is/16 + K*I/16)}
+	m.grid2 = Dim3{X: uint32(D / 16)}
+	m.smem1 = 4 * D
+	return m, nil
+}
+
+// Variant returns the variant m was prepared with.
+func (m *MoEDecode) Variant() MoEVariant { return m.variant }
+
+// RunMoEDecode enqueues on s the fused MoE decode m for the experts ids
+// (int32 [K], device; an id outside the table makes out all NaN) with route
+// weights rw ([K] float32, device; 0 means weight 1). It reads ids and rw
+// only on the device, so it can be captured in a CUDA graph.
+func (c *Ctx) RunMoEDecode(m *MoEDecode, ids, rw DevicePtr, s Stream) error {
+	if err := c.runMoEStage1(m, ids, rw, s); err != nil {
+		return err
+	}
+	return c.runMoEStage2(m, ids, s)
+}
+
+func (c *Ctx) runMoEStage1(m *MoEDecode, ids, rw DevicePtr, s Stream) error {
+	if m == nil || ids == 0 {
+		return fmt.Errorf("cuda moe decode: nil decode or ids")
+	}
+	a := m.args
+	a.Ids, a.Rw = uint64(ids), uint64(rw)
+	return c.Launch(m.k1, m.grid1, Dim3{X: moeThreads}, m.smem1, s, unsafe.Pointer(&a))
+}
+
+func (c *Ctx) runMoEStage2(m *MoEDecode, ids DevicePtr, s Stream) error {
+	if m == nil || ids == 0 {
+		return fmt.Errorf("cuda moe decode: nil decode or ids")
+	}
+	a := m.args
+	a.Ids = uint64(ids)
+	return c.Launch(m.k2, m.grid2, Dim3{X: moeThreads}, 0, s, unsafe.Pointer(&a))
+}

@@ -1,0 +1,390 @@
+package cuda
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"moxie/compute"
+	"moxie/compute/computetest"
+	"moxie/compute/ref"
+)
+
+// The fused MoE decode is checked against compute/ref in float64: every
+// routed expert's w1, w3 and w2 products, ref.SwiGLU with the route weight
+// and clamp, the shared expert, the sum. GPU tests skip without a device.
+
+// moeCase is one MoE layer's weights on the host and the device.
+type moeCase struct {
+	D, I, Is   int
+	w1, w3, w2 []compute.WeightData // per expert
+	s1, s3, s2 compute.WeightData   // shared expert (Is > 0)
+	tab        *ExpertTable
+	sh         *SharedExpert
+}
+
+func newMoECase(t *testing.T, e *fwdEnv, rng *rand.Rand, E, D, I, Is int) *moeCase {
+	t.Helper()
+	mc := &moeCase{D: D, I: I, Is: Is}
+	up := func(d compute.WeightData) *DeviceWeight {
+		w, err := e.c.UploadWeight(e.a, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	s1, s2 := 1/math.Sqrt(float64(D)), 1/math.Sqrt(float64(I))
+	var d1, d3, d2 []*DeviceWeight
+	for range E {
+		a := computetest.RandomWeight(rng, compute.MXFP4, I, D, s1)
+		b := computetest.RandomWeight(rng, compute.MXFP4, I, D, s1)
+		c := computetest.RandomWeight(rng, compute.MXFP4, D, I, s2)
+		mc.w1, mc.w3, mc.w2 = append(mc.w1, a), append(mc.w3, b), append(mc.w2, c)
+		d1, d3, d2 = append(d1, up(a)), append(d3, up(b)), append(d2, up(c))
+	}
+	var err error
+	if mc.tab, err = e.c.PrepareExpertTable(e.a, d1, d3, d2); err != nil {
+		t.Fatal(err)
+	}
+	if Is > 0 {
+		mc.s1 = computetest.RandomWeight(rng, compute.FP8Block, Is, D, s1)
+		mc.s3 = computetest.RandomWeight(rng, compute.FP8Block, Is, D, s1)
+		mc.s2 = computetest.RandomWeight(rng, compute.FP8Block, D, Is, 1/math.Sqrt(float64(Is)))
+		mc.sh = &SharedExpert{W1: up(mc.s1), W3: up(mc.s3), W2: up(mc.s2)}
+	}
+	return mc
+}
+
+// ref computes the expected h rows (K routed, then the shared one if any)
+// and out in float64.
+func (mc *moeCase) ref(x []float32, ids []int, rw []float32, limit float64, shared bool) (h [][]float64, out []float64) {
+	lin := func(d compute.WeightData, rows, cols int, v []float64) []float64 {
+		return ref.Linear(ref.Dequant(d), rows, cols, v, 1)
+	}
+	xf := fwdF64(x)
+	out = make([]float64, mc.D)
+	add := func(y []float64) {
+		for i, v := range y {
+			out[i] += v
+		}
+	}
+	for k, id := range ids {
+		g := lin(mc.w1[id], mc.I, mc.D, xf)
+		u := lin(mc.w3[id], mc.I, mc.D, xf)
+		r := 1.0
+		if rw != nil {
+			r = float64(rw[k])
+		}
+		hk := ref.SwiGLU(g, u, r, limit)
+		h = append(h, hk)
+		add(lin(mc.w2[id], mc.D, mc.I, hk))
+	}
+	if shared {
+		hs := ref.SwiGLU(lin(mc.s1, mc.Is, mc.D, xf), lin(mc.s3, mc.Is, mc.D, xf), 1, 0)
+		h = append(h, hs)
+		add(lin(mc.s2, mc.D, mc.Is, hs))
+	}
+	return h, out
+}
+
+// halfToFloat decodes an IEEE binary16 value.
+func halfToFloat(h uint16) float64 {
+	s := 1.0
+	if h&0x8000 != 0 {
+		s = -1
+	}
+	e, m := int(h>>10)&31, float64(h&0x3ff)
+	switch e {
+	case 0:
+		return s * m * math.Ldexp(1, -24)
+	case 31:
+		if m != 0 {
+			return math.NaN()
+		}
+		return s * math.Inf(1)
+	}
+	return s * (1 + m/1024) * math.Ldexp(1, e-15)
+}
+
+// readH reads m's h scratch back: K routed rows of I (routed layout) and
+// the shared row of Is (natural layout), each value hi + lo·2^-11.
+func readH(t *testing.T, e *fwdEnv, m *MoEDecode, K, I, Is int) [][]float32 {
+	t.Helper()
+	b := make([]byte, m.hBytes)
+	if err := e.c.CopyFromDevice(b, m.h); err != nil {
+		t.Fatal(err)
+	}
+	half := func(i int) float64 { return halfToFloat(binary.LittleEndian.Uint16(b[2*i:])) }
+	var rows [][]float32
+	for k := range K {
+		base := k * 2 * I
+		row := make([]float32, I)
+		for i := range row {
+			at := i&^7 | (i&3)<<1 | (i&7)>>2
+			row[i] = float32(half(base+at) + half(base+I+at)/2048)
+		}
+		rows = append(rows, row)
+	}
+	if Is > 0 {
+		base := K * 2 * I
+		row := make([]float32, Is)
+		for i := range row {
+			row[i] = float32(half(base+i) + half(base+Is+i)/2048)
+		}
+		rows = append(rows, row)
+	}
+	return rows
+}
+
+func TestMoEDecode(t *testing.T) {
+	shapes := []struct {
+		name       string
+		E, D, I, S int
+		ids        []int
+		limit      float32
+		heavy      bool
+	}{
+		{"small", 8, 256, 128, 256, []int{3, 0, 7, 3, 5, 1}, 1.25, false},
+		{"odd_spans", 5, 384, 384, 384, []int{4, 4, 0, 2, 1, 3}, 1.25, false},
+		{"v4", 4, 4096, 2048, 2048, []int{2, 0, 3, 2, 1, 0}, 1.5, true},
+	}
+	for _, sh := range shapes {
+		t.Run(sh.name, func(t *testing.T) {
+			if sh.heavy && testing.Short() {
+				t.Skip("V4 shapes: not in -short")
+			}
+			withFwd(t, func(e *fwdEnv) {
+				rng := rand.New(rand.NewPCG(11, uint64(sh.D)))
+				mc := newMoECase(t, e, rng, sh.E, sh.D, sh.I, sh.S)
+				K := len(sh.ids)
+				x := computetest.Normal(rng, sh.D, 1)
+				rw := []float32{0.9, -0.3, 1.7, 0.25, 1.1, 0.6}
+				dx, dids, drw := e.up(x), e.upInts(sh.ids), e.up(rw)
+				out := e.poisoned(sh.D)
+				for _, shared := range []bool{false, true} {
+					for _, limit := range []float32{0, sh.limit} {
+						hWant, want := mc.ref(x, sh.ids, rw, float64(limit), shared)
+						var sx *SharedExpert
+						is := 0
+						if shared {
+							sx, is = mc.sh, sh.S
+						}
+						for v := range moeVariantCount {
+							name := fmt.Sprintf("shared=%v/limit=%g/%v", shared, limit, v)
+							t.Run(name, func(t *testing.T) {
+								m, err := e.c.PrepareMoEDecode(e.a, mc.tab, K, sx, dx, out, limit, v)
+								if err != nil {
+									t.Fatal(err)
+								}
+								defer e.a.Free(m.h)
+								if err := e.c.Memset(out, 0xff, 4*sh.D, e.c.Stream()); err != nil {
+									t.Fatal(err)
+								}
+								if err := e.c.RunMoEDecode(m, dids, drw, e.c.Stream()); err != nil {
+									t.Fatal(err)
+								}
+								got := e.down(out, sh.D)
+								for k, hk := range readH(t, e, m, K, sh.I, is) {
+									if r := computetest.MaxRel(hk, hWant[k]); !(r <= computetest.TolLinear) {
+										t.Errorf("h row %d: max relative error %.3g > %.3g", k, r, computetest.TolLinear)
+									}
+								}
+								if r := computetest.MaxRel(got, want); !(r <= computetest.TolLinear) {
+									t.Errorf("out: max relative error %.3g > %.3g", r, computetest.TolLinear)
+								} else {
+									t.Logf("out: max relative error %.3g", r)
+								}
+								// A second run gives the same bits.
+								if err := e.c.RunMoEDecode(m, dids, drw, e.c.Stream()); err != nil {
+									t.Fatal(err)
+								}
+								again := e.down(out, sh.D)
+								for i := range got {
+									if math.Float32bits(got[i]) != math.Float32bits(again[i]) {
+										t.Fatalf("out[%d]: %v then %v on a second run", i, got[i], again[i])
+									}
+								}
+							})
+						}
+					}
+				}
+			})
+		})
+	}
+}
+
+// TestMoEDecodeDevice checks the device-side contracts on a small layer:
+// a run captured in a CUDA graph follows ids and rw changed in device
+// memory after the capture; a SetTableExpert repointing is seen by the next
+// run; an id outside the table makes out NaN; rw 0 means weight 1.
+func TestMoEDecodeDevice(t *testing.T) {
+	withFwd(t, func(e *fwdEnv) {
+		const E, D, I, S = 6, 256, 128, 128
+		rng := rand.New(rand.NewPCG(12, 1))
+		mc := newMoECase(t, e, rng, E, D, I, S)
+		x := computetest.Normal(rng, D, 1)
+		dx, out := e.up(x), e.poisoned(D)
+		ids0, rw0 := []int{1, 2, 3, 4}, []float32{0.5, 0.25, 0.125, 2}
+		dids, drw := e.upInts(ids0), e.up(rw0)
+		m, err := e.c.PrepareMoEDecode(e.a, mc.tab, 4, mc.sh, dx, out, 0.75, MoEDefault)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check := func(what string, ids []int, rw []float32) {
+			t.Helper()
+			_, want := mc.ref(x, ids, rw, 0.75, true)
+			if r := computetest.MaxRel(e.down(out, D), want); !(r <= computetest.TolLinear) {
+				t.Errorf("%s: max relative error %.3g > %.3g", what, r, computetest.TolLinear)
+			}
+		}
+		s := e.c.Stream()
+		if err := e.c.BeginCapture(s); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.c.RunMoEDecode(m, dids, drw, s); err != nil {
+			t.Fatal(err)
+		}
+		g, err := e.c.EndCapture(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.c.DestroyGraph(g)
+		for _, c := range []struct {
+			ids []int
+			rw  []float32
+		}{{ids0, rw0}, {[]int{5, 0, 5, 2}, []float32{1, 2, 3, 4}}} {
+			if err := e.c.CopyToDevice(dids, e.intsBytes(c.ids)); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.c.CopyFloatsToDevice(drw, c.rw); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.c.LaunchGraph(g, s); err != nil {
+				t.Fatal(err)
+			}
+			check(fmt.Sprintf("graph replay with ids %v", c.ids), c.ids, c.rw)
+		}
+
+		// Repoint expert 5 at new weights: the next run uses them.
+		a := computetest.RandomWeight(rng, compute.MXFP4, I, D, 1/math.Sqrt(D))
+		b := computetest.RandomWeight(rng, compute.MXFP4, I, D, 1/math.Sqrt(D))
+		c := computetest.RandomWeight(rng, compute.MXFP4, D, I, 1/math.Sqrt(I))
+		var ws []*DeviceWeight
+		for _, d := range []compute.WeightData{a, b, c} {
+			w, err := e.c.UploadWeight(e.a, d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ws = append(ws, w)
+		}
+		if err := e.c.SetTableExpert(e.a, mc.tab, 5, ws[0], ws[1], ws[2]); err != nil {
+			t.Fatal(err)
+		}
+		mc.w1[5], mc.w3[5], mc.w2[5] = a, b, c
+		if err := e.c.LaunchGraph(g, s); err != nil {
+			t.Fatal(err)
+		}
+		check("after SetTableExpert(5)", []int{5, 0, 5, 2}, []float32{1, 2, 3, 4})
+
+		// rw 0: weight 1.
+		if err := e.c.RunMoEDecode(m, dids, 0, s); err != nil {
+			t.Fatal(err)
+		}
+		check("rw 0", []int{5, 0, 5, 2}, nil)
+
+		// An id outside the table poisons out.
+		if err := e.c.CopyToDevice(dids, e.intsBytes([]int{0, E, 1, 2})); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.c.RunMoEDecode(m, dids, drw, s); err != nil {
+			t.Fatal(err)
+		}
+		for i, v := range e.down(out, D) {
+			if !math.IsNaN(float64(v)) {
+				t.Fatalf("id %d out of range: out[%d] = %v, want NaN", E, i, v)
+			}
+		}
+	})
+}
+
+func (e *fwdEnv) intsBytes(x []int) []byte {
+	b := make([]byte, 4*len(x))
+	for i, v := range x {
+		binary.LittleEndian.PutUint32(b[4*i:], uint32(int32(v)))
+	}
+	return b
+}
+
+// TestMoEShapes checks PrepareMoEDecode's validation (no device needed).
+func TestMoEShapes(t *testing.T) {
+	mx := func(r, c int) *DeviceWeight { return &DeviceWeight{Format: compute.MXFP4, Rows: r, Cols: c} }
+	f8 := func(r, c, b int) *DeviceWeight {
+		return &DeviceWeight{Format: compute.FP8Block, Rows: r, Cols: c, Block: b}
+	}
+	table := func(D, I int) *ExpertTable {
+		return &ExpertTable{E: 8, Dim: D, Inter: I, w1: mx(I, D), w3: mx(I, D), w2: mx(D, I)}
+	}
+	good := table(4096, 2048)
+	shared := &SharedExpert{W1: f8(2048, 4096, 128), W3: f8(2048, 4096, 128), W2: f8(4096, 2048, 128)}
+	fp8tab := table(4096, 2048)
+	fp8tab.w1 = f8(2048, 4096, 128)
+	cases := []struct {
+		name  string
+		t     *ExpertTable
+		K     int
+		sh    *SharedExpert
+		limit float32
+		v     MoEVariant
+		want  string // "" = valid
+	}{
+		{"v4", good, 6, shared, 10, MoEDefault, ""},
+		{"v4 no shared", good, 6, nil, 0, MoELUT, ""},
+		{"nil table", nil, 6, nil, 0, 0, "no expert table"},
+		{"fp8 experts", fp8tab, 6, nil, 0, 0, "want mxfp4"},
+		{"K 0", good, 0, nil, 0, 0, "K 0"},
+		{"K 65", good, 65, nil, 0, 0, "K 65"},
+		{"dim 4000", table(4000, 2048), 6, nil, 0, 0, "model dim 4000"},
+		{"dim too big", table(16384, 2048), 6, nil, 0, 0, "model dim 16384"},
+		{"inter 2000", table(4096, 2000), 6, nil, 0, 0, "expert width 2000"},
+		{"limit NaN", good, 6, nil, float32(math.NaN()), 0, "limit NaN"},
+		{"limit -1", good, 6, nil, -1, 0, "limit -1"},
+		{"variant 9", good, 6, nil, 0, 9, "unknown variant 9"},
+		{"shared missing w2", good, 6, &SharedExpert{W1: shared.W1, W3: shared.W3}, 0, 0, "lacks a weight"},
+		{"shared mxfp4", good, 6, &SharedExpert{W1: mx(2048, 4096), W3: shared.W3, W2: shared.W2}, 0, 0, "shared expert w1 is mxfp4, want fp8"},
+		{"shared w3 shape", good, 6, &SharedExpert{W1: shared.W1, W3: f8(2048, 2048, 128), W2: shared.W2}, 0, 0, "w3 is [2048, 2048], want [2048, 4096]"},
+		{"shared w2 shape", good, 6, &SharedExpert{W1: shared.W1, W3: shared.W3, W2: f8(2048, 4096, 128)}, 0, 0, "w2 is [2048, 4096], want [4096, 2048]"},
+		{"shared block mix", good, 6, &SharedExpert{W1: shared.W1, W3: f8(2048, 4096, 64), W2: shared.W2}, 0, 0, "blocks of 64, w1 of 128"},
+		{"shared block 32", good, 6, &SharedExpert{W1: f8(2048, 4096, 32), W3: f8(2048, 4096, 32), W2: f8(4096, 2048, 32)}, 0, 0, "FP8 block 32"},
+		{"shared width 2112", good, 6, &SharedExpert{W1: f8(2112, 4096, 64), W3: f8(2112, 4096, 64), W2: f8(4096, 2112, 64)}, 0, 0, "shared expert width 2112"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, _, err := moeShapes(c.t, c.K, c.sh, c.limit, c.v)
+			switch {
+			case c.want == "" && err != nil:
+				t.Fatalf("want no error, got %v", err)
+			case c.want != "" && err == nil:
+				t.Fatalf("want an error containing %q, got none", c.want)
+			case c.want != "" && !strings.Contains(err.Error(), c.want):
+				t.Fatalf("error %q does not contain %q", err, c.want)
+			}
+		})
+	}
+	if is, bs, err := moeShapes(good, 6, shared, 10, MoEDefault); err != nil || is != 2048 || bs != 7 {
+		t.Errorf("v4 with shared expert: Is %d, block shift %d, err %v; want 2048, 7, nil", is, bs, err)
+	}
+	if n := MoEDecodeScratch(good, 6, shared); n != 4*(6*2048+2048) {
+		t.Errorf("MoEDecodeScratch = %d, want %d", n, 4*(6*2048+2048))
+	}
+	names := map[string]bool{}
+	for v := range moeVariantCount {
+		n1, n2 := moeKernelNames(v)
+		if names[n1+n2] {
+			t.Errorf("variant %v repeats kernels %s, %s", v, n1, n2)
+		}
+		names[n1+n2] = true
+	}
+}

@@ -406,7 +406,7 @@ func (s *DeviceSession) Describe() string {
 		out += ", one launch per decode projection: " + s.multiErr.Error()
 	}
 	if t := s.d.tier; t != nil {
-		out += fmt.Sprintf(", expert cache %d slots (%d hits, %d misses)", len(t.slots), t.hits, t.misses)
+		out += ", " + t.describe()
 	}
 	return out
 }

@@ -88,9 +88,11 @@ type Options struct {
 	// allocated for it); 0 means DefaultDeviceContext.
 	DeviceContext int
 	// DeviceMemory, if > 0, caps the device memory Load plans with (bytes;
-	// default: all that is free): when the weights do not fit under it, the
-	// dense weights stay resident and the routed experts are cached in as
-	// many device slots as fit, loaded from the source on a miss.
+	// default: all that is free): when the weights plus DeviceReserve do not
+	// fit under it, the dense weights stay resident, most of the rest holds
+	// routed experts that are never evicted, a cache of device slots takes
+	// the others on a miss, and those others wait in pinned host memory
+	// (filled once at Load). Where an expert lives never changes the output.
 	DeviceMemory int64
 
 	// deviceExpertSlots > 0 forces the device expert cache with that many

@@ -81,6 +81,11 @@ type DeviceSession struct {
 	// one launch per format (see decodeSets); multiErr says why not.
 	multi    bool
 	multiErr error
+	// fused: the sublayer boundaries (expand, HC mix, collapse, norm) and
+	// the attention's row operations run as fused kernels (compute/cuda
+	// fuse.go); off with MOXIE_CUDA_FUSE=off and while a layer hook is set.
+	fused     bool
+	hcScratch cuda.DevicePtr // HCNormScratchBytes for a chunk
 
 	// scratch (device)
 	tok, posBuf                cuda.DevicePtr // int32 [chunk]
@@ -170,7 +175,8 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 		return nil, fmt.Errorf("dsv4: the model was loaded without Options.Device")
 	}
 	c := m.Cfg
-	s := &DeviceSession{m: m, d: d, limit: d.maxCtx, chunk: min(m.maxChunk, d.maxCtx), graphs: true, grouped: true, devMoE: true}
+	s := &DeviceSession{m: m, d: d, limit: d.maxCtx, chunk: min(m.maxChunk, d.maxCtx), graphs: true, grouped: true, devMoE: true,
+		fused: os.Getenv("MOXIE_CUDA_FUSE") != "off"}
 	T, D, hc, K := s.chunk, c.Dim, c.HCMult, c.NActivatedExperts
 	s.topk = c.IndexTopK
 	s.entries = max(s.limit/config.CSARatio, 1)
@@ -216,6 +222,7 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 	maxTiles := (T*K+15)/16 + c.NRoutedExperts
 	pl.add(&s.tileBuf, 4*3*maxTiles)
 	pl.add(&s.logits, f*T*c.VocabSize)
+	pl.add(&s.hcScratch, cuda.HCNormScratchBytes(hc, D, T))
 	for _, b := range d.layers {
 		ls := &devLayerState{ringRows: c.Window + T}
 		pl.add(&ls.ring, f*ls.ringRows*c.HeadDim)
@@ -339,6 +346,9 @@ func (s *DeviceSession) UseGraphs(on bool) {
 	}
 }
 
+// fusedOn reports whether this pass uses the fused kernels (see fused).
+func (s *DeviceSession) fusedOn() bool { return s.fused && s.layerHook == nil }
+
 // decodeSets prepares layer b's merged one-token projections (decodeSets).
 func (s *DeviceSession) decodeSets(c *cuda.Ctx, b *devBlock) (*decodeSets, error) {
 	type proj struct {
@@ -402,8 +412,14 @@ func (s *DeviceSession) Describe() string {
 		e = "experts routed through the host (route recording)"
 	}
 	out := fmt.Sprintf("device session on %s: context %d, chunks of %d, %s, %s", s.d.dev.Info().Name, s.limit, s.chunk, g, e)
-	if s.multiErr != nil {
+	if !s.fused {
+		out += ", fused kernels off (MOXIE_CUDA_FUSE=off)"
+	}
+	switch {
+	case s.multiErr != nil:
 		out += ", one launch per decode projection: " + s.multiErr.Error()
+	case !s.multi:
+		out += ", one launch per decode projection (MOXIE_CUDA_MERGE=off)"
 	}
 	if t := s.d.tier; t != nil {
 		out += ", " + t.describe()
@@ -587,6 +603,9 @@ func (s *DeviceSession) step(c *cuda.Ctx, T, p0, rows int, graph bool) error {
 	if err := c.EmbedBF16(s.x, d.embed, s.tok, T, D, hc, st); err != nil {
 		return err
 	}
+	if s.fusedOn() {
+		return s.stepFused(c, T, p0, rows, graph)
+	}
 	for l, b := range d.layers {
 		if err := s.layer(c, b, s.layers[l], l, T, p0, graph); err != nil {
 			return fmt.Errorf("layer %d: %w", l, err)
@@ -611,6 +630,58 @@ func (s *DeviceSession) step(c *cuda.Ctx, T, p0, rows int, graph bool) error {
 		func() error { return c.RMSNorm(s.a, s.a, d.norm, rows, D, eps, st) },
 		func() error { return c.Linear(d.head, s.logits, s.a, rows, st) },
 	)
+}
+
+// stepFused is step's layers and head with fused sublayer boundaries: each
+// boundary expands the previous sublayer's output into the streams, mixes,
+// collapses and normalises in two kernels (Ctx.HCMixNorm), so a layer ends
+// with its MoE output still to be expanded: the next layer's first boundary
+// (or the head's) does it.
+func (s *DeviceSession) stepFused(c *cuda.Ctx, T, p0, rows int, graph bool) error {
+	d := s.d
+	cfg := s.m.Cfg
+	D, hc := cfg.Dim, cfg.HCMult
+	eps := float32(cfg.NormEps)
+	st := c.Stream()
+	bound := func(x, o, xout cuda.DevicePtr, hcp *cuda.HC, norm cuda.DevicePtr) error {
+		a := &cuda.HCNorm{X: x, O: o, Post: s.post, Comb: s.comb, XOut: xout, Pre: s.pre, PostOut: s.post, CombOut: s.comb,
+			A: s.a, Norm: norm, Eps: eps, Scratch: s.hcScratch, T: T}
+		return c.HCMixNorm(a, hcp, st)
+	}
+	for l, b := range d.layers {
+		// Into attention: layer 0 mixes the embedded streams; later layers
+		// first expand the previous MoE output (xmid, moeOut → x).
+		var err error
+		if l == 0 {
+			err = bound(s.x, 0, 0, &b.hcAttn, b.attnNorm)
+		} else {
+			err = bound(s.xmid, s.moeOut, s.x, &b.hcAttn, b.attnNorm)
+		}
+		if err == nil {
+			err = s.attention(c, b, s.layers[l], T, p0, graph)
+		}
+		if err == nil { // into the MoE: x, attnOut → xmid
+			err = bound(s.x, s.attnOut, s.xmid, &b.hcFFN, b.ffnNorm)
+		}
+		if err == nil {
+			err = s.moe(c, b, l, T, p0)
+		}
+		if err != nil {
+			return fmt.Errorf("layer %d: %w", l, err)
+		}
+	}
+	if rows == 0 {
+		return nil
+	}
+	// The head: the last MoE output expanded for the rows wanted only.
+	first := T - rows
+	a := &cuda.HCNorm{X: off(s.xmid, first*hc*D), O: off(s.moeOut, first*D), Post: off(s.post, first*hc),
+		Comb: off(s.comb, first*hc*hc), XOut: off(s.x, first*hc*D), Pre: s.pre, A: s.a, Norm: d.norm, Eps: eps,
+		Scratch: s.hcScratch, T: rows}
+	if err := c.HCHeadNorm(a, &d.hcHead, st); err != nil {
+		return err
+	}
+	return c.Linear(d.head, s.logits, s.a, rows, st)
 }
 
 // errs runs steps in order and returns the first error.
@@ -685,25 +756,78 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 	if dec != nil {
 		byA, byQ, bf = dec.byA, dec.byQ, dec.bf
 	}
-	if err := errs(
-		// Query path.
+	var IH, ID int
+	var wsc float32
+	if b.icomp != nil {
+		IH, ID = cfg.IndexNHeads, cfg.IndexHeadDim
+		wsc = float32(1 / math.Sqrt(float64(ID)) / math.Sqrt(float64(IH)))
+	}
+	// The projections of a (and of the normed qlat), by merged launches or
+	// one by one.
+	proj := []func() error{
 		merged(byA, func() error { return c.Linear(b.wqA, s.qlat, s.a, T, st) }),
-		func() error { return c.RMSNorm(s.qlat, s.qlat, b.qNorm, T, cfg.QLoraRank, eps, st) },
-		merged(byQ, func() error { return c.Linear(b.wqB, s.q, s.qlat, T, st) }),
-		func() error { return c.RMSNorm(s.q, s.q, 0, T*H, hd, eps, st) },
-		func() error { return c.RoPE(s.q, s.posBuf, freq, T, H*hd, hd, nf, false, st) },
-		// Window KV into the ring.
 		func() error {
 			if byA != nil {
 				return nil // computed with qlat
 			}
 			return c.Linear(b.wkv, s.kv, s.a, T, st)
 		},
-		func() error { return c.RMSNorm(s.kv, s.kv, b.kvNorm, T, hd, eps, st) },
-		func() error { return c.RoPE(s.kv, s.posBuf, freq, T, hd, hd, nf, false, st) },
-		func() error { return d.fwd.RingStore(c, ls.ring, s.kv, s.posBuf, T, ls.ringRows, hd, st) },
-		merged(bf, func() error { return nil }),
-	); err != nil {
+	}
+	projQ := []func() error{
+		merged(byQ, func() error { return c.Linear(b.wqB, s.q, s.qlat, T, st) }),
+		func() error {
+			if b.icomp == nil || byQ != nil {
+				return nil // none, or computed with q
+			}
+			return c.Linear(b.idxWqB, s.qi, s.qlat, T, st)
+		},
+		merged(bf, func() error {
+			if b.icomp == nil {
+				return nil // the compressors project in compStep
+			}
+			return c.Linear(b.idxProj, s.wts, s.a, T, st)
+		}),
+	}
+	var steps []func() error
+	if s.fusedOn() {
+		// Row operations fused: the qlat norm with the window KV's norm,
+		// RoPE and ring store; the queries' norm and RoPE with the indexer
+		// queries' RoPE and the scaling of its head weights.
+		qOps := []cuda.RowOp{{Y: s.q, X: s.q, Rows: T * H, Dim: hd, Heads: H, Norm: true, Eps: eps, NFreq: nf, Freq: freq, Pos: s.posBuf}}
+		if b.icomp != nil {
+			qOps = append(qOps,
+				cuda.RowOp{Y: s.qi, X: s.qi, Rows: T * IH, Dim: ID, Heads: IH, NFreq: nf, Freq: freq, Pos: s.posBuf},
+				cuda.RowOp{Y: s.wts, X: s.wts, Rows: 1, Dim: T * IH, Scale: true, A: wsc})
+		}
+		steps = append(proj,
+			func() error {
+				return c.RowOps([]cuda.RowOp{
+					{Y: s.qlat, X: s.qlat, Rows: T, Dim: cfg.QLoraRank, Norm: true, W: b.qNorm, Eps: eps},
+					{Y: ls.ring, X: s.kv, Rows: T, Dim: hd, Norm: true, W: b.kvNorm, Eps: eps, NFreq: nf, Freq: freq, Pos: s.posBuf, RingRows: ls.ringRows},
+				}, st)
+			})
+		steps = append(steps, projQ...)
+		steps = append(steps, func() error { return c.RowOps(qOps, st) })
+	} else {
+		steps = append(proj,
+			func() error { return c.RMSNorm(s.qlat, s.qlat, b.qNorm, T, cfg.QLoraRank, eps, st) },
+			func() error { return c.RMSNorm(s.kv, s.kv, b.kvNorm, T, hd, eps, st) },
+			func() error { return c.RoPE(s.kv, s.posBuf, freq, T, hd, hd, nf, false, st) },
+			func() error { return d.fwd.RingStore(c, ls.ring, s.kv, s.posBuf, T, ls.ringRows, hd, st) })
+		steps = append(steps, projQ...)
+		steps = append(steps,
+			func() error { return c.RMSNorm(s.q, s.q, 0, T*H, hd, eps, st) },
+			func() error { return c.RoPE(s.q, s.posBuf, freq, T, H*hd, hd, nf, false, st) },
+			func() error {
+				if b.icomp == nil {
+					return nil
+				}
+				return errs(
+					func() error { return c.RoPE(s.qi, s.posBuf, freq, T, IH*ID, ID, nf, false, st) },
+					func() error { return c.Scale(s.wts, wsc, T*IH, st) })
+			})
+	}
+	if err := errs(steps...); err != nil {
 		return err
 	}
 	// The compressors' inputs: merged, main into cin/zin and the indexer's
@@ -714,24 +838,8 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 	}
 	var idx cuda.DevicePtr
 	if b.icomp != nil {
-		IH, ID := cfg.IndexNHeads, cfg.IndexHeadDim
-		sc := float32(1 / math.Sqrt(float64(ID)) / math.Sqrt(float64(IH)))
 		R := b.icomp.ratio
 		if err := errs(
-			func() error {
-				if byQ != nil {
-					return nil // computed with q
-				}
-				return c.Linear(b.idxWqB, s.qi, s.qlat, T, st)
-			},
-			func() error { return c.RoPE(s.qi, s.posBuf, freq, T, IH*ID, ID, nf, false, st) },
-			func() error {
-				if bf != nil {
-					return nil // computed with the compressor inputs
-				}
-				return c.Linear(b.idxProj, s.wts, s.a, T, st)
-			},
-			func() error { return c.Scale(s.wts, sc, T*IH, st) },
 			func() error { return s.compStep(c, b.icomp, ls.icomp, T, freq, icin, izin, bf == nil) },
 			func() error {
 				maxN := (p0 + T) / R

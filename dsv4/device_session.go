@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
+	"strings"
 	"unsafe"
 
+	"moxie/compute"
 	"moxie/compute/cuda"
 	"moxie/dsv4/config"
 	"moxie/generate"
@@ -77,6 +80,11 @@ type DeviceSession struct {
 	grouped  bool // prefill chunks use the grouped attention kernel
 	layers   []*devLayerState
 	runs     []*cuda.ExpertRun // per layer; nil: host-routed
+	// moeDec: per layer, the fused one-token MoE (routed experts, SwiGLU,
+	// shared expert and sum in two kernels; compute/cuda moe.go); nil where
+	// it does not apply or with MOXIE_CUDA_MOE=off. moeErr says why not.
+	moeDec []*cuda.MoEDecode
+	moeErr error
 	// multi: decode steps merge the projections that share an input into
 	// one launch per format (see decodeSets); multiErr says why not.
 	multi    bool
@@ -242,8 +250,18 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 	// The expert runs' argument tables (PrepareExpertRun: 3K records of 80
 	// bytes per layer; PrepareExpertTiles: 3 per tile).
 	// The decode sets: at most 2 + 2 + 5 records per layer.
-	size := pl.total + len(d.layers)*2*alignUp(3*K*80) + 2*alignUp(3*maxTiles*80) + len(d.layers)*3*alignUp(5*80) + 1<<16
-	err := d.dev.Do(func(cc *cuda.Ctx) error {
+	moeVar, moeOn, err := moeVariantFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	moeBytes := 0
+	for _, b := range d.layers {
+		if b.table != nil && moeOn {
+			moeBytes += alignUp(cuda.MoEDecodeScratch(b.table, K, sharedOf(b)))
+		}
+	}
+	size := pl.total + len(d.layers)*2*alignUp(3*K*80) + 2*alignUp(3*maxTiles*80) + len(d.layers)*3*alignUp(5*80) + moeBytes + 1<<16
+	err = d.dev.Do(func(cc *cuda.Ctx) error {
 		free, _, err := cc.MemInfo()
 		if err != nil {
 			return err
@@ -279,6 +297,19 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 		}
 		// MOXIE_CUDA_MERGE=off keeps one launch per projection (for A/B
 		// measurements of the merged launches).
+		s.moeDec = make([]*cuda.MoEDecode, len(d.layers))
+		for l, b := range d.layers {
+			if b.table == nil || !moeOn {
+				continue
+			}
+			if s.moeDec[l], err = cc.PrepareMoEDecode(s.arena, b.table, K, sharedOf(b), s.a, s.moeOut, float32(c.SwigluLimit), moeVar); err != nil {
+				// The unfused kernels instead: correct, slower.
+				s.moeDec[l] = nil
+				if s.moeErr == nil {
+					s.moeErr = fmt.Errorf("layer %d: %w", l, err)
+				}
+			}
+		}
 		s.multi = os.Getenv("MOXIE_CUDA_MERGE") != "off"
 		for l, b := range d.layers {
 			if !s.multi {
@@ -344,6 +375,40 @@ func (s *DeviceSession) UseGraphs(on bool) {
 		s.graph = nil
 		_ = s.d.dev.Do(func(c *cuda.Ctx) error { return c.DestroyGraph(g) })
 	}
+}
+
+// moeVariantFromEnv reads $MOXIE_CUDA_MOE: unset for the default fused MoE
+// decode kernels, "off" for the unfused ones, or a cuda.MoEVariant's name
+// (A/B measurements).
+func moeVariantFromEnv() (cuda.MoEVariant, bool, error) {
+	v := os.Getenv("MOXIE_CUDA_MOE")
+	switch v {
+	case "":
+		return cuda.MoEDefault, true, nil
+	case "off":
+		return 0, false, nil
+	}
+	var names []string
+	for i := cuda.MoEVariant(0); ; i++ {
+		n := i.String()
+		if strings.HasPrefix(n, "MoEVariant(") {
+			break
+		}
+		if n == v {
+			return i, true, nil
+		}
+		names = append(names, n)
+	}
+	return 0, false, fmt.Errorf("dsv4: MOXIE_CUDA_MOE=%q: want off or one of %s (unset: %s)", v, strings.Join(names, ", "), cuda.MoEDefault)
+}
+
+// sharedOf is layer b's shared expert for the fused MoE decode (nil: none,
+// or not FP8 blocks, in which case it runs on its own).
+func sharedOf(b *devBlock) *cuda.SharedExpert {
+	if b.shared == nil || b.shared.w1.Format != compute.FP8Block || b.shared.w3.Format != compute.FP8Block || b.shared.w2.Format != compute.FP8Block {
+		return nil
+	}
+	return &cuda.SharedExpert{W1: b.shared.w1, W3: b.shared.w3, W2: b.shared.w2}
 }
 
 // fusedOn reports whether this pass uses the fused kernels (see fused).
@@ -414,6 +479,11 @@ func (s *DeviceSession) Describe() string {
 	out := fmt.Sprintf("device session on %s: context %d, chunks of %d, %s, %s", s.d.dev.Info().Name, s.limit, s.chunk, g, e)
 	if !s.fused {
 		out += ", fused kernels off (MOXIE_CUDA_FUSE=off)"
+	}
+	if s.moeErr != nil {
+		out += ", unfused MoE kernels: " + s.moeErr.Error()
+	} else if s.moeDec == nil || !slices.ContainsFunc(s.moeDec, func(m *cuda.MoEDecode) bool { return m != nil }) {
+		out += ", unfused MoE kernels"
 	}
 	switch {
 	case s.multiErr != nil:
@@ -962,14 +1032,46 @@ func (s *DeviceSession) moe(c *cuda.Ctx, b *devBlock, l, T, p0 int) error {
 		}
 		hash = s.hash
 	}
+	tier := s.d.tier
+	var dec *cuda.MoEDecode
+	if T == 1 && m.routes == nil && s.moeDec != nil {
+		dec = s.moeDec[l]
+	}
 	if err := errs(
 		func() error { return c.Linear(b.gate, s.glog, s.a, T, st) },
 		func() error { return c.Route(s.ids, s.rw, s.glog, b.bias, hash, T, E, K, float32(cfg.RouteScale), st) },
-		func() error { return c.Memset(s.moeOut, 0, 4*T*D, st) },
+		func() error {
+			if dec != nil {
+				return nil // the fused MoE writes moeOut
+			}
+			return c.Memset(s.moeOut, 0, 4*T*D, st)
+		},
 	); err != nil {
 		return err
 	}
-	tier := s.d.tier
+	if dec != nil {
+		// Routed experts, SwiGLU, shared expert and the sum in two kernels
+		// (with the expert cache, the chosen experts made resident first).
+		if tier != nil {
+			ids, _, err := s.routing(c, 1, K)
+			if err != nil {
+				return err
+			}
+			tier.pin()
+			for _, e := range ids {
+				if _, err := tier.ensure(c, b, l, e); err != nil {
+					return err
+				}
+			}
+		}
+		if err := c.RunMoEDecode(dec, s.ids, s.rw, st); err != nil {
+			return err
+		}
+		if b.shared == nil || sharedOf(b) != nil {
+			return nil // the shared expert, if any, was in the launch
+		}
+		return s.sharedExpert(c, b, T)
+	}
 	if T > 1 && s.devMoE && s.tiles != nil && b.table != nil && m.routes == nil && tier == nil {
 		// Expert-major tiles laid out on the device: no host round trip.
 		n := T * K
@@ -1012,6 +1114,14 @@ func (s *DeviceSession) moe(c *cuda.Ctx, b *devBlock, l, T, p0 int) error {
 	if b.shared == nil {
 		return nil
 	}
+	return s.sharedExpert(c, b, T)
+}
+
+// sharedExpert adds the shared expert of layer b's MoE on s.a to s.moeOut.
+func (s *DeviceSession) sharedExpert(c *cuda.Ctx, b *devBlock, T int) error {
+	cfg := s.m.Cfg
+	st := c.Stream()
+	D, I := cfg.Dim, cfg.MoEInterDim
 	Is := I * cfg.NSharedExperts
 	return errs(
 		func() error { return c.Linear(b.shared.w1, s.eg, s.a, T, st) },

@@ -142,98 +142,153 @@ template <bool GLOBAL> __device__ __forceinline__ uint4 ldb(const u16 *p) {
   return *reinterpret_cast<const uint4 *>(p);
 }
 
-// One chunk of U MXFP4 spans (32 columns each) of NM matrices' 16-row tiles:
-// every word and scale load is issued before any is used. wr[m][r] are the
-// u32 words of rows g (r = 0) and g+8 (r = 1) of matrix m, sr[m][r] those
-// rows' scale bytes as u32 words. xb is this lane's B row (hi or lo, routed
-// layout), bl whether the lane supplies B. U is a multiple of 4 and spans
-// of 4 (scale words never straddle). GUARD: the chunk may pass the last span.
-template <int NM, int U, int DEC, bool GLOBAL, bool GUARD>
-__device__ __forceinline__ void fp4_chunk(const u32 *const (&wr)[NM][2], const u32 *const (&sr)[NM][2], const u16 *xb, bool bl,
-                                          int s0, int spans, int t, float (&acc)[NM][4]) {
+// Weight loads: read-only path, and L2 asked to fetch the surrounding 256
+// bytes (a warp's next spans of the row), so a warp's later chunks of a row
+// hit L2.
+__device__ __forceinline__ u32 ldw(const u32 *p) {
+  u32 v;
+  asm("ld.global.nc.L2::256B.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint4 ldw(const uint4 *p) {
+  uint4 v;
+  asm("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// One chunk of U MXFP4 spans (32 columns each) of NM matrices' 16-row
+// tiles, in registers: load() issues every word and scale load (and, with
+// GB 1, the B vectors from global memory), compute() uses them (GB 0
+// reads B from shared memory there, GB 2 from global memory). wr[m][r] are
+// the u32 words of rows g (r = 0) and g+8 (r = 1) of matrix m, sr[m][r]
+// those rows' scale bytes as u32 words. xb is this lane's B row (hi or lo,
+// routed layout), bl whether the lane supplies B. U is a multiple of 4 and
+// spans of 4 (scale words never straddle). GUARD: the chunk may pass the
+// last span.
+template <int NM, int U, int GB>
+struct Fp4Chunk {
   u32 w[U][NM][2];
   u32 sc[U / 4][NM][2];
+  uint4 b[GB == 1 ? U : 1];
+
+  template <bool GUARD>
+  __device__ __forceinline__ void load(const u32 *const (&wr)[NM][2], const u32 *const (&sr)[NM][2], const u16 *xb, bool bl,
+                                       int s0, int spans, int t) {
 #pragma unroll
-  for (int u = 0; u < U; u++) {
-    const int s = s0 + u;
+    for (int u = 0; u < U; u++) {
+      const int s = s0 + u;
 #pragma unroll
-    for (int m = 0; m < NM; m++)
+      for (int m = 0; m < NM; m++)
 #pragma unroll
-      for (int r = 0; r < 2; r++) w[u][m][r] = (!GUARD || s < spans) ? __ldg(wr[m][r] + s * 4 + t) : 0u;
-  }
+        for (int r = 0; r < 2; r++) w[u][m][r] = (!GUARD || s < spans) ? ldw(wr[m][r] + s * 4 + t) : 0u;
+    }
 #pragma unroll
-  for (int q = 0; q < U / 4; q++) {
-    const int s = s0 + 4 * q;
+    for (int q = 0; q < U / 4; q++) {
+      const int s = s0 + 4 * q;
 #pragma unroll
-    for (int m = 0; m < NM; m++)
+      for (int m = 0; m < NM; m++)
 #pragma unroll
-      for (int r = 0; r < 2; r++) sc[q][m][r] = (!GUARD || s < spans) ? __ldg(sr[m][r] + (s >> 2)) : 0u;
-  }
+        for (int r = 0; r < 2; r++) sc[q][m][r] = (!GUARD || s < spans) ? __ldg(sr[m][r] + (s >> 2)) : 0u;
+    }
+    if (GB == 1) {
 #pragma unroll
-  for (int u = 0; u < U; u++) {
-    const int s = s0 + u;
-    if (GUARD && s >= spans) break;
-    uint4 bq = make_uint4(0u, 0u, 0u, 0u);
-    if (bl) bq = ldb<GLOBAL>(xb + s * 32 + 8 * t);
-#pragma unroll
-    for (int m = 0; m < NM; m++) {
-      u32 a0, a1, a2, a3, b0, b1, b2, b3;
-      MoeDec<DEC>::run(w[u][m][0], a0, a1, a2, a3);
-      MoeDec<DEC>::run(w[u][m][1], b0, b1, b2, b3);
-      float d[4] = {0.f, 0.f, 0.f, 0.f};
-      mma16816(d, a0, b0, a1, b1, bq.x, bq.y);
-      mma16816(d, a2, b2, a3, b3, bq.z, bq.w);
-      const float fa = e8m0_at(sc[u / 4][m][0], u & 3), fb = e8m0_at(sc[u / 4][m][1], u & 3);
-      acc[m][0] = fmaf(d[0], fa, acc[m][0]);
-      acc[m][1] = fmaf(d[1], fa, acc[m][1]);
-      acc[m][2] = fmaf(d[2], fb, acc[m][2]);
-      acc[m][3] = fmaf(d[3], fb, acc[m][3]);
+      for (int u = 0; u < U; u++) {
+        const int s = s0 + u;
+        b[u] = make_uint4(0u, 0u, 0u, 0u);
+        if (bl && (!GUARD || s < spans)) b[u] = ldb<true>(xb + s * 32 + 8 * t);
+      }
     }
   }
-}
+
+  template <int DEC, bool GUARD>
+  __device__ __forceinline__ void compute(const u16 *xb, bool bl, int s0, int spans, int t, float (&acc)[NM][4]) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int s = s0 + u;
+      if (GUARD && s >= spans) break;
+      uint4 bq = make_uint4(0u, 0u, 0u, 0u);
+      if (GB == 1) bq = b[u];
+      else if (bl) bq = ldb<GB == 2>(xb + s * 32 + 8 * t);
+#pragma unroll
+      for (int m = 0; m < NM; m++) {
+        u32 a0, a1, a2, a3, b0, b1, b2, b3;
+        MoeDec<DEC>::run(w[u][m][0], a0, a1, a2, a3);
+        MoeDec<DEC>::run(w[u][m][1], b0, b1, b2, b3);
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+        mma16816(d, a0, b0, a1, b1, bq.x, bq.y);
+        mma16816(d, a2, b2, a3, b3, bq.z, bq.w);
+        const float fa = e8m0_at(sc[u / 4][m][0], u & 3), fb = e8m0_at(sc[u / 4][m][1], u & 3);
+        acc[m][0] = fmaf(d[0], fa, acc[m][0]);
+        acc[m][1] = fmaf(d[1], fa, acc[m][1]);
+        acc[m][2] = fmaf(d[2], fb, acc[m][2]);
+        acc[m][3] = fmaf(d[3], fb, acc[m][3]);
+      }
+    }
+  }
+};
 
 // One chunk of U FP8 spans (64 columns each) of NM matrices' 16-row tiles
 // (rows g and g+8 as 16-byte words wr[m][r]); sr[m] is the tile's row of
-// block scales, bshift log2 of the block edge (>= 6). B in natural layout.
-template <int NM, int U, bool GLOBAL, bool GUARD>
-__device__ __forceinline__ void fp8_chunk(const uint4 *const (&wr)[NM][2], const u8 *const (&sr)[NM], int bshift, const u16 *xb,
-                                          bool bl, int s0, int spans, int t, float (&acc)[NM][4]) {
+// block scales, bshift log2 of the block edge (>= 6). B in natural layout
+// (from global memory in load() with GB, from shared memory otherwise).
+template <int NM, int U, bool GB>
+struct Fp8Chunk {
   uint4 w[U][NM][2];
   u32 sc[U][NM];
+  uint4 b[GB ? U : 1][2];
+
+  template <bool GUARD>
+  __device__ __forceinline__ void load(const uint4 *const (&wr)[NM][2], const u8 *const (&sr)[NM], int bshift, const u16 *xb, bool bl,
+                                       int s0, int spans, int t) {
 #pragma unroll
-  for (int u = 0; u < U; u++) {
-    const int s = s0 + u;
+    for (int u = 0; u < U; u++) {
+      const int s = s0 + u;
 #pragma unroll
-    for (int m = 0; m < NM; m++) {
+      for (int m = 0; m < NM; m++) {
 #pragma unroll
-      for (int r = 0; r < 2; r++) w[u][m][r] = (!GUARD || s < spans) ? __ldg(wr[m][r] + s * 4 + t) : make_uint4(0u, 0u, 0u, 0u);
-      sc[u][m] = (!GUARD || s < spans) ? (u32)__ldg(sr[m] + ((s * 64) >> bshift)) : 0u;
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < U; u++) {
-    const int s = s0 + u;
-    if (GUARD && s >= spans) break;
-    uint4 p = make_uint4(0u, 0u, 0u, 0u), q = p;
-    if (bl) {
-      p = ldb<GLOBAL>(xb + s * 64 + 16 * t);
-      q = ldb<GLOBAL>(xb + s * 64 + 16 * t + 8);
-    }
-    const u32 bq[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
-#pragma unroll
-    for (int m = 0; m < NM; m++) {
-      float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        const u32 ra = quarter(w[u][m][0], k), rb = quarter(w[u][m][1], k);
-        mma16816(d, e4m3x2_f16x2(ra), e4m3x2_f16x2(rb), e4m3x2_f16x2(ra >> 16), e4m3x2_f16x2(rb >> 16), bq[2 * k], bq[2 * k + 1]);
+        for (int r = 0; r < 2; r++) w[u][m][r] = (!GUARD || s < spans) ? ldw(wr[m][r] + s * 4 + t) : make_uint4(0u, 0u, 0u, 0u);
+        sc[u][m] = (!GUARD || s < spans) ? (u32)__ldg(sr[m] + ((s * 64) >> bshift)) : 0u;
       }
-      const float f = __int_as_float(sc[u][m] << 23);
-#pragma unroll
-      for (int i = 0; i < 4; i++) acc[m][i] = fmaf(d[i], f, acc[m][i]);
+      if (GB) {
+        b[u][0] = b[u][1] = make_uint4(0u, 0u, 0u, 0u);
+        if (bl && (!GUARD || s < spans)) {
+          b[u][0] = ldb<true>(xb + s * 64 + 16 * t);
+          b[u][1] = ldb<true>(xb + s * 64 + 16 * t + 8);
+        }
+      }
     }
   }
-}
+
+  template <bool GUARD>
+  __device__ __forceinline__ void compute(const u16 *xb, bool bl, int s0, int spans, int t, float (&acc)[NM][4]) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int s = s0 + u;
+      if (GUARD && s >= spans) break;
+      uint4 p = make_uint4(0u, 0u, 0u, 0u), q = p;
+      if (GB) {
+        p = b[u][0];
+        q = b[u][1];
+      } else if (bl) {
+        p = ldb<false>(xb + s * 64 + 16 * t);
+        q = ldb<false>(xb + s * 64 + 16 * t + 8);
+      }
+      const u32 bq[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int m = 0; m < NM; m++) {
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          const u32 ra = quarter(w[u][m][0], k), rb = quarter(w[u][m][1], k);
+          mma16816(d, e4m3x2_f16x2(ra), e4m3x2_f16x2(rb), e4m3x2_f16x2(ra >> 16), e4m3x2_f16x2(rb >> 16), bq[2 * k], bq[2 * k + 1]);
+        }
+        const float f = __int_as_float(sc[u][m] << 23);
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[m][i] = fmaf(d[i], f, acc[m][i]);
+      }
+    }
+  }
+};
 
 // hi/lo f16 split of v: hi = f16(v), lo = f16((v - hi)·2^11).
 __device__ __forceinline__ void hilo(float v, u16 &hi, u16 &lo) {
@@ -243,7 +298,14 @@ __device__ __forceinline__ void hilo(float v, u16 &hi, u16 &lo) {
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(lo) : "f"(r));
 }
 
-__device__ __forceinline__ u32 pack2(u16 lo, u16 hi) { return (u32)lo | ((u32)hi << 16); }
+// The same for a pair: a in the low halves of hi and lo, b in the high.
+__device__ __forceinline__ void hilo2(float a, float b, u32 &hi, u32 &lo) {
+  asm("{ .reg .b16 ha, hb; .reg .f32 fa, fb;\n"
+      "  cvt.rn.f16x2.f32 %0, %3, %2; mov.b32 {ha, hb}, %0; cvt.f32.f16 fa, ha; cvt.f32.f16 fb, hb;\n"
+      "  sub.f32 fa, %2, fa; sub.f32 fb, %3, fb; mul.f32 fa, fa, 0f45000000; mul.f32 fb, fb, 0f45000000;\n"
+      "  cvt.rn.f16x2.f32 %1, fb, fa; }"
+      : "=r"(hi), "=r"(lo) : "f"(a), "f"(b));
+}
 
 // Position of column j of an 8-column block in the routed layout.
 __device__ __forceinline__ int perm8(int j) { return ((j & 3) << 1) | (j >> 2); }
@@ -254,17 +316,17 @@ __device__ __forceinline__ void stage_hilo(const float *__restrict__ v, u16 *xs,
   const float4 *v4 = reinterpret_cast<const float4 *>(v);
   for (int i = threadIdx.x; i < n / 8; i += blockDim.x) {
     const float4 p = __ldg(v4 + 2 * i), q = __ldg(v4 + 2 * i + 1);
-    const float f[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
-    u16 hi[8], lo[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++) hilo(f[j], hi[j], lo[j]);
     uint4 H, L;
     if (perm) {  // [0,4,1,5,2,6,3,7]
-      H = make_uint4(pack2(hi[0], hi[4]), pack2(hi[1], hi[5]), pack2(hi[2], hi[6]), pack2(hi[3], hi[7]));
-      L = make_uint4(pack2(lo[0], lo[4]), pack2(lo[1], lo[5]), pack2(lo[2], lo[6]), pack2(lo[3], lo[7]));
+      hilo2(p.x, q.x, H.x, L.x);
+      hilo2(p.y, q.y, H.y, L.y);
+      hilo2(p.z, q.z, H.z, L.z);
+      hilo2(p.w, q.w, H.w, L.w);
     } else {
-      H = make_uint4(pack2(hi[0], hi[1]), pack2(hi[2], hi[3]), pack2(hi[4], hi[5]), pack2(hi[6], hi[7]));
-      L = make_uint4(pack2(lo[0], lo[1]), pack2(lo[2], lo[3]), pack2(lo[4], lo[5]), pack2(lo[6], lo[7]));
+      hilo2(p.x, p.y, H.x, L.x);
+      hilo2(p.z, p.w, H.y, L.y);
+      hilo2(q.x, q.y, H.z, L.z);
+      hilo2(q.z, q.w, H.w, L.w);
     }
     *reinterpret_cast<uint4 *>(xs + 8 * i) = H;
     *reinterpret_cast<uint4 *>(xs + n + 8 * i) = L;
@@ -291,9 +353,7 @@ __device__ __forceinline__ void moe_stage1(const MoeArgs &a) {
   __shared__ float red[MOE_WARPS][8][4];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int nsh = a.Is >> 4;
-  const bool shared = (int)blockIdx.x < nsh;
-  stage_hilo(a.x, xs, a.D, !shared);
-  __syncthreads();
+  const bool shared = (int)blockIdx.x < nsh;  // block-uniform
   const bool bl = g < 2;
   const u16 *xb = xs + (g & 1) * a.D;
   float acc[2][4];
@@ -303,6 +363,8 @@ __device__ __forceinline__ void moe_stage1(const MoeArgs &a) {
     for (int i = 0; i < 4; i++) acc[m][i] = 0.f;
   int k = 0, r0;
   bool valid = true;
+  // Each branch issues its warp's first chunk of weight loads, then stages
+  // x (the loads' latency overlaps the staging), then walks its chunks.
   if (shared) {
     r0 = blockIdx.x * 16;
     const uint4 *wr[2][2] = {
@@ -310,28 +372,51 @@ __device__ __forceinline__ void moe_stage1(const MoeArgs &a) {
         {reinterpret_cast<const uint4 *>(a.s3 + (long long)(r0 + g) * a.D), reinterpret_cast<const uint4 *>(a.s3 + (long long)(r0 + g + 8) * a.D)}};
     const int sstride = a.D >> a.bshift;
     const u8 *sr[2] = {a.c1 + (long long)(r0 >> a.bshift) * sstride, a.c3 + (long long)(r0 >> a.bshift) * sstride};
-    const int spans = a.D >> 6;
-    int s0 = warp * UF;
-    for (; s0 + UF <= spans; s0 += MOE_WARPS * UF) fp8_chunk<2, UF, false, false>(wr, sr, a.bshift, xb, bl, s0, spans, t, acc);
-    if (s0 < spans) fp8_chunk<2, UF, false, true>(wr, sr, a.bshift, xb, bl, s0, spans, t, acc);
+    // Warp w: spans [s0, end), contiguous (one chunk's 256-byte L2 fetch
+    // serves the next).
+    const int per = ((a.D >> 6) + MOE_WARPS - 1) / MOE_WARPS;
+    int s0 = warp * per;
+    const int end = min(a.D >> 6, s0 + per);
+    Fp8Chunk<2, UF, false> ch;
+    if (s0 + UF <= end) ch.template load<false>(wr, sr, a.bshift, xb, bl, s0, end, t);
+    else if (s0 < end) ch.template load<true>(wr, sr, a.bshift, xb, bl, s0, end, t);
+    stage_hilo(a.x, xs, a.D, false);
+    __syncthreads();
+    while (s0 < end) {
+      if (s0 + UF <= end) ch.template compute<false>(xb, bl, s0, end, t, acc);
+      else ch.template compute<true>(xb, bl, s0, end, t, acc);
+      s0 += UF;
+      if (s0 + UF <= end) ch.template load<false>(wr, sr, a.bshift, xb, bl, s0, end, t);
+      else if (s0 < end) ch.template load<true>(wr, sr, a.bshift, xb, bl, s0, end, t);
+    }
   } else {
     const int tile = blockIdx.x - nsh, tpe = a.I >> 4;
     k = tile / tpe;
     r0 = (tile - k * tpe) * 16;
     const int id = __ldg(a.ids + k);
     valid = (unsigned)id < (unsigned)a.E;
-    if (valid) {
-      const LinRec *r1 = a.t13 + 2 * id, *r3 = r1 + 1;
-      const u8 *W1 = r1->W, *S1 = r1->S, *W3 = r3->W, *S3 = r3->S;
-      const long long rb = a.D >> 1, sb = a.D >> 5;
-      const u32 *wr[2][2] = {{reinterpret_cast<const u32 *>(W1 + (r0 + g) * rb), reinterpret_cast<const u32 *>(W1 + (r0 + g + 8) * rb)},
-                             {reinterpret_cast<const u32 *>(W3 + (r0 + g) * rb), reinterpret_cast<const u32 *>(W3 + (r0 + g + 8) * rb)}};
-      const u32 *sr[2][2] = {{reinterpret_cast<const u32 *>(S1 + (r0 + g) * sb), reinterpret_cast<const u32 *>(S1 + (r0 + g + 8) * sb)},
-                             {reinterpret_cast<const u32 *>(S3 + (r0 + g) * sb), reinterpret_cast<const u32 *>(S3 + (r0 + g + 8) * sb)}};
-      const int spans = a.D >> 5;
-      int s0 = warp * U;
-      for (; s0 + U <= spans; s0 += MOE_WARPS * U) fp4_chunk<2, U, DEC, false, false>(wr, sr, xb, bl, s0, spans, t, acc);
-      if (s0 < spans) fp4_chunk<2, U, DEC, false, true>(wr, sr, xb, bl, s0, spans, t, acc);
+    // Warp w: spans [s0, end), contiguous, a multiple of 4 (scale words).
+    const int per = (((a.D >> 5) + MOE_WARPS - 1) / MOE_WARPS + 3) & ~3;
+    int s0 = warp * per;
+    const int end = valid ? min(a.D >> 5, s0 + per) : 0;
+    const LinRec *r1 = a.t13 + 2 * (valid ? id : 0), *r3 = r1 + 1;
+    const u8 *W1 = r1->W, *S1 = r1->S, *W3 = r3->W, *S3 = r3->S;
+    const long long rb = a.D >> 1, sb = a.D >> 5;
+    const u32 *wr[2][2] = {{reinterpret_cast<const u32 *>(W1 + (r0 + g) * rb), reinterpret_cast<const u32 *>(W1 + (r0 + g + 8) * rb)},
+                           {reinterpret_cast<const u32 *>(W3 + (r0 + g) * rb), reinterpret_cast<const u32 *>(W3 + (r0 + g + 8) * rb)}};
+    const u32 *sr[2][2] = {{reinterpret_cast<const u32 *>(S1 + (r0 + g) * sb), reinterpret_cast<const u32 *>(S1 + (r0 + g + 8) * sb)},
+                           {reinterpret_cast<const u32 *>(S3 + (r0 + g) * sb), reinterpret_cast<const u32 *>(S3 + (r0 + g + 8) * sb)}};
+    Fp4Chunk<2, U, 0> ch;
+    if (s0 + U <= end) ch.template load<false>(wr, sr, xb, bl, s0, end, t);
+    else if (s0 < end) ch.template load<true>(wr, sr, xb, bl, s0, end, t);
+    stage_hilo(a.x, xs, a.D, true);
+    __syncthreads();
+    while (s0 < end) {
+      if (s0 + U <= end) ch.template compute<DEC, false>(xb, bl, s0, end, t, acc);
+      else ch.template compute<DEC, true>(xb, bl, s0, end, t, acc);
+      s0 += U;
+      if (s0 + U <= end) ch.template load<false>(wr, sr, xb, bl, s0, end, t);
+      else if (s0 < end) ch.template load<true>(wr, sr, xb, bl, s0, end, t);
     }
   }
   if (t == 0) {
@@ -372,7 +457,7 @@ __device__ __forceinline__ void moe_stage1(const MoeArgs &a) {
 
 // Stage 2: one block per 16 output rows. The routed work is K·ceil(I/32/U)
 // chunks (expert slot-major), the shared expert's ceil(Is/64/UF) chunks;
-// warp w takes chunks w, w+8, ... of each, adds them into its accumulators,
+// each warp takes a fixed share of each, adds them into its accumulators,
 // and the block adds the warps' sums in warp order.
 template <int U, int UF, int DEC>
 __device__ __forceinline__ void moe_stage2(const MoeArgs &a) {
@@ -382,8 +467,12 @@ __device__ __forceinline__ void moe_stage2(const MoeArgs &a) {
   const bool bl = g < 2;
   float accR[1][4] = {{0.f, 0.f, 0.f, 0.f}}, accS[1][4] = {{0.f, 0.f, 0.f, 0.f}};
   const int spans = a.I >> 5, cpe = (spans + U - 1) / U;
+  const int total = a.K * cpe, per = (total + MOE_WARPS - 1) / MOE_WARPS;
   bool bad = false;
-  for (int c = warp; c < a.K * cpe; c += MOE_WARPS) {
+  // Warp w takes chunks [w·per, (w+1)·per) of the expert-slot-major
+  // sequence: consecutive chunks of one row (the L2 256-byte fetch of one
+  // chunk's loads serves the next).
+  for (int c = warp * per; c < min(total, (warp + 1) * per); c++) {
     const int k = c / cpe, s0 = (c - k * cpe) * U;
     const int id = __ldg(a.ids + k);
     if ((unsigned)id >= (unsigned)a.E) {
@@ -396,8 +485,14 @@ __device__ __forceinline__ void moe_stage2(const MoeArgs &a) {
     const u32 *wr[1][2] = {{reinterpret_cast<const u32 *>(W + (r0 + g) * rb), reinterpret_cast<const u32 *>(W + (r0 + g + 8) * rb)}};
     const u32 *sr[1][2] = {{reinterpret_cast<const u32 *>(S + (r0 + g) * sb), reinterpret_cast<const u32 *>(S + (r0 + g + 8) * sb)}};
     const u16 *xb = a.h + (long long)k * 2 * a.I + (g & 1) * a.I;
-    if (s0 + U <= spans) fp4_chunk<1, U, DEC, true, false>(wr, sr, xb, bl, s0, spans, t, accR);
-    else fp4_chunk<1, U, DEC, true, true>(wr, sr, xb, bl, s0, spans, t, accR);
+    Fp4Chunk<1, U, (U <= 8 ? 1 : 2)> ch;
+    if (s0 + U <= spans) {
+      ch.template load<false>(wr, sr, xb, bl, s0, spans, t);
+      ch.template compute<DEC, false>(xb, bl, s0, spans, t, accR);
+    } else {
+      ch.template load<true>(wr, sr, xb, bl, s0, spans, t);
+      ch.template compute<DEC, true>(xb, bl, s0, spans, t, accR);
+    }
   }
   if (a.Is > 0) {
     const int sspans = a.Is >> 6, scs = (sspans + UF - 1) / UF;
@@ -407,8 +502,14 @@ __device__ __forceinline__ void moe_stage2(const MoeArgs &a) {
     const u16 *xb = a.h + (long long)a.K * 2 * a.I + (g & 1) * a.Is;
     for (int c = warp; c < scs; c += MOE_WARPS) {
       const int s0 = c * UF;
-      if (s0 + UF <= sspans) fp8_chunk<1, UF, true, false>(wr, sr, a.bshift, xb, bl, s0, sspans, t, accS);
-      else fp8_chunk<1, UF, true, true>(wr, sr, a.bshift, xb, bl, s0, sspans, t, accS);
+      Fp8Chunk<1, UF, true> ch;
+      if (s0 + UF <= sspans) {
+        ch.template load<false>(wr, sr, a.bshift, xb, bl, s0, sspans, t);
+        ch.template compute<false>(xb, bl, s0, sspans, t, accS);
+      } else {
+        ch.template load<true>(wr, sr, a.bshift, xb, bl, s0, sspans, t);
+        ch.template compute<true>(xb, bl, s0, sspans, t, accS);
+      }
     }
   }
   if (t == 0) {

@@ -31,17 +31,19 @@ type MoEVariant int
 // weights as exact f16 and the activations split into f16 hi and lo parts);
 // they differ in the MXFP4 spans (32-column scale groups) each lane loads
 // before using any (U1 in stage 1, where a span means four words: w1 and w3,
-// rows g and g+8; U2 in stage 2, two words), and in the E2M1 decoder.
+// rows g and g+8; U2 in stage 2, two words), in the blocks of 256 threads
+// the kernels are compiled to fit on an SM, and in the E2M1 decoder.
 const (
-	// MoEDefault: U1 8, U2 8, E2M1 codes placed into f16 bits (two
-	// shift/mask steps per word, one PRMT per pair; values ×2^-14, code 0.5
-	// an f16 subnormal).
+	// MoEDefault: U1 8, U2 8, 2 blocks per SM, E2M1 codes placed into f16
+	// bits (two shift/mask steps per word, one PRMT per pair; values
+	// ×2^-14, code 0.5 an f16 subnormal).
 	MoEDefault MoEVariant = iota
 	// MoEU16: U1 8, U2 16 (stage 2 with as many bytes in flight per lane as
 	// stage 1).
 	MoEU16
-	// MoEU4: U1 4, U2 4 (fewer registers: 85 and 74).
-	MoEU4
+	// MoEOcc3: U1 4, U2 16, 3 blocks per SM (at most 80 registers; more
+	// warps to cover latency, fewer loads each).
+	MoEOcc3
 	// MoELUT: U1 8, U2 8 with kernels/linear.cu's decoder (E4M3 lookup by
 	// PRMT, then cvt.rn.f16x2.e4m3x2; no f16 subnormals).
 	MoELUT
@@ -50,17 +52,17 @@ const (
 
 // moeVariants: kernel parameters of each MoEVariant (U1, U2 routed spans
 // per chunk, UF1, UF2 the FP8 shared expert's 64-column spans per chunk,
-// DEC the decoder).
+// DEC the decoder, B blocks per SM).
 var moeVariants = [moeVariantCount]struct {
 	name    string
 	u1, uf1 int
 	u2, uf2 int
-	dec     int
+	dec, b  int
 }{
-	MoEDefault: {name: "u8", u1: 8, uf1: 2, u2: 8, uf2: 4},
-	MoEU16:     {name: "u8x16", u1: 8, uf1: 2, u2: 16, uf2: 4},
-	MoEU4:      {name: "u4", u1: 4, uf1: 1, u2: 4, uf2: 2},
-	MoELUT:     {name: "u8lut", u1: 8, uf1: 2, u2: 8, uf2: 4, dec: 1},
+	MoEDefault: {name: "u8", u1: 8, uf1: 2, u2: 8, uf2: 4, b: 2},
+	MoEU16:     {name: "u8x16", u1: 8, uf1: 2, u2: 16, uf2: 4, b: 2},
+	MoEOcc3:    {name: "occ3", u1: 4, uf1: 1, u2: 16, uf2: 4, b: 3},
+	MoELUT:     {name: "u8lut", u1: 8, uf1: 2, u2: 8, uf2: 4, dec: 1, b: 2},
 }
 
 func (v MoEVariant) String() string {
@@ -73,7 +75,7 @@ func (v MoEVariant) String() string {
 // moeKernelNames returns the stage 1 and stage 2 kernel names of v.
 func moeKernelNames(v MoEVariant) (string, string) {
 	p := moeVariants[v]
-	return fmt.Sprintf("moe1_u%d_f%d_d%d", p.u1, p.uf1, p.dec), fmt.Sprintf("moe2_u%d_f%d_d%d", p.u2, p.uf2, p.dec)
+	return fmt.Sprintf("moe1_u%d_f%d_d%d_b%d", p.u1, p.uf1, p.dec, p.b), fmt.Sprintf("moe2_u%d_f%d_d%d_b%d", p.u2, p.uf2, p.dec, p.b)
 }
 
 // moeThreads is MOE_THREADS in kernels/moe.cu.

@@ -71,6 +71,9 @@ static_assert(sizeof(MoeArgs) == 136, "MoeArgs must mirror moeArgs (136 bytes)")
 
 #define MOE_WARPS 8
 #define MOE_THREADS (32 * MOE_WARPS)
+#define MOE_MAXK 64  // moeMaxK in compute/cuda/moe.go
+
+__device__ __forceinline__ void moe_prefetch(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 __device__ __forceinline__ void mma16816(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
@@ -468,20 +471,43 @@ __device__ __forceinline__ void moe_stage2(const MoeArgs &a) {
   float accR[1][4] = {{0.f, 0.f, 0.f, 0.f}}, accS[1][4] = {{0.f, 0.f, 0.f, 0.f}};
   const int spans = a.I >> 5, cpe = (spans + U - 1) / U;
   const int total = a.K * cpe, per = (total + MOE_WARPS - 1) / MOE_WARPS;
+  // The K experts' w2 records (null for an id outside the table), read once.
+  __shared__ const u8 *recW[MOE_MAXK], *recS[MOE_MAXK];
+  for (int k = threadIdx.x; k < a.K; k += blockDim.x) {
+    const int id = __ldg(a.ids + k);
+    const bool ok = (unsigned)id < (unsigned)a.E;
+    recW[k] = ok ? a.t2[id].W : nullptr;
+    recS[k] = ok ? a.t2[id].S : nullptr;
+  }
+  __syncthreads();
+  const long long rb = a.I >> 1;
+  // Lane i asks L2 for a 128-byte line of a chunk: row i & 15, line i >> 4.
+  auto prefetch = [&](int c) {
+    const int k = c / cpe, s0 = (c - k * cpe) * U;
+    const u8 *W = recW[k];
+    const int off = s0 * 16 + (lane >> 4) * 128;
+    if (W && off < min(s0 + U, spans) * 16) moe_prefetch(W + (r0 + (lane & 15)) * rb + off);
+  };
+  if (a.Is > 0) {  // this warp's shared-expert chunks, wanted after the routed ones
+    const int sspans = a.Is >> 6, scs = (sspans + UF - 1) / UF;
+    for (int c = warp; c < scs; c += MOE_WARPS)
+      for (int off = (lane >> 4) * 128; off < min(UF, sspans - c * UF) * 64; off += 256)
+        moe_prefetch(a.s2 + (long long)(r0 + (lane & 15)) * a.Is + c * UF * 64 + off);
+  }
   bool bad = false;
   // Warp w takes chunks [w·per, (w+1)·per) of the expert-slot-major
-  // sequence: consecutive chunks of one row (the L2 256-byte fetch of one
-  // chunk's loads serves the next).
-  for (int c = warp * per; c < min(total, (warp + 1) * per); c++) {
+  // sequence (consecutive chunks of a row), asking L2 for chunk c+1 while
+  // loading chunk c.
+  const int cend = min(total, (warp + 1) * per);
+  for (int c = warp * per; c < cend; c++) {
+    if (c + 1 < cend) prefetch(c + 1);
     const int k = c / cpe, s0 = (c - k * cpe) * U;
-    const int id = __ldg(a.ids + k);
-    if ((unsigned)id >= (unsigned)a.E) {
+    const u8 *W = recW[k], *S = recS[k];
+    if (!W) {
       bad = true;
       continue;
     }
-    const LinRec *rec = a.t2 + id;
-    const u8 *W = rec->W, *S = rec->S;
-    const long long rb = a.I >> 1, sb = a.I >> 5;
+    const long long sb = a.I >> 5;
     const u32 *wr[1][2] = {{reinterpret_cast<const u32 *>(W + (r0 + g) * rb), reinterpret_cast<const u32 *>(W + (r0 + g + 8) * rb)}};
     const u32 *sr[1][2] = {{reinterpret_cast<const u32 *>(S + (r0 + g) * sb), reinterpret_cast<const u32 *>(S + (r0 + g + 8) * sb)}};
     const u16 *xb = a.h + (long long)k * 2 * a.I + (g & 1) * a.I;
@@ -529,14 +555,16 @@ __device__ __forceinline__ void moe_stage2(const MoeArgs &a) {
   }
 }
 
-// Kernel names: moe1_u<U>_f<UF>_d<DEC> (stage 1), moe2_u<U>_f<UF>_d<DEC>
-// (stage 2); the variants of compute/cuda/moe.go's moeVariants.
-#define MOE1(U, UF, DEC) \
-  extern "C" __global__ void __launch_bounds__(MOE_THREADS, 2) moe1_u##U##_f##UF##_d##DEC(MoeArgs a) { moe_stage1<U, UF, DEC>(a); }
-#define MOE2(U, UF, DEC) \
-  extern "C" __global__ void __launch_bounds__(MOE_THREADS, 2) moe2_u##U##_f##UF##_d##DEC(MoeArgs a) { moe_stage2<U, UF, DEC>(a); }
+// Kernel names: moe1_u<U>_f<UF>_d<DEC>_b<B> (stage 1),
+// moe2_u<U>_f<UF>_d<DEC>_b<B> (stage 2), compiled for B blocks of 256
+// threads per SM (B 3: at most 80 registers); the variants of
+// compute/cuda/moe.go's moeVariants.
+#define MOE1(U, UF, DEC, B) \
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1_u##U##_f##UF##_d##DEC##_b##B(MoeArgs a) { moe_stage1<U, UF, DEC>(a); }
+#define MOE2(U, UF, DEC, B) \
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe2_u##U##_f##UF##_d##DEC##_b##B(MoeArgs a) { moe_stage2<U, UF, DEC>(a); }
 
-MOE1(8, 2, 0) MOE2(8, 4, 0)
-MOE2(16, 4, 0)
-MOE1(4, 1, 0) MOE2(4, 2, 0)
-MOE1(8, 2, 1) MOE2(8, 4, 1)
+MOE1(8, 2, 0, 2) MOE2(8, 4, 0, 2)
+MOE2(16, 4, 0, 2)
+MOE1(4, 1, 0, 3) MOE2(16, 4, 0, 3)
+MOE1(8, 2, 1, 2) MOE2(8, 4, 1, 2)

@@ -1,0 +1,140 @@
+package cuda
+
+import (
+	_ "embed"
+	"fmt"
+	"structs"
+	"unsafe"
+)
+
+//go:embed kernels/attn.cu
+var attnSrc string
+
+// AttnSource returns the CUDA source of the prefill attention module
+// (kernels/attn.cu).
+func AttnSource() string { return attnSrc }
+
+// attnModuleName names the prefill attention module among the device's modules.
+const attnModuleName = "attn"
+
+// Prefill attention tiling: kernels/attn.cu's AP_HB (heads per block), AP_KT
+// (keys per tile), AP_NW (warps per block) and AP_SS (score row stride).
+const (
+	attnPHeads = 32
+	attnPTile  = 32
+	attnPWarps = 8
+	attnPSS    = attnPTile + 8
+)
+
+// attnPrefillShared is AP_SHARED(dim/8) in kernels/attn.cu: the dynamic
+// shared memory of the kernel for heads of width dim, in bytes.
+func attnPrefillShared(dim int) int {
+	dw := dim / attnPWarps
+	return 4*2*attnPWarps*attnPTile*(dw+8) + 4*attnPWarps*attnPHeads*attnPSS + 2*3*attnPHeads*attnPSS + 4*2*attnPHeads
+}
+
+// attnPrefillKernel names the kernel for heads of width dim, or "" if none.
+func attnPrefillKernel(dim int) string {
+	switch dim {
+	case 128, 256, 512:
+		return fmt.Sprintf("attn_prefill_d%d", dim)
+	}
+	return ""
+}
+
+// PrefillAttentionFits reports whether AttentionPrefill takes `heads` heads
+// of width dim: heads a multiple of 32 and dim one of 128, 256, 512
+// (DeepSeek-V4-Flash: 64 heads of 512).
+func PrefillAttentionFits(heads, dim int) bool {
+	return heads > 0 && heads%attnPHeads == 0 && attnPrefillKernel(dim) != ""
+}
+
+// attnPrefillArgs mirrors struct APArgs in kernels/attn.cu.
+type attnPrefillArgs struct {
+	_                                                         structs.HostLayout
+	O, Q, Ring, Comp, Idx, Sinks, Pos                         uint64
+	RingRows, Window, Ratio, IdxStride, TopK, Heads, Dim, Pad int32
+	Scale                                                     float32
+}
+
+// attnModule returns the device's prefill attention module, compiling (or
+// loading from the disk cache) it on first use and raising its kernels'
+// dynamic shared-memory limit to what they need.
+func (c *Ctx) attnModule() (*Module, error) {
+	for _, m := range c.d.modules {
+		if m.Name == attnModuleName {
+			return m, nil
+		}
+	}
+	m, err := c.Module(attnModuleName, attnSrc)
+	if err != nil {
+		return nil, fmt.Errorf("cuda attn module: %w", err)
+	}
+	for _, dim := range []int{128, 256, 512} {
+		name := attnPrefillKernel(dim)
+		k, err := m.Kernel(name)
+		if err != nil {
+			return nil, fmt.Errorf("cuda attn module: %w", err)
+		}
+		static, err := c.lib.FuncGetAttribute(k.fn, funcAttrSharedSize)
+		if err != nil {
+			return nil, fmt.Errorf("cuda attn module: %s: %w", name, err)
+		}
+		need := attnPrefillShared(dim)
+		if need > c.d.info.SharedOptin-static {
+			return nil, fmt.Errorf("cuda attn module: %s needs %d bytes of shared memory, the device allows %d", name, need, c.d.info.SharedOptin-static)
+		}
+		if err := c.lib.FuncSetAttribute(k.fn, funcAttrMaxDynamicShared, need); err != nil {
+			return nil, fmt.Errorf("cuda attn module: %s: %w", name, err)
+		}
+	}
+	return m, nil
+}
+
+// LoadAttn compiles (or loads from the disk cache) the prefill attention
+// module now, so that the first AttentionPrefill does not: call it before
+// capturing a CUDA graph that contains AttentionPrefill (loading a module is
+// not a stream operation).
+func (c *Ctx) LoadAttn() error {
+	_, err := c.attnModule()
+	return err
+}
+
+// AttentionPrefill enqueues the same attention as AttentionRing (same
+// arguments, same semantics for T >= 1 queries) on tensor cores, for
+// prefill chunks: one block per (query, 32 heads) reads each key once for
+// its 32 heads, and Q·Kᵀ and P·V run as mma.sync with every float32 operand
+// split into two f16 parts (three products, f32 accumulation; about 22
+// significant bits per product). It needs PrefillAttentionFits(Heads, Dim)
+// and |q|, |k| < 65504 (f16 range); MaxKeys and HeadsPerBlock are ignored
+// (keys stream through shared memory, no key-count bound). A negative entry
+// in Idx's first min(TopK, (t+1)/Ratio) columns is a padding entry and is
+// skipped. Bad sizes are errors naming the argument.
+func (f *Fwd) AttentionPrefill(c *Ctx, p AttnParams, s Stream) error {
+	switch {
+	case p.O == 0 || p.Q == 0 || p.Ring == 0 || p.Sinks == 0 || p.Pos == 0:
+		return fmt.Errorf("cuda attn_prefill: nil buffer (o %#x q %#x ring %#x sinks %#x pos %#x)", p.O, p.Q, p.Ring, p.Sinks, p.Pos)
+	case p.T <= 0 || p.T > 65535 || p.Window <= 0:
+		return fmt.Errorf("cuda attn_prefill: T %d (want 1..65535), window %d", p.T, p.Window)
+	case !PrefillAttentionFits(p.Heads, p.Dim):
+		return fmt.Errorf("cuda attn_prefill: %d heads of width %d (want a multiple of %d heads of width 128, 256 or 512)", p.Heads, p.Dim, attnPHeads)
+	case p.RingRows < p.Window+p.T-1:
+		return fmt.Errorf("cuda attn_prefill: ring of %d rows cannot hold window %d plus %d queries", p.RingRows, p.Window, p.T)
+	case p.Comp != 0 && p.Ratio <= 0:
+		return fmt.Errorf("cuda attn_prefill: compressed entries with ratio %d", p.Ratio)
+	case p.Idx != 0 && (p.TopK <= 0 || p.IdxStride < p.TopK):
+		return fmt.Errorf("cuda attn_prefill: top-k %d with index row stride %d", p.TopK, p.IdxStride)
+	}
+	m, err := c.attnModule()
+	if err != nil {
+		return err
+	}
+	k, err := m.Kernel(attnPrefillKernel(p.Dim))
+	if err != nil {
+		return err
+	}
+	a := attnPrefillArgs{O: uint64(p.O), Q: uint64(p.Q), Ring: uint64(p.Ring), Comp: uint64(p.Comp), Idx: uint64(p.Idx), Sinks: uint64(p.Sinks),
+		Pos: uint64(p.Pos), RingRows: int32(p.RingRows), Window: int32(p.Window), Ratio: int32(max(p.Ratio, 1)),
+		IdxStride: int32(p.IdxStride), TopK: int32(p.TopK), Heads: int32(p.Heads), Dim: int32(p.Dim), Scale: p.Scale}
+	return c.Launch(k, Dim3{X: uint32(p.Heads / attnPHeads), Y: uint32(p.T)}, Dim3{X: 256}, attnPrefillShared(p.Dim), s, unsafe.Pointer(&a))
+}

@@ -1,0 +1,456 @@
+package cuda
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"sync"
+	"testing"
+
+	"moxie/compute/computetest"
+	"moxie/compute/ref"
+)
+
+// attnPrefillTol bounds AttentionPrefill's error against the float64
+// reference: max|got−want| / max|want| over each query's heads. The split-f16
+// products carry about 22 significant bits, so the error is that of float32
+// arithmetic, far inside computetest.TolAttention.
+const attnPrefillTol = 5e-6
+
+// attnCase is one AttentionPrefill test shape: T queries at positions
+// p0 .. p0+T−1 over a window ring and, for "hca"/"csa", compressed entries.
+type attnCase struct {
+	name          string
+	window, p0, T int
+	heads, dim    int
+	kind          string // "window", "hca", "csa"
+	ratio, topk   int
+	pad           bool    // csa: some selected entries are −1 (padding)
+	qstd          float64 // query spread (sharper softmax when larger)
+	infSink       bool    // head 0's sink is −∞
+}
+
+// attnData is a case's host inputs and the device launch parameters.
+type attnData struct {
+	q, keys, ent, sinks []float32
+	idx                 []int
+	idxStride           int
+	p                   AttnParams
+}
+
+// attnDev uploads and downloads on the device thread, keeping the first
+// error (t.Fatal must not run there).
+type attnDev struct {
+	c   *Ctx
+	a   *Arena
+	err error
+}
+
+func (u *attnDev) alloc(n int) DevicePtr {
+	p, err := u.a.Alloc(max(n, 4))
+	if err != nil && u.err == nil {
+		u.err = err
+	}
+	return p
+}
+
+func (u *attnDev) up(x []float32) DevicePtr {
+	p := u.alloc(4 * len(x))
+	if err := u.c.CopyFloatsToDevice(p, x); err != nil && u.err == nil {
+		u.err = err
+	}
+	return p
+}
+
+func (u *attnDev) upInts(x []int) DevicePtr {
+	b := make([]byte, 4*len(x))
+	for i, v := range x {
+		binary.LittleEndian.PutUint32(b[4*i:], uint32(int32(v)))
+	}
+	p := u.alloc(len(b))
+	if err := u.c.CopyToDevice(p, b); err != nil && u.err == nil {
+		u.err = err
+	}
+	return p
+}
+
+// poison fills n floats at p with NaN.
+func (u *attnDev) poison(p DevicePtr, n int) {
+	if err := u.c.Memset(p, 0xff, 4*n, u.c.Stream()); err != nil && u.err == nil {
+		u.err = err
+	}
+}
+
+func (u *attnDev) down(p DevicePtr, n int) []float32 {
+	out := make([]float32, n)
+	if err := u.c.CopyFloatsFromDevice(out, p); err != nil && u.err == nil {
+		u.err = err
+	}
+	return out
+}
+
+// attnSetup builds a case's inputs (every position's key, the ring holding
+// the chunk's window, compressed entries, a top-k selection) and uploads
+// them; the output buffer is poisoned with NaN.
+func attnSetup(u *attnDev, tc attnCase, seed uint64) *attnData {
+	rng := rand.New(rand.NewPCG(seed, 11))
+	last := tc.p0 + tc.T - 1
+	ringRows := tc.window + tc.T + 3
+	keys := computetest.Normal(rng, (last+1)*tc.dim, 1)
+	ring := make([]float32, ringRows*tc.dim)
+	for p := max(0, tc.p0-tc.window+1); p <= last; p++ {
+		copy(ring[(p%ringRows)*tc.dim:], keys[p*tc.dim:(p+1)*tc.dim])
+	}
+	nEnt := 0
+	if tc.ratio > 0 {
+		nEnt = (last + 1) / tc.ratio
+	}
+	d := &attnData{keys: keys, ent: computetest.Normal(rng, max(nEnt, 1)*tc.dim, 1),
+		q: computetest.Normal(rng, tc.T*tc.heads*tc.dim, max(tc.qstd, 1)), sinks: computetest.Normal(rng, tc.heads, 1)}
+	if tc.infSink {
+		d.sinks[0] = float32(math.Inf(-1))
+	}
+	d.idxStride = max(tc.topk, 1) + 3 // a stride wider than k
+	d.idx = make([]int, tc.T*d.idxStride)
+	for qi := range tc.T {
+		n := (tc.p0 + qi + 1) / max(tc.ratio, 1)
+		perm := rng.Perm(max(n, 1))
+		row := d.idx[qi*d.idxStride : (qi+1)*d.idxStride]
+		for j := range row {
+			row[j] = -7 // never read: past min(topk, n)
+		}
+		for j := 0; j < min(n, tc.topk); j++ {
+			row[j] = perm[j]
+			if tc.pad && j%5 == 3 {
+				row[j] = -1
+			}
+		}
+	}
+	scale := 1 / math.Sqrt(float64(tc.dim))
+	n := tc.T * tc.heads * tc.dim
+	d.p = AttnParams{O: u.alloc(4 * n), Q: u.up(d.q), Ring: u.up(ring), Sinks: u.up(d.sinks),
+		RingRows: ringRows, Window: tc.window, T: tc.T, Ratio: tc.ratio, IdxStride: d.idxStride, TopK: tc.topk,
+		Heads: tc.heads, Dim: tc.dim, MaxKeys: tc.window + max(tc.topk, nEnt), Scale: float32(scale)}
+	pos := make([]int, tc.T)
+	for i := range pos {
+		pos[i] = tc.p0 + i
+	}
+	d.p.Pos = u.upInts(pos)
+	u.poison(d.p.O, n)
+	if tc.kind != "window" {
+		d.p.Comp = u.up(d.ent)
+	}
+	if tc.kind == "csa" {
+		d.p.Idx = u.upInts(d.idx)
+	}
+	return d
+}
+
+// attnArena is the device memory one case takes (inputs, one output).
+func attnArena(tc attnCase) int {
+	last := tc.p0 + tc.T - 1
+	floats := 2*tc.T*tc.heads*tc.dim + (last+1+tc.window+tc.T+3)*tc.dim + tc.heads
+	if tc.ratio > 0 {
+		floats += (last + 1) / tc.ratio * tc.dim
+	}
+	return 4*floats + 4*tc.T*(tc.topk+5) + 1<<20
+}
+
+// attnRefErr returns the largest per-query error of got against ref.Attention
+// (float64) over each query's key list gathered on the host from the spec
+// (window positions, then all entries (HCA) or the selected non-negative
+// ones (CSA)), computed over the queries in parallel.
+func attnRefErr(tc attnCase, d *attnData, got []float32) float64 {
+	errs := make([]float64, tc.T)
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range runtime.GOMAXPROCS(0) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for qi := range next {
+				t0 := tc.p0 + qi
+				var kv []float32
+				for pp := max(0, t0-tc.window+1); pp <= t0; pp++ {
+					kv = append(kv, d.keys[pp*tc.dim:(pp+1)*tc.dim]...)
+				}
+				switch tc.kind {
+				case "hca":
+					kv = append(kv, d.ent[:(t0+1)/tc.ratio*tc.dim]...)
+				case "csa":
+					for j := range min((t0+1)/tc.ratio, tc.topk) {
+						if en := d.idx[qi*d.idxStride+j]; en >= 0 {
+							kv = append(kv, d.ent[en*tc.dim:(en+1)*tc.dim]...)
+						}
+					}
+				}
+				hd := tc.heads * tc.dim
+				want := ref.Attention(fwdF64(d.q[qi*hd:(qi+1)*hd]), fwdF64(kv), fwdF64(d.sinks), len(kv)/tc.dim, tc.heads, tc.dim, float64(d.p.Scale))
+				errs[qi] = computetest.MaxRel(got[qi*hd:(qi+1)*hd], want)
+			}
+		}()
+	}
+	for qi := range tc.T {
+		next <- qi
+	}
+	close(next)
+	wg.Wait()
+	worst := 0.0
+	for _, r := range errs {
+		if !(r <= worst) {
+			worst = r // NaN (from MaxRel's NaN mismatch: +Inf) propagates
+		}
+	}
+	return worst
+}
+
+// maxRelF32 is computetest.MaxRel against a float32 reference.
+func maxRelF32(got, want []float32, heads, dim int) float64 {
+	worst := 0.0
+	for q := 0; q < len(got); q += heads * dim {
+		if r := computetest.MaxRel(got[q:q+heads*dim], fwdF64(want[q:q+heads*dim])); !(r <= worst) {
+			worst = r
+		}
+	}
+	return worst
+}
+
+func TestAttentionPrefill(t *testing.T) {
+	cases := []attnCase{
+		{name: "window T=1 position 0", window: 128, p0: 0, T: 1, heads: 64, dim: 512, kind: "window"},
+		{name: "window T=7 early positions", window: 128, p0: 3, T: 7, heads: 64, dim: 512, kind: "window"},
+		{name: "window T=64 ring wraps", window: 128, p0: 1000, T: 64, heads: 64, dim: 512, kind: "window", infSink: true},
+		{name: "window T=512", window: 128, p0: 4000, T: 512, heads: 64, dim: 512, kind: "window"},
+		{name: "hca T=1", window: 128, p0: 700, T: 1, heads: 64, dim: 512, kind: "hca", ratio: 128},
+		{name: "hca T=7 entry closes inside", window: 128, p0: 5*128 - 3, T: 7, heads: 64, dim: 512, kind: "hca", ratio: 128},
+		{name: "hca T=64 many entries", window: 128, p0: 20000, T: 64, heads: 64, dim: 512, kind: "hca", ratio: 128, qstd: 3},
+		{name: "hca T=512", window: 128, p0: 40000, T: 512, heads: 64, dim: 512, kind: "hca", ratio: 128},
+		{name: "csa T=1 decode", window: 128, p0: 3000, T: 1, heads: 64, dim: 512, kind: "csa", ratio: 4, topk: 512},
+		{name: "csa T=7 fewer entries than k", window: 128, p0: 100, T: 7, heads: 64, dim: 512, kind: "csa", ratio: 4, topk: 512},
+		{name: "csa T=64 padding entries", window: 128, p0: 2500, T: 64, heads: 64, dim: 512, kind: "csa", ratio: 4, topk: 512, pad: true, infSink: true},
+		{name: "csa T=64 k=37 sharp", window: 128, p0: 900, T: 64, heads: 64, dim: 512, kind: "csa", ratio: 4, topk: 37, qstd: 4},
+		{name: "csa T=512", window: 128, p0: 2048, T: 512, heads: 64, dim: 512, kind: "csa", ratio: 4, topk: 512},
+		{name: "csa T=512 padding entries", window: 128, p0: 1500, T: 512, heads: 64, dim: 512, kind: "csa", ratio: 4, topk: 512, pad: true},
+		{name: "small heads dim 128 window 8", window: 8, p0: 5, T: 9, heads: 32, dim: 128, kind: "csa", ratio: 4, topk: 3},
+		{name: "dim 256 hca", window: 16, p0: 60, T: 33, heads: 96, dim: 256, kind: "hca", ratio: 8},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.T >= 512 && testing.Short() {
+				t.Skip("T=512 reference is slow; skipped with -short")
+			}
+			dev := testDevice(t)
+			n := tc.T * tc.heads * tc.dim
+			var d *attnData
+			var got []float32
+			olds := map[int][]float32{}
+			err := dev.Do(func(c *Ctx) error {
+				fw, err := c.Fwd()
+				if err != nil {
+					return err
+				}
+				a, err := c.NewArena(attnArena(tc))
+				if err != nil {
+					return err
+				}
+				defer c.ReleaseArena(a)
+				u := &attnDev{c: c, a: a}
+				d = attnSetup(u, tc, uint64(i))
+				if u.err != nil {
+					return u.err
+				}
+				if err := fw.AttentionPrefill(c, d.p, c.Stream()); err != nil {
+					return err
+				}
+				got = u.down(d.p.O, n)
+				if tc.pad {
+					return u.err // AttentionRing does not take padding entries
+				}
+				// The existing kernels on the same inputs.
+				for _, g := range []int{1, 8} {
+					p := d.p
+					p.HeadsPerBlock = g
+					if g > 1 && !GroupedAttentionFits(g, tc.heads, tc.dim) || g == 1 && 4*p.MaxKeys > maxStaticShared {
+						continue
+					}
+					u.poison(p.O, n)
+					if err := fw.AttentionRing(c, p, c.Stream()); err != nil {
+						return err
+					}
+					olds[g] = u.down(p.O, n)
+				}
+				return u.err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := attnRefErr(tc, d, got)
+			t.Logf("AttentionPrefill: max relative error %.3g vs the float64 reference", r)
+			if !(r <= attnPrefillTol) {
+				t.Errorf("max relative error %.3g vs the float64 reference > %.3g", r, attnPrefillTol)
+			}
+			for _, g := range []int{1, 8} {
+				old, ok := olds[g]
+				if !ok {
+					continue
+				}
+				rOld := attnRefErr(tc, d, old)
+				rv := maxRelF32(got, old, tc.heads, tc.dim)
+				t.Logf("AttentionRing (%d heads per block): %.3g vs the float64 reference; AttentionPrefill vs it: %.3g", g, rOld, rv)
+				if !(rv <= attnPrefillTol+rOld) {
+					t.Errorf("AttentionPrefill differs from AttentionRing (%d heads per block) by %.3g > %.3g", g, rv, attnPrefillTol+rOld)
+				}
+			}
+		})
+	}
+}
+
+// Bad sizes are errors, not launches.
+func TestAttentionPrefillBadParams(t *testing.T) {
+	dev := testDevice(t)
+	ok := AttnParams{O: 1, Q: 1, Ring: 1, Sinks: 1, Pos: 1, RingRows: 200, Window: 128, T: 8, Heads: 64, Dim: 512, Scale: 1}
+	for _, bad := range []struct {
+		name string
+		edit func(p *AttnParams)
+	}{
+		{"nil q", func(p *AttnParams) { p.Q = 0 }},
+		{"T 0", func(p *AttnParams) { p.T = 0 }},
+		{"T 65536", func(p *AttnParams) { p.T, p.RingRows = 65536, 70000 }},
+		{"window 0", func(p *AttnParams) { p.Window = 0 }},
+		{"heads 48", func(p *AttnParams) { p.Heads = 48 }},
+		{"dim 64", func(p *AttnParams) { p.Dim = 64 }},
+		{"ring too small", func(p *AttnParams) { p.RingRows = 100 }},
+		{"comp without ratio", func(p *AttnParams) { p.Comp = 1 }},
+		{"idx stride < k", func(p *AttnParams) { p.Comp, p.Ratio, p.Idx, p.TopK, p.IdxStride = 1, 4, 1, 8, 4 }},
+		{"idx with k 0", func(p *AttnParams) { p.Comp, p.Ratio, p.Idx, p.TopK, p.IdxStride = 1, 4, 1, 0, 4 }},
+	} {
+		t.Run(bad.name, func(t *testing.T) {
+			p := ok
+			bad.edit(&p)
+			err := dev.Do(func(c *Ctx) error {
+				fw, err := c.Fwd()
+				if err != nil {
+					return err
+				}
+				if fw.AttentionPrefill(c, p, c.Stream()) == nil {
+					return fmt.Errorf("accepted %+v", p)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Error(err)
+			}
+		})
+	}
+}
+
+func TestPrefillAttentionFits(t *testing.T) {
+	for _, c := range []struct {
+		heads, dim int
+		want       bool
+	}{
+		{64, 512, true}, {32, 128, true}, {96, 256, true},
+		{0, 512, false}, {48, 512, false}, {64, 64, false}, {64, 1024, false}, {64, 384, false},
+	} {
+		if got := PrefillAttentionFits(c.heads, c.dim); got != c.want {
+			t.Errorf("PrefillAttentionFits(%d, %d) = %v, want %v", c.heads, c.dim, got, c.want)
+		}
+	}
+}
+
+// BenchmarkAttentionPrefill times one 512-query chunk of DeepSeek-V4-Flash
+// attention (64 heads of 512) with AttentionPrefill and with AttentionRing's
+// grouped kernel (8 heads per block): window-only (128 keys per query) and
+// CSA (128 window + 512 selected entries). CUDA events around 10
+// back-to-back launches, median of 7; TFLOP/s counts 4·heads·dim flops per
+// (query, key) pair (Q·Kᵀ and P·V).
+func BenchmarkAttentionPrefill(b *testing.B) {
+	dev := testDevice(b)
+	for _, tc := range []attnCase{
+		{name: "window-128", window: 128, p0: 4096, T: 512, heads: 64, dim: 512, kind: "window"},
+		{name: "csa-128+512", window: 128, p0: 4096, T: 512, heads: 64, dim: 512, kind: "csa", ratio: 4, topk: 512},
+	} {
+		pairs := 0
+		for qi := range tc.T {
+			t0 := tc.p0 + qi
+			pairs += min(t0+1, tc.window)
+			if tc.kind == "csa" {
+				pairs += min((t0+1)/tc.ratio, tc.topk)
+			}
+		}
+		flops := 4 * float64(pairs) * float64(tc.heads*tc.dim)
+		for _, kern := range []string{"prefill", "ring-g8"} {
+			b.Run(tc.name+"/"+kern, func(b *testing.B) {
+				err := dev.Do(func(c *Ctx) error {
+					fw, err := c.Fwd()
+					if err != nil {
+						return err
+					}
+					a, err := c.NewArena(attnArena(tc))
+					if err != nil {
+						return err
+					}
+					defer c.ReleaseArena(a)
+					u := &attnDev{c: c, a: a}
+					d := attnSetup(u, tc, 1)
+					if u.err != nil {
+						return u.err
+					}
+					run := func() error { return fw.AttentionPrefill(c, d.p, c.Stream()) }
+					if kern != "prefill" {
+						d.p.HeadsPerBlock = 8
+						run = func() error { return fw.AttentionRing(c, d.p, c.Stream()) }
+					}
+					e0, err := c.NewEvent(true)
+					if err != nil {
+						return err
+					}
+					defer c.DestroyEvent(e0)
+					e1, err := c.NewEvent(true)
+					if err != nil {
+						return err
+					}
+					defer c.DestroyEvent(e1)
+					const launches = 10
+					for range b.N {
+						var us []float64
+						for rep := range 8 {
+							if err := c.Record(e0, c.Stream()); err != nil {
+								return err
+							}
+							for range launches {
+								if err := run(); err != nil {
+									return err
+								}
+							}
+							if err := c.Record(e1, c.Stream()); err != nil {
+								return err
+							}
+							if err := c.WaitEvent(e1); err != nil {
+								return err
+							}
+							ms, err := c.Elapsed(e0, e1)
+							if err != nil {
+								return err
+							}
+							if rep > 0 { // the first repetition warms up
+								us = append(us, 1000*ms/launches)
+							}
+						}
+						slices.Sort(us)
+						med := us[len(us)/2]
+						b.ReportMetric(med, "us/op")
+						b.ReportMetric(flops/med/1e6, "TFLOP/s")
+					}
+					return nil
+				})
+				if err != nil {
+					b.Fatal(fmt.Errorf("%s/%s: %w", tc.name, kern, err))
+				}
+			})
+		}
+	}
+}

@@ -44,9 +44,11 @@ const (
 	// MoEOcc3: U1 4, U2 16, 3 blocks per SM (at most 80 registers; more
 	// warps to cover latency, fewer loads each).
 	MoEOcc3
-	// MoELUT: U1 8, U2 8 with kernels/linear.cu's decoder (E4M3 lookup by
-	// PRMT, then cvt.rn.f16x2.e4m3x2; no f16 subnormals).
-	MoELUT
+	// MoECvt: U1 8, U2 8 with the codes placed into E4M3 bytes and
+	// converted by cvt.rn.f16x2.e4m3x2 (values ×2^-6, all normal f16: the
+	// choice if the tensor cores' handling of f16 subnormals were to fail
+	// MoEDefault's tests).
+	MoECvt
 	moeVariantCount
 )
 
@@ -62,7 +64,7 @@ var moeVariants = [moeVariantCount]struct {
 	MoEDefault: {name: "u8", u1: 8, uf1: 2, u2: 8, uf2: 4, b: 2},
 	MoEU16:     {name: "u8x16", u1: 8, uf1: 2, u2: 16, uf2: 4, b: 2},
 	MoEOcc3:    {name: "occ3", u1: 4, uf1: 1, u2: 16, uf2: 4, b: 3},
-	MoELUT:     {name: "u8lut", u1: 8, uf1: 2, u2: 8, uf2: 4, dec: 1, b: 2},
+	MoECvt:     {name: "u8cvt", u1: 8, uf1: 2, u2: 8, uf2: 4, dec: 1, b: 2},
 }
 
 func (v MoEVariant) String() string {
@@ -70,6 +72,22 @@ func (v MoEVariant) String() string {
 		return fmt.Sprintf("MoEVariant(%d)", int(v))
 	}
 	return moeVariants[v].name
+}
+
+// ParseMoEVariant returns the variant named s (its String form: u8, u8x16,
+// occ3, u8cvt; "" is MoEDefault), e.g. from an environment variable.
+func ParseMoEVariant(s string) (MoEVariant, error) {
+	if s == "" {
+		return MoEDefault, nil
+	}
+	names := make([]string, 0, moeVariantCount)
+	for v := range moeVariantCount {
+		if moeVariants[v].name == s {
+			return v, nil
+		}
+		names = append(names, moeVariants[v].name)
+	}
+	return 0, fmt.Errorf("cuda moe decode: unknown variant %q (want one of %v)", s, names)
 }
 
 // moeKernelNames returns the stage 1 and stage 2 kernel names of v.

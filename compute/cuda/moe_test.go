@@ -318,7 +318,8 @@ func (e *fwdEnv) intsBytes(x []int) []byte {
 	return b
 }
 
-// TestMoEShapes checks PrepareMoEDecode's validation (no device needed).
+// TestMoEShapes checks PrepareMoEDecode's validation and the variant names
+// (no device needed).
 func TestMoEShapes(t *testing.T) {
 	mx := func(r, c int) *DeviceWeight { return &DeviceWeight{Format: compute.MXFP4, Rows: r, Cols: c} }
 	f8 := func(r, c, b int) *DeviceWeight {
@@ -341,7 +342,7 @@ func TestMoEShapes(t *testing.T) {
 		want  string // "" = valid
 	}{
 		{"v4", good, 6, shared, 10, MoEDefault, ""},
-		{"v4 no shared", good, 6, nil, 0, MoELUT, ""},
+		{"v4 no shared", good, 6, nil, 0, MoECvt, ""},
 		{"nil table", nil, 6, nil, 0, 0, "no expert table"},
 		{"fp8 experts", fp8tab, 6, nil, 0, 0, "want mxfp4"},
 		{"K 0", good, 0, nil, 0, 0, "K 0"},
@@ -376,11 +377,20 @@ func TestMoEShapes(t *testing.T) {
 	if is, bs, err := moeShapes(good, 6, shared, 10, MoEDefault); err != nil || is != 2048 || bs != 7 {
 		t.Errorf("v4 with shared expert: Is %d, block shift %d, err %v; want 2048, 7, nil", is, bs, err)
 	}
+	if v, err := ParseMoEVariant(""); err != nil || v != MoEDefault {
+		t.Errorf(`ParseMoEVariant("") = %v, %v; want MoEDefault`, v, err)
+	}
+	if _, err := ParseMoEVariant("u9"); err == nil || !strings.Contains(err.Error(), `"u9"`) {
+		t.Errorf(`ParseMoEVariant("u9"): error %v, want one naming "u9"`, err)
+	}
 	if n := MoEDecodeScratch(good, 6, shared); n != 4*(6*2048+2048) {
 		t.Errorf("MoEDecodeScratch = %d, want %d", n, 4*(6*2048+2048))
 	}
 	names := map[string]bool{}
 	for v := range moeVariantCount {
+		if p, err := ParseMoEVariant(v.String()); err != nil || p != v {
+			t.Errorf("ParseMoEVariant(%q) = %v, %v; want %d", v.String(), p, err, int(v))
+		}
 		n1, n2 := moeKernelNames(v)
 		if names[n1+n2] {
 			t.Errorf("variant %v repeats kernels %s, %s", v, n1, n2)

@@ -13,8 +13,10 @@
 // The weights are the A operand, exact in f16: an E2M1 code becomes the
 // f16 value v·2^-14 by bit placement (sign to bit 15, exponent and mantissa
 // bits to bits 11..9; code 0.5 lands on the f16 subnormal 2^-15), built with
-// two shift/mask steps per 32-bit word and one PRMT per f16 pair; E4M3 bytes
-// use the hardware cvt.rn.f16x2.e4m3x2. The activation vector v (x in stage
+// two shift/mask steps per 32-bit word and one PRMT per f16 pair (decoder 0),
+// or becomes the E4M3 byte of v·2^-6 the same way and then the f16 of it by
+// the hardware cvt.rn.f16x2.e4m3x2 (decoder 1, no f16 subnormals); FP8
+// weights use that conversion directly. The activation vector v (x in stage
 // 1, h in stage 2) is the B operand as two f16 columns: hi = f16(v) and
 // lo = f16((v - hi)·2^11), so a product carries about 22 significant bits of
 // v (|v| must stay below 65504); the result is d_hi + d_lo·2^-11.
@@ -96,36 +98,35 @@ __device__ __forceinline__ void e2m1_f16x4(u32 w, u32 &h0, u32 &h1, u32 &h2, u32
   h3 = __byte_perm(od, 0u, 0x3414);
 }
 
-// The same codes through an E4M3 lookup (PRMT) and the hardware conversion
-// (as kernels/linear.cu's mma family): the values themselves (no f16
-// subnormals), same pairing.
 __device__ __forceinline__ u32 e4m3x2_f16x2(u32 w16) {
   u32 h;
   asm("{ .reg .b16 lo; cvt.u16.u32 lo, %1; cvt.rn.f16x2.e4m3x2 %0, lo; }" : "=r"(h) : "r"(w16));
   return h;
 }
 
-__device__ __forceinline__ void e2m1_f16x4_lut(u32 w, u32 &h0, u32 &h1, u32 &h2, u32 &h3) {
-  const u32 lutLo = 0x3C383000u, lutHi = 0x4C484440u;  // 0, .5, 1, 1.5 | 2, 3, 4, 6 as E4M3
-  const u32 m = w & 0x77777777u, sg = (w >> 3) & 0x11111111u;
-  const u32 e0 = __byte_perm(lutLo, lutHi, m) | __byte_perm(0x8000u, 0u, sg);              // codes 0..3
-  const u32 e1 = __byte_perm(lutLo, lutHi, m >> 16) | __byte_perm(0x8000u, 0u, sg >> 16);  // codes 4..7
-  h0 = e4m3x2_f16x2(__byte_perm(e0, e1, 0x40));
-  h1 = e4m3x2_f16x2(__byte_perm(e0, e1, 0x51));
-  h2 = e4m3x2_f16x2(__byte_perm(e0, e1, 0x62));
-  h3 = e4m3x2_f16x2(__byte_perm(e0, e1, 0x73));
+// The same codes (same pairing) placed into E4M3 bytes instead (sign to bit
+// 7, exponent and mantissa bits to bits 4..2: value·2^-6, code 0.5 the E4M3
+// subnormal 2^-7), then converted by the hardware cvt.rn.f16x2.e4m3x2: the
+// f16 values v·2^-6 are all normal (no f16 subnormals reach the mma).
+__device__ __forceinline__ void e2m1_f16x4_cvt(u32 w, u32 &h0, u32 &h1, u32 &h2, u32 &h3) {
+  const u32 ev = ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);
+  const u32 od = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
+  h0 = e4m3x2_f16x2(__byte_perm(ev, 0u, 0x20));
+  h2 = e4m3x2_f16x2(__byte_perm(ev, 0u, 0x31));
+  h1 = e4m3x2_f16x2(__byte_perm(od, 0u, 0x20));
+  h3 = e4m3x2_f16x2(__byte_perm(od, 0u, 0x31));
 }
 
-// MoeDec<DEC>: DEC 0 bit placement (values ·2^-14), 1 E4M3 lookup and cvt
-// (values ·1).
+// MoeDec<DEC>: DEC 0 f16 bit placement (values ·2^-14), 1 E4M3 bit
+// placement and cvt (values ·2^-6); post() undoes the factor.
 template <int DEC> struct MoeDec;
 template <> struct MoeDec<0> {
   static __device__ __forceinline__ void run(u32 w, u32 &a, u32 &b, u32 &c, u32 &d) { e2m1_f16x4(w, a, b, c, d); }
   static __device__ __forceinline__ float post() { return 16384.f; }
 };
 template <> struct MoeDec<1> {
-  static __device__ __forceinline__ void run(u32 w, u32 &a, u32 &b, u32 &c, u32 &d) { e2m1_f16x4_lut(w, a, b, c, d); }
-  static __device__ __forceinline__ float post() { return 1.f; }
+  static __device__ __forceinline__ void run(u32 w, u32 &a, u32 &b, u32 &c, u32 &d) { e2m1_f16x4_cvt(w, a, b, c, d); }
+  static __device__ __forceinline__ float post() { return 64.f; }
 };
 
 // Byte j (compile-time) of a word of four E8M0 scales, as the float 2^(s-127).

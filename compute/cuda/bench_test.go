@@ -668,3 +668,258 @@ func multiVariantApplies(v LinearVariant, f compute.Format, nb int) bool {
 	}
 	return true
 }
+
+// prefillShapes are the V4-Flash prefill GEMM shapes of BenchmarkPrefillGEMM
+// ([rows=out, cols=in], groups > 1 for the grouped wo_a).
+var prefillShapes = []struct {
+	name               string
+	f                  compute.Format
+	rows, cols, groups int
+}{
+	{"sq4096", compute.FP8Block, 4096, 4096, 1},
+	{"wq_b", compute.FP8Block, 32768, 1024, 1},
+	{"wo_b", compute.FP8Block, 4096, 8192, 1},
+	{"wo_a", compute.FP8Block, 8192, 4096, 8},
+	{"shared_w1", compute.FP8Block, 2048, 4096, 1},
+	{"comp_wkv", compute.BF16, 1024, 4096, 1},
+	{"gate", compute.BF16, 256, 4096, 1},
+	{"expert_w1", compute.MXFP4, 2048, 4096, 1},
+	{"expert_w2", compute.MXFP4, 4096, 2048, 1},
+}
+
+// prefillVariants is the variants BenchmarkPrefillGEMM compares: the
+// automatic choice, every tensor-core tile and (at batch 64 only, it is
+// slow) the narrow CUDA-core kernels the automatic choice used before.
+func prefillVariants() []namedVariant {
+	return append([]namedVariant{{"narrow", LinearVariant{Width: WidthNarrow}, false}}, tcTestVariants()...)
+}
+
+type gemmRow struct {
+	Name    string  `json:"name"`
+	Format  string  `json:"format"`
+	Rows    int     `json:"rows"`
+	Cols    int     `json:"cols"`
+	Groups  int     `json:"groups,omitempty"`
+	Batch   int     `json:"batch"`
+	Records int     `json:"records,omitempty"`
+	Variant string  `json:"variant"`
+	Kernel  string  `json:"kernel"`
+	US      float64 `json:"us_median"`
+	USMin   float64 `json:"us_min"`
+	TFLOPS  float64 `json:"tflops"`
+}
+
+// BenchmarkPrefillGEMM measures the linear kernels at prefill batches (64,
+// 256, 1024, 4096 rows) on the V4-Flash shapes, and multi launches shaped
+// like a chunk's expert tiles, reporting us/op and effective TFLOP/s
+// (2·rows·cols·batch per launch; the tensor-core kernels' hi/lo products
+// are not counted twice). Run with -test.benchtime 1x; filter shapes,
+// batches and variants by name, e.g. -test.bench 'PrefillGEMM/sq4096_b1024'.
+// $MOXIE_BENCH_QUICK keeps the automatic variant and the two default tiles;
+// $MOXIE_BENCH_JSON names a file for the rows.
+func BenchmarkPrefillGEMM(b *testing.B) {
+	dev := testDevice(b)
+	var spin *Kernel
+	if err := dev.Do(func(c *Ctx) error {
+		m, err := c.linearModule()
+		if err != nil {
+			return err
+		}
+		spin, err = m.Kernel("spin")
+		return err
+	}); err != nil {
+		b.Fatal(err)
+	}
+	quick := os.Getenv("MOXIE_BENCH_QUICK") != ""
+	var rows []gemmRow
+	record := func(b *testing.B, r gemmRow, ts []float64, flop float64) {
+		r.US, r.USMin = median(ts), slices.Min(ts)
+		r.TFLOPS = flop / (r.US * 1e6)
+		rows = append(rows, r)
+		b.ReportMetric(r.TFLOPS, "TFLOP/s")
+		b.ReportMetric(r.US, "us/op")
+	}
+	rng := rand.New(rand.NewPCG(4, 2))
+	for _, sh := range prefillShapes {
+		d := randomWeight(rng, sh.f, sh.rows, sh.cols)
+		bytes := len(d.Data) + len(d.Scale)
+		copies := max(2, (2*dev.Info().L2Bytes+bytes-1)/bytes)
+		for _, batch := range []int{64, 256, 1024, 4096} {
+			for _, v := range prefillVariants() {
+				if quick && !v.quick || v.name == "narrow" && batch != 64 {
+					continue
+				}
+				name := fmt.Sprintf("%s_b%d_%s", sh.name, batch, v.name)
+				b.Run(name, func(b *testing.B) {
+					err := dev.Do(func(c *Ctx) error {
+						xn, yn := batch*sh.groups*sh.cols, batch*sh.rows
+						a, err := c.NewArena(copies*(bytes+1024) + 4*(xn+yn) + 1<<20)
+						if err != nil {
+							return err
+						}
+						defer c.ReleaseArena(a)
+						ws, err := uploadCopies(c, a, d, copies)
+						if err != nil {
+							return err
+						}
+						x := make([]float32, xn)
+						for i := range x {
+							x[i] = float32(rng.NormFloat64())
+						}
+						dx, err := a.Alloc(4 * xn)
+						if err != nil {
+							return err
+						}
+						dy, err := a.Alloc(4 * yn)
+						if err != nil {
+							return err
+						}
+						if err := c.CopyFloatsToDevice(dx, x); err != nil {
+							return err
+						}
+						launch := func(i int) error {
+							return c.LinearWith(ws[i%copies], dy, dx, batch, sh.groups, v.v, c.Stream())
+						}
+						if err := launch(0); err != nil {
+							return err
+						}
+						flop := 2 * float64(sh.rows) * float64(sh.cols) * float64(batch)
+						n := int(min(max(2e-3*100e12/flop, 3), 40)) // about 2 ms of launches at 100 TFLOP/s
+						ts, err := timed(c, spin, n, 7, launch)
+						if err != nil {
+							return err
+						}
+						kernel := "narrow"
+						if p, ok, _ := planTC(sh.f, sh.rows, sh.cols, 128, sh.groups, batch, v.v, c.d.info.SMs, c.d.info.SharedOptin); ok && tcWanted(v.v, batch) {
+							kernel = p.name
+						}
+						record(b, gemmRow{Name: sh.name, Format: sh.f.String(), Rows: sh.rows, Cols: sh.cols, Groups: sh.groups, Batch: batch, Variant: v.name, Kernel: kernel}, ts, flop)
+						return nil
+					})
+					if err != nil {
+						b.Fatal(err)
+					}
+				})
+			}
+		}
+	}
+
+	// Expert tiles of a prefill chunk: every record one expert's matrix
+	// over `batch` routed rows (T=1024, K=6: 256 experts of about 24 rows,
+	// or the 16-expert synthetic model's 384 rows in tiles of 64).
+	multis := []struct {
+		name              string
+		experts, per      int // distinct expert matrices, records per matrix
+		rows, cols, batch int
+		w13               bool
+	}{
+		{"tiles_e256_w1w3", 256, 1, 2048, 4096, 24, true},
+		{"tiles_e256_w2", 256, 1, 4096, 2048, 24, false},
+		{"tiles_e16_w1w3", 16, 6, 2048, 4096, 64, true},
+		{"tiles_e16_w2", 16, 6, 4096, 2048, 64, false},
+	}
+	for _, mu := range multis {
+		d := randomWeight(rng, compute.MXFP4, mu.rows, mu.cols)
+		for _, v := range tcTestVariants() {
+			if quick && !v.quick {
+				continue
+			}
+			b.Run(fmt.Sprintf("%s_b%d_%s", mu.name, mu.batch, v.name), func(b *testing.B) {
+				err := dev.Do(func(c *Ctx) error {
+					mats := mu.experts
+					if mu.w13 {
+						mats *= 2
+					}
+					recs := mats * mu.per
+					a, err := c.NewArena(mats*(len(d.Data)+len(d.Scale)+1024) + recs*4*mu.batch*(mu.rows+mu.cols) + recs*256 + 1<<20)
+					if err != nil {
+						return err
+					}
+					defer c.ReleaseArena(a)
+					wm, err := uploadCopies(c, a, d, mats)
+					if err != nil {
+						return err
+					}
+					ws := make([]*DeviceWeight, recs)
+					ys, xs := make([]DevicePtr, recs), make([]DevicePtr, recs)
+					x := make([]float32, mu.batch*mu.cols)
+					for i := range x {
+						x[i] = float32(rng.NormFloat64())
+					}
+					for i := range recs {
+						ws[i] = wm[i%mats]
+						if xs[i], err = a.Alloc(4 * len(x)); err != nil {
+							return err
+						}
+						if ys[i], err = a.Alloc(4 * mu.batch * mu.rows); err != nil {
+							return err
+						}
+						if err := c.CopyFloatsToDevice(xs[i], x); err != nil {
+							return err
+						}
+					}
+					m, err := c.PrepareMultiLinear(a, ws, ys, xs, mu.batch, v.v)
+					if err != nil {
+						return err
+					}
+					launch := func(int) error { return c.LaunchMultiLinear(m, c.Stream()) }
+					if err := launch(0); err != nil {
+						return err
+					}
+					ts, err := timed(c, spin, 5, 7, launch)
+					if err != nil {
+						return err
+					}
+					flop := 2 * float64(mu.rows) * float64(mu.cols) * float64(mu.batch) * float64(recs)
+					record(b, gemmRow{Name: mu.name, Format: "mxfp4", Rows: mu.rows, Cols: mu.cols, Batch: mu.batch, Records: recs, Variant: v.name, Kernel: m.Kernel()}, ts, flop)
+					return nil
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+			})
+		}
+	}
+
+	for _, r := range rows {
+		b.Logf("%-16s %-8s %5dx%-5d g%d b%-4d %-14s %10.1f us %7.1f TFLOP/s  %s", r.Name, r.Format, r.Rows, r.Cols, max(r.Groups, 1), r.Batch, r.Variant, r.US, r.TFLOPS, r.Kernel)
+	}
+	if path := os.Getenv("MOXIE_BENCH_JSON"); path != "" {
+		js, _ := json.MarshalIndent(rows, "", "  ")
+		if err := os.WriteFile(path+".tmp", js, 0o644); err != nil {
+			b.Fatal(err)
+		}
+		if err := os.Rename(path+".tmp", path); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// uploadCopies uploads d once and makes n-1 device-side copies of it.
+func uploadCopies(c *Ctx, a *Arena, d compute.WeightData, n int) ([]*DeviceWeight, error) {
+	ws := make([]*DeviceWeight, n)
+	var err error
+	if ws[0], err = c.UploadWeight(a, d); err != nil {
+		return nil, err
+	}
+	for i := 1; i < n; i++ {
+		w := *ws[0]
+		if w.Data, err = a.Alloc(len(d.Data)); err != nil {
+			return nil, err
+		}
+		if err := c.CopyAsync(w.Data, ws[0].Data, len(d.Data), c.Stream()); err != nil {
+			return nil, err
+		}
+		w.Scale = w.Data
+		if len(d.Scale) > 0 {
+			if w.Scale, err = a.Alloc(len(d.Scale)); err != nil {
+				return nil, err
+			}
+			if err := c.CopyAsync(w.Scale, ws[0].Scale, len(d.Scale), c.Stream()); err != nil {
+				return nil, err
+			}
+		}
+		ws[i] = &w
+	}
+	return ws, nil
+}

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -592,6 +593,209 @@ func TestLinearRB4(t *testing.T) {
 					FreeWeight(a, w)
 					a.Free(dx)
 					a.Free(dy)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tolTC is the accuracy the tensor-core GEMM family is held to (max
+// relative error against float64, over the whole output): float32-grade.
+const tolTC = 1e-6
+
+// tcTestVariants is the tensor-core variants TestLinearTC and
+// TestMultiLinearTC check: the automatic choice and every tile shape.
+func tcTestVariants() []namedVariant {
+	out := []namedVariant{{"auto", LinearVariant{}, true}}
+	for i := range tcTileList() {
+		tl := tcTileList()[i]
+		out = append(out, namedVariant{fmt.Sprintf("tc%d_%dx%d", i+1, tl.BM, tl.BN), LinearVariant{Width: WidthTC, Tile: i + 1}, i < 2})
+	}
+	return out
+}
+
+// TestLinearTC checks the tensor-core GEMM family (and what the automatic
+// choice runs at batches of 16 and more) against the float64 reference at
+// batch counts that cross tile edges, odd row counts, grouped weights, FP8
+// blocks of 64 and x of small and large magnitude (the hi/lo split), with
+// the output poisoned first. -short keeps the automatic variant and the
+// two default-module tiles.
+func TestLinearTC(t *testing.T) {
+	dev := testDevice(t)
+	cases := []struct {
+		f          compute.Format
+		rows, cols int
+		groups     int
+		block      int
+		xstd       float64
+		batches    []int
+	}{
+		{compute.FP8Block, 300, 1024, 1, 128, 1, []int{16, 33, 64, 257, 1024}},
+		{compute.FP8Block, 257, 2176, 1, 128, 1, []int{16, 65}},
+		{compute.FP8Block, 1024, 512, 8, 128, 1, []int{16, 33, 257}}, // wo_a-like: 8 groups of 128 rows
+		{compute.FP8Block, 256, 640, 4, 128, 1, []int{33}},           // 64 rows per group: the 128-row tiles fall back
+		{compute.FP8Block, 100, 512, 1, 64, 1, []int{16, 100}},
+		{compute.FP8Block, 200, 1024, 1, 128, 1e-3, []int{40}}, // small x: lo far below f16's normal range
+		{compute.FP8Block, 200, 1024, 1, 128, 300, []int{40}},  // large x
+		{compute.MXFP4, 200, 4096, 1, 128, 1, []int{16, 33, 64, 257}},
+		{compute.MXFP4, 129, 512, 1, 128, 1, []int{16, 1024}},
+		{compute.MXFP4, 256, 512, 2, 128, 1, []int{19, 64}},
+		{compute.MXFP4, 130, 1024, 1, 128, 1e-3, []int{33}},
+		{compute.BF16, 130, 1024, 1, 128, 1, []int{16, 33, 257}},
+		{compute.BF16, 64, 768, 1, 128, 1, []int{64, 1024}},
+		{compute.BF16, 256, 512, 2, 128, 1e-3, []int{20}},
+	}
+	variants := tcTestVariants()
+	maxErr := map[string]float64{}
+	err := dev.Do(func(c *Ctx) error {
+		a, err := c.NewArena(256 << 20)
+		if err != nil {
+			return err
+		}
+		defer c.ReleaseArena(a)
+		for i, tc := range cases {
+			rng := rand.New(rand.NewPCG(uint64(i), 77))
+			d := computetest.Quantize(tc.f, computetest.Normal(rng, tc.rows*tc.cols, 0.05), tc.rows, tc.cols, tc.block)
+			W := ref.Dequant(d)
+			for _, batch := range tc.batches {
+				a.Reset()
+				w, err := c.UploadWeight(a, d)
+				if err != nil {
+					return err
+				}
+				x := computetest.Normal(rng, batch*tc.groups*tc.cols, tc.xstd)
+				x64 := make([]float64, len(x))
+				for j, v := range x {
+					x64[j] = float64(v)
+				}
+				var want []float64
+				if tc.groups == 1 {
+					want = ref.Linear(W, tc.rows, tc.cols, x64, batch)
+				} else {
+					want = ref.GroupedLinear(W, tc.rows, tc.cols, x64, batch, tc.groups)
+				}
+				dx, err := a.Alloc(4 * len(x))
+				if err != nil {
+					return err
+				}
+				dy, err := a.Alloc(4 * batch * tc.rows)
+				if err != nil {
+					return err
+				}
+				if err := c.CopyFloatsToDevice(dx, x); err != nil {
+					return err
+				}
+				for _, nv := range variants {
+					if testing.Short() && !nv.quick {
+						continue
+					}
+					name := fmt.Sprintf("%s_%dx%d_g%d_blk%d_x%g_b%d_%s", tc.f, tc.rows, tc.cols, tc.groups, tc.block, tc.xstd, batch, nv.name)
+					if err := c.Memset(dy, 0xff, 4*batch*tc.rows, c.Stream()); err != nil { // NaN poison
+						return err
+					}
+					if err := c.LinearWith(w, dy, dx, batch, tc.groups, nv.v, c.Stream()); err != nil {
+						return fmt.Errorf("%s: %w", name, err)
+					}
+					y := make([]float32, batch*tc.rows)
+					if err := c.CopyFloatsFromDevice(y, dy); err != nil {
+						return fmt.Errorf("%s: %w", name, err)
+					}
+					e := computetest.MaxRel(y, want)
+					key := fmt.Sprintf("%s %s", tc.f, nv.name)
+					maxErr[key] = math.Max(maxErr[key], e)
+					if !(e <= tolTC) {
+						t.Errorf("%s: max relative error %.3g > %.3g", name, e, tolTC)
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range maxErr {
+		t.Logf("max relative error %-26s %.3g", k, v)
+	}
+}
+
+// TestMultiLinearTC checks one tensor-core launch over several projections
+// (different row counts and columns, their own inputs and outputs) against
+// the float64 reference.
+func TestMultiLinearTC(t *testing.T) {
+	dev := testDevice(t)
+	sets := []struct {
+		f     compute.Format
+		shape [][2]int
+	}{
+		{compute.MXFP4, [][2]int{{256, 512}, {130, 1024}, {64, 512}}},
+		{compute.FP8Block, [][2]int{{256, 1024}, {72, 512}, {130, 256}}},
+		{compute.BF16, [][2]int{{100, 512}, {64, 128}}},
+	}
+	err := dev.Do(func(c *Ctx) error {
+		a, err := c.NewArena(128 << 20)
+		if err != nil {
+			return err
+		}
+		defer c.ReleaseArena(a)
+		for si, set := range sets {
+			for _, batch := range []int{16, 40, 64, 100} {
+				for _, nv := range tcTestVariants() {
+					if testing.Short() && !nv.quick {
+						continue
+					}
+					a.Reset()
+					rng := rand.New(rand.NewPCG(uint64(si), uint64(batch)))
+					var ws []*DeviceWeight
+					var ys, xs []DevicePtr
+					var ds []compute.WeightData
+					var x64s [][]float64
+					for _, sh := range set.shape {
+						d := computetest.RandomWeight(rng, set.f, sh[0], sh[1], 0.05)
+						w, err := c.UploadWeight(a, d)
+						if err != nil {
+							return err
+						}
+						x := computetest.Normal(rng, batch*sh[1], 1)
+						dx, _ := a.Alloc(4 * len(x))
+						dy, err := a.Alloc(4 * batch * sh[0])
+						if err != nil {
+							return err
+						}
+						c.Memset(dy, 0xff, 4*batch*sh[0], c.Stream())
+						if err := c.CopyFloatsToDevice(dx, x); err != nil {
+							return err
+						}
+						x64 := make([]float64, len(x))
+						for j, v := range x {
+							x64[j] = float64(v)
+						}
+						ws, ys, xs, ds, x64s = append(ws, w), append(ys, dy), append(xs, dx), append(ds, d), append(x64s, x64)
+					}
+					m, err := c.PrepareMultiLinear(a, ws, ys, xs, batch, nv.v)
+					if err != nil {
+						return fmt.Errorf("%v set %d batch %d %s: %w", set.f, si, batch, nv.name, err)
+					}
+					if !strings.HasPrefix(m.Kernel(), "lintmulti_") {
+						t.Errorf("%v set %d batch %d %s: kernel %s, want a tensor-core one", set.f, si, batch, nv.name, m.Kernel())
+					}
+					if err := c.LaunchMultiLinear(m, c.Stream()); err != nil {
+						return err
+					}
+					for i, d := range ds {
+						y := make([]float32, batch*d.Rows)
+						if err := c.CopyFloatsFromDevice(y, ys[i]); err != nil {
+							return err
+						}
+						want := ref.Linear(ref.Dequant(d), d.Rows, d.Cols, x64s[i], batch)
+						if e := computetest.MaxRel(y, want); !(e <= tolTC) {
+							t.Errorf("%s set %d, matrix %d [%d, %d], batch %d, %s: max relative error %.3g", set.f, si, i, d.Rows, d.Cols, batch, nv.name, e)
+						}
+					}
 				}
 			}
 		}

@@ -3,6 +3,7 @@ package cuda
 import (
 	_ "embed"
 	"fmt"
+	"strings"
 	"structs"
 	"unsafe"
 )
@@ -376,8 +377,15 @@ func (f *Fwd) RunExperts2(c *Ctx, r *ExpertRun, s Stream) error {
 	return c.LaunchMultiLinear(r.run2, s)
 }
 
-// moeTile is MOE_TILE in kernels/fwd.cu: rows per expert tile.
-const moeTile = 16
+// moeTile is the rows per expert tile for the CUDA-core multi-linear
+// kernels (at most maxNB), moeTileTC for the tensor-core ones (WidthTC),
+// which PrepareExpertTiles uses wherever they take the experts' shapes: a
+// tile's products are then one block row of 64x32 tensor-core tiles per 32
+// of its rows, and an expert of up to 64 routed rows is read once.
+const (
+	moeTile   = 16
+	moeTileTC = 64
+)
 
 // ExpertTileBufs are the device buffers of a chunk's expert-major layout, for
 // up to N = T·K routed rows: RowTok (int32 [N]) and RowW ([N]) the token and
@@ -391,20 +399,29 @@ type ExpertTileBufs struct {
 
 // ExpertTiles runs the routed experts of a chunk of tokens with the routing
 // on the device: PlanExperts lays the chunk's (token, k) entries out
-// expert-major in tiles of up to 16 rows, RunExpertTiles13/2 launch every
+// expert-major in tiles of up to Tile() rows (64 with the tensor-core
+// kernels, else 16), RunExpertTiles13/2 launch every
 // tile's products as two multi-linear launches (tiles past the last have 0
 // rows), CombineExperts sums each token's K outputs.
 type ExpertTiles struct {
 	run13, run2 *MultiLinear
 	maxRows, K  int
 	maxTiles    int
+	tile        int // rows per tile
 	E           int
 	inter, dim  int
 	b           ExpertTileBufs
 }
 
-// expertMaxTiles returns the tile count a chunk of n routed rows over E experts can need.
-func expertMaxTiles(n, E int) int { return (n+moeTile-1)/moeTile + E }
+// Tile returns the rows per expert tile (tiles past an expert's last row
+// are not planned): 64 when the tensor-core kernels run the experts, else
+// 16. A chunk of n routed rows over E experts needs at most n/Tile + E
+// tiles (rounded up), never more than (n+15)/16 + E.
+func (et *ExpertTiles) Tile() int { return et.tile }
+
+// expertMaxTiles returns the tile count a chunk of n routed rows over E
+// experts can need with tiles of up to `tile` rows.
+func expertMaxTiles(n, E, tile int) int { return (n+tile-1)/tile + E }
 
 // PrepareExpertTiles allocates in a the argument tables of a tiled launch for
 // chunks of up to maxTokens tokens with K experts each over experts shaped
@@ -416,21 +433,39 @@ func (c *Ctx) PrepareExpertTiles(a *Arena, t *ExpertTable, maxTokens, K int, b E
 	if 12*t.E > maxStaticShared-1024 {
 		return nil, fmt.Errorf("cuda expert tiles: %d experts exceed the planner's shared memory", t.E)
 	}
-	et := &ExpertTiles{maxRows: maxTokens * K, K: K, E: t.E, inter: t.Inter, dim: t.Dim, b: b}
-	et.maxTiles = expertMaxTiles(et.maxRows, t.E)
-	w13, w2 := make([]*DeviceWeight, 0, 2*et.maxTiles), make([]*DeviceWeight, 0, et.maxTiles)
-	for range et.maxTiles {
-		w13 = append(w13, t.w1, t.w3)
-		w2 = append(w2, t.w2)
+	// Tiles of 64 rows where the tensor-core kernels take both launches,
+	// else of 16 for the CUDA-core ones.
+	for _, tile := range []int{moeTileTC, moeTile} {
+		et := &ExpertTiles{maxRows: maxTokens * K, K: K, E: t.E, inter: t.Inter, dim: t.Dim, b: b, tile: tile}
+		et.maxTiles = expertMaxTiles(et.maxRows, t.E, tile)
+		w13, w2 := make([]*DeviceWeight, 0, 2*et.maxTiles), make([]*DeviceWeight, 0, et.maxTiles)
+		for range et.maxTiles {
+			w13 = append(w13, t.w1, t.w3)
+			w2 = append(w2, t.w2)
+		}
+		tc := func(m *MultiLinear) bool { return strings.HasPrefix(m.Kernel(), "lintmulti_") }
+		var err error
+		if et.run13, err = c.PrepareMultiLinear(a, w13, make([]DevicePtr, len(w13)), make([]DevicePtr, len(w13)), tile, LinearVariant{}); err != nil {
+			if tile == moeTileTC {
+				continue
+			}
+			return nil, err
+		}
+		if et.run2, err = c.PrepareMultiLinear(a, w2, make([]DevicePtr, len(w2)), make([]DevicePtr, len(w2)), tile, LinearVariant{}); err != nil {
+			a.Free(et.run13.args)
+			if tile == moeTileTC {
+				continue
+			}
+			return nil, err
+		}
+		if tile == moeTileTC && (!tc(et.run13) || !tc(et.run2)) {
+			a.Free(et.run13.args)
+			a.Free(et.run2.args)
+			continue
+		}
+		return et, nil
 	}
-	var err error
-	if et.run13, err = c.PrepareMultiLinear(a, w13, make([]DevicePtr, len(w13)), make([]DevicePtr, len(w13)), moeTile, LinearVariant{}); err != nil {
-		return nil, err
-	}
-	if et.run2, err = c.PrepareMultiLinear(a, w2, make([]DevicePtr, len(w2)), make([]DevicePtr, len(w2)), moeTile, LinearVariant{}); err != nil {
-		return nil, err
-	}
-	return et, nil
+	return nil, fmt.Errorf("cuda expert tiles: no kernel takes the experts") // not reached: tile 16 returned above
 }
 
 // PlanExperts enqueues the expert-major layout of T tokens' routing (ids
@@ -440,10 +475,10 @@ func (f *Fwd) PlanExperts(c *Ctx, et *ExpertTiles, ids, w DevicePtr, T int, s St
 	if T <= 0 || n > et.maxRows {
 		return fmt.Errorf("cuda fwd_moe_plan: %d tokens × %d experts, room for %d rows", T, et.K, et.maxRows)
 	}
-	n32, k32, e32, mt := int32(n), int32(et.K), int32(et.E), int32(et.maxTiles)
+	n32, k32, e32, mt, tl := int32(n), int32(et.K), int32(et.E), int32(et.maxTiles), int32(et.tile)
 	return c.Launch(f.moePlan, Dim3{X: 1}, Dim3{X: 1024}, 12*et.E, s, unsafe.Pointer(&et.b.RowTok), unsafe.Pointer(&et.b.RowW),
 		unsafe.Pointer(&et.b.Inv), unsafe.Pointer(&et.b.Tiles), unsafe.Pointer(&ids), unsafe.Pointer(&w), unsafe.Pointer(&n32),
-		unsafe.Pointer(&k32), unsafe.Pointer(&e32), unsafe.Pointer(&mt))
+		unsafe.Pointer(&k32), unsafe.Pointer(&e32), unsafe.Pointer(&mt), unsafe.Pointer(&tl))
 }
 
 // RunExpertTiles13 enqueues the tiles' records for layer table t and the w1

@@ -642,10 +642,26 @@ func TestFwdRingStore(t *testing.T) {
 
 // TestFwdExpertTiles runs a chunk's experts laid out on the device (plan,
 // gather, tiled w1/w3 and w2 launches, combine) and checks the layout
-// against a host stable sort and every product against compute/ref.
+// against a host stable sort and every product against compute/ref: with
+// the CUDA-core kernels (16-row tiles; w2's 64 columns are not the
+// tensor-core kernels') and the tensor-core ones (64-row tiles).
 func TestFwdExpertTiles(t *testing.T) {
+	for _, tc := range []struct {
+		name                    string
+		inter, dim, T, e0, tile int
+	}{
+		{"cuda cores", 64, 128, 23, 20, moeTile},
+		{"tensor cores", 128, 256, 75, 70, moeTileTC},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testFwdExpertTiles(t, tc.inter, tc.dim, tc.T, tc.e0, tc.tile) })
+	}
+}
+
+// testFwdExpertTiles: E experts, K per token, expert 0 chosen first by the
+// first e0 tokens, tiles of `tile` rows expected.
+func testFwdExpertTiles(t *testing.T, inter, dim, T, e0, tile int) {
 	withFwd(t, func(e *fwdEnv) {
-		const E, K, inter, dim, T = 6, 3, 64, 128, 23
+		const E, K = 6, 3
 		rng := rand.New(rand.NewPCG(4, 4))
 		var w1, w3, w2 []*DeviceWeight
 		var d1, d3, d2 []compute.WeightData
@@ -668,12 +684,12 @@ func TestFwdExpertTiles(t *testing.T) {
 			t.Fatal(err)
 		}
 		n := T * K
-		// Expert 0 gets 20 rows (two tiles), expert 5 none; token 4 names
+		// Expert 0 gets e0 rows (two tiles), expert 5 none; token 4 names
 		// expert 2 twice (a hash row may).
 		ids := make([]int, n)
 		for j := range ids {
 			ids[j] = rng.IntN(E - 1)
-			if j%K == 0 && j/K < 20 {
+			if j%K == 0 && j/K < e0 {
 				ids[j] = 0
 			} else if ids[j] == 0 {
 				ids[j] = 1 + rng.IntN(E-2)
@@ -683,11 +699,14 @@ func TestFwdExpertTiles(t *testing.T) {
 		wts := computetest.Normal(rng, n, 1)
 		x := computetest.Normal(rng, T*dim, 1)
 		bufs := ExpertTileBufs{RowTok: e.upInts(make([]int, n)), RowW: e.poisoned(n), Inv: e.upInts(make([]int, n)),
-			Tiles: e.upInts(make([]int, 3*expertMaxTiles(n, E))), XE: e.poisoned(n * dim), G: e.poisoned(n * inter),
+			Tiles: e.upInts(make([]int, 3*expertMaxTiles(n, E, moeTile))), XE: e.poisoned(n * dim), G: e.poisoned(n * inter),
 			U: e.poisoned(n * inter), H: e.poisoned(n * inter), Y: e.poisoned(n * dim)}
 		et, err := e.c.PrepareExpertTiles(e.a, tab, T, K, bufs)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if et.Tile() != tile {
+			t.Fatalf("tiles of %d rows (kernel %s), want %d", et.Tile(), et.run13.Kernel(), tile)
 		}
 		s := e.c.Stream()
 		if err := e.f.PlanExperts(e.c, et, e.upInts(ids), e.up(wts), T, s); err != nil {

@@ -18,18 +18,29 @@ var linearSrc string
 // kernels/linear.cu, both modules' sections (nvcc compiles it as one unit).
 func LinearSource() string { return linearSrc }
 
-// LinearModuleSources returns the sources of the two linear modules: def, the
-// default module (every kernel LinearVariant{} can launch, plus the utility
-// kernels), compiled on first use of any linear function; bench, the other
-// variants, compiled only when one of them is first launched.
+// LinearModuleSources returns the sources of two of the linear modules: def,
+// the default module (every kernel LinearVariant{} can launch, plus the
+// utility kernels), compiled on first use of any linear function; bench, the
+// other CUDA-core and mma variants, compiled only when one of them is first
+// launched. LinearTCSource has the third.
 func LinearModuleSources() (def, bench string, err error) {
-	return splitLinearSource(linearSrc)
+	def, bench, _, err = splitLinearSource(linearSrc)
+	return def, bench, err
+}
+
+// LinearTCSource returns the source of the third linear module: the
+// tensor-core GEMM tiles (WidthTC) the automatic choice does not use,
+// compiled only when one of them is first launched.
+func LinearTCSource() (string, error) {
+	_, _, tc, err := splitLinearSource(linearSrc)
+	return tc, err
 }
 
 // splitLinearSource splits a linear.cu text at its "//@module NAME" lines
-// into the default module's source (common + linear) and the benchmark
-// module's (common + bench). Text before the first marker is dropped.
-func splitLinearSource(src string) (def, bench string, err error) {
+// into the default module's source (common + linear), the benchmark
+// module's (common + bench) and the tensor-core tile module's (common + tc).
+// Text before the first marker is dropped.
+func splitLinearSource(src string) (def, bench, tc string, err error) {
 	sec := map[string]string{}
 	name := ""
 	var b strings.Builder
@@ -47,11 +58,11 @@ func splitLinearSource(src string) (def, bench string, err error) {
 	for line := range strings.Lines(src) {
 		if rest, ok := strings.CutPrefix(line, "//@module "); ok {
 			if err := flush(); err != nil {
-				return "", "", err
+				return "", "", "", err
 			}
 			name = strings.TrimSpace(rest)
-			if name != "common" && name != "linear" && name != "bench" {
-				return "", "", fmt.Errorf("cuda: kernels/linear.cu has an unknown section %q (want common, linear, bench)", name)
+			if name != "common" && name != "linear" && name != "bench" && name != "tc" {
+				return "", "", "", fmt.Errorf("cuda: kernels/linear.cu has an unknown section %q (want common, linear, bench, tc)", name)
 			}
 			continue
 		}
@@ -60,14 +71,14 @@ func splitLinearSource(src string) (def, bench string, err error) {
 		}
 	}
 	if err := flush(); err != nil {
-		return "", "", err
+		return "", "", "", err
 	}
-	for _, n := range []string{"common", "linear", "bench"} {
+	for _, n := range []string{"common", "linear", "bench", "tc"} {
 		if _, ok := sec[n]; !ok {
-			return "", "", fmt.Errorf("cuda: kernels/linear.cu lacks its %q section", n)
+			return "", "", "", fmt.Errorf("cuda: kernels/linear.cu lacks its %q section", n)
 		}
 	}
-	return sec["common"] + sec["linear"], sec["common"] + sec["bench"], nil
+	return sec["common"] + sec["linear"], sec["common"] + sec["bench"], sec["common"] + sec["tc"], nil
 }
 
 // linearModule returns the default linear module, compiling it on first use.
@@ -96,8 +107,19 @@ func (c *Ctx) linearBenchModule() (*Module, error) {
 	return c.Module("linear_bench", bench)
 }
 
-// linKernel returns the named linear kernel from the default module, or from
-// the benchmark module when the default one lacks it.
+// linearTCModule returns the tensor-core tile module, compiling it on first
+// use (memoised by Module through its cache key).
+func (c *Ctx) linearTCModule() (*Module, error) {
+	src, err := LinearTCSource()
+	if err != nil {
+		return nil, err
+	}
+	return c.Module("linear_tc", src)
+}
+
+// linKernel returns the named linear kernel from the default module, or,
+// when the default one lacks it, from the tensor-core tile module (lint*
+// kernels) or the benchmark module (the others).
 func (c *Ctx) linKernel(name string) (*Kernel, error) {
 	key := linKey{suffix: name}
 	if k := c.d.linKernels[key]; k != nil {
@@ -109,7 +131,11 @@ func (c *Ctx) linKernel(name string) (*Kernel, error) {
 	}
 	k, err := m.Kernel(name)
 	if err != nil {
-		bm, berr := c.linearBenchModule()
+		other := c.linearBenchModule
+		if strings.HasPrefix(name, "lint") {
+			other = c.linearTCModule
+		}
+		bm, berr := other()
 		if berr != nil {
 			return nil, berr
 		}
@@ -117,7 +143,7 @@ func (c *Ctx) linKernel(name string) (*Kernel, error) {
 			return nil, fmt.Errorf("cuda linear: no kernel %s in either linear module: %w", name, berr)
 		}
 	}
-	if strings.HasPrefix(name, "linm_") || strings.HasPrefix(name, "linmmulti_") {
+	if strings.HasPrefix(name, "linm_") || strings.HasPrefix(name, "linmmulti_") || strings.HasPrefix(name, "lint") {
 		// Tensor-core kernels stage x in dynamic shared memory, beyond 48 KB
 		// for long rows and batch tiles. The cap is the opt-in limit less
 		// the kernel's static shared memory (asking for more is an error).
@@ -244,6 +270,10 @@ type LinearVariant struct {
 	Hint int
 	// Generic forces the element-wise kernel.
 	Generic bool
+	// Tile picks the tensor-core GEMM family's tile shape (WidthTC): 1 ..
+	// len(tcTileList()), 0 automatic (planTC). A Tile alone (Width
+	// WidthAuto, no other field) means WidthTC.
+	Tile int
 }
 
 // Kernel families of the fast linear kernels.
@@ -257,7 +287,139 @@ const (
 	// of at least 64) and MXFP4 (columns a multiple of 32), one x group,
 	// batch tiles up to 4; other shapes use the narrow kernels.
 	WidthMMA
+	// WidthTC: tensor-core GEMM kernels for many batch rows (prefill):
+	// FP8Block (columns a multiple of 64, blocks a power of two of at
+	// least 64), MXFP4 (columns a multiple of 128) and BF16 (columns a
+	// multiple of 64), tiles of weight rows x batch rows in one launch over
+	// the whole batch (kernels/linear.cu, tc_gemm). WidthAuto selects it for
+	// batches of at least tcMinBatch rows; other shapes use the other
+	// families.
+	WidthTC
 )
+
+// tcMinBatch is the smallest batch for which WidthAuto selects the
+// tensor-core GEMM family (WidthTC).
+const tcMinBatch = 16
+
+// tcTile is a tile shape of the tensor-core GEMM family: BM weight rows x
+// BN batch rows per block of WM x WN warps, ST pipeline stages of 64
+// columns, registers capped for OB blocks per SM.
+type tcTile struct{ BM, BN, WM, WN, ST, OB int }
+
+// tcTileList is the tile shapes with kernels in kernels/linear.cu
+// (LINTC3 lines); LinearVariant.Tile i selects entry i-1. The first two are
+// in the default module (the automatic choices), the others in the
+// benchmark module.
+func tcTileList() []tcTile {
+	return []tcTile{
+		{128, 64, 4, 2, 4, 1}, // 1: automatic for batches of 64 and more
+		{64, 32, 2, 2, 4, 1},  // 2: automatic for small batches, short matrices and multi launches (expert tiles)
+		{128, 128, 2, 4, 3, 1},
+		{128, 128, 4, 2, 3, 1},
+		{128, 64, 4, 2, 3, 1},
+		{64, 64, 2, 2, 4, 1},
+		{128, 32, 4, 2, 4, 1},
+		{256, 64, 4, 2, 3, 1},
+		{128, 64, 4, 2, 3, 2}, // 9: at most 128 registers, two blocks per SM
+		{64, 64, 2, 2, 4, 3},  // 10: three blocks of 128 threads per SM
+	}
+}
+
+// tcOK reports whether the tensor-core GEMM family takes a weight of this
+// format, shape, FP8 block edge and group count with row tile bm.
+func tcOK(f compute.Format, rows, cols, block, groups, bm int) bool {
+	if groups > 1 && (rows/groups)%bm != 0 {
+		return false
+	}
+	switch f {
+	case compute.FP8Block:
+		return cols%64 == 0 && block >= 64 && block&(block-1) == 0
+	case compute.MXFP4:
+		return cols%128 == 0
+	case compute.BF16:
+		return cols%64 == 0
+	}
+	return false
+}
+
+// tcShared returns the dynamic shared memory of a tensor-core GEMM launch
+// of tile tl over weights of format f with rows of cols columns (FP8 block
+// edge block): the stages plus the tile's scale rows.
+func tcShared(tl tcTile, f compute.Format, cols, block int) int {
+	ab, scale := 128, 0
+	switch f {
+	case compute.FP8Block:
+		ab, scale = 64, tl.BM/16*((cols+block-1)/block)
+	case compute.MXFP4:
+		ab, scale = 32, tl.BM*(cols/32)
+	}
+	n := tl.ST*(tl.BM*ab+256*tl.BN) + scale
+	return (n + 15) &^ 15
+}
+
+// tcStaticShared bounds the tensor-core kernels' static shared memory (the
+// row maxima of the scales, plus what the system reserves).
+const tcStaticShared = 3 << 10
+
+// tcAligned reports whether the tensor-core kernels' 16-byte loads of w
+// and x (and MXFP4's 4-byte scale loads) are aligned. x 0 stands for an
+// input set later (expert tiles: rows of an aligned buffer).
+func tcAligned(w *DeviceWeight, x DevicePtr) bool {
+	return w.Data%16 == 0 && w.Scale%4 == 0 && x%16 == 0
+}
+
+// tcWanted reports whether v asks for the tensor-core GEMM family at this
+// batch: explicitly (WidthTC or a Tile alone) or automatically (the
+// default variant at a batch of at least tcMinBatch).
+func tcWanted(v LinearVariant, batch int) bool {
+	switch {
+	case v.Width == WidthTC:
+		return true
+	case v.Width != WidthAuto:
+		return false
+	case v == LinearVariant{Tile: v.Tile} && v.Tile != 0:
+		return true
+	}
+	return v == LinearVariant{} && batch >= tcMinBatch
+}
+
+// tcAutoTile picks the tile of an automatic tensor-core launch of a
+// [rows, cols] weight at this batch on sms multiprocessors: 128x64 when it
+// gives at least one block per multiprocessor and the batch is at least
+// 64, else 64x32.
+func tcAutoTile(rows, batch, sms int) int {
+	t := tcTileList()[0]
+	if batch >= 64 && ((rows+t.BM-1)/t.BM)*((batch+t.BN-1)/t.BN) >= sms {
+		return 1
+	}
+	return 2
+}
+
+// planTC plans one tensor-core GEMM launch over the whole batch, or returns
+// ok false when the family does not take the shape (the caller then uses
+// the other families). It needs no device.
+func planTC(f compute.Format, rows, cols, block, groups, batch int, v LinearVariant, sms, optin int) (p linPlan, ok bool, err error) {
+	name, _, _ := fmtInfo(f)
+	tiles := tcTileList()
+	ti := v.Tile
+	if ti < 0 || ti > len(tiles) {
+		return linPlan{}, false, fmt.Errorf("cuda linear: tensor-core tile %d, want 1..%d (0 automatic)", ti, len(tiles))
+	}
+	if ti == 0 {
+		ti = tcAutoTile(rows, batch, sms)
+	}
+	tl := tiles[ti-1]
+	if !tcOK(f, rows, cols, block, groups, tl.BM) {
+		return linPlan{}, false, nil
+	}
+	shared := tcShared(tl, f, cols, block)
+	if optin > 0 && shared > optin-tcStaticShared {
+		return linPlan{}, false, nil
+	}
+	return linPlan{name: fmt.Sprintf("lint_%s_%dx%d_w%dx%d_s%d_o%d", name, tl.BM, tl.BN, tl.WM, tl.WN, tl.ST, tl.OB),
+		grid:  Dim3{X: uint32((rows + tl.BM - 1) / tl.BM), Y: uint32((batch + tl.BN - 1) / tl.BN), Z: 1},
+		block: Dim3{X: uint32(32 * tl.WM * tl.WN)}, shared: shared}, true, nil
+}
 
 // defaultWidth is the family WidthAuto selects where the shape allows it,
 // except for batch tile 1 with rows of at most vecAutoCols columns, where it
@@ -541,6 +703,23 @@ func (c *Ctx) LinearWith(w *DeviceWeight, y, x DevicePtr, batch, groups int, v L
 		v.Width = c.d.linWidth
 	}
 	a := linArgsFor(w, groups)
+	if tcWanted(v, batch) && tcAligned(w, x) {
+		p, ok, err := planTC(w.Format, w.Rows, w.Cols, w.Block, groups, batch, v, c.d.info.SMs, c.d.info.SharedOptin)
+		if err != nil {
+			return err
+		}
+		if ok {
+			k, err := c.linKernel(p.name)
+			if err != nil {
+				return err
+			}
+			a.Batch, a.X, a.Y = int32(batch), uint64(x), uint64(y)
+			return c.Launch(k, p.grid, p.block, p.shared, s, unsafe.Pointer(&a))
+		}
+		if v.Width == WidthTC || v.Tile != 0 {
+			v = LinearVariant{Width: WidthNarrow} // the shape is not the family's: the narrow kernels
+		}
+	}
 	for b0 := 0; b0 < batch; {
 		nb := min(batch-b0, maxNB)
 		p, err := planLinear(w.Format, w.Rows, w.Cols, w.Block, groups, nb, v, c.d.info.SMs, c.d.info.SharedOptin)
@@ -666,8 +845,44 @@ func planMulti(f compute.Format, shapes [][2]int, block, batch int, v LinearVari
 		grid: Dim3{X: uint32(maxRows / 2), Y: uint32(len(shapes))}, block: Dim3{X: uint32(32 * kw)}}, false, nil
 }
 
+// planMultiTC plans a tensor-core GEMM launch over several projections of
+// format f ([rows, cols] each, FP8 block edge block) at batch, or returns
+// ok false when the family does not take every shape. v.Tile applies to
+// MXFP4 sets; FP8 and BF16 sets always use tile 2. Blocks past a
+// projection's rows or batch exit at once, so the grid covers the largest.
+func planMultiTC(f compute.Format, shapes [][2]int, block, batch int, v LinearVariant, sms, optin int) (p linPlan, ok bool, err error) {
+	name, _, _ := fmtInfo(f)
+	tiles := tcTileList()
+	ti := v.Tile
+	if ti < 0 || ti > len(tiles) {
+		return linPlan{}, false, fmt.Errorf("cuda multi-linear: tensor-core tile %d, want 1..%d (0 automatic)", ti, len(tiles))
+	}
+	maxRows := 0
+	for _, sh := range shapes {
+		maxRows = max(maxRows, sh[0])
+	}
+	if ti == 0 || f != compute.MXFP4 {
+		ti = 2 // 64x32: multi launches are expert tiles of a few dozen rows each (FP8 and BF16 have only this tile's kernel)
+	}
+	tl := tiles[ti-1]
+	shared := 0
+	for _, sh := range shapes {
+		if !tcOK(f, sh[0], sh[1], block, 1, tl.BM) {
+			return linPlan{}, false, nil
+		}
+		shared = max(shared, tcShared(tl, f, sh[1], block))
+	}
+	if optin > 0 && shared > optin-tcStaticShared || len(shapes) > 65535 {
+		return linPlan{}, false, nil
+	}
+	return linPlan{name: fmt.Sprintf("lintmulti_%s_%dx%d_w%dx%d_s%d_o%d", name, tl.BM, tl.BN, tl.WM, tl.WN, tl.ST, tl.OB),
+		grid:  Dim3{X: uint32((maxRows + tl.BM - 1) / tl.BM), Y: uint32((batch + tl.BN - 1) / tl.BN), Z: uint32(len(shapes))},
+		block: Dim3{X: uint32(32 * tl.WM * tl.WN)}, shared: shared}, true, nil
+}
+
 // PrepareMultiLinear validates the set (same format, even row counts, columns
-// a multiple of the decode width, batch <= 16) and uploads the argument table
+// a multiple of the decode width, batch <= 16, or any batch the tensor-core
+// kernels take: see WidthTC) and uploads the argument table
 // into a. ys[i] and xs[i] are device buffers [batch, Rows_i] and [batch, Cols_i].
 // Widths WidthVec and WidthMMA take batch <= 4 (larger batches use the
 // narrow kernels).
@@ -675,13 +890,33 @@ func (c *Ctx) PrepareMultiLinear(a *Arena, ws []*DeviceWeight, ys, xs []DevicePt
 	if len(ws) == 0 || len(ys) != len(ws) || len(xs) != len(ws) {
 		return nil, fmt.Errorf("cuda multi-linear: %d weights, %d outputs, %d inputs", len(ws), len(ys), len(xs))
 	}
-	if batch <= 0 || batch > maxNB {
-		return nil, fmt.Errorf("cuda multi-linear: batch %d, want 1..%d", batch, maxNB)
-	}
 	if v.Width == WidthAuto {
 		v.Width = c.d.linWidth
 	}
 	f := ws[0].Format
+	tc := false
+	var tcp linPlan
+	if batch > 0 && tcWanted(v, batch) {
+		shapes := make([][2]int, len(ws))
+		same := true
+		for i, w := range ws {
+			shapes[i] = [2]int{w.Rows, w.Cols}
+			same = same && w.Format == f && (f != compute.FP8Block || w.Block == ws[0].Block) && tcAligned(w, xs[i])
+		}
+		if same {
+			p, ok, err := planMultiTC(f, shapes, ws[0].Block, batch, v, c.d.info.SMs, c.d.info.SharedOptin)
+			if err != nil {
+				return nil, err
+			}
+			tc, tcp = ok, p
+		}
+		if !tc && (v.Width == WidthTC || v.Tile != 0) {
+			v = LinearVariant{Width: WidthNarrow}
+		}
+	}
+	if !tc && (batch <= 0 || batch > maxNB) {
+		return nil, fmt.Errorf("cuda multi-linear: batch %d, want 1..%d (or at least %d for the tensor-core kernels, which this set's shapes do not fit)", batch, maxNB, tcMinBatch)
+	}
 	shapes := make([][2]int, len(ws))
 	args := make([]linArgs, len(ws))
 	bytes := 0
@@ -695,9 +930,12 @@ func (c *Ctx) PrepareMultiLinear(a *Arena, ws []*DeviceWeight, ys, xs []DevicePt
 		args[i] = la
 		bytes += w.Bytes
 	}
-	p, vec, err := planMulti(f, shapes, ws[0].Block, batch, v, c.d.info.SMs, c.d.info.SharedOptin)
-	if err != nil {
-		return nil, err
+	p, vec := tcp, false
+	if !tc {
+		var err error
+		if p, vec, err = planMulti(f, shapes, ws[0].Block, batch, v, c.d.info.SMs, c.d.info.SharedOptin); err != nil {
+			return nil, err
+		}
 	}
 	k, err := c.linKernel(p.name)
 	if err != nil {
@@ -722,5 +960,5 @@ func (c *Ctx) LaunchMultiLinear(m *MultiLinear, s Stream) error {
 	if m.ks > 0 {
 		return c.Launch(m.kernel, m.grid, m.block, m.shared, s, unsafe.Pointer(&m.args), unsafe.Pointer(&m.ks))
 	}
-	return c.Launch(m.kernel, m.grid, m.block, 0, s, unsafe.Pointer(&m.args))
+	return c.Launch(m.kernel, m.grid, m.block, m.shared, s, unsafe.Pointer(&m.args))
 }

@@ -22,13 +22,18 @@ func TestLinearModuleSources(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	tcs, err := LinearTCSource()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name, src string
 		want      []string
 		notWant   []string
 	}{
-		{"default", def, []string{"struct LinArgs", "LIN_NB(fp8, FMT_FP8, 2, 4, 0, _d0)", "LINV_U(LINV, fp8, FMT_FP8, 1, 0, 0)", "void spin(", "void read_bw4("}, []string{"LINV_U(LINV, fp8, FMT_FP8, 2, 0, 0)"}},
-		{"bench", bench, []string{"struct LinArgs", "LINV_U(LINV, fp8, FMT_FP8, 2, 0, 0)", "LINW_NB(fp8"}, []string{"void spin(", "LIN_NB(fp8, FMT_FP8, 2, 4, 0, _d0)", "LINV_U(LINV, fp8, FMT_FP8, 1, 0, 0)"}},
+		{"default", def, []string{"struct LinArgs", "LIN_NB(fp8, FMT_FP8, 2, 4, 0, _d0)", "LINV_U(LINV, fp8, FMT_FP8, 1, 0, 0)", "void spin(", "void read_bw4(", "LINTC3(64, 32, 2, 2, 4, 1)"}, []string{"LINV_U(LINV, fp8, FMT_FP8, 2, 0, 0)", "LINTC1(128, 128, 2, 4, 3, 1)"}},
+		{"bench", bench, []string{"struct LinArgs", "LINV_U(LINV, fp8, FMT_FP8, 2, 0, 0)", "LINW_NB(fp8"}, []string{"void spin(", "LIN_NB(fp8, FMT_FP8, 2, 4, 0, _d0)", "LINV_U(LINV, fp8, FMT_FP8, 1, 0, 0)", "LINTC1(128, 128, 2, 4, 3, 1)"}},
+		{"tc", tcs, []string{"struct LinArgs", "tc_gemm", "LINTC1(128, 128, 2, 4, 3, 1)"}, []string{"void spin(", "LIN_NB(fp8, FMT_FP8", "LINV_U(LINV, fp8, FMT_FP8, 2", "LINTC3(64, 32, 2, 2, 4, 1)"}},
 	} {
 		for _, w := range tc.want {
 			if !strings.Contains(tc.src, w) {
@@ -41,7 +46,7 @@ func TestLinearModuleSources(t *testing.T) {
 			}
 		}
 	}
-	if len(def)+len(bench) <= len(linearSrc)/2 {
+	if len(def)+len(bench)+len(tcs) <= len(linearSrc)/2 {
 		t.Errorf("module sources (%d + %d bytes) miss most of linear.cu (%d bytes)", len(def), len(bench), len(linearSrc))
 	}
 }
@@ -120,6 +125,41 @@ func plannedKernels(t *testing.T) (def, any map[string]string) {
 			}
 		}
 	}
+	// Tensor-core GEMMs: the automatic choice at prefill batches (default
+	// module) and every tile (either module), single and multi.
+	tcShapes := slices.Concat(shapes, []shape{{1024, 4096, 128, 1}, {8192, 4096, 128, 8}, {512, 4096, 128, 1}, {256, 4096, 128, 1}, {100, 512, 64, 1}})
+	for _, f := range []compute.Format{compute.FP8Block, compute.MXFP4, compute.BF16} {
+		for _, sh := range tcShapes {
+			for _, nb := range []int{16, 33, 64, 300, 1024, 4096} {
+				why := fmt.Sprintf("%v [%d, %d] block %d groups %d batch %d", f, sh.rows, sh.cols, sh.block, sh.groups, nb)
+				if p, ok, err := planTC(f, sh.rows, sh.cols, sh.block, sh.groups, nb, LinearVariant{}, 132, 232448); err != nil {
+					t.Fatalf("%s, tc: %v", why, err)
+				} else if ok {
+					add(def, p.name, why+", tc auto")
+				}
+				for _, v := range tcTestVariants() {
+					if p, ok, err := planTC(f, sh.rows, sh.cols, sh.block, sh.groups, nb, v.v, 132, 232448); err != nil {
+						t.Fatalf("%s, %s: %v", why, v.name, err)
+					} else if ok {
+						add(any, p.name, why+", "+v.name)
+					}
+				}
+				shs := [][2]int{{sh.rows, sh.cols}, {sh.rows / 2, sh.cols}}
+				if p, ok, err := planMultiTC(f, shs, sh.block, nb, LinearVariant{}, 132, 232448); err != nil {
+					t.Fatalf("multi %s: %v", why, err)
+				} else if ok {
+					add(def, p.name, "multi "+why+", tc auto")
+				}
+				for _, v := range tcTestVariants() {
+					if p, ok, err := planMultiTC(f, shs, sh.block, nb, v.v, 132, 232448); err != nil {
+						t.Fatalf("multi %s, %s: %v", why, v.name, err)
+					} else if ok {
+						add(any, p.name, "multi "+why+", "+v.name)
+					}
+				}
+			}
+		}
+	}
 	for _, set := range multiTestSets() {
 		for nb := 1; nb <= maxNB; nb++ {
 			why := fmt.Sprintf("multi %v %v batch %d", set.f, set.shape, nb)
@@ -189,15 +229,31 @@ func TestLinearCompile(t *testing.T) {
 		t.Log("-short: benchmark module not compiled (set MOXIE_COMPILE_BENCH=1)")
 		return
 	}
+	tcs, err := LinearTCSource()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcSyms := compile("linear_tc", tcs)
 	benchSyms := compile("linear_bench", bench)
 	for name := range benchSyms {
+		if defSyms[name] || tcSyms[name] {
+			t.Errorf("kernel %s is in two modules", name)
+		}
+		if strings.HasPrefix(name, "lint") {
+			t.Errorf("tensor-core kernel %s is in the benchmark module (linKernel looks for it in linear_tc)", name)
+		}
+	}
+	for name := range tcSyms {
 		if defSyms[name] {
-			t.Errorf("kernel %s is in both modules", name)
+			t.Errorf("kernel %s is in two modules", name)
+		}
+		if !strings.HasPrefix(name, "lint") {
+			t.Errorf("kernel %s is in the tensor-core module (linKernel looks for it in linear_bench)", name)
 		}
 	}
 	for name, why := range wantAny {
-		if !defSyms[name] && !benchSyms[name] {
-			t.Errorf("neither module has %s (%s)", name, why)
+		if !defSyms[name] && !benchSyms[name] && !tcSyms[name] {
+			t.Errorf("no module has %s (%s)", name, why)
 		}
 	}
 }
@@ -206,20 +262,21 @@ func TestLinearCompile(t *testing.T) {
 // included.
 func TestSplitLinearSource(t *testing.T) {
 	cases := []struct {
-		name, src  string
-		def, bench string
-		err        string
+		name, src      string
+		def, bench, tc string
+		err            string
 	}{
-		{"ok", "head\n//@module common\nC\n//@module linear\nL\n//@module bench\nB\n", "C\nL\n", "C\nB\n", ""},
-		{"order", "//@module bench\nB\n//@module common\nC\n//@module linear\nL", "C\nL", "C\nB\n", ""},
-		{"missing bench", "//@module common\nC\n//@module linear\nL\n", "", "", `lacks its "bench" section`},
-		{"duplicate", "//@module common\nC\n//@module linear\nL\n//@module bench\nB\n//@module linear\nL2\n", "", "", `two "linear" sections`},
-		{"unknown", "//@module common\n//@module extra\n", "", "", `unknown section "extra"`},
-		{"none", "just code\n", "", "", `lacks its "common" section`},
+		{"ok", "head\n//@module common\nC\n//@module linear\nL\n//@module bench\nB\n//@module tc\nT\n", "C\nL\n", "C\nB\n", "C\nT\n", ""},
+		{"order", "//@module bench\nB\n//@module tc\nT\n//@module common\nC\n//@module linear\nL", "C\nL", "C\nB\n", "C\nT\n", ""},
+		{"missing bench", "//@module common\nC\n//@module linear\nL\n//@module tc\nT\n", "", "", "", `lacks its "bench" section`},
+		{"missing tc", "//@module common\nC\n//@module linear\nL\n//@module bench\nB\n", "", "", "", `lacks its "tc" section`},
+		{"duplicate", "//@module common\nC\n//@module linear\nL\n//@module bench\nB\n//@module linear\nL2\n", "", "", "", `two "linear" sections`},
+		{"unknown", "//@module common\n//@module extra\n", "", "", "", `unknown section "extra"`},
+		{"none", "just code\n", "", "", "", `lacks its "common" section`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			def, bench, err := splitLinearSource(tc.src)
+			def, bench, tcs, err := splitLinearSource(tc.src)
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("error %v, want one containing %q", err, tc.err)
@@ -229,8 +286,8 @@ func TestSplitLinearSource(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if def != tc.def || bench != tc.bench {
-				t.Fatalf("split = %q, %q; want %q, %q", def, bench, tc.def, tc.bench)
+			if def != tc.def || bench != tc.bench || tcs != tc.tc {
+				t.Fatalf("split = %q, %q, %q; want %q, %q, %q", def, bench, tcs, tc.def, tc.bench, tc.tc)
 			}
 		})
 	}
@@ -331,5 +388,79 @@ func TestPlanLinear(t *testing.T) {
 	}
 	if _, _, err := planMulti(compute.MXFP8, w13, 128, 1, LinearVariant{}, 132, 232448); err == nil {
 		t.Error("MXFP8 multi set accepted")
+	}
+}
+
+// TestPlanTC checks when the tensor-core GEMM family is chosen and its
+// launch shapes (132 SMs, 227 KB of opt-in shared memory).
+func TestPlanTC(t *testing.T) {
+	const sms, optin = 132, 232448
+	cases := []struct {
+		name                      string
+		f                         compute.Format
+		rows, cols, block, groups int
+		batch                     int
+		v                         LinearVariant
+		kernel                    string // "" when the family does not take the shape
+		gx, gy, threads           uint32
+		shared                    int
+	}{
+		{"fp8 4096 batch 1024", compute.FP8Block, 4096, 4096, 128, 1, 1024, LinearVariant{}, "lint_fp8_128x64_w4x2_s4_o1", 32, 16, 256, 4*(128*64+256*64) + 8*32},
+		{"wo_b batch 64: few 128-row tiles", compute.FP8Block, 4096, 8192, 128, 1, 64, LinearVariant{}, "lint_fp8_64x32_w2x2_s4_o1", 64, 2, 128, 4*(64*64+256*32) + 4*64},
+		{"wq_b batch 64", compute.FP8Block, 32768, 1024, 128, 1, 64, LinearVariant{}, "lint_fp8_128x64_w4x2_s4_o1", 256, 1, 256, 4*(128*64+256*64) + 8*8},
+		{"batch 33", compute.MXFP4, 2048, 4096, 128, 1, 33, LinearVariant{}, "lint_mxfp4_64x32_w2x2_s4_o1", 32, 2, 128, 4*(64*32+256*32) + 64*128},
+		{"bf16 gate", compute.BF16, 256, 4096, 128, 1, 300, LinearVariant{}, "lint_bf16_64x32_w2x2_s4_o1", 4, 10, 128, 4 * (64*128 + 256*32)},
+		{"wo_a grouped", compute.FP8Block, 8192, 4096, 128, 8, 256, LinearVariant{}, "lint_fp8_128x64_w4x2_s4_o1", 64, 4, 256, 4*(128*64+256*64) + 8*32},
+		{"tile 3", compute.FP8Block, 4096, 4096, 128, 1, 16, LinearVariant{Width: WidthTC, Tile: 3}, "lint_fp8_128x128_w2x4_s3_o1", 32, 1, 256, 3*(128*64+256*128) + 8*32},
+		{"tile alone", compute.MXFP4, 4096, 2048, 128, 1, 5, LinearVariant{Tile: 8}, "lint_mxfp4_256x64_w4x2_s3_o1", 16, 1, 256, 3*(256*32+256*64) + 256*64},
+		{"grouped rows per group < tile", compute.FP8Block, 256, 640, 128, 4, 33, LinearVariant{Width: WidthTC, Tile: 1}, "", 0, 0, 0, 0},
+		{"grouped rows per group = tile", compute.FP8Block, 256, 640, 128, 4, 33, LinearVariant{Width: WidthTC, Tile: 2}, "lint_fp8_64x32_w2x2_s4_o1", 4, 2, 128, 4*(64*64+256*32) + 32},
+		{"mxfp4 cols not a multiple of 128", compute.MXFP4, 256, 2112, 128, 1, 64, LinearVariant{}, "", 0, 0, 0, 0},
+		{"fp8 block 32", compute.FP8Block, 256, 1024, 32, 1, 64, LinearVariant{}, "", 0, 0, 0, 0},
+		{"fp8 block 64", compute.FP8Block, 100, 512, 64, 1, 64, LinearVariant{}, "lint_fp8_64x32_w2x2_s4_o1", 2, 2, 128, 4*(64*64+256*32) + 4*8},
+		{"f32", compute.F32, 256, 1024, 128, 1, 64, LinearVariant{}, "", 0, 0, 0, 0},
+		{"too much shared", compute.MXFP4, 256, 65536, 128, 1, 64, LinearVariant{Width: WidthTC, Tile: 8}, "", 0, 0, 0, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p, ok, err := planTC(tc.f, tc.rows, tc.cols, tc.block, tc.groups, tc.batch, tc.v, sms, optin)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.kernel == "" {
+				if ok {
+					t.Fatalf("planned %s for a shape the family does not take", p.name)
+				}
+				return
+			}
+			if !ok || p.name != tc.kernel || p.grid.X != tc.gx || p.grid.Y != tc.gy || p.block.X != tc.threads || p.shared != tc.shared {
+				t.Fatalf("plan %+v ok %v; want %s grid %dx%d block %d shared %d", p, ok, tc.kernel, tc.gx, tc.gy, tc.threads, tc.shared)
+			}
+		})
+	}
+	if _, _, err := planTC(compute.FP8Block, 256, 1024, 128, 1, 64, LinearVariant{Width: WidthTC, Tile: 11}, sms, optin); err == nil {
+		t.Error("tile 11 accepted")
+	}
+	for _, tc := range []struct {
+		v     LinearVariant
+		batch int
+		want  bool
+	}{
+		{LinearVariant{}, 16, true}, {LinearVariant{}, 15, false}, {LinearVariant{Width: WidthTC}, 1, true},
+		{LinearVariant{Tile: 2}, 3, true}, {LinearVariant{Width: WidthNarrow}, 64, false}, {LinearVariant{KW: 8}, 64, false},
+		{LinearVariant{Width: WidthMMA, Tile: 1}, 64, false},
+	} {
+		if got := tcWanted(tc.v, tc.batch); got != tc.want {
+			t.Errorf("tcWanted(%+v, %d) = %v, want %v", tc.v, tc.batch, got, tc.want)
+		}
+	}
+	// Multi launches (expert tiles): 64x32 tiles, one grid layer per record.
+	w13 := [][2]int{{2048, 4096}, {2048, 4096}, {2048, 4096}}
+	p, ok, err := planMultiTC(compute.MXFP4, w13, 128, 64, LinearVariant{}, sms, optin)
+	if err != nil || !ok || p.name != "lintmulti_mxfp4_64x32_w2x2_s4_o1" || p.grid != (Dim3{X: 32, Y: 2, Z: 3}) || p.shared != 4*(64*32+256*32)+64*128 {
+		t.Errorf("multi plan %+v ok %v err %v", p, ok, err)
+	}
+	if _, ok, _ := planMultiTC(compute.MXFP4, [][2]int{{2048, 4096}, {64, 2080}}, 128, 64, LinearVariant{}, sms, optin); ok {
+		t.Error("multi plan with a 2080-column MXFP4 weight accepted")
 	}
 }

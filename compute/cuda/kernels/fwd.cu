@@ -509,15 +509,13 @@ extern "C" __global__ void fwd_moe_args(LinArgs *run13, LinArgs *run2, const Lin
 // j / K's k-th choice), lay the entries out expert-major: slot
 // off[e] + (rank of j among expert e's entries, in entry order). Writes
 // row_tok[slot] = token, row_w[slot] = weight, inv[j] = slot, and the tiles
-// (expert, first slot, rows <= 16) of every expert's rows, in expert order,
-// into tiles [max_tiles, 3]; tiles past the last get rows 0. ids outside
-// [0, experts) count as expert 0 (Route never produces them). Dynamic shared
-// memory: 12 * experts bytes.
-#define MOE_TILE 16
-
+// (expert, first slot, rows <= tile) of every expert's rows, in expert
+// order, into tiles [max_tiles, 3]; tiles past the last get rows 0. ids
+// outside [0, experts) count as expert 0 (Route never produces them).
+// Dynamic shared memory: 12 * experts bytes.
 extern "C" __global__ void __launch_bounds__(1024) fwd_moe_plan(int *row_tok, float *row_w, int *inv, int *tiles,
                                                               const int *ids, const float *w, int n, int K,
-                                                              int experts, int max_tiles) {
+                                                              int experts, int max_tiles, int tile) {
   extern __shared__ int sh[];
   int *cnt = sh, *off = sh + experts, *toff = sh + 2 * experts;
   __shared__ int s_total;
@@ -535,7 +533,7 @@ extern "C" __global__ void __launch_bounds__(1024) fwd_moe_plan(int *row_tok, fl
       off[e] = o;
       toff[e] = to;
       o += cnt[e];
-      to += (cnt[e] + MOE_TILE - 1) / MOE_TILE;
+      to += (cnt[e] + tile - 1) / tile;
     }
     s_total = to;
   }
@@ -552,12 +550,12 @@ extern "C" __global__ void __launch_bounds__(1024) fwd_moe_plan(int *row_tok, fl
       inv[j] = slot;
       r++;
     }
-    for (int q = 0; q * MOE_TILE < cnt[e]; q++) {
+    for (int q = 0; q * tile < cnt[e]; q++) {
       const int ti = toff[e] + q;
       if (ti < max_tiles) {
         tiles[3 * ti] = e;
-        tiles[3 * ti + 1] = off[e] + q * MOE_TILE;
-        tiles[3 * ti + 2] = min(MOE_TILE, cnt[e] - q * MOE_TILE);
+        tiles[3 * ti + 1] = off[e] + q * tile;
+        tiles[3 * ti + 2] = min(tile, cnt[e] - q * tile);
       }
     }
   }

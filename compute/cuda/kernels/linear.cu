@@ -2,12 +2,14 @@
 // Weights are read in their stored formats straight from device memory and
 // decoded in registers; accumulation is float32. No headers: NVRTC needs none.
 //
-// The file has three sections, split by the "//@module" lines (compute/cuda
+// The file has four sections, split by the "//@module" lines (compute/cuda
 // /linear.go): "common" (types, decoders, templates, macros; no kernels) is
-// part of both modules; "linear" is the default module, every kernel the
+// part of every module; "linear" is the default module, every kernel the
 // default variant (LinearVariant{}) can launch, compiled on a user's first
-// run; "bench" holds the variants only benchmarks and explicit LinearWith
-// variants use, compiled only when one of them is first asked for.
+// run; "bench" holds the CUDA-core and mma variants only benchmarks and
+// explicit LinearWith variants use, and "tc" the tensor-core GEMM tiles the
+// automatic choice does not use, each compiled only when one of its kernels
+// is first asked for.
 // nvcc can compile the whole file as one unit.
 //
 // Narrow family (linear_*): a block of KW warps owns RB consecutive rows;
@@ -869,6 +871,338 @@ __device__ __forceinline__ void linear_generic_body(const LinArgs &a, int fmt) {
   }
 }
 
+// ---------------------------------------------------------------------------
+// Tensor-core GEMM family (`lint_*`, `lintmulti_*`; LinearVariant{Width:
+// WidthTC}): y[b, r] = sum_c W[r, c] x[b, c] for many batch rows (prefill),
+// FP8Block, MXFP4 and BF16 weights. A block owns a tile of BM weight rows x
+// BN batch rows and walks the columns in stages of TC_BK = 64; WM x WN warps
+// each own (BM/WM) x (BN/WN) of the tile as MI x NI mma.sync m16n8k16
+// fragments. Weights are the A operand, x the B operand.
+//  - Loads: every stage's raw weight bytes and x (float32) go to shared
+//    memory by cp.async (16 bytes each), ST stages in flight.
+//  - k order: within a stage, thread (g = lane/4, t = lane%4) of a warp
+//    takes, in k-step kk (0..3), the four columns 16t+4kk .. 16t+4kk+3 as
+//    the mma's k indices 2t, 2t+1, 2t+8, 2t+9 (A and B agree, so the sum
+//    is the same); its weight bytes of a stage are then one contiguous
+//    16-byte (FP8), 8-byte (MXFP4) or 32-byte (BF16) run per row, and its
+//    x values of a k-step one float4. x rows in shared memory are swizzled
+//    (16-byte chunk c of row n at c ^ ((c >> 2) & 2) ^ (n & 1)), BF16
+//    weight rows too (chunk c at c ^ (row & 1)), so those loads are free of
+//    bank conflicts.
+//  - FP8Block and MXFP4: weights are decoded to f16 (exact: every E4M3 and
+//    E2M1 value is an f16 value) and multiplied by 2^(s - smax), s the
+//    element's E8M0 scale and smax the largest scale of its row (FP8: of
+//    its 128-row block), so that they stay within f16's range; the row's
+//    sums are multiplied by 2^(smax - 127) at the end. That is exact while
+//    a row's scales lie within 2^15 (FP8) or 2^23 (MXFP4) of its largest;
+//    smaller ones lose low bits (f16 subnormals). x is split into hi =
+//    f16(x) and lo = f16(2^11 (x - hi)), each with its own f32 accumulator
+//    (y = acc_hi + 2^-11 acc_lo), so products carry about 22 bits of x
+//    whatever its magnitude in f16's range (|x| < 65504).
+//  - BF16: weights are bf16 already (the bf16 mma, no decode); x is split
+//    exactly into three bf16 parts (8 + 8 + 8 significant bits), all three
+//    products accumulate in one f32 accumulator.
+// Shapes: columns a multiple of 64 (MXFP4: of 128), FP8 blocks a power of
+// two of at least 64; grouped weights need BM to divide the rows per group.
+// Rows past the last and batch rows past a.batch are clamped on load and
+// not stored.
+#define TC_BK 64
+
+template <int FMT> struct TC;
+template <> struct TC<FMT_FP8>   { enum { AB = 64 }; };   // weight bytes of a row per stage
+template <> struct TC<FMT_MXFP4> { enum { AB = 32 }; };
+template <> struct TC<FMT_BF16>  { enum { AB = 128 }; };
+
+__device__ __forceinline__ u32 smem_u32(const void *p) {
+  u32 r;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ void mma16816bf(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
+  u32 d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+__device__ __forceinline__ u32 bf16x2_of(float lo, float hi) {
+  u32 h;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(hi), "f"(lo));
+  return h;
+}
+
+// 2^d (d <= 0) as an f16x2 pair; 0 below 2^-24.
+__device__ __forceinline__ u32 f16pow2x2(int d) {
+  const int e = d + 15;
+  const u32 h = e > 0 ? (u32)e << 10 : (e > -10 ? 1u << (e + 9) : 0u);
+  return h | (h << 16);
+}
+
+// Position of 16-byte chunk c (0..15) in x row n of a stage.
+__device__ __forceinline__ int tc_xpos(int c, int n) { return c ^ ((c >> 2) & 2) ^ (n & 1); }
+
+// Four E2M1 codes (bits 0..15, nibble i = element i) to four E4M3 bytes.
+__device__ __forceinline__ u32 e2m1x4_e4m3(u32 w) {
+  const u32 lutLo = 0x3C383000u, lutHi = 0x4C484440u;
+  return __byte_perm(lutLo, lutHi, w & 0x7777u) | __byte_perm(0x8000u, 0u, (w >> 3) & 0x1111u);
+}
+
+template <int FMT, int BM, int BN, int WM, int WN, int ST>
+__device__ __forceinline__ void tc_gemm(const LinArgs &a, u8 *smem) {
+  constexpr int NT = WM * WN * 32;
+  constexpr int MI = BM / WM / 16, NI = BN / WN / 8;
+  constexpr int AB = TC<FMT>::AB;
+  constexpr int ASZ = BM * AB;      // weight bytes of a stage
+  constexpr int XSZ = BN * TC_BK;   // x floats of a stage
+  constexpr bool F16 = FMT != FMT_BF16;
+  constexpr int NF = FMT == FMT_FP8 ? BM / 16 : BM;  // scale rows kept (FP8: one per 16-row fragment)
+  static_assert(MI >= 1 && NI >= 1 && BM == MI * WM * 16 && BN == NI * WN * 8, "tile shape");
+  __shared__ int smx[NF];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp % WM, wn = warp / WM;
+  const int g = lane >> 2, t = lane & 3;
+  const int r0 = blockIdx.x * BM, b0 = blockIdx.y * BN;
+  if (r0 >= a.rows || b0 >= a.batch) return;  // uniform over the block
+  const int KT = a.cols / TC_BK;
+  const long long rowBytes = (long long)a.cols * AB / TC_BK;
+  const float *xg = a.x + (long long)(r0 / a.rpg) * a.cols;
+  u8 *As = smem;
+  float *Xs = reinterpret_cast<float *>(smem + ST * ASZ);
+  u8 *Ss = smem + ST * (ASZ + 4 * XSZ);
+  const int ss = a.sstride;
+
+  auto load = [&](int kt, int slot) {
+    u8 *ad = As + slot * ASZ;
+    constexpr int CA = AB / 16;  // 16-byte chunks of a weight row
+#pragma unroll
+    for (int i = tid; i < BM * CA; i += NT) {
+      const int rr = i / CA, c = i % CA;
+      const int row = min(r0 + rr, a.rows - 1);
+      const int pc = FMT == FMT_BF16 ? c ^ (rr & 1) : c;
+      cp_async16(ad + rr * AB + 16 * pc, a.W + row * rowBytes + (long long)kt * AB + 16 * c);
+    }
+    float *xd = Xs + slot * XSZ;
+#pragma unroll
+    for (int i = tid; i < BN * 16; i += NT) {
+      const int n = i >> 4, c = i & 15;
+      const int bn = min(b0 + n, a.batch - 1);
+      cp_async16(xd + n * TC_BK + 4 * tc_xpos(c, n), xg + (long long)bn * a.xstride + kt * TC_BK + 4 * c);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < ST - 1; s++) {
+    if (s < KT) load(s, s);
+    cp_commit();
+  }
+
+  // Scales of the tile's rows (FP8: of each 16-row fragment's block) and
+  // their maxima.
+  if (FMT == FMT_FP8) {
+    for (int i = tid; i < NF * ss; i += NT) {
+      const int f = i / ss, j = i - f * ss;
+      const int row = min(r0 + 16 * f, a.rows - 1);
+      Ss[i] = a.S[(long long)(row >> a.srshift) * ss + j];
+    }
+  } else if (FMT == FMT_MXFP4) {
+    const int ws = ss >> 2;  // ss is a multiple of 4 (columns a multiple of 128)
+    for (int i = tid; i < NF * ws; i += NT) {
+      const int rr = i / ws, j = i - rr * ws;
+      const int row = min(r0 + rr, a.rows - 1);
+      reinterpret_cast<u32 *>(Ss)[i] = __ldg(reinterpret_cast<const u32 *>(a.S + (long long)row * ss) + j);
+    }
+  }
+  if (F16) {
+    __syncthreads();
+    for (int f = tid; f < NF; f += NT) {
+      u32 m = 0;
+      const u8 *p = Ss + f * ss;
+      for (int j = 0; j < ss; j++) m = max(m, (u32)p[j]);
+      smx[f] = (int)m;
+    }
+  }
+
+  float acc[MI][NI][F16 ? 2 : 1][4];
+#pragma unroll
+  for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+    for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+      for (int h = 0; h < (F16 ? 2 : 1); h++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[mi][ni][h][i] = 0.f;
+
+  const int wr = wm * MI * 16;  // the warp's first row in the tile
+  const int wb = wn * NI * 8;   // its first batch row in the tile
+  int slot = 0;
+  for (int kt = 0; kt < KT; kt++) {
+    cp_wait<ST - 2>();
+    __syncthreads();
+    {
+      const int nk = kt + ST - 1;
+      int ns = slot + ST - 1;
+      if (ns >= ST) ns -= ST;
+      if (nk < KT) load(nk, ns);
+      cp_commit();
+    }
+    const u8 *Ab = As + slot * ASZ;
+    const float *Xb = Xs + slot * XSZ;
+    // The warp's weight words of this stage (rows g and g+8 of each
+    // fragment) and, for FP8/MXFP4, their scale factors 2^(s - smax).
+    uint4 wv[MI][2][FMT == FMT_BF16 ? 2 : 1];
+    u32 fac[MI][2];
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const int rr = wr + mi * 16 + g + 8 * h;
+        if constexpr (FMT == FMT_FP8) {
+          wv[mi][h][0] = *reinterpret_cast<const uint4 *>(Ab + rr * 64 + 16 * t);
+          const int f = (wr >> 4) + mi;
+          fac[mi][h] = f16pow2x2((int)Ss[f * ss + ((kt * TC_BK) >> a.scshift)] - smx[f]);
+        } else if constexpr (FMT == FMT_MXFP4) {
+          const uint2 q = *reinterpret_cast<const uint2 *>(Ab + rr * 32 + 8 * t);
+          wv[mi][h][0] = make_uint4(q.x, q.y, 0u, 0u);
+          fac[mi][h] = f16pow2x2((int)Ss[rr * ss + kt * 2 + (t >> 1)] - smx[rr]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 2; j++)
+            wv[mi][h][j] = *reinterpret_cast<const uint4 *>(Ab + rr * 128 + 16 * ((2 * t + j) ^ (g & 1)));
+          fac[mi][h] = 0u;
+        }
+      }
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+      u32 bq[NI][F16 ? 2 : 3][2];
+#pragma unroll
+      for (int ni = 0; ni < NI; ni++) {
+        const int n = wb + ni * 8 + g;
+        const float4 v = *reinterpret_cast<const float4 *>(Xb + n * TC_BK + 4 * tc_xpos(4 * t + kk, n));
+        if constexpr (F16) {
+          const u32 h0 = f16x2_of(v.x, v.y), h1 = f16x2_of(v.z, v.w);
+          float f0, f1, f2, f3;
+          h2x2(h0, f0, f1);
+          h2x2(h1, f2, f3);
+          bq[ni][0][0] = h0;
+          bq[ni][0][1] = h1;
+          bq[ni][1][0] = f16x2_of((v.x - f0) * 2048.f, (v.y - f1) * 2048.f);
+          bq[ni][1][1] = f16x2_of((v.z - f2) * 2048.f, (v.w - f3) * 2048.f);
+        } else {
+          const float xs[4] = {v.x, v.y, v.z, v.w};
+          float r[4], m[4], l[4];
+#pragma unroll
+          for (int i = 0; i < 4; i++) {
+            r[i] = xs[i] - __int_as_float(__float_as_int(xs[i]) & 0xFFFF0000u);
+            m[i] = __int_as_float(__float_as_int(r[i]) & 0xFFFF0000u);
+            l[i] = r[i] - m[i];
+          }
+          bq[ni][0][0] = __byte_perm(__float_as_uint(v.x), __float_as_uint(v.y), 0x7632);
+          bq[ni][0][1] = __byte_perm(__float_as_uint(v.z), __float_as_uint(v.w), 0x7632);
+          bq[ni][1][0] = __byte_perm(__float_as_uint(r[0]), __float_as_uint(r[1]), 0x7632);
+          bq[ni][1][1] = __byte_perm(__float_as_uint(r[2]), __float_as_uint(r[3]), 0x7632);
+          bq[ni][2][0] = bf16x2_of(l[0], l[1]);
+          bq[ni][2][1] = bf16x2_of(l[2], l[3]);
+        }
+      }
+#pragma unroll
+      for (int mi = 0; mi < MI; mi++) {
+        u32 a0, a1, a2, a3;  // rows g, g+8 at k 2t..; rows g, g+8 at k 2t+8..
+        if constexpr (FMT == FMT_FP8) {
+          const u32 wa = quarter(wv[mi][0][0], kk), wb8 = quarter(wv[mi][1][0], kk);
+          a0 = hmul2(e4m3x2_h(wa), fac[mi][0]);
+          a2 = hmul2(e4m3x2_h(wa >> 16), fac[mi][0]);
+          a1 = hmul2(e4m3x2_h(wb8), fac[mi][1]);
+          a3 = hmul2(e4m3x2_h(wb8 >> 16), fac[mi][1]);
+        } else if constexpr (FMT == FMT_MXFP4) {
+          const int sh = 16 * (kk & 1);
+          const u32 ea = e2m1x4_e4m3((kk < 2 ? wv[mi][0][0].x : wv[mi][0][0].y) >> sh);
+          const u32 eb = e2m1x4_e4m3((kk < 2 ? wv[mi][1][0].x : wv[mi][1][0].y) >> sh);
+          a0 = hmul2(e4m3x2_h(ea), fac[mi][0]);
+          a2 = hmul2(e4m3x2_h(ea >> 16), fac[mi][0]);
+          a1 = hmul2(e4m3x2_h(eb), fac[mi][1]);
+          a3 = hmul2(e4m3x2_h(eb >> 16), fac[mi][1]);
+        } else {
+          const uint4 &qa = wv[mi][0][kk >> 1], &qb = wv[mi][1][kk >> 1];
+          a0 = (kk & 1) ? qa.z : qa.x;
+          a2 = (kk & 1) ? qa.w : qa.y;
+          a1 = (kk & 1) ? qb.z : qb.x;
+          a3 = (kk & 1) ? qb.w : qb.y;
+        }
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++) {
+          if constexpr (F16) {
+            mma16816(acc[mi][ni][0], a0, a1, a2, a3, bq[ni][0][0], bq[ni][0][1]);
+            mma16816(acc[mi][ni][1], a0, a1, a2, a3, bq[ni][1][0], bq[ni][1][1]);
+          } else {
+#pragma unroll
+            for (int p = 0; p < 3; p++) mma16816bf(acc[mi][ni][0], a0, a1, a2, a3, bq[ni][p][0], bq[ni][p][1]);
+          }
+        }
+      }
+    }
+    if (++slot == ST) slot = 0;
+  }
+  cp_wait<0>();
+
+  // Thread (g, t) holds rows g, g+8 of each fragment at batch rows 2t, 2t+1.
+#pragma unroll
+  for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int rr = wr + mi * 16 + g + 8 * h, row = r0 + rr;
+      float sc = 1.f;
+      if (F16) sc = e8m0_exp((u32)smx[FMT == FMT_FP8 ? (wr >> 4) + mi : rr]);
+      if (row < a.rows) {
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+          for (int j = 0; j < 2; j++) {
+            const int b = b0 + wb + ni * 8 + 2 * t + j;
+            if (b < a.batch) {
+              float v = acc[mi][ni][0][2 * h + j];
+              if constexpr (F16) v = fmaf(acc[mi][ni][1][2 * h + j], 1.f / 2048.f, v) * sc;
+              a.y[(long long)b * a.ystride + row] = v;
+            }
+          }
+      }
+    }
+}
+
+// Kernel names: lint_<fmt>_<BM>x<BN>_w<WM>x<WN>_s<ST>_o<OB> (OB: the blocks
+// per SM the registers are capped for; one LinArgs; grid
+// (row tiles, batch tiles)) and lintmulti_... (a LinArgs table; grid.z picks
+// the record, blocks past a record's rows or batch exit). Dynamic shared
+// memory: ST * (BM * AB + 256 * BN) bytes plus the scale rows (FP8: BM/16
+// rows, MXFP4: BM rows, of a.sstride bytes).
+#define LINTC(FMTN, FMT, BM, BN, WM, WN, ST, OB) LINTS(FMTN, FMT, BM, BN, WM, WN, ST, OB) LINTM(FMTN, FMT, BM, BN, WM, WN, ST, OB)
+#define LINTS(FMTN, FMT, BM, BN, WM, WN, ST, OB) \
+  extern "C" __global__ void __launch_bounds__(WM * WN * 32, OB) lint_##FMTN##_##BM##x##BN##_w##WM##x##WN##_s##ST##_o##OB(LinArgs a) { \
+    extern __shared__ uint4 smem_t[]; \
+    tc_gemm<FMT, BM, BN, WM, WN, ST>(a, reinterpret_cast<u8 *>(smem_t)); }
+#define LINTM(FMTN, FMT, BM, BN, WM, WN, ST, OB) \
+  extern "C" __global__ void __launch_bounds__(WM * WN * 32, OB) lintmulti_##FMTN##_##BM##x##BN##_w##WM##x##WN##_s##ST##_o##OB(const LinArgs *__restrict__ all) { \
+    extern __shared__ uint4 smem_t[]; \
+    const LinArgs a = all[blockIdx.z]; \
+    tc_gemm<FMT, BM, BN, WM, WN, ST>(a, reinterpret_cast<u8 *>(smem_t)); }
+#define LINTC3(BM, BN, WM, WN, ST, OB) \
+  LINTC(fp8, FMT_FP8, BM, BN, WM, WN, ST, OB) LINTC(mxfp4, FMT_MXFP4, BM, BN, WM, WN, ST, OB) LINTC(bf16, FMT_BF16, BM, BN, WM, WN, ST, OB)
+// Single launches of the three formats and the MXFP4 multi launch.
+#define LINTC1(BM, BN, WM, WN, ST, OB) \
+  LINTS(fp8, FMT_FP8, BM, BN, WM, WN, ST, OB) LINTS(mxfp4, FMT_MXFP4, BM, BN, WM, WN, ST, OB) LINTS(bf16, FMT_BF16, BM, BN, WM, WN, ST, OB) \
+  LINTM(mxfp4, FMT_MXFP4, BM, BN, WM, WN, ST, OB)
+
 //@module linear
 // The default variant's kernels: narrow family, hardware E4M3 decoder, two
 // rows per block (odd row counts are clamped; grouped shapes with odd rows per
@@ -890,6 +1224,12 @@ LINM_NB(mxfp4, FMT_MXFP4, 2, 4, 0, _d0)
 LINM_NB(bf16, FMT_BF16, 2, 4, 0, _d0)
 
 extern "C" __global__ void linear_generic(LinArgs a, int fmt) { linear_generic_body(a, fmt); }
+
+// Tensor-core GEMM family (batch >= tcMinBatch, see tcAutoTile and
+// planMultiTC in linear.go): the automatic tile shapes, single launches
+// 128x64 and 64x32, multi launches (expert tiles) 64x32.
+LINTS(fp8, FMT_FP8, 128, 64, 4, 2, 4, 1) LINTS(mxfp4, FMT_MXFP4, 128, 64, 4, 2, 4, 1) LINTS(bf16, FMT_BF16, 128, 64, 4, 2, 4, 1)
+LINTC3(64, 32, 2, 2, 4, 1)
 
 // Launch/graph overhead probe: adds v to p[threadIdx.x].
 extern "C" __global__ void tiny_add(float *p, float v) {
@@ -960,3 +1300,16 @@ LINV_U(LINVM, mxfp4, FMT_MXFP4, 1, 0, 1)
 // scale groups in flight per chunk.
 LINMMA(fp8, FMT_FP8, 1, 4) LINMMA(fp8, FMT_FP8, 2, 4) LINMMA(fp8, FMT_FP8, 4, 4)
 LINMMA(mxfp4, FMT_MXFP4, 1, 8) LINMMA(mxfp4, FMT_MXFP4, 2, 8) LINMMA(mxfp4, FMT_MXFP4, 4, 8)
+//@module tc
+// Tensor-core GEMM family: the tile shapes the automatic choice does not use
+// (LinearVariant.Tile 1 and 3..10; multi launches for MXFP4 only, FP8 and
+// BF16 multi launches always use tile 2).
+LINTM(mxfp4, FMT_MXFP4, 128, 64, 4, 2, 4, 1)
+LINTC1(128, 128, 2, 4, 3, 1)
+LINTC1(128, 128, 4, 2, 3, 1)
+LINTC1(128, 64, 4, 2, 3, 1)
+LINTC1(64, 64, 2, 2, 4, 1)
+LINTC1(128, 32, 4, 2, 4, 1)
+LINTC1(256, 64, 4, 2, 3, 1)
+LINTC1(128, 64, 4, 2, 3, 2)
+LINTC1(64, 64, 2, 2, 4, 3)

@@ -26,17 +26,34 @@ const (
 	attnPSS    = attnPTile + 8
 )
 
-// attnPrefillShared is AP_SHARED(dim/8) in kernels/attn.cu: the dynamic
-// shared memory of the kernel for heads of width dim, in bytes.
-func attnPrefillShared(dim int) int {
+// Prefill attention variants (kernels/attn.cu): attnLdsm (the default)
+// splits each key tile into f16 parts once and reads the mma fragments with
+// ldmatrix; attnSplit keeps the keys f32 and splits at every fragment load.
+const (
+	attnLdsm  = ""
+	attnSplit = "split"
+)
+
+// attnPrefillShared is AP_SHARED(dim/8) (attnLdsm) or AP_SHARED_SPLIT(dim/8)
+// (attnSplit) in kernels/attn.cu: the kernel's dynamic shared memory for
+// heads of width dim, in bytes.
+func attnPrefillShared(variant string, dim int) int {
 	dw := dim / attnPWarps
-	return 4*2*attnPWarps*attnPTile*(dw+8) + 4*attnPWarps*attnPHeads*attnPSS + 2*3*attnPHeads*attnPSS + 4*2*attnPHeads
+	common := 4*attnPWarps*attnPHeads*attnPSS + 2*3*attnPHeads*attnPSS + 4*2*attnPHeads
+	if variant == attnSplit {
+		return 4*2*attnPWarps*attnPTile*(dw+8) + common
+	}
+	return 4*attnPWarps*attnPTile*dw + 2*2*attnPWarps*attnPTile*(dw+8) + common
 }
 
-// attnPrefillKernel names the kernel for heads of width dim, or "" if none.
-func attnPrefillKernel(dim int) string {
+// attnPrefillKernel names the variant's kernel for heads of width dim, or ""
+// if none.
+func attnPrefillKernel(variant string, dim int) string {
 	switch dim {
 	case 128, 256, 512:
+		if variant == attnSplit {
+			return fmt.Sprintf("attn_prefill_split_d%d", dim)
+		}
 		return fmt.Sprintf("attn_prefill_d%d", dim)
 	}
 	return ""
@@ -46,7 +63,7 @@ func attnPrefillKernel(dim int) string {
 // of width dim: heads a multiple of 32 and dim one of 128, 256, 512
 // (DeepSeek-V4-Flash: 64 heads of 512).
 func PrefillAttentionFits(heads, dim int) bool {
-	return heads > 0 && heads%attnPHeads == 0 && attnPrefillKernel(dim) != ""
+	return heads > 0 && heads%attnPHeads == 0 && attnPrefillKernel(attnLdsm, dim) != ""
 }
 
 // attnPrefillArgs mirrors struct APArgs in kernels/attn.cu.
@@ -70,22 +87,24 @@ func (c *Ctx) attnModule() (*Module, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cuda attn module: %w", err)
 	}
-	for _, dim := range []int{128, 256, 512} {
-		name := attnPrefillKernel(dim)
-		k, err := m.Kernel(name)
-		if err != nil {
-			return nil, fmt.Errorf("cuda attn module: %w", err)
-		}
-		static, err := c.lib.FuncGetAttribute(k.fn, funcAttrSharedSize)
-		if err != nil {
-			return nil, fmt.Errorf("cuda attn module: %s: %w", name, err)
-		}
-		need := attnPrefillShared(dim)
-		if need > c.d.info.SharedOptin-static {
-			return nil, fmt.Errorf("cuda attn module: %s needs %d bytes of shared memory, the device allows %d", name, need, c.d.info.SharedOptin-static)
-		}
-		if err := c.lib.FuncSetAttribute(k.fn, funcAttrMaxDynamicShared, need); err != nil {
-			return nil, fmt.Errorf("cuda attn module: %s: %w", name, err)
+	for _, variant := range []string{attnLdsm, attnSplit} {
+		for _, dim := range []int{128, 256, 512} {
+			name := attnPrefillKernel(variant, dim)
+			k, err := m.Kernel(name)
+			if err != nil {
+				return nil, fmt.Errorf("cuda attn module: %w", err)
+			}
+			static, err := c.lib.FuncGetAttribute(k.fn, funcAttrSharedSize)
+			if err != nil {
+				return nil, fmt.Errorf("cuda attn module: %s: %w", name, err)
+			}
+			need := attnPrefillShared(variant, dim)
+			if need > c.d.info.SharedOptin-static {
+				return nil, fmt.Errorf("cuda attn module: %s needs %d bytes of shared memory, the device allows %d", name, need, c.d.info.SharedOptin-static)
+			}
+			if err := c.lib.FuncSetAttribute(k.fn, funcAttrMaxDynamicShared, need); err != nil {
+				return nil, fmt.Errorf("cuda attn module: %s: %w", name, err)
+			}
 		}
 	}
 	return m, nil
@@ -105,12 +124,17 @@ func (c *Ctx) LoadAttn() error {
 // prefill chunks: one block per (query, 32 heads) reads each key once for
 // its 32 heads, and Q·Kᵀ and P·V run as mma.sync with every float32 operand
 // split into two f16 parts (three products, f32 accumulation; about 22
-// significant bits per product). It needs PrefillAttentionFits(Heads, Dim)
+// significant bits per product, float32-level results). It needs PrefillAttentionFits(Heads, Dim)
 // and |q|, |k| < 65504 (f16 range); MaxKeys and HeadsPerBlock are ignored
 // (keys stream through shared memory, no key-count bound). A negative entry
 // in Idx's first min(TopK, (t+1)/Ratio) columns is a padding entry and is
 // skipped. Bad sizes are errors naming the argument.
 func (f *Fwd) AttentionPrefill(c *Ctx, p AttnParams, s Stream) error {
+	return f.attentionPrefill(c, p, attnLdsm, s)
+}
+
+// attentionPrefill is AttentionPrefill with the given kernel variant.
+func (f *Fwd) attentionPrefill(c *Ctx, p AttnParams, variant string, s Stream) error {
 	switch {
 	case p.O == 0 || p.Q == 0 || p.Ring == 0 || p.Sinks == 0 || p.Pos == 0:
 		return fmt.Errorf("cuda attn_prefill: nil buffer (o %#x q %#x ring %#x sinks %#x pos %#x)", p.O, p.Q, p.Ring, p.Sinks, p.Pos)
@@ -129,12 +153,12 @@ func (f *Fwd) AttentionPrefill(c *Ctx, p AttnParams, s Stream) error {
 	if err != nil {
 		return err
 	}
-	k, err := m.Kernel(attnPrefillKernel(p.Dim))
+	k, err := m.Kernel(attnPrefillKernel(variant, p.Dim))
 	if err != nil {
 		return err
 	}
 	a := attnPrefillArgs{O: uint64(p.O), Q: uint64(p.Q), Ring: uint64(p.Ring), Comp: uint64(p.Comp), Idx: uint64(p.Idx), Sinks: uint64(p.Sinks),
 		Pos: uint64(p.Pos), RingRows: int32(p.RingRows), Window: int32(p.Window), Ratio: int32(max(p.Ratio, 1)),
 		IdxStride: int32(p.IdxStride), TopK: int32(p.TopK), Heads: int32(p.Heads), Dim: int32(p.Dim), Scale: p.Scale}
-	return c.Launch(k, Dim3{X: uint32(p.Heads / attnPHeads), Y: uint32(p.T)}, Dim3{X: 256}, attnPrefillShared(p.Dim), s, unsafe.Pointer(&a))
+	return c.Launch(k, Dim3{X: uint32(p.Heads / attnPHeads), Y: uint32(p.T)}, Dim3{X: 256}, attnPrefillShared(variant, p.Dim), s, unsafe.Pointer(&a))
 }

@@ -245,7 +245,7 @@ func TestAttentionPrefill(t *testing.T) {
 			dev := testDevice(t)
 			n := tc.T * tc.heads * tc.dim
 			var d *attnData
-			var got []float32
+			gots := map[string][]float32{}
 			olds := map[int][]float32{}
 			err := dev.Do(func(c *Ctx) error {
 				fw, err := c.Fwd()
@@ -262,10 +262,13 @@ func TestAttentionPrefill(t *testing.T) {
 				if u.err != nil {
 					return u.err
 				}
-				if err := fw.AttentionPrefill(c, d.p, c.Stream()); err != nil {
-					return err
+				for _, v := range []string{attnLdsm, attnSplit} {
+					u.poison(d.p.O, n)
+					if err := fw.attentionPrefill(c, d.p, v, c.Stream()); err != nil {
+						return err
+					}
+					gots[v] = u.down(d.p.O, n)
 				}
-				got = u.down(d.p.O, n)
 				if tc.pad {
 					return u.err // AttentionRing does not take padding entries
 				}
@@ -287,21 +290,32 @@ func TestAttentionPrefill(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r := attnRefErr(tc, d, got)
-			t.Logf("AttentionPrefill: max relative error %.3g vs the float64 reference", r)
-			if !(r <= attnPrefillTol) {
-				t.Errorf("max relative error %.3g vs the float64 reference > %.3g", r, attnPrefillTol)
+			rOld := map[int]float64{}
+			for g, old := range olds {
+				rOld[g] = attnRefErr(tc, d, old)
+				t.Logf("AttentionRing (%d heads per block): max relative error %.3g vs the float64 reference", g, rOld[g])
 			}
-			for _, g := range []int{1, 8} {
-				old, ok := olds[g]
-				if !ok {
-					continue
+			for _, v := range []string{attnLdsm, attnSplit} {
+				got := gots[v]
+				name := "AttentionPrefill"
+				if v != attnLdsm {
+					name += " (variant " + v + ")"
 				}
-				rOld := attnRefErr(tc, d, old)
-				rv := maxRelF32(got, old, tc.heads, tc.dim)
-				t.Logf("AttentionRing (%d heads per block): %.3g vs the float64 reference; AttentionPrefill vs it: %.3g", g, rOld, rv)
-				if !(rv <= attnPrefillTol+rOld) {
-					t.Errorf("AttentionPrefill differs from AttentionRing (%d heads per block) by %.3g > %.3g", g, rv, attnPrefillTol+rOld)
+				r := attnRefErr(tc, d, got)
+				t.Logf("%s: max relative error %.3g vs the float64 reference", name, r)
+				if !(r <= attnPrefillTol) {
+					t.Errorf("%s: max relative error %.3g vs the float64 reference > %.3g", name, r, attnPrefillTol)
+				}
+				for _, g := range []int{1, 8} {
+					old, ok := olds[g]
+					if !ok {
+						continue
+					}
+					rv := maxRelF32(got, old, tc.heads, tc.dim)
+					t.Logf("%s vs AttentionRing (%d heads per block): %.3g", name, g, rv)
+					if !(rv <= attnPrefillTol+rOld[g]) {
+						t.Errorf("%s differs from AttentionRing (%d heads per block) by %.3g > %.3g", name, g, rv, attnPrefillTol+rOld[g])
+					}
 				}
 			}
 		})
@@ -363,7 +377,8 @@ func TestPrefillAttentionFits(t *testing.T) {
 
 // BenchmarkAttentionPrefill times one 512-query chunk of DeepSeek-V4-Flash
 // attention (64 heads of 512) with AttentionPrefill and with AttentionRing's
-// grouped kernel (8 heads per block): window-only (128 keys per query) and
+// grouped kernel (8 heads per block), and AttentionPrefill's "split"
+// variant: window-only (128 keys per query) and
 // CSA (128 window + 512 selected entries). CUDA events around 10
 // back-to-back launches, median of 7; TFLOP/s counts 4·heads·dim flops per
 // (query, key) pair (Q·Kᵀ and P·V).
@@ -382,7 +397,7 @@ func BenchmarkAttentionPrefill(b *testing.B) {
 			}
 		}
 		flops := 4 * float64(pairs) * float64(tc.heads*tc.dim)
-		for _, kern := range []string{"prefill", "ring-g8"} {
+		for _, kern := range []string{"prefill", "prefill-split", "ring-g8"} {
 			b.Run(tc.name+"/"+kern, func(b *testing.B) {
 				err := dev.Do(func(c *Ctx) error {
 					fw, err := c.Fwd()
@@ -400,7 +415,10 @@ func BenchmarkAttentionPrefill(b *testing.B) {
 						return u.err
 					}
 					run := func() error { return fw.AttentionPrefill(c, d.p, c.Stream()) }
-					if kern != "prefill" {
+					switch kern {
+					case "prefill-split":
+						run = func() error { return fw.attentionPrefill(c, d.p, attnSplit, c.Stream()) }
+					case "ring-g8":
 						d.p.HeadsPerBlock = 8
 						run = func() error { return fw.AttentionRing(c, d.p, c.Stream()) }
 					}

@@ -18,14 +18,17 @@
 //   - its Q slice lives in registers as mma A fragments (f16 hi and lo parts);
 //   - keys stream in tiles of AP_KT = 32 (window first, then the compressed
 //     entries); each warp copies only its dim slice of the tile into its own
-//     shared-memory buffer (cp.async, two stages), so no block barrier guards
-//     the keys;
+//     shared-memory buffer (cp.async, the next tile's copy in flight while
+//     the current one is used), so no block barrier guards the keys;
 //   - S = Q K^T: each warp computes the partial scores of its dim slice
 //     (32 heads x 32 keys, m16n8k16), the 8 partials meet in shared memory;
 //   - the online softmax (8 threads per head, 4 keys each) writes P in f16
 //     parts and the per-head rescale factor;
 //   - O += P V: each warp updates its 32 x DW slice of O (registers) from P
 //     and its own key buffer (V = K).
+// Two variants: attn_prefill_d* (default; keys split into f16 parts once per
+// tile, fragments read with ldmatrix) and attn_prefill_split_d* (keys kept
+// f32, split at every fragment load). Both compute the same products.
 //
 // Precision. Every f32 operand x is split into f16 parts hi = f16(x) and
 // lo = f16((x - hi) * 2^11) (x - hi is exact, the scaling keeps lo out of
@@ -116,10 +119,10 @@ __device__ __forceinline__ const float *ap_key(const APArgs &a, int i, int j, in
   return e < 0 ? (const float *)0 : a.comp + (long long)e * a.dim;
 }
 
-// Shared memory of attn_prefill_d<8*DW>, in bytes: key buffers [2][8][KT][DW+8]
+// Shared memory of attn_prefill_split_d<8*DW>, in bytes: key buffers [2][8][KT][DW+8]
 // f32, partial scores [8][32][SS] f32, P parts [3][32][SS] f16, the rescale
 // factors and final denominators [2][32] f32.
-#define AP_SHARED(DW) (4 * 2 * AP_NW * AP_KT * ((DW) + 8) + 4 * AP_NW * AP_HB * AP_SS + 2 * 3 * AP_HB * AP_SS + 4 * 2 * AP_HB)
+#define AP_SHARED_SPLIT(DW) (4 * 2 * AP_NW * AP_KT * ((DW) + 8) + 4 * AP_NW * AP_HB * AP_SS + 2 * 3 * AP_HB * AP_SS + 4 * 2 * AP_HB)
 
 template <int DW>
 __device__ __forceinline__ void ap_load_tile(const APArgs &a, float *kb, int i, int j0, int nk, int nw, int first, int d0, int lane) {
@@ -134,8 +137,12 @@ __device__ __forceinline__ void ap_load_tile(const APArgs &a, float *kb, int i, 
   }
 }
 
+// Variant "split" (attn_prefill_split_d*): each warp's keys stay f32 in
+// its two-stage buffer and are split into f16 parts at every fragment load
+// (once for the scores, once for P V; P stored in a permuted key order so
+// that the V reads are conflict-free).
 template <int DW>
-__device__ __forceinline__ void ap_body(const APArgs &a) {
+__device__ __forceinline__ void ap_body_split(const APArgs &a) {
   constexpr int KS = DW + 8;   // key buffer row stride (floats)
   constexpr int NK = DW / 16;  // k-steps of the score product per warp
   constexpr int NN = DW / 8;   // n-tiles of the output slice per warp
@@ -326,6 +333,265 @@ __device__ __forceinline__ void ap_body(const APArgs &a) {
         }
       }
     }
+  }
+
+  if (sq == 0) lfin[sh] = lrun;
+  __syncthreads();
+#pragma unroll
+  for (int mt = 0; mt < 2; mt++) {
+    const float l0 = lfin[16 * mt + g] * 2048.f, l1 = lfin[16 * mt + g + 8] * 2048.f;
+    float *ob = a.o + ((long long)i * a.heads + h0 + 16 * mt + g) * a.dim + d0 + 2 * t4;
+#pragma unroll
+    for (int nt = 0; nt < NN; nt++) {
+      *(float2 *)(ob + 8 * nt) = make_float2(o[mt][nt][0] / l0, o[mt][nt][1] / l0);
+      *(float2 *)(ob + 8 * a.dim + 8 * nt) = make_float2(o[mt][nt][2] / l1, o[mt][nt][3] / l1);
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) attn_prefill_split_d128(APArgs a) { ap_body_split<16>(a); }
+extern "C" __global__ void __launch_bounds__(256, 1) attn_prefill_split_d256(APArgs a) { ap_body_split<32>(a); }
+extern "C" __global__ void __launch_bounds__(256, 1) attn_prefill_split_d512(APArgs a) { ap_body_split<64>(a); }
+
+// ---------------------------------------------------------------------------
+// Default variant (attn_prefill_d*): each warp's f32 key slice lands in a
+// one-stage staging buffer (cp.async), is split once per tile into f16 hi
+// and lo copies, and the next tile's copy starts at once; the mma fragments
+// are read with ldmatrix (scores: K rows as B; P V: V through .trans), P is
+// stored in natural key order.
+__device__ __forceinline__ void ap_ldsm_x2(u32 &r0, u32 &r1, const void *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(ap_smem(p)));
+}
+__device__ __forceinline__ void ap_ldsm_x4(u32 &r0, u32 &r1, u32 &r2, u32 &r3, const void *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];" : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(ap_smem(p)));
+}
+__device__ __forceinline__ void ap_ldsm_x4t(u32 &r0, u32 &r1, u32 &r2, u32 &r3, const void *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];" : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(ap_smem(p)));
+}
+
+// Shared memory of attn_prefill_d<8*DW>, in bytes: staging [8][KT][DW] f32,
+// key parts [2][8][KT][DW+8] f16 (hi, lo), partial scores [8][32][SS] f32,
+// P parts [3][32][SS] f16, the rescale factors and final denominators [2][32].
+#define AP_SHARED(DW) (4 * AP_NW * AP_KT * (DW) + 2 * 2 * AP_NW * AP_KT * ((DW) + 8) + 4 * AP_NW * AP_HB * AP_SS + 2 * 3 * AP_HB * AP_SS + 4 * 2 * AP_HB)
+
+template <int DW>
+__device__ __forceinline__ void ap_body(const APArgs &a) {
+  constexpr int KH = DW + 8;   // row stride of the f16 key parts (halves)
+  constexpr int NK = DW / 16;  // k-steps of the score product per warp
+  constexpr int NN = DW / 8;   // n-tiles of the output slice per warp
+  constexpr int CPR = DW / 4;  // 16-byte staging chunks per key row
+  constexpr int RPP = 32 / CPR;
+  extern __shared__ __align__(16) float ap_sm[];
+  float *stage = ap_sm;                                       // [8][KT][DW]
+  u16 *khi = (u16 *)(stage + AP_NW * AP_KT * DW);             // [8][KT][KH]
+  u16 *klo = khi + AP_NW * AP_KT * KH;                        // [8][KT][KH]
+  float *sp = (float *)(klo + AP_NW * AP_KT * KH);            // [8][32][SS]
+  u16 *ph = (u16 *)(sp + AP_NW * AP_HB * AP_SS);              // [3][32][SS]: hi*2^11, hi, lo
+  float *alpha = (float *)(ph + 3 * AP_HB * AP_SS);           // [32]
+  float *lfin = alpha + AP_HB;                                // [32]
+
+  const int h0 = blockIdx.x * AP_HB, i = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t4 = lane & 3;
+  const int t = a.pos[i];
+  const int nw = min(t + 1, a.window);
+  int nc = 0;
+  if (a.comp != 0) {
+    nc = (t + 1) / a.ratio;
+    if (a.idx != 0) nc = min(nc, a.topk);
+  }
+  const int nk = nw + nc;
+  const int first = t - nw + 1;
+  const int d0 = w * DW;
+  const int ntiles = (nk + AP_KT - 1) / AP_KT;
+  float *stw = stage + w * AP_KT * DW;
+  u16 *khw = khi + w * AP_KT * KH, *klw = klo + w * AP_KT * KH;
+
+  // Each lane copies (and later splits) the same chunks of every tile:
+  // chunk c of rows lane/CPR + k*RPP.
+  auto load = [&](int j0) {
+    const int c = lane % CPR;
+#pragma unroll
+    for (int r = lane / CPR; r < AP_KT; r += RPP) {
+      const int j = j0 + r;
+      const float *k = j < nk ? ap_key(a, i, j, nw, first) : (const float *)0;
+      ap_cp16(stw + r * DW + 4 * c, k != 0 ? k + d0 + 4 * c : a.ring, k != 0);
+    }
+    ap_commit();
+  };
+  load(0);
+
+  u32 qh[2][NK][4], ql[2][NK][4];
+  {
+    const float *qb = a.q + ((long long)i * a.heads + h0) * a.dim + d0;
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+      for (int ks = 0; ks < NK; ks++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+          const int row = 16 * mt + g + 8 * (r & 1), col = 16 * ks + 2 * t4 + 8 * (r >> 1);
+          const float2 v = *(const float2 *)(qb + (long long)row * a.dim + col);
+          ap_split(v.x, v.y, qh[mt][ks][r], ql[mt][ks][r]);
+        }
+  }
+
+  float o[2][NN][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+    for (int nt = 0; nt < NN; nt++)
+#pragma unroll
+      for (int r = 0; r < 4; r++) o[mt][nt][r] = 0.f;
+
+  const int sh = tid >> 3, sq = tid & 7;
+  float mrun = a.sinks[h0 + sh], lrun = 1.f;
+  const float scale = a.scale;
+  // ldmatrix row addresses (lane l gives row l & 7 of matrix l >> 3).
+  const int lr = lane & 7, lm = lane >> 3;
+
+  for (int it = 0; it < ntiles; it++) {
+    const int j0 = it * AP_KT;
+    ap_wait<0>();  // this lane's chunks of the tile have landed
+    {
+      const int c = lane % CPR;
+#pragma unroll
+      for (int r = lane / CPR; r < AP_KT; r += RPP) {
+        const float4 v = *(const float4 *)(stw + r * DW + 4 * c);
+        u32 h0p, l0p, h1p, l1p;
+        ap_split(v.x, v.y, h0p, l0p);
+        ap_split(v.z, v.w, h1p, l1p);
+        *(uint2 *)(khw + r * KH + 4 * c) = make_uint2(h0p, h1p);
+        *(uint2 *)(klw + r * KH + 4 * c) = make_uint2(l0p, l1p);
+      }
+    }
+    if (it + 1 < ntiles) load(j0 + AP_KT);  // the staging chunks are this lane's own
+    __syncwarp();                           // every lane's key parts are visible
+
+    // Partial scores of this dim slice: 32 heads x 32 keys.
+    float *spw = sp + w * AP_HB * AP_SS;
+#pragma unroll
+    for (int nt = 0; nt < AP_KT / 8; nt++) {
+      float sm[2][4], sc[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) sm[mt][r] = sc[mt][r] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < NK; ks++) {
+        // B = K rows 8nt.. as [key][dim]: matrices dims 16ks and 16ks+8.
+        const int off = (8 * nt + lr) * KH + 16 * ks + 8 * (lm & 1);
+        u32 bh0, bh1, bl0, bl1;
+        ap_ldsm_x2(bh0, bh1, khw + off);
+        ap_ldsm_x2(bl0, bl1, klw + off);
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+          ap_mma(sm[mt], qh[mt][ks][0], qh[mt][ks][1], qh[mt][ks][2], qh[mt][ks][3], bh0, bh1);
+          ap_mma(sc[mt], qh[mt][ks][0], qh[mt][ks][1], qh[mt][ks][2], qh[mt][ks][3], bl0, bl1);
+          ap_mma(sc[mt], ql[mt][ks][0], ql[mt][ks][1], ql[mt][ks][2], ql[mt][ks][3], bh0, bh1);
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < 2; mt++) {
+        float *s0 = spw + (16 * mt + g) * AP_SS + 8 * nt + 2 * t4;
+        *(float2 *)s0 = make_float2(fmaf(sc[mt][0], 1.f / 2048.f, sm[mt][0]), fmaf(sc[mt][1], 1.f / 2048.f, sm[mt][1]));
+        *(float2 *)(s0 + 8 * AP_SS) = make_float2(fmaf(sc[mt][2], 1.f / 2048.f, sm[mt][2]), fmaf(sc[mt][3], 1.f / 2048.f, sm[mt][3]));
+      }
+    }
+    __syncthreads();  // all partial scores written; the previous tile's P and alpha consumed
+
+    // Online softmax over the tile: head sh, keys 4*sq .. 4*sq+3.
+    {
+      float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int ww = 0; ww < AP_NW; ww++) {
+        const float4 v = *(const float4 *)(sp + (ww * AP_HB + sh) * AP_SS + 4 * sq);
+        s[0] += v.x;
+        s[1] += v.y;
+        s[2] += v.z;
+        s[3] += v.w;
+      }
+      float mx = AP_NINF;
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        const int j = j0 + 4 * sq + u;
+        bool ok = j < nk;
+        if (ok && j >= nw && a.idx != 0) ok = a.idx[(long long)i * a.idx_stride + (j - nw)] >= 0;
+        s[u] = ok ? s[u] * scale : AP_NINF;
+        mx = fmaxf(mx, s[u]);
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      const float mnew = fmaxf(mrun, mx);
+      const float al = mnew == AP_NINF ? 1.f : expf(mrun - mnew);
+      float p[4], sum = 0.f;
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        p[u] = s[u] == AP_NINF ? 0.f : expf(s[u] - mnew);
+        sum += p[u];
+      }
+      u32 hs[2], hh[2], hl[2];
+#pragma unroll
+      for (int v = 0; v < 2; v++) {
+        ap_split(p[2 * v], p[2 * v + 1], hh[v], hl[v]);
+        float hx, hy;
+        ap_unh2(hh[v], hx, hy);
+        hs[v] = ap_h2(hx * 2048.f, hy * 2048.f);
+      }
+      u16 *pr = ph + sh * AP_SS + 4 * sq;
+      *(uint2 *)pr = make_uint2(hs[0], hs[1]);
+      *(uint2 *)(pr + AP_HB * AP_SS) = make_uint2(hh[0], hh[1]);
+      *(uint2 *)(pr + 2 * AP_HB * AP_SS) = make_uint2(hl[0], hl[1]);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+      lrun = lrun * al + sum;
+      mrun = mnew;
+      if (sq == 0) alpha[sh] = al;
+    }
+    __syncthreads();  // P and alpha written
+
+    // O slice (scaled by 2^11) = O * alpha + P V.
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++) {
+      const float a0 = alpha[16 * mt + g], a1 = alpha[16 * mt + g + 8];
+#pragma unroll
+      for (int nt = 0; nt < NN; nt++) {
+        o[mt][nt][0] *= a0;
+        o[mt][nt][1] *= a0;
+        o[mt][nt][2] *= a1;
+        o[mt][nt][3] *= a1;
+      }
+    }
+#pragma unroll
+    for (int ks = 0; ks < AP_KT / 16; ks++) {
+      // A = P rows 16mt.., keys 16ks..: matrices (rows +0/+8) x (keys +0/+8).
+      u32 pa[3][2][4];
+#pragma unroll
+      for (int v = 0; v < 3; v++)
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+          ap_ldsm_x4(pa[v][mt][0], pa[v][mt][1], pa[v][mt][2], pa[v][mt][3],
+                     ph + (v * AP_HB + 16 * mt + lr + 8 * (lm & 1)) * AP_SS + 16 * ks + 8 * (lm >> 1));
+#pragma unroll
+      for (int nt = 0; nt < NN; nt += 2) {
+        // B = V (keys 16ks.. x dims 8nt..) through .trans: matrices
+        // (keys +0/+8) x (n-tiles nt, nt+1).
+        const int off = (16 * ks + lr + 8 * (lm & 1)) * KH + 8 * (nt + (lm >> 1));
+        u32 bh[4], bl[4];
+        ap_ldsm_x4t(bh[0], bh[1], bh[2], bh[3], khw + off);
+        ap_ldsm_x4t(bl[0], bl[1], bl[2], bl[3], klw + off);
+#pragma unroll
+        for (int n2 = 0; n2 < 2; n2++)
+#pragma unroll
+          for (int mt = 0; mt < 2; mt++) {
+            ap_mma(o[mt][nt + n2], pa[0][mt][0], pa[0][mt][1], pa[0][mt][2], pa[0][mt][3], bh[2 * n2], bh[2 * n2 + 1]);
+            ap_mma(o[mt][nt + n2], pa[1][mt][0], pa[1][mt][1], pa[1][mt][2], pa[1][mt][3], bl[2 * n2], bl[2 * n2 + 1]);
+            ap_mma(o[mt][nt + n2], pa[2][mt][0], pa[2][mt][1], pa[2][mt][2], pa[2][mt][3], bh[2 * n2], bh[2 * n2 + 1]);
+          }
+      }
+    }
+    __syncwarp();  // every lane is done with the key parts before the next split
   }
 
   if (sq == 0) lfin[sh] = lrun;

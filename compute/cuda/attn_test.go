@@ -159,12 +159,12 @@ func attnArena(tc attnCase) int {
 	return 4*floats + 4*tc.T*(tc.topk+5) + 1<<20
 }
 
-// attnRefErr returns the largest per-query error of got against ref.Attention
-// (float64) over each query's key list gathered on the host from the spec
-// (window positions, then all entries (HCA) or the selected non-negative
-// ones (CSA)), computed over the queries in parallel.
-func attnRefErr(tc attnCase, d *attnData, got []float32) float64 {
-	errs := make([]float64, tc.T)
+// attnRefErr returns, for each of outs, the largest per-query error against
+// ref.Attention (float64) over each query's key list gathered on the host
+// from the spec (window positions, then all entries (HCA) or the selected
+// non-negative ones (CSA)); the queries are spread over the CPUs.
+func attnRefErr(tc attnCase, d *attnData, outs ...[]float32) []float64 {
+	errs := make([][]float64, tc.T)
 	var wg sync.WaitGroup
 	next := make(chan int)
 	for range runtime.GOMAXPROCS(0) {
@@ -189,7 +189,9 @@ func attnRefErr(tc attnCase, d *attnData, got []float32) float64 {
 				}
 				hd := tc.heads * tc.dim
 				want := ref.Attention(fwdF64(d.q[qi*hd:(qi+1)*hd]), fwdF64(kv), fwdF64(d.sinks), len(kv)/tc.dim, tc.heads, tc.dim, float64(d.p.Scale))
-				errs[qi] = computetest.MaxRel(got[qi*hd:(qi+1)*hd], want)
+				for _, got := range outs {
+					errs[qi] = append(errs[qi], computetest.MaxRel(got[qi*hd:(qi+1)*hd], want))
+				}
 			}
 		}()
 	}
@@ -198,10 +200,12 @@ func attnRefErr(tc attnCase, d *attnData, got []float32) float64 {
 	}
 	close(next)
 	wg.Wait()
-	worst := 0.0
-	for _, r := range errs {
-		if !(r <= worst) {
-			worst = r // NaN (from MaxRel's NaN mismatch: +Inf) propagates
+	worst := make([]float64, len(outs))
+	for _, e := range errs {
+		for k, r := range e {
+			if !(r <= worst[k]) {
+				worst[k] = r // MaxRel's +Inf for a NaN mismatch propagates
+			}
 		}
 	}
 	return worst
@@ -290,27 +294,34 @@ func TestAttentionPrefill(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			variants := []string{attnLdsm, attnSplit}
+			outs := [][]float32{gots[attnLdsm], gots[attnSplit]}
+			var groups []int
+			for _, g := range []int{1, 8} {
+				if old, ok := olds[g]; ok {
+					groups = append(groups, g)
+					outs = append(outs, old)
+				}
+			}
+			worst := attnRefErr(tc, d, outs...)
 			rOld := map[int]float64{}
-			for g, old := range olds {
-				rOld[g] = attnRefErr(tc, d, old)
+			for k, g := range groups {
+				rOld[g] = worst[len(variants)+k]
 				t.Logf("AttentionRing (%d heads per block): max relative error %.3g vs the float64 reference", g, rOld[g])
 			}
-			for _, v := range []string{attnLdsm, attnSplit} {
+			for k, v := range variants {
 				got := gots[v]
 				name := "AttentionPrefill"
 				if v != attnLdsm {
 					name += " (variant " + v + ")"
 				}
-				r := attnRefErr(tc, d, got)
+				r := worst[k]
 				t.Logf("%s: max relative error %.3g vs the float64 reference", name, r)
 				if !(r <= attnPrefillTol) {
 					t.Errorf("%s: max relative error %.3g vs the float64 reference > %.3g", name, r, attnPrefillTol)
 				}
-				for _, g := range []int{1, 8} {
-					old, ok := olds[g]
-					if !ok {
-						continue
-					}
+				for _, g := range groups {
+					old := olds[g]
 					rv := maxRelF32(got, old, tc.heads, tc.dim)
 					t.Logf("%s vs AttentionRing (%d heads per block): %.3g", name, g, rv)
 					if !(rv <= attnPrefillTol+rOld[g]) {

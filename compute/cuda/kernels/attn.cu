@@ -360,13 +360,13 @@ extern "C" __global__ void __launch_bounds__(256, 1) attn_prefill_split_d512(APA
 // are read with ldmatrix (scores: K rows as B; P V: V through .trans), P is
 // stored in natural key order.
 __device__ __forceinline__ void ap_ldsm_x2(u32 &r0, u32 &r1, const void *p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(ap_smem(p)));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(ap_smem(p)) : "memory");
 }
 __device__ __forceinline__ void ap_ldsm_x4(u32 &r0, u32 &r1, u32 &r2, u32 &r3, const void *p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];" : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(ap_smem(p)));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];" : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(ap_smem(p)) : "memory");
 }
 __device__ __forceinline__ void ap_ldsm_x4t(u32 &r0, u32 &r1, u32 &r2, u32 &r3, const void *p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];" : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(ap_smem(p)));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];" : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(ap_smem(p)) : "memory");
 }
 
 // Shared memory of attn_prefill_d<8*DW>, in bytes: staging [8][KT][DW] f32,

@@ -32,39 +32,44 @@ type MoEVariant int
 // they differ in the MXFP4 spans (32-column scale groups) each lane loads
 // before using any (U1 in stage 1, where a span means four words: w1 and w3,
 // rows g and g+8; U2 in stage 2, two words), in the blocks of 256 threads
-// the kernels are compiled to fit on an SM, and in the E2M1 decoder.
+// the kernels are compiled to fit on an SM, in the E2M1 decoder, and in
+// stage 1's block scheduling.
 const (
-	// MoEDefault: U1 8, U2 8, 2 blocks per SM, E2M1 codes placed into f16
-	// bits (two shift/mask steps per word, one PRMT per pair; values
-	// ×2^-14, code 0.5 an f16 subnormal).
+	// MoEDefault: U1 8, U2 8, 2 blocks per SM, one block per 16-row tile,
+	// E2M1 codes placed into f16 bits (two shift/mask steps per word, one
+	// PRMT per pair; values ×2^-14, code 0.5 an f16 subnormal).
 	MoEDefault MoEVariant = iota
-	// MoEU16: U1 8, U2 16 (stage 2 with as many bytes in flight per lane as
-	// stage 1).
-	MoEU16
 	// MoEOcc3: U1 4, U2 16, 3 blocks per SM (at most 80 registers; more
 	// warps to cover latency, fewer loads each).
 	MoEOcc3
-	// MoECvt: U1 8, U2 8 with the codes placed into E4M3 bytes and
+	// MoECvt: MoEDefault with the codes placed into E4M3 bytes and
 	// converted by cvt.rn.f16x2.e4m3x2 (values ×2^-6, all normal f16: the
 	// choice if the tensor cores' handling of f16 subnormals were to fail
 	// MoEDefault's tests).
 	MoECvt
+	// MoEPersist: stage 1 as persistent blocks (2 per SM) that take tiles
+	// from a device counter, stage x once, read the experts' records once,
+	// and ask L2 for their next tile while working on the current one (U1
+	// 8, FP8 spans 1); stage 2 as MoEDefault. Needs D ≤ 5632 with a shared
+	// expert (x staged in both layouts: 8·D bytes of shared memory).
+	MoEPersist
 	moeVariantCount
 )
 
 // moeVariants: kernel parameters of each MoEVariant (U1, U2 routed spans
 // per chunk, UF1, UF2 the FP8 shared expert's 64-column spans per chunk,
-// DEC the decoder, B blocks per SM).
+// DEC the decoder, B blocks per SM, persist: stage 1 persistent).
 var moeVariants = [moeVariantCount]struct {
 	name    string
 	u1, uf1 int
 	u2, uf2 int
 	dec, b  int
+	persist bool
 }{
 	MoEDefault: {name: "u8", u1: 8, uf1: 2, u2: 8, uf2: 4, b: 2},
-	MoEU16:     {name: "u8x16", u1: 8, uf1: 2, u2: 16, uf2: 4, b: 2},
 	MoEOcc3:    {name: "occ3", u1: 4, uf1: 1, u2: 16, uf2: 4, b: 3},
 	MoECvt:     {name: "u8cvt", u1: 8, uf1: 2, u2: 8, uf2: 4, dec: 1, b: 2},
+	MoEPersist: {name: "persist", u1: 8, uf1: 1, u2: 8, uf2: 4, b: 2, persist: true},
 }
 
 func (v MoEVariant) String() string {
@@ -75,7 +80,7 @@ func (v MoEVariant) String() string {
 }
 
 // ParseMoEVariant returns the variant named s (its String form: u8, u8x16,
-// occ3, u8cvt; "" is MoEDefault), e.g. from an environment variable.
+// occ3, u8cvt, persist; "" is MoEDefault), e.g. from an environment variable.
 func ParseMoEVariant(s string) (MoEVariant, error) {
 	if s == "" {
 		return MoEDefault, nil
@@ -93,14 +98,19 @@ func ParseMoEVariant(s string) (MoEVariant, error) {
 // moeKernelNames returns the stage 1 and stage 2 kernel names of v.
 func moeKernelNames(v MoEVariant) (string, string) {
 	p := moeVariants[v]
-	return fmt.Sprintf("moe1_u%d_f%d_d%d_b%d", p.u1, p.uf1, p.dec, p.b), fmt.Sprintf("moe2_u%d_f%d_d%d_b%d", p.u2, p.uf2, p.dec, p.b)
+	s1 := "moe1"
+	if p.persist {
+		s1 = "moe1p"
+	}
+	return fmt.Sprintf("%s_u%d_f%d_d%d_b%d", s1, p.u1, p.uf1, p.dec, p.b), fmt.Sprintf("moe2_u%d_f%d_d%d_b%d", p.u2, p.uf2, p.dec, p.b)
 }
 
 // moeThreads is MOE_THREADS in kernels/moe.cu.
 const moeThreads = 256
 
-// moeStatic is the stage 1 kernel's static shared memory (red), bytes.
-const moeStatic = 8 * 8 * 4 * 4
+// moeStatic bounds the stage 1 kernels' static shared memory (red; the
+// persistent one also the records and the tile ring: 3088 bytes), bytes.
+const moeStatic = 4 << 10
 
 // moeMaxK bounds the experts of one fused launch.
 const moeMaxK = 64
@@ -124,6 +134,7 @@ type MoEDecode struct {
 	k1, k2       *Kernel
 	grid1, grid2 Dim3
 	smem1        int
+	ctr          DevicePtr // persistent stage 1: its tile counter (two int32)
 	h            DevicePtr
 	hBytes       int
 	variant      MoEVariant
@@ -175,6 +186,9 @@ func moeShapes(t *ExpertTable, K int, sh *SharedExpert, limit float32, v MoEVari
 			return 0, 0, fmt.Errorf("cuda moe decode: shared expert %s is [%d, %d], want [%d, %d]", name, w.Rows, w.Cols, rows, cols)
 		}
 	}
+	if moeVariants[v].persist && 8*D+moeStatic > maxStaticShared {
+		return 0, 0, fmt.Errorf("cuda moe decode: variant %v with a shared expert takes a model dim up to %d, not %d", v, (maxStaticShared-moeStatic)/8/128*128, D)
+	}
 	switch {
 	case blk < 64 || blk&(blk-1) != 0 || D%blk != 0:
 		return 0, 0, fmt.Errorf("cuda moe decode: shared expert FP8 block %d, want a power of two >= 64 dividing the model dim %d", blk, D)
@@ -211,7 +225,7 @@ func MoEDecodeScratch(t *ExpertTable, K int, sh *SharedExpert) int {
 
 // PrepareMoEDecode validates and prepares the fused MoE decode of one token
 // over table t (MXFP4 experts, w1/w3 [I, D], w2 [D, I]; D and I multiples of
-// 128, D at most 12,032): each run computes, for the K experts ids[k],
+// 128, D at most 11,264): each run computes, for the K experts ids[k],
 //
 //	out[d] = Σ_k (w2_{ids[k]} · h_k)[d] + (sh.W2 · h_s)[d]
 //	h_k = SwiGLU(w1_{ids[k]}·x, w3_{ids[k]}·x) · rw[k]  (SwiGLU op semantics, clamp limit)
@@ -220,8 +234,9 @@ func MoEDecodeScratch(t *ExpertTable, K int, sh *SharedExpert) int {
 // with x [D] and out [D] float32 device buffers the caller owns (out is
 // written, not accumulated; x and out must not overlap; the sum's order is
 // fixed, so results are bitwise reproducible). limit 0 means no clamp; sh
-// nil means no shared expert. The h scratch (MoEDecodeScratch bytes) is
-// allocated in a and lives as long as the arena allocation. The kernels
+// nil means no shared expert. The h scratch (MoEDecodeScratch bytes, plus 8
+// for MoEPersist's tile counter) is allocated in a and lives as long as
+// the arena allocation. The kernels
 // read t's records at run time, so SetTableExpert / CopyTableExpert
 // repointing works, provided every weight put into t is MXFP4 of t's shape
 // with its data 16-byte and its scales 4-byte aligned (arena allocations
@@ -264,10 +279,36 @@ func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert
 		m.Bytes1 += sh.W1.Bytes + sh.W3.Bytes
 		m.Bytes2 += sh.W2.Bytes
 	}
-	m.grid1 = Dim3{X: uint32(is/16 + K*I/16)}
+	tiles := is/16 + K*I/16
+	m.grid1 = Dim3{X: uint32(tiles)}
 	m.grid2 = Dim3{X: uint32(D / 16)}
 	m.smem1 = 4 * D
+	if p := moeVariants[v]; p.persist {
+		m.grid1.X = uint32(min(tiles, p.b*c.d.info.SMs))
+		if is > 0 {
+			m.smem1 = 8 * D
+		}
+		if m.ctr, err = a.Alloc(8); err != nil {
+			return nil, fmt.Errorf("cuda moe decode: tile counter: %w", err)
+		}
+		if err := c.CopyToDevice(m.ctr, make([]byte, 8)); err != nil {
+			return nil, err
+		}
+	}
 	return m, nil
+}
+
+// Free returns m's device scratch to the arena it was prepared with; m must
+// not be run afterwards.
+func (m *MoEDecode) Free(a *Arena) error {
+	err := a.Free(m.h)
+	if m.ctr != 0 {
+		if err2 := a.Free(m.ctr); err == nil {
+			err = err2
+		}
+	}
+	m.h, m.ctr = 0, 0
+	return err
 }
 
 // Variant returns the variant m was prepared with.
@@ -276,7 +317,9 @@ func (m *MoEDecode) Variant() MoEVariant { return m.variant }
 // RunMoEDecode enqueues on s the fused MoE decode m for the experts ids
 // (int32 [K], device; an id outside the table makes out all NaN) with route
 // weights rw ([K] float32, device; 0 means weight 1). It reads ids and rw
-// only on the device, so it can be captured in a CUDA graph.
+// only on the device, so it can be captured in a CUDA graph. Runs of one
+// MoEDecode must not overlap (one stream, or ordered by events): the
+// persistent variant's tile counter belongs to m.
 func (c *Ctx) RunMoEDecode(m *MoEDecode, ids, rw DevicePtr, s Stream) error {
 	if err := c.runMoEStage1(m, ids, rw, s); err != nil {
 		return err
@@ -290,6 +333,9 @@ func (c *Ctx) runMoEStage1(m *MoEDecode, ids, rw DevicePtr, s Stream) error {
 	}
 	a := m.args
 	a.Ids, a.Rw = uint64(ids), uint64(rw)
+	if m.ctr != 0 {
+		return c.Launch(m.k1, m.grid1, Dim3{X: moeThreads}, m.smem1, s, unsafe.Pointer(&a), unsafe.Pointer(&m.ctr))
+	}
 	return c.Launch(m.k1, m.grid1, Dim3{X: moeThreads}, m.smem1, s, unsafe.Pointer(&a))
 }
 

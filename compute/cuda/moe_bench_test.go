@@ -24,7 +24,8 @@ import (
 // (data + scales) read, against read_bw4's ceiling measured first.
 // Sub-benchmarks: <variant>/stage1, <variant>/stage2, <variant>/both (with
 // the shared expert), <variant>/routed (both stages, no shared expert),
-// baseline/both, baseline/routed. MOXIE_BENCH_MOE=u8,u4 limits the variants.
+// baseline/both, baseline/routed. MOXIE_BENCH_MOE=u8,persist,baseline limits the
+// variants (names as MoEVariant.String, and baseline).
 func BenchmarkMoEDecode(b *testing.B) {
 	dev := testDevice(b)
 	hbm, err := dev.ReadBandwidth(4<<30, 11)
@@ -181,7 +182,7 @@ func BenchmarkMoEDecode(b *testing.B) {
 			bench(v.String()+"/both", m.Bytes1+m.Bytes2, func(i int) error { return c.RunMoEDecode(ms[i%nsh], idsAt(i), rw, c.Stream()) })
 			bench(v.String()+"/routed", routed.Bytes1+routed.Bytes2, func(i int) error { return c.RunMoEDecode(routed, idsAt(i), rw, c.Stream()) })
 			for _, mm := range append(ms, routed) {
-				if err := a.Free(mm.h); err != nil {
+				if err := mm.Free(a); err != nil {
 					return err
 				}
 			}

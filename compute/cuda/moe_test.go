@@ -179,7 +179,7 @@ func TestMoEDecode(t *testing.T) {
 								if err != nil {
 									t.Fatal(err)
 								}
-								defer e.a.Free(m.h)
+								defer m.Free(e.a)
 								if err := e.c.Memset(out, 0xff, 4*sh.D, e.c.Stream()); err != nil {
 									t.Fatal(err)
 								}
@@ -353,6 +353,9 @@ func TestMoEShapes(t *testing.T) {
 		{"limit NaN", good, 6, nil, float32(math.NaN()), 0, "limit NaN"},
 		{"limit -1", good, 6, nil, -1, 0, "limit -1"},
 		{"variant 9", good, 6, nil, 0, 9, "unknown variant 9"},
+		{"persist dim 8192 shared", table(8192, 2048), 6, &SharedExpert{W1: f8(2048, 8192, 128), W3: f8(2048, 8192, 128), W2: f8(8192, 2048, 128)}, 0, MoEPersist, "variant persist with a shared expert takes a model dim up to 5632, not 8192"},
+		{"persist dim 8192", table(8192, 2048), 6, nil, 0, MoEPersist, ""},
+		{"default dim 8192 shared", table(8192, 2048), 6, &SharedExpert{W1: f8(2048, 8192, 128), W3: f8(2048, 8192, 128), W2: f8(8192, 2048, 128)}, 0, MoEDefault, ""},
 		{"shared missing w2", good, 6, &SharedExpert{W1: shared.W1, W3: shared.W3}, 0, 0, "lacks a weight"},
 		{"shared mxfp4", good, 6, &SharedExpert{W1: mx(2048, 4096), W3: shared.W3, W2: shared.W2}, 0, 0, "shared expert w1 is mxfp4, want fp8"},
 		{"shared w3 shape", good, 6, &SharedExpert{W1: shared.W1, W3: f8(2048, 2048, 128), W2: shared.W2}, 0, 0, "w3 is [2048, 2048], want [2048, 4096]"},

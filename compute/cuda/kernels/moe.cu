@@ -347,30 +347,24 @@ __device__ __forceinline__ float moe_swiglu(float g, float u, float limit) {
   return g * moe_sigmoid(g) * u;
 }
 
-// Stage 1. Blocks [0, Is/16) are the shared expert's tiles (the heavier
-// ones first), then K·I/16 routed tiles (expert slot k = tile / (I/16)).
-// Dynamic shared memory: 4·D bytes (x as hi/lo f16).
-template <int U, int UF, int DEC>
-__device__ __forceinline__ void moe_stage1(const MoeArgs &a) {
-  extern __shared__ uint4 moe_smem[];
-  u16 *xs = reinterpret_cast<u16 *>(moe_smem);
-  __shared__ float red[MOE_WARPS][8][4];
+// One stage-1 tile: rows r0..r0+15 of the shared expert's w1/w3 (FP8) or of
+// a routed expert's (MXFP4, weights W1/S1 and W3/S3; valid false: no
+// products), into acc (per lane as fp4/fp8 chunks leave them). Each warp
+// issues its first chunk of loads, then calls mid() (all threads, once:
+// e.g. the staging of x, whose latency the loads then overlap), then walks
+// its contiguous span range. xsR and xsN are x's staged hi/lo rows in the
+// routed and the natural layout.
+template <int U, int UF, int DEC, typename Mid>
+__device__ __forceinline__ void stage1_tile(const MoeArgs &a, bool shared, int r0, const u8 *W1, const u8 *S1, const u8 *W3,
+                                            const u8 *S3, bool valid, const u16 *xsR, const u16 *xsN, float (&acc)[2][4], Mid mid) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int nsh = a.Is >> 4;
-  const bool shared = (int)blockIdx.x < nsh;  // block-uniform
   const bool bl = g < 2;
-  const u16 *xb = xs + (g & 1) * a.D;
-  float acc[2][4];
 #pragma unroll
   for (int m = 0; m < 2; m++)
 #pragma unroll
     for (int i = 0; i < 4; i++) acc[m][i] = 0.f;
-  int k = 0, r0;
-  bool valid = true;
-  // Each branch issues its warp's first chunk of weight loads, then stages
-  // x (the loads' latency overlaps the staging), then walks its chunks.
   if (shared) {
-    r0 = blockIdx.x * 16;
+    const u16 *xb = xsN + (g & 1) * a.D;
     const uint4 *wr[2][2] = {
         {reinterpret_cast<const uint4 *>(a.s1 + (long long)(r0 + g) * a.D), reinterpret_cast<const uint4 *>(a.s1 + (long long)(r0 + g + 8) * a.D)},
         {reinterpret_cast<const uint4 *>(a.s3 + (long long)(r0 + g) * a.D), reinterpret_cast<const uint4 *>(a.s3 + (long long)(r0 + g + 8) * a.D)}};
@@ -381,11 +375,16 @@ __device__ __forceinline__ void moe_stage1(const MoeArgs &a) {
     const int per = ((a.D >> 6) + MOE_WARPS - 1) / MOE_WARPS;
     int s0 = warp * per;
     const int end = min(a.D >> 6, s0 + per);
+    // Ask L2 for the warp's whole range (16 rows x 2 matrices x per·64 bytes)
+    // up front: lane i takes the 128-byte lines i, i+32, ...
+    for (int l = lane; l < 32 * ((per * 64 + 127) >> 7); l += 32) {
+      const int line = l >> 5, row = l & 15, m = (l >> 4) & 1;
+      if ((s0 * 64 + line * 128) < end * 64) moe_prefetch((m ? a.s3 : a.s1) + (long long)(r0 + row) * a.D + s0 * 64 + line * 128);
+    }
     Fp8Chunk<2, UF, false> ch;
     if (s0 + UF <= end) ch.template load<false>(wr, sr, a.bshift, xb, bl, s0, end, t);
     else if (s0 < end) ch.template load<true>(wr, sr, a.bshift, xb, bl, s0, end, t);
-    stage_hilo(a.x, xs, a.D, false);
-    __syncthreads();
+    mid();
     while (s0 < end) {
       if (s0 + UF <= end) ch.template compute<false>(xb, bl, s0, end, t, acc);
       else ch.template compute<true>(xb, bl, s0, end, t, acc);
@@ -394,17 +393,11 @@ __device__ __forceinline__ void moe_stage1(const MoeArgs &a) {
       else if (s0 < end) ch.template load<true>(wr, sr, a.bshift, xb, bl, s0, end, t);
     }
   } else {
-    const int tile = blockIdx.x - nsh, tpe = a.I >> 4;
-    k = tile / tpe;
-    r0 = (tile - k * tpe) * 16;
-    const int id = __ldg(a.ids + k);
-    valid = (unsigned)id < (unsigned)a.E;
+    const u16 *xb = xsR + (g & 1) * a.D;
     // Warp w: spans [s0, end), contiguous, a multiple of 4 (scale words).
     const int per = (((a.D >> 5) + MOE_WARPS - 1) / MOE_WARPS + 3) & ~3;
     int s0 = warp * per;
     const int end = valid ? min(a.D >> 5, s0 + per) : 0;
-    const LinRec *r1 = a.t13 + 2 * (valid ? id : 0), *r3 = r1 + 1;
-    const u8 *W1 = r1->W, *S1 = r1->S, *W3 = r3->W, *S3 = r3->S;
     const long long rb = a.D >> 1, sb = a.D >> 5;
     const u32 *wr[2][2] = {{reinterpret_cast<const u32 *>(W1 + (r0 + g) * rb), reinterpret_cast<const u32 *>(W1 + (r0 + g + 8) * rb)},
                            {reinterpret_cast<const u32 *>(W3 + (r0 + g) * rb), reinterpret_cast<const u32 *>(W3 + (r0 + g + 8) * rb)}};
@@ -413,8 +406,7 @@ __device__ __forceinline__ void moe_stage1(const MoeArgs &a) {
     Fp4Chunk<2, U, 0> ch;
     if (s0 + U <= end) ch.template load<false>(wr, sr, xb, bl, s0, end, t);
     else if (s0 < end) ch.template load<true>(wr, sr, xb, bl, s0, end, t);
-    stage_hilo(a.x, xs, a.D, true);
-    __syncthreads();
+    mid();
     while (s0 < end) {
       if (s0 + U <= end) ch.template compute<DEC, false>(xb, bl, s0, end, t, acc);
       else ch.template compute<DEC, true>(xb, bl, s0, end, t, acc);
@@ -423,6 +415,15 @@ __device__ __forceinline__ void moe_stage1(const MoeArgs &a) {
       else if (s0 < end) ch.template load<true>(wr, sr, xb, bl, s0, end, t);
     }
   }
+}
+
+// The end of a stage-1 tile: the warps' sums added in warp order through
+// red (one barrier), SwiGLU, and the 16 h values stored as hi/lo. k is the
+// routed tile's expert slot.
+template <int DEC>
+__device__ __forceinline__ void stage1_finish(const MoeArgs &a, bool shared, bool valid, int k, int r0, const float (&acc)[2][4],
+                                              float (&red)[MOE_WARPS][8][4]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   if (t == 0) {
 #pragma unroll
     for (int m = 0; m < 2; m++) {
@@ -439,22 +440,122 @@ __device__ __forceinline__ void moe_stage1(const MoeArgs &a) {
       uv += red[w][gi][2 + hf];
     }
     const int row = r0 + i;
-    float v;
-    u16 *hrow;
-    int at;
     if (shared) {
-      v = moe_swiglu(gv, uv, 0.f);
-      hrow = a.h + (long long)a.K * 2 * a.I;
-      at = row;
-      hilo(v, hrow[at], hrow[a.Is + at]);
+      const float v = moe_swiglu(gv, uv, 0.f);
+      u16 *hrow = a.h + (long long)a.K * 2 * a.I;
+      hilo(v, hrow[row], hrow[a.Is + row]);
     } else {
       const float post = MoeDec<DEC>::post();
-      v = moe_swiglu(gv * post, uv * post, a.limit);
+      float v = moe_swiglu(gv * post, uv * post, a.limit);
       if (a.rw) v *= __ldg(a.rw + k);
       if (!valid) v = __int_as_float(0x7fc00000);
-      hrow = a.h + (long long)k * 2 * a.I;
-      at = (row & ~7) | perm8(row & 7);
+      u16 *hrow = a.h + (long long)k * 2 * a.I;
+      const int at = (row & ~7) | perm8(row & 7);
       hilo(v, hrow[at], hrow[a.I + at]);
+    }
+  }
+}
+
+// Stage 1, one tile per block. Blocks [0, Is/16) are the shared expert's
+// tiles (the heavier ones first), then K·I/16 routed tiles (expert slot k =
+// tile / (I/16)). Dynamic shared memory: 4·D bytes (x as hi/lo f16, in the
+// layout the tile needs).
+template <int U, int UF, int DEC>
+__device__ __forceinline__ void moe_stage1(const MoeArgs &a) {
+  extern __shared__ uint4 moe_smem[];
+  u16 *xs = reinterpret_cast<u16 *>(moe_smem);
+  __shared__ float red[MOE_WARPS][8][4];
+  const int nsh = a.Is >> 4;
+  const bool shared = (int)blockIdx.x < nsh;  // block-uniform
+  float acc[2][4];
+  if (shared) {
+    stage1_tile<U, UF, DEC>(a, true, blockIdx.x * 16, nullptr, nullptr, nullptr, nullptr, true, xs, xs, acc,
+                            [&] { stage_hilo(a.x, xs, a.D, false); __syncthreads(); });
+    stage1_finish<DEC>(a, true, true, 0, blockIdx.x * 16, acc, red);
+    return;
+  }
+  const int tile = blockIdx.x - nsh, tpe = a.I >> 4;
+  const int k = tile / tpe, r0 = (tile - k * tpe) * 16;
+  const int id = __ldg(a.ids + k);
+  const bool valid = (unsigned)id < (unsigned)a.E;
+  const LinRec *r1 = a.t13 + 2 * (valid ? id : 0), *r3 = r1 + 1;
+  stage1_tile<U, UF, DEC>(a, false, r0, r1->W, r1->S, r3->W, r3->S, valid, xs, xs, acc,
+                          [&] { stage_hilo(a.x, xs, a.D, true); __syncthreads(); });
+  stage1_finish<DEC>(a, false, valid, k, r0, acc, red);
+}
+
+// Stage 1, persistent: gridDim.x blocks (those that fit at once) take tiles
+// (numbered as in moe_stage1) from the counter ctr[0] in order; x is staged
+// once per block in both layouts (dynamic shared memory 4·D, or 8·D with a
+// shared expert) and the K experts' records are read once into shared
+// memory. A block holds its next tile's number while it works on the
+// current one and asks L2 for that tile's weights first, so the next
+// tile's bytes stream in meanwhile. The last block to finish resets ctr
+// (two ints, zero before the first launch) for the next launch.
+template <int U, int UF, int DEC>
+__device__ __forceinline__ void moe_stage1p(const MoeArgs &a, int *ctr) {
+  extern __shared__ uint4 moe_smem[];
+  u16 *xsR = reinterpret_cast<u16 *>(moe_smem), *xsN = xsR + 2 * a.D;
+  __shared__ float red[MOE_WARPS][8][4];
+  __shared__ const u8 *rec[MOE_MAXK][4];  // W1, S1, W3, S3 (null W1: id outside the table)
+  __shared__ int ring[3];
+  const int nsh = a.Is >> 4, tpe = a.I >> 4, total = nsh + a.K * tpe;
+  if (threadIdx.x == 0) {
+    ring[0] = atomicAdd(ctr, 1);
+    ring[1] = atomicAdd(ctr, 1);
+  }
+  for (int k = threadIdx.x; k < a.K; k += blockDim.x) {
+    const int id = __ldg(a.ids + k);
+    const bool ok = (unsigned)id < (unsigned)a.E;
+    const LinRec *r1 = a.t13 + 2 * (ok ? id : 0);
+    rec[k][0] = ok ? r1[0].W : nullptr;
+    rec[k][1] = r1[0].S;
+    rec[k][2] = r1[1].W;
+    rec[k][3] = r1[1].S;
+  }
+  stage_hilo(a.x, xsR, a.D, true);
+  if (nsh > 0) stage_hilo(a.x, xsN, a.D, false);
+  const long long rb = a.D >> 1;
+  for (int i = 0;; i++) {
+    __syncthreads();  // ring, rec and x are visible; red is free
+    const int cur = ring[i % 3], nxt = ring[(i + 1) % 3];
+    if (cur >= total) break;
+    if (threadIdx.x == 0) ring[(i + 2) % 3] = atomicAdd(ctr, 1);
+    // L2 prefetch of the next tile: 16 rows x 2 matrices, 128-byte lines.
+    if (nxt < total) {
+      if (nxt < nsh) {
+        const int lines = a.D >> 7;
+        for (int l = threadIdx.x; l < 32 * lines; l += blockDim.x) {
+          const int row = l & 15, m = (l >> 4) & 1, line = l >> 5;
+          moe_prefetch((m ? a.s3 : a.s1) + (long long)(nxt * 16 + row) * a.D + line * 128);
+        }
+      } else {
+        const int tk = (nxt - nsh) / tpe, tr = ((nxt - nsh) - tk * tpe) * 16;
+        const u8 *W1 = rec[tk][0], *W3 = rec[tk][2];
+        const int lines = (a.D >> 1) >> 7;
+        if (W1)
+          for (int l = threadIdx.x; l < 32 * lines; l += blockDim.x) {
+            const int row = l & 15, m = (l >> 4) & 1, line = l >> 5;
+            moe_prefetch((m ? W3 : W1) + (tr + row) * rb + line * 128);
+          }
+      }
+    }
+    float acc[2][4];
+    if (cur < nsh) {
+      stage1_tile<U, UF, DEC>(a, true, cur * 16, nullptr, nullptr, nullptr, nullptr, true, xsR, xsN, acc, [] {});
+      stage1_finish<DEC>(a, true, true, 0, cur * 16, acc, red);
+    } else {
+      const int k = (cur - nsh) / tpe, r0 = ((cur - nsh) - k * tpe) * 16;
+      const bool valid = rec[k][0] != nullptr;
+      stage1_tile<U, UF, DEC>(a, false, r0, rec[k][0], rec[k][1], rec[k][2], rec[k][3], valid, xsR, xsN, acc, [] {});
+      stage1_finish<DEC>(a, false, valid, k, r0, acc, red);
+    }
+  }
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(ctr + 1, 1) == (int)gridDim.x - 1) {
+      atomicExch(ctr, 0);
+      atomicExch(ctr + 1, 0);
     }
   }
 }
@@ -556,16 +657,18 @@ __device__ __forceinline__ void moe_stage2(const MoeArgs &a) {
   }
 }
 
-// Kernel names: moe1_u<U>_f<UF>_d<DEC>_b<B> (stage 1),
-// moe2_u<U>_f<UF>_d<DEC>_b<B> (stage 2), compiled for B blocks of 256
-// threads per SM (B 3: at most 80 registers); the variants of
+// Kernel names: moe1_u<U>_f<UF>_d<DEC>_b<B> (stage 1), moe1p_... (stage 1,
+// persistent), moe2_u<U>_f<UF>_d<DEC>_b<B> (stage 2), compiled for B blocks
+// of 256 threads per SM (B 3: at most 80 registers); the variants of
 // compute/cuda/moe.go's moeVariants.
 #define MOE1(U, UF, DEC, B) \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1_u##U##_f##UF##_d##DEC##_b##B(MoeArgs a) { moe_stage1<U, UF, DEC>(a); }
+#define MOE1P(U, UF, DEC, B) \
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1p_u##U##_f##UF##_d##DEC##_b##B(MoeArgs a, int *ctr) { moe_stage1p<U, UF, DEC>(a, ctr); }
 #define MOE2(U, UF, DEC, B) \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe2_u##U##_f##UF##_d##DEC##_b##B(MoeArgs a) { moe_stage2<U, UF, DEC>(a); }
 
 MOE1(8, 2, 0, 2) MOE2(8, 4, 0, 2)
-MOE2(16, 4, 0, 2)
 MOE1(4, 1, 0, 3) MOE2(16, 4, 0, 3)
 MOE1(8, 2, 1, 2) MOE2(8, 4, 1, 2)
+MOE1P(8, 1, 0, 2)

@@ -408,17 +408,34 @@ __device__ __forceinline__ void ap_body(const APArgs &a) {
 
   // Each lane copies (and later splits) the same chunks of every tile:
   // chunk c of rows lane/CPR + k*RPP.
-  auto load = [&](int j0) {
+  // Lane l finds key j0 + l: code = its ring slot (found without a
+  // division: slot0 is the first window position's slot and slot0 + j <
+  // 2 ring_rows), -2 - e for compressed entry e, or -1 if absent (past nk or
+  // a padding entry). The codes are shuffled to the lanes that copy each
+  // row, and the ballot of the present keys is returned.
+  const int slot0 = first % a.ring_rows;
+  auto load = [&](int j0) -> u32 {
+    const int jl = j0 + lane;
+    int code = -1;
+    if (jl < nw) {
+      const int sl = slot0 + jl;
+      code = sl < a.ring_rows ? sl : sl - a.ring_rows;
+    } else if (jl < nk) {
+      int e = jl - nw;
+      if (a.idx != 0) e = a.idx[(long long)i * a.idx_stride + e];
+      if (e >= 0) code = -2 - e;
+    }
     const int c = lane % CPR;
 #pragma unroll
     for (int r = lane / CPR; r < AP_KT; r += RPP) {
-      const int j = j0 + r;
-      const float *k = j < nk ? ap_key(a, i, j, nw, first) : (const float *)0;
-      ap_cp16(stw + r * DW + 4 * c, k != 0 ? k + d0 + 4 * c : a.ring, k != 0);
+      const int cr = __shfl_sync(0xffffffffu, code, r);
+      const float *k = cr >= 0 ? a.ring + (long long)cr * a.dim : a.comp + (long long)(-2 - cr) * a.dim;
+      ap_cp16(stw + r * DW + 4 * c, cr != -1 ? k + d0 + 4 * c : a.ring, cr != -1);
     }
     ap_commit();
+    return __ballot_sync(0xffffffffu, code != -1);
   };
-  load(0);
+  u32 vnext = load(0);
 
   u32 qh[2][NK][4], ql[2][NK][4];
   {
@@ -464,7 +481,8 @@ __device__ __forceinline__ void ap_body(const APArgs &a) {
         *(uint2 *)(klw + r * KH + 4 * c) = make_uint2(l0p, l1p);
       }
     }
-    if (it + 1 < ntiles) load(j0 + AP_KT);  // the staging chunks are this lane's own
+    const u32 valid = vnext;                        // bit u: key j0 + u is present
+    if (it + 1 < ntiles) vnext = load(j0 + AP_KT);  // the staging chunks are this lane's own
     __syncwarp();                           // every lane's key parts are visible
 
     // Partial scores of this dim slice: 32 heads x 32 keys.
@@ -513,10 +531,7 @@ __device__ __forceinline__ void ap_body(const APArgs &a) {
       float mx = AP_NINF;
 #pragma unroll
       for (int u = 0; u < 4; u++) {
-        const int j = j0 + 4 * sq + u;
-        bool ok = j < nk;
-        if (ok && j >= nw && a.idx != 0) ok = a.idx[(long long)i * a.idx_stride + (j - nw)] >= 0;
-        s[u] = ok ? s[u] * scale : AP_NINF;
+        s[u] = (valid >> (4 * sq + u)) & 1u ? s[u] * scale : AP_NINF;
         mx = fmaxf(mx, s[u]);
       }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));

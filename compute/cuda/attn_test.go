@@ -386,18 +386,21 @@ func TestPrefillAttentionFits(t *testing.T) {
 	}
 }
 
-// BenchmarkAttentionPrefill times one 512-query chunk of DeepSeek-V4-Flash
-// attention (64 heads of 512) with AttentionPrefill and with AttentionRing's
-// grouped kernel (8 heads per block), and AttentionPrefill's "split"
-// variant: window-only (128 keys per query) and
-// CSA (128 window + 512 selected entries). CUDA events around 10
-// back-to-back launches, median of 7; TFLOP/s counts 4·heads·dim flops per
-// (query, key) pair (Q·Kᵀ and P·V).
+// BenchmarkAttentionPrefill times a chunk of DeepSeek-V4-Flash attention
+// (64 heads of 512) with AttentionPrefill, its "split" variant and
+// AttentionRing's grouped kernel (8 heads per block): 512 queries
+// window-only (128 keys each) and CSA (128 window + 512 selected entries),
+// and CSA chunks of 64 and 16 queries (where AttentionPrefill's 2 blocks per
+// query start to leave SMs idle). CUDA events around 10 back-to-back
+// launches, median of 7; TFLOP/s counts 4·heads·dim flops per (query, key)
+// pair (Q·Kᵀ and P·V), not the split's three products.
 func BenchmarkAttentionPrefill(b *testing.B) {
 	dev := testDevice(b)
 	for _, tc := range []attnCase{
 		{name: "window-128", window: 128, p0: 4096, T: 512, heads: 64, dim: 512, kind: "window"},
 		{name: "csa-128+512", window: 128, p0: 4096, T: 512, heads: 64, dim: 512, kind: "csa", ratio: 4, topk: 512},
+		{name: "csa-128+512-T64", window: 128, p0: 4096, T: 64, heads: 64, dim: 512, kind: "csa", ratio: 4, topk: 512},
+		{name: "csa-128+512-T16", window: 128, p0: 4096, T: 16, heads: 64, dim: 512, kind: "csa", ratio: 4, topk: 512},
 	} {
 		pairs := 0
 		for qi := range tc.T {

@@ -183,7 +183,7 @@ func loadDevice(m *Model, src checkpoint.Source, opts Options) (*deviceModel, er
 		case opts.deviceExpertSlots > 0:
 			// Forced (tests): a cache of that many slots, nothing static.
 			plan = &tierPlan{static: make([]int, cfg.NLayers), dynamic: min(max(opts.deviceExpertSlots, K), N)}
-		case uint64(need)+DeviceReserve > free:
+		case uint64(need)+DeviceReserve+tierMargin > free:
 			// The experts do not all fit with DeviceReserve left for session
 			// state: keep the dense weights resident, and as many experts as
 			// fit (static or cached); the rest wait in pinned host memory.
@@ -191,7 +191,7 @@ func loadDevice(m *Model, src checkpoint.Source, opts Options) (*deviceModel, er
 				return fmt.Errorf("device: %w", err)
 			}
 			slotBytes := lay.size()
-			avail := int64(free) - int64(dense) - DeviceReserve - 1<<20
+			avail := int64(free) - int64(dense) - DeviceReserve - tierMargin
 			gpu := 0
 			if slotBytes > 0 {
 				gpu = int(max(avail, 0) / int64(slotBytes))
@@ -237,7 +237,10 @@ func loadDevice(m *Model, src checkpoint.Source, opts Options) (*deviceModel, er
 			if plan != nil {
 				order = append(order, tierOrder(lay, cfg)...)
 			}
-			p := checkpoint.Prefetch(src, order, runtime.NumCPU(), 2<<30)
+			// Two workers per core: a worker asking for a scale tensor often
+			// waits for the one generating its weight (one generation gives
+			// both, checkpoint.Synth), and should not leave its core idle.
+			p := checkpoint.Prefetch(src, order, 2*runtime.NumCPU(), 2<<30)
 			defer p.Close()
 			usrc = p
 		}
@@ -403,6 +406,11 @@ func (d *deviceModel) close() {
 // weights plus DeviceReserve exceed the memory it plans with, the routed
 // experts go to the expert tier (expertTier), sized to leave DeviceReserve.
 const DeviceReserve = 4 << 30
+
+// tierMargin is room Load keeps beyond DeviceReserve for the tier's own
+// arena rounding and table records; the all-resident test and the tier's
+// sizing both count it, so a budget the tier fills exactly is a tier budget.
+const tierMargin = 1 << 20
 
 // DeviceBytes returns the bytes of device memory the model's weights occupy
 // (0 without Options.Device).

@@ -18,8 +18,8 @@ func TestMoEVariantFromEnv(t *testing.T) {
 	}{
 		{"", cuda.MoEDefault, true, true},
 		{"off", 0, false, true},
-		{cuda.MoEU4.String(), cuda.MoEU4, true, true},
-		{cuda.MoELUT.String(), cuda.MoELUT, true, true},
+		{cuda.MoEVariant(1).String(), cuda.MoEVariant(1), true, true},
+		{cuda.MoEVariant(2).String(), cuda.MoEVariant(2), true, true},
 		{"fast", 0, false, false},
 		{"MoEVariant(9)", 0, false, false},
 	} {

@@ -233,7 +233,7 @@ func tierBudget(t testing.TB, src checkpoint.Source, cfg *config.Config, gpu int
 	if err != nil {
 		t.Fatal(err)
 	}
-	return int64(deviceDenseBytes(src, cfg)) + DeviceReserve + 1<<20 + int64(gpu*lay.size())
+	return int64(deviceDenseBytes(src, cfg)) + DeviceReserve + tierMargin + int64(gpu*lay.size())
 }
 
 // bitEqual reports the first index where a and b differ bitwise (-1: none).

@@ -94,6 +94,17 @@ type DeviceSession struct {
 	// fuse.go); off with MOXIE_CUDA_FUSE=off and while a layer hook is set.
 	fused     bool
 	hcScratch cuda.DevicePtr // HCNormScratchBytes for a chunk
+	// side: a decode step with merged projections runs the compressors'
+	// chain (their projections, stores and closes) on a second stream,
+	// forked after wq_a+wkv and joined before the indexer scores, so it
+	// overlaps the query path (a fork in the captured graph); sideOK false:
+	// one stream (MOXIE_CUDA_FORK=off, or the stream could not be made).
+	side cuda.Stream
+	// tcAttn: chunks of several queries use the tensor-core attention
+	// (Fwd.AttentionPrefill); MOXIE_CUDA_ATTN=ring keeps AttentionRing.
+	tcAttn         bool
+	sideOK         bool
+	evFork, evJoin cuda.Event
 
 	// scratch (device)
 	tok, posBuf                cuda.DevicePtr // int32 [chunk]
@@ -184,7 +195,7 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 	}
 	c := m.Cfg
 	s := &DeviceSession{m: m, d: d, limit: d.maxCtx, chunk: min(m.maxChunk, d.maxCtx), graphs: true, grouped: true, devMoE: true,
-		fused: os.Getenv("MOXIE_CUDA_FUSE") != "off"}
+		fused: os.Getenv("MOXIE_CUDA_FUSE") != "off", tcAttn: os.Getenv("MOXIE_CUDA_ATTN") != "ring"}
 	T, D, hc, K := s.chunk, c.Dim, c.HCMult, c.NActivatedExperts
 	s.topk = c.IndexTopK
 	s.entries = max(s.limit/config.CSARatio, 1)
@@ -278,6 +289,16 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 		if s.host, err = cc.NewHostBuffer(8 * T); err != nil {
 			return err
 		}
+		if os.Getenv("MOXIE_CUDA_FORK") != "off" {
+			s.sideOK = true
+			if s.side, err = cc.NewStream(); err != nil {
+				s.sideOK = false
+			} else if s.evFork, err = cc.NewEvent(false); err != nil {
+				return err
+			} else if s.evJoin, err = cc.NewEvent(false); err != nil {
+				return err
+			}
+		}
 		s.runs = make([]*cuda.ExpertRun, len(d.layers))
 		for l, b := range d.layers {
 			if b.table == nil {
@@ -336,12 +357,20 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 func (s *DeviceSession) release() {
 	a, h, g := s.arena, s.host, s.graph
 	s.arena, s.host, s.graph = nil, nil, nil
-	if a == nil && h == nil && g == nil {
+	side, fork, join := s.sideOK, s.evFork, s.evJoin
+	s.sideOK = false
+	if a == nil && h == nil && g == nil && !side {
 		return
 	}
 	_ = s.d.dev.Do(func(c *cuda.Ctx) error {
 		if g != nil {
 			_ = c.DestroyGraph(g)
+		}
+		if side {
+			_ = c.Sync(s.side)
+			_ = c.DestroyEvent(fork)
+			_ = c.DestroyEvent(join)
+			_ = c.DestroyStream(s.side)
 		}
 		if h != nil {
 			_ = c.FreeHost(h)
@@ -858,6 +887,9 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 			return c.Linear(b.idxProj, s.wts, s.a, T, st)
 		}),
 	}
+	// forked: this decode step runs the compressors' chain on the side
+	// stream (see DeviceSession.side); it needs the merged BF16 launch.
+	forked := bf != nil && s.sideOK && s.fusedOn()
 	var steps []func() error
 	if s.fusedOn() {
 		// Row operations fused: the qlat norm with the window KV's norm,
@@ -871,12 +903,42 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 		}
 		steps = append(proj,
 			func() error {
+				if !forked {
+					return nil
+				}
+				// The compressors' chain on the side stream: the merged BF16
+				// projections of a, then each compressor's store and close.
+				side := s.side
+				return errs(
+					func() error { return c.Record(s.evFork, st) },
+					func() error { return c.StreamWait(side, s.evFork) },
+					func() error { return c.LaunchMultiLinear(bf, side) },
+					func() error {
+						if b.icomp == nil {
+							return nil
+						}
+						return s.compStep(c, b.icomp, ls.icomp, T, freq, s.cin1, s.zin1, false, side)
+					},
+					func() error {
+						if b.comp == nil {
+							return nil
+						}
+						return s.compStep(c, b.comp, ls.comp, T, freq, s.cin, s.zin, false, side)
+					},
+					func() error { return c.Record(s.evJoin, side) })
+			},
+			func() error {
 				return c.RowOps([]cuda.RowOp{
 					{Y: s.qlat, X: s.qlat, Rows: T, Dim: cfg.QLoraRank, Norm: true, W: b.qNorm, Eps: eps},
 					{Y: ls.ring, X: s.kv, Rows: T, Dim: hd, Norm: true, W: b.kvNorm, Eps: eps, NFreq: nf, Freq: freq, Pos: s.posBuf, RingRows: ls.ringRows},
 				}, st)
 			})
-		steps = append(steps, projQ...)
+		if forked {
+			steps = append(steps, projQ[:2]...) // bf ran on the side stream
+			steps = append(steps, func() error { return c.StreamWait(st, s.evJoin) })
+		} else {
+			steps = append(steps, projQ...)
+		}
 		steps = append(steps, func() error { return c.RowOps(qOps, st) })
 	} else {
 		steps = append(proj,
@@ -910,7 +972,12 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 	if b.icomp != nil {
 		R := b.icomp.ratio
 		if err := errs(
-			func() error { return s.compStep(c, b.icomp, ls.icomp, T, freq, icin, izin, bf == nil) },
+			func() error {
+				if forked {
+					return nil // on the side stream, joined above
+				}
+				return s.compStep(c, b.icomp, ls.icomp, T, freq, icin, izin, bf == nil, st)
+			},
 			func() error {
 				maxN := (p0 + T) / R
 				if graph {
@@ -932,8 +999,10 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 	var comp cuda.DevicePtr
 	maxKeys := cfg.Window
 	if b.comp != nil {
-		if err := s.compStep(c, b.comp, ls.comp, T, freq, ccin, czin, bf == nil); err != nil {
-			return err
+		if !forked {
+			if err := s.compStep(c, b.comp, ls.comp, T, freq, ccin, czin, bf == nil, st); err != nil {
+				return err
+			}
 		}
 		comp = ls.comp.entries
 		if b.kind == config.CSA {
@@ -944,7 +1013,13 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 	}
 	return errs(
 		func() error {
-			return d.fwd.AttentionRing(c, cuda.AttnParams{O: s.o, Q: s.q, Ring: ls.ring, Comp: comp, Idx: idx, Sinks: b.sink,
+			// Chunks of several queries take the tensor-core kernel
+			// (MOXIE_CUDA_ATTN=ring keeps the CUDA-core one).
+			attn := d.fwd.AttentionRing
+			if T > 1 && s.tcAttn && cuda.PrefillAttentionFits(H, hd) {
+				attn = d.fwd.AttentionPrefill
+			}
+			return attn(c, cuda.AttnParams{O: s.o, Q: s.q, Ring: ls.ring, Comp: comp, Idx: idx, Sinks: b.sink,
 				Pos: s.posBuf, RingRows: ls.ringRows, Window: cfg.Window, T: T, Ratio: b.ratio, IdxStride: s.topk, TopK: s.topk,
 				Heads: H, Dim: hd, MaxKeys: maxKeys, Scale: float32(1 / math.Sqrt(float64(hd))), HeadsPerBlock: s.headsPerBlock(T)}, st)
 		},
@@ -973,8 +1048,7 @@ func (s *DeviceSession) headsPerBlock(T int) int {
 // compStep stores the chunk's compressor rows (κ = wkv·a into cin, z =
 // wgate·a into zin, then + ape) and closes the windows that end inside the
 // chunk; project false means cin and zin already hold the products.
-func (s *DeviceSession) compStep(c *cuda.Ctx, cp *devComp, cs *devCompState, T int, freq, cin, zin cuda.DevicePtr, project bool) error {
-	st := c.Stream()
+func (s *DeviceSession) compStep(c *cuda.Ctx, cp *devComp, cs *devCompState, T int, freq, cin, zin cuda.DevicePtr, project bool, st cuda.Stream) error {
 	w := cp.c * cp.dw
 	R := cp.ratio
 	return errs(

@@ -116,7 +116,7 @@ const moeStatic = 4 << 10
 const moeMaxK = 64
 
 // moeArgs mirrors struct MoeArgs in kernels/moe.cu (136 bytes; the .cu
-// file asserts the size and two offsets).
+// file asserts the size).
 type moeArgs struct {
 	_                                                   structs.HostLayout
 	T13, T2, Ids, Rw, X, H, Out, S1, S3, S2, C1, C3, C2 uint64
@@ -289,9 +289,11 @@ func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert
 			m.smem1 = 8 * D
 		}
 		if m.ctr, err = a.Alloc(8); err != nil {
+			_ = a.Free(m.h)
 			return nil, fmt.Errorf("cuda moe decode: tile counter: %w", err)
 		}
 		if err := c.CopyToDevice(m.ctr, make([]byte, 8)); err != nil {
+			_ = m.Free(a)
 			return nil, err
 		}
 	}
@@ -328,8 +330,8 @@ func (c *Ctx) RunMoEDecode(m *MoEDecode, ids, rw DevicePtr, s Stream) error {
 }
 
 func (c *Ctx) runMoEStage1(m *MoEDecode, ids, rw DevicePtr, s Stream) error {
-	if m == nil || ids == 0 {
-		return fmt.Errorf("cuda moe decode: nil decode or ids")
+	if m == nil || m.h == 0 || ids == 0 {
+		return fmt.Errorf("cuda moe decode: nil or freed decode, or nil ids")
 	}
 	a := m.args
 	a.Ids, a.Rw = uint64(ids), uint64(rw)
@@ -340,8 +342,8 @@ func (c *Ctx) runMoEStage1(m *MoEDecode, ids, rw DevicePtr, s Stream) error {
 }
 
 func (c *Ctx) runMoEStage2(m *MoEDecode, ids DevicePtr, s Stream) error {
-	if m == nil || ids == 0 {
-		return fmt.Errorf("cuda moe decode: nil decode or ids")
+	if m == nil || m.h == 0 || ids == 0 {
+		return fmt.Errorf("cuda moe decode: nil or freed decode, or nil ids")
 	}
 	a := m.args
 	a.Ids = uint64(ids)

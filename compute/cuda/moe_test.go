@@ -401,3 +401,24 @@ func TestMoEShapes(t *testing.T) {
 		names[n1+n2] = true
 	}
 }
+
+// TestMoERunChecks checks RunMoEDecode's argument checks (no device needed:
+// they come before any launch).
+func TestMoERunChecks(t *testing.T) {
+	var c *Ctx
+	for _, tc := range []struct {
+		name string
+		m    *MoEDecode
+		ids  DevicePtr
+	}{
+		{"nil decode", nil, 256},
+		{"freed decode", &MoEDecode{}, 256},
+		{"nil ids", &MoEDecode{h: 256}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := c.RunMoEDecode(tc.m, tc.ids, 0, Stream{}); err == nil || !strings.Contains(err.Error(), "cuda moe decode") {
+				t.Fatalf("RunMoEDecode: error %v, want a cuda moe decode error", err)
+			}
+		})
+	}
+}

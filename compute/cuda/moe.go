@@ -53,23 +53,31 @@ const (
 	// 8, FP8 spans 1); stage 2 as MoEDefault. Needs D ≤ 5632 with a shared
 	// expert (x staged in both layouts: 8·D bytes of shared memory).
 	MoEPersist
+	// MoEPersistPF: MoEPersist whose blocks, once no tile is left, ask L2
+	// for an even share of stage 2's weights (K·w2 + shared w2: 35 MB at V4
+	// shapes, in a 60 MB L2), so HBM keeps streaming through stage 1's tail
+	// and stage 2 reads from L2.
+	MoEPersistPF
 	moeVariantCount
 )
 
 // moeVariants: kernel parameters of each MoEVariant (U1, U2 routed spans
 // per chunk, UF1, UF2 the FP8 shared expert's 64-column spans per chunk,
-// DEC the decoder, B blocks per SM, persist: stage 1 persistent).
+// DEC the decoder, B blocks per SM, persist: stage 1 persistent, pf: and
+// prefetching stage 2's weights).
 var moeVariants = [moeVariantCount]struct {
 	name    string
 	u1, uf1 int
 	u2, uf2 int
 	dec, b  int
 	persist bool
+	pf      bool
 }{
-	MoEDefault: {name: "u8", u1: 8, uf1: 2, u2: 8, uf2: 4, b: 2},
-	MoEOcc3:    {name: "occ3", u1: 4, uf1: 1, u2: 16, uf2: 4, b: 3},
-	MoECvt:     {name: "u8cvt", u1: 8, uf1: 2, u2: 8, uf2: 4, dec: 1, b: 2},
-	MoEPersist: {name: "persist", u1: 8, uf1: 1, u2: 8, uf2: 4, b: 2, persist: true},
+	MoEDefault:   {name: "u8", u1: 8, uf1: 2, u2: 8, uf2: 4, b: 2},
+	MoEOcc3:      {name: "occ3", u1: 4, uf1: 1, u2: 16, uf2: 4, b: 3},
+	MoECvt:       {name: "u8cvt", u1: 8, uf1: 2, u2: 8, uf2: 4, dec: 1, b: 2},
+	MoEPersist:   {name: "persist", u1: 8, uf1: 1, u2: 8, uf2: 4, b: 2, persist: true},
+	MoEPersistPF: {name: "persistpf", u1: 8, uf1: 1, u2: 8, uf2: 4, b: 2, persist: true, pf: true},
 }
 
 func (v MoEVariant) String() string {
@@ -79,8 +87,9 @@ func (v MoEVariant) String() string {
 	return moeVariants[v].name
 }
 
-// ParseMoEVariant returns the variant named s (its String form: u8, u8x16,
-// occ3, u8cvt, persist; "" is MoEDefault), e.g. from an environment variable.
+// ParseMoEVariant returns the variant named s (its String form: u8, occ3,
+// u8cvt, persist, persistpf; "" is MoEDefault), e.g. from an environment
+// variable.
 func ParseMoEVariant(s string) (MoEVariant, error) {
 	if s == "" {
 		return MoEDefault, nil
@@ -99,7 +108,10 @@ func ParseMoEVariant(s string) (MoEVariant, error) {
 func moeKernelNames(v MoEVariant) (string, string) {
 	p := moeVariants[v]
 	s1 := "moe1"
-	if p.persist {
+	switch {
+	case p.pf:
+		s1 = "moe1pf"
+	case p.persist:
 		s1 = "moe1p"
 	}
 	return fmt.Sprintf("%s_u%d_f%d_d%d_b%d", s1, p.u1, p.uf1, p.dec, p.b), fmt.Sprintf("moe2_u%d_f%d_d%d_b%d", p.u2, p.uf2, p.dec, p.b)
@@ -109,7 +121,7 @@ func moeKernelNames(v MoEVariant) (string, string) {
 const moeThreads = 256
 
 // moeStatic bounds the stage 1 kernels' static shared memory (red; the
-// persistent one also the records and the tile ring: 3088 bytes), bytes.
+// persistent one also the records and the tile ring: 3600 bytes), bytes.
 const moeStatic = 4 << 10
 
 // moeMaxK bounds the experts of one fused launch.

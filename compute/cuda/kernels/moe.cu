@@ -492,12 +492,16 @@ __device__ __forceinline__ void moe_stage1(const MoeArgs &a) {
 // current one and asks L2 for that tile's weights first, so the next
 // tile's bytes stream in meanwhile. The last block to finish resets ctr
 // (two ints, zero before the first launch) for the next launch.
-template <int U, int UF, int DEC>
+//
+// PF: a block that finds no tile left asks L2 for its share (1/gridDim.x)
+// of stage 2's weights (the K experts' w2 and the shared w2), so HBM keeps
+// streaming through stage 1's tail and stage 2 starts on L2-resident bytes.
+template <int U, int UF, int DEC, bool PF>
 __device__ __forceinline__ void moe_stage1p(const MoeArgs &a, int *ctr) {
   extern __shared__ uint4 moe_smem[];
   u16 *xsR = reinterpret_cast<u16 *>(moe_smem), *xsN = xsR + 2 * a.D;
   __shared__ float red[MOE_WARPS][8][4];
-  __shared__ const u8 *rec[MOE_MAXK][4];  // W1, S1, W3, S3 (null W1: id outside the table)
+  __shared__ const u8 *rec[MOE_MAXK][5];  // W1, S1, W3, S3, w2's W (null W1: id outside the table)
   __shared__ int ring[3];
   const int nsh = a.Is >> 4, tpe = a.I >> 4, total = nsh + a.K * tpe;
   if (threadIdx.x == 0) {
@@ -512,6 +516,7 @@ __device__ __forceinline__ void moe_stage1p(const MoeArgs &a, int *ctr) {
     rec[k][1] = r1[0].S;
     rec[k][2] = r1[1].W;
     rec[k][3] = r1[1].S;
+    rec[k][4] = ok ? a.t2[id].W : nullptr;
   }
   stage_hilo(a.x, xsR, a.D, true);
   if (nsh > 0) stage_hilo(a.x, xsN, a.D, false);
@@ -549,6 +554,20 @@ __device__ __forceinline__ void moe_stage1p(const MoeArgs &a, int *ctr) {
       const bool valid = rec[k][0] != nullptr;
       stage1_tile<U, UF, DEC>(a, false, r0, rec[k][0], rec[k][1], rec[k][2], rec[k][3], valid, xsR, xsN, acc, [] {});
       stage1_finish<DEC>(a, false, valid, k, r0, acc, red);
+    }
+  }
+  if (PF) {
+    const int lr = a.I >> 8, ls = a.Is >> 7;  // 128-byte lines per routed and shared w2 row
+    const long long nr = (long long)a.K * a.D * lr, n = nr + (long long)a.D * ls;
+    for (long long l = (long long)blockIdx.x * blockDim.x + threadIdx.x; l < n; l += (long long)gridDim.x * blockDim.x) {
+      if (l < nr) {
+        const int k = (int)(l / ((long long)a.D * lr)), rem = (int)(l - (long long)k * a.D * lr);
+        const u8 *W = rec[k][4];
+        if (W) moe_prefetch(W + (long long)(rem / lr) * (a.I >> 1) + (rem % lr) * 128);
+      } else {
+        const int rem = (int)(l - nr);
+        moe_prefetch(a.s2 + (long long)(rem / ls) * a.Is + (rem % ls) * 128);
+      }
     }
   }
   if (threadIdx.x == 0) {
@@ -658,13 +677,15 @@ __device__ __forceinline__ void moe_stage2(const MoeArgs &a) {
 }
 
 // Kernel names: moe1_u<U>_f<UF>_d<DEC>_b<B> (stage 1), moe1p_... (stage 1,
-// persistent), moe2_u<U>_f<UF>_d<DEC>_b<B> (stage 2), compiled for B blocks
+// persistent), moe1pf_... (persistent, w2 asked into L2 at the end),
+// moe2_u<U>_f<UF>_d<DEC>_b<B> (stage 2), compiled for B blocks
 // of 256 threads per SM (B 3: at most 80 registers); the variants of
 // compute/cuda/moe.go's moeVariants.
 #define MOE1(U, UF, DEC, B) \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1_u##U##_f##UF##_d##DEC##_b##B(MoeArgs a) { moe_stage1<U, UF, DEC>(a); }
 #define MOE1P(U, UF, DEC, B) \
-  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1p_u##U##_f##UF##_d##DEC##_b##B(MoeArgs a, int *ctr) { moe_stage1p<U, UF, DEC>(a, ctr); }
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1p_u##U##_f##UF##_d##DEC##_b##B(MoeArgs a, int *ctr) { moe_stage1p<U, UF, DEC, false>(a, ctr); } \
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1pf_u##U##_f##UF##_d##DEC##_b##B(MoeArgs a, int *ctr) { moe_stage1p<U, UF, DEC, true>(a, ctr); }
 #define MOE2(U, UF, DEC, B) \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe2_u##U##_f##UF##_d##DEC##_b##B(MoeArgs a) { moe_stage2<U, UF, DEC>(a); }
 

@@ -608,14 +608,16 @@ func TestLinearRB4(t *testing.T) {
 const tolTC = 1e-6
 
 // tcTestVariants is the tensor-core variants TestLinearTC and
-// TestMultiLinearTC check: the automatic choice and every tile shape.
+// TestMultiLinearTC check: the automatic choice, every tile shape and
+// split-K (which multi launches ignore).
 func tcTestVariants() []namedVariant {
 	out := []namedVariant{{"auto", LinearVariant{}, true}}
 	for i := range tcTileList() {
 		tl := tcTileList()[i]
 		out = append(out, namedVariant{fmt.Sprintf("tc%d_%dx%d", i+1, tl.BM, tl.BN), LinearVariant{Width: WidthTC, Tile: i + 1}, i < 2})
 	}
-	return out
+	return append(out, namedVariant{"tc1_k3", LinearVariant{Width: WidthTC, Tile: 1, SplitK: 3}, false},
+		namedVariant{"tc2_k4", LinearVariant{Width: WidthTC, Tile: 2, SplitK: 4}, false})
 }
 
 // TestLinearTC checks the tensor-core GEMM family (and what the automatic

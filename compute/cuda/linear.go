@@ -274,6 +274,12 @@ type LinearVariant struct {
 	// len(tcTileList()), 0 automatic (planTC). A Tile alone (Width
 	// WidthAuto, no other field) means WidthTC.
 	Tile int
+	// SplitK > 1 splits the tensor-core GEMM's columns into that many
+	// ranges (2..32), each block adding its partial sums into y with
+	// atomics after y is zeroed (sums then vary in the last bits from run
+	// to run); tiles 1 and 2 of single launches only (multi launches
+	// ignore it). 0 or 1: no split.
+	SplitK int
 }
 
 // Kernel families of the fast linear kernels.
@@ -303,8 +309,9 @@ const tcMinBatch = 16
 
 // tcTile is a tile shape of the tensor-core GEMM family: BM weight rows x
 // BN batch rows per block of WM x WN warps, ST pipeline stages of 64
-// columns, registers capped for OB blocks per SM.
-type tcTile struct{ BM, BN, WM, WN, ST, OB int }
+// columns, registers capped for OB blocks per SM; XC 1 splits x into hi/lo
+// once per block and stage instead of in every warp (FP8 and MXFP4 only).
+type tcTile struct{ BM, BN, WM, WN, ST, OB, XC int }
 
 // tcTileList is the tile shapes with kernels in kernels/linear.cu
 // (LINTC3 lines); LinearVariant.Tile i selects entry i-1. The first two are
@@ -312,17 +319,29 @@ type tcTile struct{ BM, BN, WM, WN, ST, OB int }
 // benchmark module.
 func tcTileList() []tcTile {
 	return []tcTile{
-		{128, 64, 4, 2, 4, 1}, // 1: automatic for batches of 64 and more
-		{64, 32, 2, 2, 4, 1},  // 2: automatic for small batches, short matrices and multi launches (expert tiles)
-		{128, 128, 2, 4, 3, 1},
-		{128, 128, 4, 2, 3, 1},
-		{128, 64, 4, 2, 3, 1},
-		{64, 64, 2, 2, 4, 1},
-		{128, 32, 4, 2, 4, 1},
-		{256, 64, 4, 2, 3, 1},
-		{128, 64, 4, 2, 3, 2}, // 9: at most 128 registers, two blocks per SM
-		{64, 64, 2, 2, 4, 3},  // 10: three blocks of 128 threads per SM
+		{128, 64, 4, 2, 4, 1, 0}, // 1: automatic for batches of 64 and more
+		{64, 32, 2, 2, 4, 1, 0},  // 2: automatic for small batches, short matrices and multi launches (expert tiles)
+		{128, 128, 2, 4, 3, 1, 0},
+		{128, 128, 4, 2, 3, 1, 0},
+		{128, 64, 4, 2, 3, 1, 0},
+		{64, 64, 2, 2, 4, 1, 0},
+		{128, 32, 4, 2, 4, 1, 0},
+		{256, 64, 4, 2, 3, 1, 0},
+		{128, 64, 4, 2, 3, 2, 0}, // 9: at most 128 registers, two blocks per SM
+		{64, 64, 2, 2, 4, 3, 0},  // 10: three blocks of 128 threads per SM
+		{128, 64, 4, 2, 4, 1, 1}, // 11..13: x split once per block (FP8, MXFP4)
+		{64, 32, 2, 2, 4, 1, 1},
+		{128, 128, 2, 4, 4, 1, 1},
 	}
+}
+
+// tcTileName is a tile's part of its kernels' names (kernels/linear.cu).
+func tcTileName(tl tcTile) string {
+	n := fmt.Sprintf("%dx%d_w%dx%d_s%d_o%d", tl.BM, tl.BN, tl.WM, tl.WN, tl.ST, tl.OB)
+	if tl.XC != 0 {
+		n += "_x"
+	}
+	return n
 }
 
 // tcOK reports whether the tensor-core GEMM family takes a weight of this
@@ -377,7 +396,7 @@ func tcWanted(v LinearVariant, batch int) bool {
 		return true
 	case v.Width != WidthAuto:
 		return false
-	case v == LinearVariant{Tile: v.Tile} && v.Tile != 0:
+	case v == LinearVariant{Tile: v.Tile, SplitK: v.SplitK} && (v.Tile != 0 || v.SplitK != 0):
 		return true
 	}
 	return v == LinearVariant{} && batch >= tcMinBatch
@@ -409,16 +428,20 @@ func planTC(f compute.Format, rows, cols, block, groups, batch int, v LinearVari
 		ti = tcAutoTile(rows, batch, sms)
 	}
 	tl := tiles[ti-1]
-	if !tcOK(f, rows, cols, block, groups, tl.BM) {
+	split := max(v.SplitK, 1)
+	if split > 32 || split > 1 && ti > 2 {
+		return linPlan{}, false, fmt.Errorf("cuda linear: split-K %d with tensor-core tile %d (want 1..32, tiles 1 and 2)", v.SplitK, ti)
+	}
+	if !tcOK(f, rows, cols, block, groups, tl.BM) || tl.XC != 0 && f == compute.BF16 {
 		return linPlan{}, false, nil
 	}
 	shared := tcShared(tl, f, cols, block)
 	if optin > 0 && shared > optin-tcStaticShared {
 		return linPlan{}, false, nil
 	}
-	return linPlan{name: fmt.Sprintf("lint_%s_%dx%d_w%dx%d_s%d_o%d", name, tl.BM, tl.BN, tl.WM, tl.WN, tl.ST, tl.OB),
-		grid:  Dim3{X: uint32((rows + tl.BM - 1) / tl.BM), Y: uint32((batch + tl.BN - 1) / tl.BN), Z: 1},
-		block: Dim3{X: uint32(32 * tl.WM * tl.WN)}, shared: shared}, true, nil
+	return linPlan{name: fmt.Sprintf("lint_%s_%s%s", name, tcTileName(tl), map[bool]string{true: "_k"}[split > 1]),
+		grid:  Dim3{X: uint32((rows + tl.BM - 1) / tl.BM), Y: uint32((batch + tl.BN - 1) / tl.BN), Z: uint32(split)},
+		block: Dim3{X: uint32(32 * tl.WM * tl.WN)}, shared: shared, split: split > 1}, true, nil
 }
 
 // defaultWidth is the family WidthAuto selects where the shape allows it,
@@ -540,6 +563,7 @@ type linPlan struct {
 	generic bool  // linear_generic: takes the format code as a second argument
 	shared  int   // dynamic shared memory bytes
 	ks      int32 // tensor-core kernels: warps per tile (a second argument); 0 otherwise
+	split   bool  // split-K tensor-core GEMM: y must be zeroed first
 }
 
 func pow2ceil(n int) int {
@@ -714,9 +738,14 @@ func (c *Ctx) LinearWith(w *DeviceWeight, y, x DevicePtr, batch, groups int, v L
 				return err
 			}
 			a.Batch, a.X, a.Y = int32(batch), uint64(x), uint64(y)
+			if p.split {
+				if err := c.Memset(y, 0, 4*batch*w.Rows, s); err != nil {
+					return err
+				}
+			}
 			return c.Launch(k, p.grid, p.block, p.shared, s, unsafe.Pointer(&a))
 		}
-		if v.Width == WidthTC || v.Tile != 0 {
+		if v.Width == WidthTC || v.Tile != 0 || v.SplitK != 0 {
 			v = LinearVariant{Width: WidthNarrow} // the shape is not the family's: the narrow kernels
 		}
 	}
@@ -875,7 +904,7 @@ func planMultiTC(f compute.Format, shapes [][2]int, block, batch int, v LinearVa
 	if optin > 0 && shared > optin-tcStaticShared || len(shapes) > 65535 {
 		return linPlan{}, false, nil
 	}
-	return linPlan{name: fmt.Sprintf("lintmulti_%s_%dx%d_w%dx%d_s%d_o%d", name, tl.BM, tl.BN, tl.WM, tl.WN, tl.ST, tl.OB),
+	return linPlan{name: fmt.Sprintf("lintmulti_%s_%s", name, tcTileName(tl)),
 		grid:  Dim3{X: uint32((maxRows + tl.BM - 1) / tl.BM), Y: uint32((batch + tl.BN - 1) / tl.BN), Z: uint32(len(shapes))},
 		block: Dim3{X: uint32(32 * tl.WM * tl.WN)}, shared: shared}, true, nil
 }
@@ -910,7 +939,7 @@ func (c *Ctx) PrepareMultiLinear(a *Arena, ws []*DeviceWeight, ys, xs []DevicePt
 			}
 			tc, tcp = ok, p
 		}
-		if !tc && (v.Width == WidthTC || v.Tile != 0) {
+		if !tc && (v.Width == WidthTC || v.Tile != 0 || v.SplitK != 0) {
 			v = LinearVariant{Width: WidthNarrow}
 		}
 	}

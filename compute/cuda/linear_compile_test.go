@@ -419,6 +419,9 @@ func TestPlanTC(t *testing.T) {
 		{"fp8 block 32", compute.FP8Block, 256, 1024, 32, 1, 64, LinearVariant{}, "", 0, 0, 0, 0},
 		{"fp8 block 64", compute.FP8Block, 100, 512, 64, 1, 64, LinearVariant{}, "lint_fp8_64x32_w2x2_s4_o1", 2, 2, 128, 4*(64*64+256*32) + 4*8},
 		{"f32", compute.F32, 256, 1024, 128, 1, 64, LinearVariant{}, "", 0, 0, 0, 0},
+		{"split-K", compute.FP8Block, 4096, 8192, 128, 1, 64, LinearVariant{Tile: 2, SplitK: 4}, "lint_fp8_64x32_w2x2_s4_o1_k", 64, 2, 128, 4*(64*64+256*32) + 4*64},
+		{"x split once", compute.MXFP4, 2048, 4096, 128, 1, 256, LinearVariant{Tile: 13}, "lint_mxfp4_128x128_w2x4_s4_o1_x", 16, 2, 256, 4*(128*32+256*128) + 128*128},
+		{"x split once: not bf16", compute.BF16, 2048, 4096, 128, 1, 256, LinearVariant{Tile: 11}, "", 0, 0, 0, 0},
 		{"too much shared", compute.MXFP4, 256, 65536, 128, 1, 64, LinearVariant{Width: WidthTC, Tile: 8}, "", 0, 0, 0, 0},
 	}
 	for _, tc := range cases {
@@ -438,8 +441,13 @@ func TestPlanTC(t *testing.T) {
 			}
 		})
 	}
-	if _, _, err := planTC(compute.FP8Block, 256, 1024, 128, 1, 64, LinearVariant{Width: WidthTC, Tile: 11}, sms, optin); err == nil {
-		t.Error("tile 11 accepted")
+	for _, bad := range []LinearVariant{{Width: WidthTC, Tile: 14}, {Tile: 3, SplitK: 2}, {Tile: 1, SplitK: 33}} {
+		if _, _, err := planTC(compute.FP8Block, 256, 1024, 128, 1, 64, bad, sms, optin); err == nil {
+			t.Errorf("variant %+v accepted", bad)
+		}
+	}
+	if p, _, _ := planTC(compute.FP8Block, 4096, 8192, 128, 1, 64, LinearVariant{Tile: 1, SplitK: 4}, sms, optin); p.grid.Z != 4 || !p.split {
+		t.Errorf("split-K plan %+v", p)
 	}
 	for _, tc := range []struct {
 		v     LinearVariant
@@ -448,7 +456,7 @@ func TestPlanTC(t *testing.T) {
 	}{
 		{LinearVariant{}, 16, true}, {LinearVariant{}, 15, false}, {LinearVariant{Width: WidthTC}, 1, true},
 		{LinearVariant{Tile: 2}, 3, true}, {LinearVariant{Width: WidthNarrow}, 64, false}, {LinearVariant{KW: 8}, 64, false},
-		{LinearVariant{Width: WidthMMA, Tile: 1}, 64, false},
+		{LinearVariant{Width: WidthMMA, Tile: 1}, 64, false}, {LinearVariant{SplitK: 2}, 1, true},
 	} {
 		if got := tcWanted(tc.v, tc.batch); got != tc.want {
 			t.Errorf("tcWanted(%+v, %d) = %v, want %v", tc.v, tc.batch, got, tc.want)

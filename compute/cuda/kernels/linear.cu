@@ -902,6 +902,10 @@ __device__ __forceinline__ void linear_generic_body(const LinArgs &a, int fmt) {
 //  - BF16: weights are bf16 already (the bf16 mma, no decode); x is split
 //    exactly into three bf16 parts (8 + 8 + 8 significant bits), all three
 //    products accumulate in one f32 accumulator.
+//  - Variants (template parameters): ST stages, OB the blocks per SM the
+//    registers are capped for, SK split-K (column ranges over grid z, sums
+//    added with atomics), XC the x split done once per block and stage in
+//    shared memory instead of in every warp.
 // Shapes: columns a multiple of 64 (MXFP4: of 128), FP8 blocks a power of
 // two of at least 64; grouped weights need BM to divide the rows per group.
 // Rows past the last and batch rows past a.batch are clamped on load and
@@ -959,7 +963,22 @@ __device__ __forceinline__ u32 e2m1x4_e4m3(u32 w) {
   return __byte_perm(lutLo, lutHi, w & 0x7777u) | __byte_perm(0x8000u, 0u, (w >> 3) & 0x1111u);
 }
 
-template <int FMT, int BM, int BN, int WM, int WN, int ST>
+// f16 hi/lo split of four x values as the mma's B halves: {hi(x0, x1),
+// hi(x2, x3), lo(x0, x1), lo(x2, x3)}, lo = f16(2^11 (x - hi)).
+__device__ __forceinline__ uint4 tc_split(const float4 v) {
+  const u32 h0 = f16x2_of(v.x, v.y), h1 = f16x2_of(v.z, v.w);
+  float f0, f1, f2, f3;
+  h2x2(h0, f0, f1);
+  h2x2(h1, f2, f3);
+  return make_uint4(h0, h1, f16x2_of((v.x - f0) * 2048.f, (v.y - f1) * 2048.f), f16x2_of((v.z - f2) * 2048.f, (v.w - f3) * 2048.f));
+}
+
+// SK: split-K: block z of gridDim.z takes the z-th of gridDim.z equal
+// column ranges and adds its sums into y with atomics (y zeroed before).
+// XC (FP8/MXFP4): the block splits each stage's x into hi/lo once, in place
+// (one stage ahead, so one stage less of loads is in flight), instead of
+// every warp splitting the x values it reads.
+template <int FMT, int BM, int BN, int WM, int WN, int ST, int SK, int XC>
 __device__ __forceinline__ void tc_gemm(const LinArgs &a, u8 *smem) {
   constexpr int NT = WM * WN * 32;
   constexpr int MI = BM / WM / 16, NI = BN / WN / 8;
@@ -967,6 +986,8 @@ __device__ __forceinline__ void tc_gemm(const LinArgs &a, u8 *smem) {
   constexpr int ASZ = BM * AB;      // weight bytes of a stage
   constexpr int XSZ = BN * TC_BK;   // x floats of a stage
   constexpr bool F16 = FMT != FMT_BF16;
+  constexpr bool XCV = XC && F16;
+  static_assert(!XCV || ST >= 3, "the in-place split needs three stages");
   constexpr int NF = FMT == FMT_FP8 ? BM / 16 : BM;  // scale rows kept (FP8: one per 16-row fragment)
   static_assert(MI >= 1 && NI >= 1 && BM == MI * WM * 16 && BN == NI * WN * 8, "tile shape");
   __shared__ int smx[NF];
@@ -975,7 +996,13 @@ __device__ __forceinline__ void tc_gemm(const LinArgs &a, u8 *smem) {
   const int g = lane >> 2, t = lane & 3;
   const int r0 = blockIdx.x * BM, b0 = blockIdx.y * BN;
   if (r0 >= a.rows || b0 >= a.batch) return;  // uniform over the block
-  const int KT = a.cols / TC_BK;
+  int KT = a.cols / TC_BK, k0 = 0;  // stages [k0, k0 + KT)
+  if (SK) {
+    const int all = KT;
+    k0 = (int)((long long)all * blockIdx.z / gridDim.z);
+    KT = (int)((long long)all * (blockIdx.z + 1) / gridDim.z) - k0;
+    if (KT <= 0) return;
+  }
   const long long rowBytes = (long long)a.cols * AB / TC_BK;
   const float *xg = a.x + (long long)(r0 / a.rpg) * a.cols;
   u8 *As = smem;
@@ -1001,10 +1028,20 @@ __device__ __forceinline__ void tc_gemm(const LinArgs &a, u8 *smem) {
       cp_async16(xd + n * TC_BK + 4 * tc_xpos(c, n), xg + (long long)bn * a.xstride + kt * TC_BK + 4 * c);
     }
   };
+  // In-place hi/lo split of a stage's x (XC): each 16-byte chunk of four
+  // floats becomes tc_split's four f16x2 words.
+  auto split = [&](int slot) {
+    float *xd = Xs + slot * XSZ;
+#pragma unroll
+    for (int i = tid; i < BN * 16; i += NT) {
+      uint4 *p = reinterpret_cast<uint4 *>(xd + 4 * i);
+      *p = tc_split(*reinterpret_cast<const float4 *>(p));
+    }
+  };
 
 #pragma unroll
   for (int s = 0; s < ST - 1; s++) {
-    if (s < KT) load(s, s);
+    if (s < KT) load(k0 + s, s);
     cp_commit();
   }
 
@@ -1046,16 +1083,25 @@ __device__ __forceinline__ void tc_gemm(const LinArgs &a, u8 *smem) {
 
   const int wr = wm * MI * 16;  // the warp's first row in the tile
   const int wb = wn * NI * 8;   // its first batch row in the tile
+  if constexpr (XCV) {
+    cp_wait<ST - 2>();
+    __syncthreads();
+    split(0);
+  }
   int slot = 0;
   for (int kt = 0; kt < KT; kt++) {
-    cp_wait<ST - 2>();
+    if constexpr (XCV) cp_wait<ST - 3>();  // stages kt and kt+1 have landed
+    else cp_wait<ST - 2>();
     __syncthreads();
     {
       const int nk = kt + ST - 1;
       int ns = slot + ST - 1;
       if (ns >= ST) ns -= ST;
-      if (nk < KT) load(nk, ns);
+      if (nk < KT) load(k0 + nk, ns);
       cp_commit();
+    }
+    if constexpr (XCV) {
+      if (kt + 1 < KT) split(slot + 1 == ST ? 0 : slot + 1);
     }
     const u8 *Ab = As + slot * ASZ;
     const float *Xb = Xs + slot * XSZ;
@@ -1071,11 +1117,11 @@ __device__ __forceinline__ void tc_gemm(const LinArgs &a, u8 *smem) {
         if constexpr (FMT == FMT_FP8) {
           wv[mi][h][0] = *reinterpret_cast<const uint4 *>(Ab + rr * 64 + 16 * t);
           const int f = (wr >> 4) + mi;
-          fac[mi][h] = f16pow2x2((int)Ss[f * ss + ((kt * TC_BK) >> a.scshift)] - smx[f]);
+          fac[mi][h] = f16pow2x2((int)Ss[f * ss + (((k0 + kt) * TC_BK) >> a.scshift)] - smx[f]);
         } else if constexpr (FMT == FMT_MXFP4) {
           const uint2 q = *reinterpret_cast<const uint2 *>(Ab + rr * 32 + 8 * t);
           wv[mi][h][0] = make_uint4(q.x, q.y, 0u, 0u);
-          fac[mi][h] = f16pow2x2((int)Ss[rr * ss + kt * 2 + (t >> 1)] - smx[rr]);
+          fac[mi][h] = f16pow2x2((int)Ss[rr * ss + (k0 + kt) * 2 + (t >> 1)] - smx[rr]);
         } else {
 #pragma unroll
           for (int j = 0; j < 2; j++)
@@ -1091,14 +1137,11 @@ __device__ __forceinline__ void tc_gemm(const LinArgs &a, u8 *smem) {
         const int n = wb + ni * 8 + g;
         const float4 v = *reinterpret_cast<const float4 *>(Xb + n * TC_BK + 4 * tc_xpos(4 * t + kk, n));
         if constexpr (F16) {
-          const u32 h0 = f16x2_of(v.x, v.y), h1 = f16x2_of(v.z, v.w);
-          float f0, f1, f2, f3;
-          h2x2(h0, f0, f1);
-          h2x2(h1, f2, f3);
-          bq[ni][0][0] = h0;
-          bq[ni][0][1] = h1;
-          bq[ni][1][0] = f16x2_of((v.x - f0) * 2048.f, (v.y - f1) * 2048.f);
-          bq[ni][1][1] = f16x2_of((v.z - f2) * 2048.f, (v.w - f3) * 2048.f);
+          const uint4 q = XCV ? make_uint4(__float_as_uint(v.x), __float_as_uint(v.y), __float_as_uint(v.z), __float_as_uint(v.w)) : tc_split(v);
+          bq[ni][0][0] = q.x;
+          bq[ni][0][1] = q.y;
+          bq[ni][1][0] = q.z;
+          bq[ni][1][1] = q.w;
         } else {
           const float xs[4] = {v.x, v.y, v.z, v.w};
           float r[4], m[4], l[4];
@@ -1173,7 +1216,8 @@ __device__ __forceinline__ void tc_gemm(const LinArgs &a, u8 *smem) {
             if (b < a.batch) {
               float v = acc[mi][ni][0][2 * h + j];
               if constexpr (F16) v = fmaf(acc[mi][ni][1][2 * h + j], 1.f / 2048.f, v) * sc;
-              a.y[(long long)b * a.ystride + row] = v;
+              if (SK) atomicAdd(a.y + (long long)b * a.ystride + row, v);
+              else a.y[(long long)b * a.ystride + row] = v;
             }
           }
       }
@@ -1190,12 +1234,27 @@ __device__ __forceinline__ void tc_gemm(const LinArgs &a, u8 *smem) {
 #define LINTS(FMTN, FMT, BM, BN, WM, WN, ST, OB) \
   extern "C" __global__ void __launch_bounds__(WM * WN * 32, OB) lint_##FMTN##_##BM##x##BN##_w##WM##x##WN##_s##ST##_o##OB(LinArgs a) { \
     extern __shared__ uint4 smem_t[]; \
-    tc_gemm<FMT, BM, BN, WM, WN, ST>(a, reinterpret_cast<u8 *>(smem_t)); }
+    tc_gemm<FMT, BM, BN, WM, WN, ST, 0, 0>(a, reinterpret_cast<u8 *>(smem_t)); }
+// The in-place x split (XC): lint_..._o<OB>_x (LINTX) and lintmulti_..._o<OB>_x (LINTXM).
+#define LINTX(FMTN, FMT, BM, BN, WM, WN, ST, OB) \
+  extern "C" __global__ void __launch_bounds__(WM * WN * 32, OB) lint_##FMTN##_##BM##x##BN##_w##WM##x##WN##_s##ST##_o##OB##_x(LinArgs a) { \
+    extern __shared__ uint4 smem_t[]; \
+    tc_gemm<FMT, BM, BN, WM, WN, ST, 0, 1>(a, reinterpret_cast<u8 *>(smem_t)); }
+#define LINTXM(FMTN, FMT, BM, BN, WM, WN, ST, OB) \
+  extern "C" __global__ void __launch_bounds__(WM * WN * 32, OB) lintmulti_##FMTN##_##BM##x##BN##_w##WM##x##WN##_s##ST##_o##OB##_x(const LinArgs *__restrict__ all) { \
+    extern __shared__ uint4 smem_t[]; \
+    const LinArgs a = all[blockIdx.z]; \
+    tc_gemm<FMT, BM, BN, WM, WN, ST, 0, 1>(a, reinterpret_cast<u8 *>(smem_t)); }
+// Split-K single launches: lint_..._o<OB>_k (grid z: the column ranges).
+#define LINTK(FMTN, FMT, BM, BN, WM, WN, ST, OB) \
+  extern "C" __global__ void __launch_bounds__(WM * WN * 32, OB) lint_##FMTN##_##BM##x##BN##_w##WM##x##WN##_s##ST##_o##OB##_k(LinArgs a) { \
+    extern __shared__ uint4 smem_t[]; \
+    tc_gemm<FMT, BM, BN, WM, WN, ST, 1, 0>(a, reinterpret_cast<u8 *>(smem_t)); }
 #define LINTM(FMTN, FMT, BM, BN, WM, WN, ST, OB) \
   extern "C" __global__ void __launch_bounds__(WM * WN * 32, OB) lintmulti_##FMTN##_##BM##x##BN##_w##WM##x##WN##_s##ST##_o##OB(const LinArgs *__restrict__ all) { \
     extern __shared__ uint4 smem_t[]; \
     const LinArgs a = all[blockIdx.z]; \
-    tc_gemm<FMT, BM, BN, WM, WN, ST>(a, reinterpret_cast<u8 *>(smem_t)); }
+    tc_gemm<FMT, BM, BN, WM, WN, ST, 0, 0>(a, reinterpret_cast<u8 *>(smem_t)); }
 #define LINTC3(BM, BN, WM, WN, ST, OB) \
   LINTC(fp8, FMT_FP8, BM, BN, WM, WN, ST, OB) LINTC(mxfp4, FMT_MXFP4, BM, BN, WM, WN, ST, OB) LINTC(bf16, FMT_BF16, BM, BN, WM, WN, ST, OB)
 // Single launches of the three formats and the MXFP4 multi launch.
@@ -1313,3 +1372,11 @@ LINTC1(128, 32, 4, 2, 4, 1)
 LINTC1(256, 64, 4, 2, 3, 1)
 LINTC1(128, 64, 4, 2, 3, 2)
 LINTC1(64, 64, 2, 2, 4, 3)
+// The in-place x split (tiles 11..13; FP8 and MXFP4 single launches, MXFP4
+// multi launches).
+LINTX(fp8, FMT_FP8, 128, 64, 4, 2, 4, 1) LINTX(mxfp4, FMT_MXFP4, 128, 64, 4, 2, 4, 1) LINTXM(mxfp4, FMT_MXFP4, 128, 64, 4, 2, 4, 1)
+LINTX(fp8, FMT_FP8, 64, 32, 2, 2, 4, 1) LINTX(mxfp4, FMT_MXFP4, 64, 32, 2, 2, 4, 1) LINTXM(mxfp4, FMT_MXFP4, 64, 32, 2, 2, 4, 1)
+LINTX(fp8, FMT_FP8, 128, 128, 2, 4, 4, 1) LINTX(mxfp4, FMT_MXFP4, 128, 128, 2, 4, 4, 1) LINTXM(mxfp4, FMT_MXFP4, 128, 128, 2, 4, 4, 1)
+// Split-K versions of the two automatic tiles (LinearVariant.SplitK > 1).
+LINTK(fp8, FMT_FP8, 128, 64, 4, 2, 4, 1) LINTK(mxfp4, FMT_MXFP4, 128, 64, 4, 2, 4, 1) LINTK(bf16, FMT_BF16, 128, 64, 4, 2, 4, 1)
+LINTK(fp8, FMT_FP8, 64, 32, 2, 2, 4, 1) LINTK(mxfp4, FMT_MXFP4, 64, 32, 2, 2, 4, 1) LINTK(bf16, FMT_BF16, 64, 32, 2, 2, 4, 1)

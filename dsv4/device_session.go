@@ -89,6 +89,10 @@ type DeviceSession struct {
 	// one launch per format (see decodeSets); multiErr says why not.
 	multi    bool
 	multiErr error
+	// gemvSets: which merged sets take the one-token Gemv kernels ("a":
+	// wq_a+wkv, "q": wq_b+indexer wq_b, "bf": the BF16 compressor set, "wo":
+	// wo_a and wo_b); $MOXIE_CUDA_GEMV lists them (default all; "off" none).
+	gemvSets map[string]bool
 	// fused: the sublayer boundaries (expand, HC mix, collapse, norm) and
 	// the attention's row operations run as fused kernels (compute/cuda
 	// fuse.go); off with MOXIE_CUDA_FUSE=off and while a layer hook is set.
@@ -153,8 +157,14 @@ type devLayerState struct {
 // main compressor into cin/zin, of the indexer's into cin1/zin1) and the
 // indexer's weights_proj → wts, reading a (nil when the layer has none).
 type decodeSets struct {
-	byA, byQ, bf *cuda.MultiLinear
+	byA, byQ, bf launchFn
+	// woA, woB: the output projections as one-token Gemv launches (nil:
+	// GroupedLinear and Linear).
+	woA, woB launchFn
 }
+
+// launchFn enqueues a prepared launch on a stream.
+type launchFn func(c *cuda.Ctx, st cuda.Stream) error
 
 // allocPlan collects device buffers and allocates them from one arena.
 type allocPlan struct {
@@ -331,6 +341,7 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 				}
 			}
 		}
+		s.gemvSets = gemvSetsFromEnv()
 		s.multi = os.Getenv("MOXIE_CUDA_MERGE") != "off"
 		for l, b := range d.layers {
 			if !s.multi {
@@ -440,47 +451,88 @@ func sharedOf(b *devBlock) *cuda.SharedExpert {
 	return &cuda.SharedExpert{W1: b.shared.w1, W3: b.shared.w3, W2: b.shared.w2}
 }
 
+// gemvSetsFromEnv reads $MOXIE_CUDA_GEMV (see DeviceSession.gemvSets):
+// unset means every set, "off" none, else a comma-separated list; unknown
+// names are ignored.
+func gemvSetsFromEnv() map[string]bool {
+	v, ok := os.LookupEnv("MOXIE_CUDA_GEMV")
+	if !ok || v == "" {
+		v = "a,q,bf,wo"
+	}
+	m := map[string]bool{}
+	for _, n := range strings.Split(v, ",") {
+		m[strings.TrimSpace(n)] = true
+	}
+	return m
+}
+
 // fusedOn reports whether this pass uses the fused kernels (see fused).
 func (s *DeviceSession) fusedOn() bool { return s.fused && s.layerHook == nil }
 
 // decodeSets prepares layer b's merged one-token projections (decodeSets).
 func (s *DeviceSession) decodeSets(c *cuda.Ctx, b *devBlock) (*decodeSets, error) {
 	type proj struct {
-		w    *cuda.DeviceWeight
-		y, x cuda.DevicePtr
+		w      *cuda.DeviceWeight
+		y, x   cuda.DevicePtr
+		groups int
 	}
-	set := func(ps ...proj) (*cuda.MultiLinear, error) {
+	// set prepares one launch of the products: a Gemv where $MOXIE_CUDA_GEMV
+	// lists the set (or by default) and the shapes allow, else a multi-linear
+	// launch of two or more; nil for fewer than two products (single: a
+	// Gemv when use allows one).
+	set := func(name string, single bool, ps ...proj) (launchFn, error) {
 		var ws []*cuda.DeviceWeight
 		var ys, xs []cuda.DevicePtr
+		var gp []cuda.GemvProj
 		for _, p := range ps {
 			if p.w != nil {
 				ws, ys, xs = append(ws, p.w), append(ys, p.y), append(xs, p.x)
+				gp = append(gp, cuda.GemvProj{W: p.w, Y: p.y, X: p.x, Groups: p.groups})
 			}
 		}
-		if len(ws) < 2 {
+		if len(ws) == 0 || len(ws) < 2 && !single {
 			return nil, nil
 		}
-		return c.PrepareMultiLinear(s.arena, ws, ys, xs, 1, cuda.LinearVariant{})
+		if s.gemvSets[name] {
+			if g, err := c.PrepareGemv(gp, cuda.GemvVariant{}); err == nil {
+				return func(c *cuda.Ctx, st cuda.Stream) error { return c.LaunchGemv(g, st) }, nil
+			}
+		}
+		if single {
+			return nil, nil
+		}
+		m, err := c.PrepareMultiLinear(s.arena, ws, ys, xs, 1, cuda.LinearVariant{})
+		if err != nil {
+			return nil, err
+		}
+		return func(c *cuda.Ctx, st cuda.Stream) error { return c.LaunchMultiLinear(m, st) }, nil
 	}
 	var ds decodeSets
 	var err error
-	if ds.byA, err = set(proj{b.wqA, s.qlat, s.a}, proj{b.wkv, s.kv, s.a}); err != nil {
+	if ds.byA, err = set("a", false, proj{b.wqA, s.qlat, s.a, 1}, proj{b.wkv, s.kv, s.a, 1}); err != nil {
 		return nil, fmt.Errorf("wq_a+wkv: %w", err)
 	}
 	if b.idxWqB != nil {
-		if ds.byQ, err = set(proj{b.wqB, s.q, s.qlat}, proj{b.idxWqB, s.qi, s.qlat}); err != nil {
+		if ds.byQ, err = set("q", false, proj{b.wqB, s.q, s.qlat, 1}, proj{b.idxWqB, s.qi, s.qlat, 1}); err != nil {
 			return nil, fmt.Errorf("wq_b+indexer wq_b: %w", err)
 		}
 	}
 	var bf []proj
 	if cp := b.comp; cp != nil {
-		bf = append(bf, proj{cp.wkv, s.cin, s.a}, proj{cp.wgate, s.zin, s.a})
+		bf = append(bf, proj{cp.wkv, s.cin, s.a, 1}, proj{cp.wgate, s.zin, s.a, 1})
 	}
 	if cp := b.icomp; cp != nil {
-		bf = append(bf, proj{cp.wkv, s.cin1, s.a}, proj{cp.wgate, s.zin1, s.a}, proj{b.idxProj, s.wts, s.a})
+		bf = append(bf, proj{cp.wkv, s.cin1, s.a, 1}, proj{cp.wgate, s.zin1, s.a, 1}, proj{b.idxProj, s.wts, s.a, 1})
 	}
-	if ds.bf, err = set(bf...); err != nil {
+	if ds.bf, err = set("bf", false, bf...); err != nil {
 		return nil, fmt.Errorf("compressor projections: %w", err)
+	}
+	cfg := s.m.Cfg
+	if ds.woA, err = set("wo", true, proj{b.woA, s.u, s.o, cfg.OGroups}); err != nil {
+		return nil, fmt.Errorf("wo_a: %w", err)
+	}
+	if ds.woB, err = set("wo", true, proj{b.woB, s.attnOut, s.u, 1}); err != nil {
+		return nil, fmt.Errorf("wo_b: %w", err)
 	}
 	return &ds, nil
 }
@@ -845,15 +897,15 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 	if T == 1 && s.multi {
 		dec = ls.dec
 	}
-	merged := func(m *cuda.MultiLinear, plain func() error) func() error {
+	merged := func(m launchFn, plain func() error) func() error {
 		if m == nil {
 			return plain
 		}
-		return func() error { return c.LaunchMultiLinear(m, st) }
+		return func() error { return m(c, st) }
 	}
-	var byA, byQ, bf *cuda.MultiLinear
+	var byA, byQ, bf, woA, woB launchFn
 	if dec != nil {
-		byA, byQ, bf = dec.byA, dec.byQ, dec.bf
+		byA, byQ, bf, woA, woB = dec.byA, dec.byQ, dec.bf, dec.woA, dec.woB
 	}
 	var IH, ID int
 	var wsc float32
@@ -912,7 +964,7 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 				return errs(
 					func() error { return c.Record(s.evFork, st) },
 					func() error { return c.StreamWait(side, s.evFork) },
-					func() error { return c.LaunchMultiLinear(bf, side) },
+					func() error { return bf(c, side) },
 					func() error {
 						if b.icomp == nil {
 							return nil
@@ -1024,8 +1076,8 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 				Heads: H, Dim: hd, MaxKeys: maxKeys, Scale: float32(1 / math.Sqrt(float64(hd))), HeadsPerBlock: s.headsPerBlock(T)}, st)
 		},
 		func() error { return c.RoPE(s.o, s.posBuf, freq, T, H*hd, hd, nf, true, st) },
-		func() error { return c.GroupedLinear(b.woA, s.u, s.o, T, cfg.OGroups, st) },
-		func() error { return c.Linear(b.woB, s.attnOut, s.u, T, st) },
+		merged(woA, func() error { return c.GroupedLinear(b.woA, s.u, s.o, T, cfg.OGroups, st) }),
+		merged(woB, func() error { return c.Linear(b.woB, s.attnOut, s.u, T, st) }),
 	)
 }
 

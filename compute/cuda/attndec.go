@@ -1,0 +1,225 @@
+package cuda
+
+import (
+	_ "embed"
+	"fmt"
+	"structs"
+	"unsafe"
+)
+
+//go:embed kernels/attndec.cu
+var attnDecSrc string
+
+// AttnDecSource returns the CUDA source of the decode attention module
+// (kernels/attndec.cu).
+func AttnDecSource() string { return attnDecSrc }
+
+// attnDecModuleName names the decode attention module among the device's
+// modules.
+const attnDecModuleName = "attndec"
+
+// attnDecVariant is one tiling of the decode attention's partial kernel:
+// G heads per block, key tiles of KT keys, at most MaxSplits key splits per
+// query (kernels/attndec.cu ad_partial<G, D, KT>).
+type attnDecVariant struct {
+	Name      string
+	G, KT     int
+	MaxSplits int
+	dims      []int // the head widths it is instantiated for
+}
+
+// attnDecVariants lists the partial kernel's tilings; the first is the
+// default of AttentionDecode. The others stay for the benchmark.
+var attnDecVariants = []attnDecVariant{
+	{Name: "g8k16", G: 8, KT: 16, MaxSplits: 64, dims: []int{128, 256, 512}},
+	{Name: "g16k16", G: 16, KT: 16, MaxSplits: 64, dims: []int{128, 256, 512}},
+	{Name: "g8k32", G: 8, KT: 32, MaxSplits: 32, dims: []int{128, 256, 512}},
+	{Name: "g4k32", G: 4, KT: 32, MaxSplits: 32, dims: []int{256, 512}},
+}
+
+// attnDecMaxSplits is AD_MAXS in kernels/attndec.cu.
+const attnDecMaxSplits = 1024
+
+// attnDecThreads is AD_NT (and AD_NW warps) in kernels/attndec.cu.
+const (
+	attnDecThreads = 256
+	attnDecWarps   = 8
+)
+
+func attnDecFind(name string) (attnDecVariant, bool) {
+	for _, v := range attnDecVariants {
+		if v.Name == name {
+			return v, true
+		}
+	}
+	return attnDecVariant{}, false
+}
+
+// fits reports whether v is instantiated for heads of width dim among heads.
+func (v attnDecVariant) fits(heads, dim int) bool {
+	if heads <= 0 || heads%v.G != 0 {
+		return false
+	}
+	for _, d := range v.dims {
+		if d == dim {
+			return true
+		}
+	}
+	return false
+}
+
+// kernel names v's partial kernel for heads of width dim.
+func (v attnDecVariant) kernel(dim int) string { return fmt.Sprintf("attndec_%s_d%d", v.Name, dim) }
+
+// shared is AD_SHARED(G, D, KT): the partial kernel's dynamic shared memory
+// in bytes.
+func (v attnDecVariant) shared(dim int) int {
+	return 16*(v.G*(dim/4)+v.KT*(dim/4+1)) + 4*(attnDecWarps*v.G*v.KT+v.KT*v.G)
+}
+
+// splits is the number of key splits per query for at most maxKeys keys.
+func (v attnDecVariant) splits(maxKeys int) int {
+	return max(1, min(v.MaxSplits, (maxKeys+v.KT-1)/v.KT))
+}
+
+// DecodeAttentionFits reports whether AttentionDecode takes `heads` heads of
+// width dim: dim 128, 256 or 512 and heads a multiple of 8
+// (DeepSeek-V4-Flash: 64 heads of 512).
+func DecodeAttentionFits(heads, dim int) bool { return attnDecVariants[0].fits(heads, dim) }
+
+// AttentionDecodeScratchBytes is the size in bytes of the scratch buffer
+// AttentionDecode needs for T queries of `heads` heads of width dim with at
+// most maxKeys keys each (any variant): 4·T·splits·heads·(dim+2) with
+// splits ≤ 64 (the key splits per query). 0 for non-positive sizes.
+func AttentionDecodeScratchBytes(heads, dim, T, maxKeys int) int {
+	if heads <= 0 || dim <= 0 || T <= 0 || maxKeys <= 0 {
+		return 0
+	}
+	n := 0
+	for _, v := range attnDecVariants {
+		n = max(n, 4*T*v.splits(maxKeys)*heads*(dim+2))
+	}
+	return n
+}
+
+// attnDecArgs mirrors struct ADArgs in kernels/attndec.cu.
+type attnDecArgs struct {
+	_                                                             structs.HostLayout
+	O, Q, Ring, Comp, Idx, Sinks, Pos, Part                       uint64
+	RingRows, Window, Ratio, IdxStride, TopK, Heads, Dim, MaxKeys int32
+	Splits, NQ, Pad0, Pad1                                        int32
+	Scale, Pad2                                                   float32
+}
+
+// attnDecModule returns the device's decode attention module, compiling (or
+// loading from the disk cache) it on first use and raising its partial
+// kernels' dynamic shared-memory limit to what they need.
+func (c *Ctx) attnDecModule() (*Module, error) {
+	for _, m := range c.d.modules {
+		if m.Name == attnDecModuleName {
+			return m, nil
+		}
+	}
+	m, err := c.Module(attnDecModuleName, attnDecSrc)
+	if err != nil {
+		return nil, fmt.Errorf("cuda attndec module: %w", err)
+	}
+	for _, v := range attnDecVariants {
+		for _, dim := range v.dims {
+			name := v.kernel(dim)
+			k, err := m.Kernel(name)
+			if err != nil {
+				return nil, fmt.Errorf("cuda attndec module: %w", err)
+			}
+			static, err := c.lib.FuncGetAttribute(k.fn, funcAttrSharedSize)
+			if err != nil {
+				return nil, fmt.Errorf("cuda attndec module: %s: %w", name, err)
+			}
+			need := v.shared(dim)
+			if need > c.d.info.SharedOptin-static {
+				return nil, fmt.Errorf("cuda attndec module: %s needs %d bytes of shared memory, the device allows %d", name, need, c.d.info.SharedOptin-static)
+			}
+			if err := c.lib.FuncSetAttribute(k.fn, funcAttrMaxDynamicShared, need); err != nil {
+				return nil, fmt.Errorf("cuda attndec module: %s: %w", name, err)
+			}
+		}
+	}
+	if _, err := m.Kernel("attndec_combine"); err != nil {
+		return nil, fmt.Errorf("cuda attndec module: %w", err)
+	}
+	return m, nil
+}
+
+// LoadAttnDec compiles (or loads from the disk cache) the decode attention
+// module now, so that the first AttentionDecode does not: call it before
+// capturing a CUDA graph that contains AttentionDecode (loading a module is
+// not a stream operation).
+func (c *Ctx) LoadAttnDec() error {
+	_, err := c.attnDecModule()
+	return err
+}
+
+// AttentionDecode enqueues the same attention as Fwd.AttentionRing (same
+// arguments and semantics: window ring, compressed entries all (Idx == 0)
+// or selected by Idx, sinks in the denominator, at most MaxKeys keys per
+// query), split over the keys for decode (T = 1..4; any T works): two
+// launches, a partial kernel over (heads/8, key splits, T) blocks and a
+// combine kernel over (heads, T) blocks that merges the splits in a fixed
+// order (deterministic). A negative entry in Idx's first
+// min(TopK, (t+1)/Ratio) columns is padding and is skipped.
+//
+// It needs DecodeAttentionFits(Heads, Dim) and MaxKeys ≥ 1 (the grid is
+// sized from MaxKeys, never from the positions, so a captured graph replays
+// at every position up to MaxKeys keys); HeadsPerBlock is ignored. scratch
+// is a device buffer of at least AttentionDecodeScratchBytes(Heads, Dim, T,
+// MaxKeys) bytes, owned by the caller, that no other work in flight may use
+// (it holds the partial results between the two launches; nothing is
+// allocated at launch time). Bad sizes are errors naming the argument.
+func (c *Ctx) AttentionDecode(p AttnParams, scratch DevicePtr, s Stream) error {
+	return c.attentionDecode(p, scratch, attnDecVariants[0].Name, s)
+}
+
+// attentionDecode is AttentionDecode with the named partial-kernel variant.
+func (c *Ctx) attentionDecode(p AttnParams, scratch DevicePtr, variant string, s Stream) error {
+	v, ok := attnDecFind(variant)
+	if !ok {
+		return fmt.Errorf("cuda attndec: unknown variant %q", variant)
+	}
+	switch {
+	case p.O == 0 || p.Q == 0 || p.Ring == 0 || p.Sinks == 0 || p.Pos == 0 || scratch == 0:
+		return fmt.Errorf("cuda attndec: nil buffer (o %#x q %#x ring %#x sinks %#x pos %#x scratch %#x)", p.O, p.Q, p.Ring, p.Sinks, p.Pos, scratch)
+	case p.T <= 0 || p.T > 65535 || p.Window <= 0:
+		return fmt.Errorf("cuda attndec: T %d (want 1..65535), window %d", p.T, p.Window)
+	case !v.fits(p.Heads, p.Dim):
+		return fmt.Errorf("cuda attndec: %d heads of width %d (want a multiple of %d heads of width %v)", p.Heads, p.Dim, v.G, v.dims)
+	case p.RingRows < p.Window+p.T-1:
+		return fmt.Errorf("cuda attndec: ring of %d rows cannot hold window %d plus %d queries", p.RingRows, p.Window, p.T)
+	case p.Comp != 0 && p.Ratio <= 0:
+		return fmt.Errorf("cuda attndec: compressed entries with ratio %d", p.Ratio)
+	case p.Idx != 0 && (p.TopK <= 0 || p.IdxStride < p.TopK):
+		return fmt.Errorf("cuda attndec: top-k %d with index row stride %d", p.TopK, p.IdxStride)
+	case p.MaxKeys <= 0 || p.MaxKeys > 1<<30:
+		return fmt.Errorf("cuda attndec: max keys %d, want 1..%d", p.MaxKeys, 1<<30)
+	}
+	m, err := c.attnDecModule()
+	if err != nil {
+		return err
+	}
+	kp, err := m.Kernel(v.kernel(p.Dim))
+	if err != nil {
+		return err
+	}
+	kc, err := m.Kernel("attndec_combine")
+	if err != nil {
+		return err
+	}
+	S := v.splits(p.MaxKeys)
+	a := attnDecArgs{O: uint64(p.O), Q: uint64(p.Q), Ring: uint64(p.Ring), Comp: uint64(p.Comp), Idx: uint64(p.Idx), Sinks: uint64(p.Sinks),
+		Pos: uint64(p.Pos), Part: uint64(scratch), RingRows: int32(p.RingRows), Window: int32(p.Window), Ratio: int32(max(p.Ratio, 1)),
+		IdxStride: int32(p.IdxStride), TopK: int32(p.TopK), Heads: int32(p.Heads), Dim: int32(p.Dim), MaxKeys: int32(p.MaxKeys),
+		Splits: int32(S), NQ: int32(p.T), Scale: p.Scale}
+	if err := c.Launch(kp, Dim3{X: uint32(p.Heads / v.G), Y: uint32(S), Z: uint32(p.T)}, Dim3{X: attnDecThreads}, v.shared(p.Dim), s, unsafe.Pointer(&a)); err != nil {
+		return err
+	}
+	return c.Launch(kc, Dim3{X: uint32(p.Heads), Y: uint32(p.T)}, Dim3{X: uint32(min(p.Dim/4, 256))}, 0, s, unsafe.Pointer(&a))
+}

@@ -1,0 +1,325 @@
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"moxie/compute/computetest"
+)
+
+// attnDecTol bounds AttentionDecode's max relative error (max |error| over
+// max |want| of one query's outputs) against the float64 reference and
+// against AttentionRing.
+const attnDecTol = 1e-5
+
+// attnDecRef is the attention of dsv4-flash.md §4.4 in float64 for one
+// query: q [heads, dim], keys [n, dim] (K = V), one sink logit per head:
+// o_h = Σ_i e^(s_i−M) k_i / (Σ_i e^(s_i−M) + e^(sink_h−M)), s_i = scale q_h·k_i,
+// M = the largest real score (0 outputs when there is no key).
+func attnDecRef(q, keys, sinks []float32, heads, dim int, scale float64) []float64 {
+	n := len(keys) / dim
+	out := make([]float64, heads*dim)
+	s := make([]float64, n)
+	for h := range heads {
+		if n == 0 {
+			continue
+		}
+		M := math.Inf(-1)
+		for i := range n {
+			d := 0.0
+			for c := range dim {
+				d += float64(q[h*dim+c]) * float64(keys[i*dim+c])
+			}
+			s[i] = d * scale
+			M = math.Max(M, s[i])
+		}
+		den := math.Exp(float64(sinks[h]) - M)
+		for i := range n {
+			s[i] = math.Exp(s[i] - M)
+			den += s[i]
+		}
+		o := out[h*dim : (h+1)*dim]
+		for i := range n {
+			w := s[i] / den
+			for c := range dim {
+				o[c] += w * float64(keys[i*dim+c])
+			}
+		}
+	}
+	return out
+}
+
+// attnDecCase is one decode attention problem: T consecutive queries from
+// position p0, keys of every position, compressed entries, an Idx table.
+type attnDecCase struct {
+	name                 string
+	window, ringRows, p0 int
+	T, heads, dim        int
+	kind                 string // "window", "hca", "csa"
+	ratio, topk          int
+	maxKeys              int     // 0: window + topk (csa) or + the last query's entries (hca)
+	pad                  bool    // csa: every third selected entry is −1 (padding)
+	sinkShift            float32 // added to every sink
+}
+
+type attnDecData struct {
+	q, keys, ent, sinks []float32
+	idx                 []int
+	idxStride, maxKeys  int
+	ring                []float32
+}
+
+func (tc attnDecCase) data(seed uint64) attnDecData {
+	rng := rand.New(rand.NewPCG(seed, 13))
+	last := tc.p0 + tc.T - 1
+	d := attnDecData{keys: computetest.Normal(rng, (last+1)*tc.dim, 1)}
+	d.ring = make([]float32, tc.ringRows*tc.dim)
+	for p := max(0, tc.p0-tc.window+1); p <= last; p++ {
+		copy(d.ring[(p%tc.ringRows)*tc.dim:], d.keys[p*tc.dim:(p+1)*tc.dim])
+	}
+	nEnt := 0
+	if tc.ratio > 0 {
+		nEnt = (last + 1) / tc.ratio
+	}
+	d.ent = computetest.Normal(rng, max(nEnt, 1)*tc.dim, 1)
+	d.q = computetest.Normal(rng, tc.T*tc.heads*tc.dim, 1)
+	d.sinks = computetest.Normal(rng, tc.heads, 1)
+	for h := range d.sinks {
+		d.sinks[h] += tc.sinkShift
+	}
+	d.idxStride = max(tc.topk, 1) + 3
+	d.idx = make([]int, tc.T*d.idxStride)
+	for i := range d.idx {
+		d.idx[i] = 1 << 30 // never read: past each row's count
+	}
+	for qi := range tc.T {
+		n := (tc.p0 + qi + 1) / max(tc.ratio, 1)
+		perm := rng.Perm(max(n, 1))
+		for j := 0; j < min(n, tc.topk); j++ {
+			d.idx[qi*d.idxStride+j] = perm[j]
+			if tc.pad && j%3 == 1 {
+				d.idx[qi*d.idxStride+j] = -1
+			}
+		}
+	}
+	d.maxKeys = tc.maxKeys
+	if d.maxKeys == 0 {
+		d.maxKeys = tc.window
+		switch tc.kind {
+		case "csa":
+			d.maxKeys += tc.topk
+		case "hca":
+			d.maxKeys += nEnt
+		}
+	}
+	return d
+}
+
+// keyList gathers query qi's keys on the host from the spec: the window
+// positions, then the entries (all, or the selected ones less padding), at
+// most maxKeys (padding entries count, as in AttentionRing's key list).
+func (tc attnDecCase) keyList(d attnDecData, qi int) []float32 {
+	t := tc.p0 + qi
+	var list [][]float32
+	for p := max(0, t-tc.window+1); p <= t; p++ {
+		list = append(list, d.keys[p*tc.dim:(p+1)*tc.dim])
+	}
+	switch tc.kind {
+	case "hca":
+		for e := range (t + 1) / tc.ratio {
+			list = append(list, d.ent[e*tc.dim:(e+1)*tc.dim])
+		}
+	case "csa":
+		for j := range min((t+1)/tc.ratio, tc.topk) {
+			e := d.idx[qi*d.idxStride+j]
+			if e < 0 {
+				list = append(list, nil)
+				continue
+			}
+			list = append(list, d.ent[e*tc.dim:(e+1)*tc.dim])
+		}
+	}
+	list = list[:min(len(list), d.maxKeys)]
+	var kv []float32
+	for _, k := range list {
+		kv = append(kv, k...) // nil (padding) adds nothing
+	}
+	return kv
+}
+
+var attnDecCases = []attnDecCase{
+	{name: "window first position", window: 128, ringRows: 128, p0: 0, T: 1, heads: 64, dim: 512, kind: "window"},
+	{name: "window early, fewer keys than a tile", window: 128, ringRows: 131, p0: 5, T: 4, heads: 64, dim: 512, kind: "window"},
+	{name: "window ring wraps", window: 128, ringRows: 131, p0: 1000, T: 4, heads: 64, dim: 512, kind: "window"},
+	{name: "window wraps T=2 small heads", window: 16, ringRows: 17, p0: 40, T: 2, heads: 8, dim: 128, kind: "window"},
+	{name: "hca no entry yet", window: 128, ringRows: 129, p0: 100, T: 1, heads: 64, dim: 512, kind: "hca", ratio: 128, maxKeys: 128 + 40},
+	{name: "hca 32 entries", window: 128, ringRows: 132, p0: 4093, T: 4, heads: 64, dim: 512, kind: "hca", ratio: 128},
+	{name: "hca max keys above need", window: 128, ringRows: 129, p0: 2100, T: 1, heads: 16, dim: 256, kind: "hca", ratio: 128, maxKeys: 128 + 512},
+	{name: "csa fewer entries than k", window: 128, ringRows: 132, p0: 30, T: 4, heads: 64, dim: 512, kind: "csa", ratio: 4, topk: 512},
+	{name: "csa full 512", window: 128, ringRows: 129, p0: 4000, T: 1, heads: 64, dim: 512, kind: "csa", ratio: 4, topk: 512},
+	{name: "csa T=2 wrap", window: 128, ringRows: 130, p0: 2500, T: 2, heads: 64, dim: 512, kind: "csa", ratio: 4, topk: 512},
+	{name: "csa small heads", window: 32, ringRows: 36, p0: 300, T: 4, heads: 16, dim: 128, kind: "csa", ratio: 4, topk: 40},
+	{name: "csa large sinks", window: 128, ringRows: 129, p0: 900, T: 1, heads: 64, dim: 512, kind: "csa", ratio: 4, topk: 512, sinkShift: 6},
+	{name: "csa small sinks", window: 128, ringRows: 129, p0: 900, T: 1, heads: 64, dim: 512, kind: "csa", ratio: 4, topk: 512, sinkShift: -30},
+	{name: "csa max keys truncates", window: 128, ringRows: 129, p0: 900, T: 1, heads: 64, dim: 512, kind: "csa", ratio: 4, topk: 512, maxKeys: 128 + 100},
+}
+
+func TestAttentionDecode(t *testing.T) {
+	withFwd(t, func(e *fwdEnv) {
+		if err := e.c.LoadAttnDec(); err != nil {
+			t.Fatal(err)
+		}
+		cases := append([]attnDecCase(nil), attnDecCases...)
+		cases = append(cases, attnDecCase{name: "csa padding entries", window: 128, ringRows: 129, p0: 1500, T: 4, heads: 64, dim: 512,
+			kind: "csa", ratio: 4, topk: 512, pad: true})
+		for ci, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				d := tc.data(uint64(ci))
+				n := tc.T * tc.heads * tc.dim
+				scale := 1 / math.Sqrt(float64(tc.dim))
+				p := AttnParams{O: e.poisoned(n), Q: e.up(d.q), Ring: e.up(d.ring), Sinks: e.up(d.sinks), Pos: e.positions(tc.p0, tc.T),
+					RingRows: tc.ringRows, Window: tc.window, T: tc.T, Ratio: tc.ratio, IdxStride: d.idxStride, TopK: tc.topk,
+					Heads: tc.heads, Dim: tc.dim, MaxKeys: d.maxKeys, Scale: float32(scale)}
+				if tc.kind != "window" {
+					p.Comp = e.up(d.ent)
+				}
+				if tc.kind == "csa" {
+					p.Idx = e.upInts(d.idx)
+				}
+				want := make([][]float64, tc.T)
+				for qi := range tc.T {
+					want[qi] = attnDecRef(d.q[qi*tc.heads*tc.dim:(qi+1)*tc.heads*tc.dim], tc.keyList(d, qi), d.sinks, tc.heads, tc.dim, scale)
+				}
+				// AttentionRing on the same inputs (it reads padding entries
+				// as rows, so not with padding).
+				var ring []float32
+				if !tc.pad {
+					if err := e.f.AttentionRing(e.c, p, e.c.Stream()); err != nil {
+						t.Fatal(err)
+					}
+					ring = e.down(p.O, n)
+				}
+				scratchBytes := AttentionDecodeScratchBytes(tc.heads, tc.dim, tc.T, d.maxKeys)
+				scratch, err := e.a.Alloc(scratchBytes)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, v := range attnDecVariants {
+					if !v.fits(tc.heads, tc.dim) {
+						continue
+					}
+					var first []float32
+					for rep := range 2 {
+						if err := e.c.Memset(p.O, 0xff, 4*n, e.c.Stream()); err != nil {
+							t.Fatal(err)
+						}
+						if err := e.c.Memset(scratch, 0xff, scratchBytes, e.c.Stream()); err != nil {
+							t.Fatal(err)
+						}
+						if err := e.c.attentionDecode(p, scratch, v.Name, e.c.Stream()); err != nil {
+							t.Fatalf("%s: %v", v.Name, err)
+						}
+						got := e.down(p.O, n)
+						if rep == 1 {
+							for i := range got {
+								if math.Float32bits(got[i]) != math.Float32bits(first[i]) {
+									t.Fatalf("%s: output %d differs between two runs (%g, %g)", v.Name, i, first[i], got[i])
+								}
+							}
+							break
+						}
+						first = got
+						var worst, worstRing float64
+						for qi := range tc.T {
+							g := got[qi*tc.heads*tc.dim : (qi+1)*tc.heads*tc.dim]
+							r := computetest.MaxRel(g, want[qi])
+							worst = max(worst, r)
+							if !(r <= attnDecTol) {
+								t.Errorf("%s: query %d (position %d): max relative error %.3g vs float64 > %.3g", v.Name, qi, tc.p0+qi, r, attnDecTol)
+							}
+							if ring != nil {
+								rr := computetest.MaxRel(g, fwdF64(ring[qi*tc.heads*tc.dim:(qi+1)*tc.heads*tc.dim]))
+								worstRing = max(worstRing, rr)
+								if !(rr <= attnDecTol) {
+									t.Errorf("%s: query %d (position %d): max relative error %.3g vs AttentionRing > %.3g", v.Name, qi, tc.p0+qi, rr, attnDecTol)
+								}
+							}
+						}
+						t.Logf("%s (%d splits): max rel. error %.3g vs float64, %.3g vs AttentionRing", v.Name, v.splits(d.maxKeys), worst, worstRing)
+					}
+				}
+			})
+		}
+	})
+}
+
+// TestAttentionDecodeRejects checks that bad sizes are errors naming the
+// argument, before anything touches the device (no GPU needed).
+func TestAttentionDecodeRejects(t *testing.T) {
+	ok := AttnParams{O: 1, Q: 1, Ring: 1, Sinks: 1, Pos: 1, RingRows: 131, Window: 128, T: 4, Heads: 64, Dim: 512, MaxKeys: 640, Scale: 1}
+	cases := []struct {
+		name    string
+		edit    func(p *AttnParams)
+		scratch DevicePtr
+		variant string
+		want    string
+	}{
+		{"nil q", func(p *AttnParams) { p.Q = 0 }, 1, "", "nil buffer"},
+		{"nil scratch", func(p *AttnParams) {}, 0, "", "scratch"},
+		{"T 0", func(p *AttnParams) { p.T = 0 }, 1, "", "T 0"},
+		{"T 65536", func(p *AttnParams) { p.T, p.RingRows = 65536, 70000 }, 1, "", "T 65536"},
+		{"window 0", func(p *AttnParams) { p.Window = 0 }, 1, "", "window 0"},
+		{"heads 60", func(p *AttnParams) { p.Heads = 60 }, 1, "", "60 heads"},
+		{"dim 48", func(p *AttnParams) { p.Dim = 48 }, 1, "", "width 48"},
+		{"ring too small", func(p *AttnParams) { p.RingRows = 130 }, 1, "", "ring of 130 rows"},
+		{"comp without ratio", func(p *AttnParams) { p.Comp = 1 }, 1, "", "ratio 0"},
+		{"idx stride < k", func(p *AttnParams) { p.Comp, p.Ratio, p.Idx, p.TopK, p.IdxStride = 1, 4, 1, 8, 4 }, 1, "", "top-k 8"},
+		{"idx with k 0", func(p *AttnParams) { p.Comp, p.Ratio, p.Idx, p.TopK, p.IdxStride = 1, 4, 1, 0, 4 }, 1, "", "top-k 0"},
+		{"max keys 0", func(p *AttnParams) { p.MaxKeys = 0 }, 1, "", "max keys 0"},
+		{"unknown variant", func(p *AttnParams) {}, 1, "nope", "variant"},
+		{"g4 with dim 128", func(p *AttnParams) { p.Dim = 128 }, 1, "g4k32", "width 128"},
+	}
+	var c *Ctx // never reached: every case fails validation first
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := ok
+			tc.edit(&p)
+			v := tc.variant
+			if v == "" {
+				v = attnDecVariants[0].Name
+			}
+			err := c.attentionDecode(p, tc.scratch, v, Stream{})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestAttentionDecodeScratchBytes(t *testing.T) {
+	cases := []struct {
+		heads, dim, T, maxKeys, want int
+	}{
+		// The largest split count of any variant: 64 splits of 16 keys
+		// (g8k16, g16k16) at 1024+ keys, ceil(keys/16) below.
+		{64, 512, 1, 640, 4 * 40 * 64 * 514},
+		{64, 512, 4, 128 + 512, 4 * 4 * 40 * 64 * 514},
+		{64, 512, 1, 1 << 20, 4 * 64 * 64 * 514},
+		{8, 128, 2, 5, 4 * 2 * 1 * 8 * 130},
+		{64, 512, 0, 640, 0},
+		{0, 512, 1, 640, 0},
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprint(tc.heads, "x", tc.dim, " T", tc.T, " keys", tc.maxKeys), func(t *testing.T) {
+			if got := AttentionDecodeScratchBytes(tc.heads, tc.dim, tc.T, tc.maxKeys); got != tc.want {
+				t.Errorf("got %d bytes, want %d", got, tc.want)
+			}
+		})
+	}
+	if !DecodeAttentionFits(64, 512) || DecodeAttentionFits(4, 48) || DecodeAttentionFits(60, 512) {
+		t.Error("DecodeAttentionFits: want 64x512 in, Tiny's 4x48 and 60 heads out")
+	}
+}

@@ -1,0 +1,279 @@
+// Decode attention (flash-decoding): the attention of AttentionRing
+// (kernels/fwd.cu fwd_attention) for a few queries, split over the keys so
+// that one query's work fills the device. Two kernels:
+//
+//   attndec_<variant>_d<D> (grid (heads/G, splits, T), 256 threads): block
+//     (hg, s, i) takes heads h0 = hg*G .. h0+G-1 of query i and the s-th
+//     chunk of that query's key list. The chunk streams through shared
+//     memory in tiles of KT keys; per tile the block computes the G x KT
+//     scores, updates each head's running max m and sum l (online softmax,
+//     no sink) and accumulates the unnormalised P.V for its G heads. It
+//     writes m, l and the partial output to the scratch buffer.
+//   attndec_combine (grid (heads, T), min(D/4, 256) threads): merges the
+//     splits of one (head, query) in split order with the sink:
+//     M = max(sink, m_s), o = sum_s e^(m_s-M) O_s / (sum_s e^(m_s-M) l_s + e^(sink-M)).
+//
+// The key list of query i (t = pos[i]) is AttentionRing's: the window
+// positions max(0, t-window+1)..t from ring slot p mod ring_rows, then, if
+// comp != 0, the compressed entries w < (t+1)/ratio (all, idx == 0) or the
+// first min(topk, (t+1)/ratio) entries of idx's row i; at most max_keys keys.
+// A negative idx entry is padding and is skipped. Positions are read on the
+// device; the grid depends only on max_keys (graph-capturable). The chunk
+// length is ceil(nk / (splits*KT)) tiles, so splits past the keys are empty
+// (m = -inf, l = 0, partial output not written and not read).
+//
+// Scratch (float32): O partials [T][splits][heads][D], then m,l
+// [T][splits][heads][2]. All math is float32 (expf, fmaf); every sum runs in
+// a fixed order, so results are deterministic. No headers: NVRTC needs none.
+
+struct ADArgs {
+  float *o;            // [T, heads, dim]
+  const float *q;      // [T, heads, dim]
+  const float *ring;   // [ring_rows, dim]
+  const float *comp;   // [entries, dim] or 0
+  const int *idx;      // [T, idx_stride] or 0
+  const float *sinks;  // [heads]
+  const int *pos;      // [T]
+  float *part;         // scratch, see above
+  int ring_rows, window, ratio, idx_stride, topk, heads, dim, max_keys;
+  int splits, nq, pad0, pad1;
+  float scale, pad2;
+};
+static_assert(sizeof(ADArgs) == 120, "ADArgs must match attnDecArgs in attndec.go");
+
+#define AD_NT 256      // threads of the partial kernel
+#define AD_NW 8        // its warps
+#define AD_MAXS 1024   // most splits the combine kernel takes
+#define AD_NINF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float ad_warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float ad_warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// ad_keys returns query i's key count (at most max_keys); nw gets its window
+// key count and first its first window position.
+__device__ __forceinline__ int ad_keys(const ADArgs &a, int i, int &nw, int &first) {
+  const int t = a.pos[i];
+  nw = max(0, min(t + 1, a.window));
+  first = t - nw + 1;
+  int nc = 0;
+  if (a.comp != 0) {
+    nc = max(0, (t + 1) / a.ratio);
+    if (a.idx != 0) nc = min(nc, a.topk);
+  }
+  return min(nw + nc, a.max_keys);
+}
+
+// ad_key returns key j's row (j < nk), or 0 for a padding entry.
+__device__ __forceinline__ const float *ad_key(const ADArgs &a, int i, int j, int nw, int first) {
+  if (j < nw) return a.ring + (long long)((first + j) % a.ring_rows) * a.dim;
+  j -= nw;
+  const int e = a.idx != 0 ? a.idx[(long long)i * a.idx_stride + j] : j;
+  return e < 0 ? (const float *)0 : a.comp + (long long)e * a.dim;
+}
+
+// Dynamic shared memory of ad_partial<G, D, KT>, in bytes (attnDecShared in
+// attndec.go must agree).
+#define AD_SHARED(G, D, KT) (16 * ((G) * ((D) / 4) + (KT) * ((D) / 4 + 1)) + 4 * (AD_NW * (G) * (KT) + (KT) * (G)))
+
+template <int G, int D, int KT>
+__device__ __forceinline__ void ad_partial(const ADArgs &a) {
+  constexpr int D4 = D / 4;        // float4 columns of a row
+  constexpr int KS4 = D4 + 1;      // key row stride in shared memory (float4): conflict-free
+  constexpr int NSUB = 32 / KT;    // lanes per key in the score phase
+  constexpr int WC = D / 32;       // float4 columns per warp in the score phase
+  constexpr int HP = 1024 / D;     // head parts in the P.V phase (HP * D4 == 256 threads)
+  constexpr int GP = G / HP;       // heads per thread in the P.V phase
+  static_assert(KT == 8 || KT == 16 || KT == 32, "KT");
+  static_assert(WC % NSUB == 0, "dim too small for KT");
+  static_assert(HP * D4 == AD_NT && GP >= 1 && GP * HP == G, "G, D");
+  extern __shared__ float4 ad_sm[];
+  float4 *qs = ad_sm;                          // [G][D4]
+  float4 *ks = qs + G * D4;                    // [KT][KS4]
+  float *red = (float *)(ks + KT * KS4);       // [AD_NW][G][KT]
+  float *ps = red + AD_NW * G * KT;            // [KT][G]
+  __shared__ const float *kp[KT];
+  __shared__ float mrun[G], lrun[G], alpha[G];
+
+  const int h0 = blockIdx.x * G, s = blockIdx.y, i = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  int nw, first;
+  const int nk = ad_keys(a, i, nw, first);
+  const int chunk = (nk + a.splits * KT - 1) / (a.splits * KT) * KT;
+  const int j0 = s * chunk, j1 = min(nk, j0 + chunk);
+  const long long row = ((long long)i * a.splits + s) * a.heads + h0;  // (query, split, head h0)
+  float *ml = a.part + (long long)a.nq * a.splits * a.heads * D + 2 * row;
+  if (j0 >= j1) {
+    if (tid < G) {
+      ml[2 * tid] = AD_NINF;
+      ml[2 * tid + 1] = 0.f;
+    }
+    return;
+  }
+  {
+    const float4 *qg = (const float4 *)(a.q + ((long long)i * a.heads + h0) * D);
+    for (int e = tid; e < G * D4; e += AD_NT) qs[e] = qg[e];
+  }
+  if (tid < G) {
+    mrun[tid] = AD_NINF;
+    lrun[tid] = 0.f;
+  }
+  const int c4 = tid % D4, hp = tid / D4;  // P.V phase: column, head part
+  float4 acc[GP];
+#pragma unroll
+  for (int r = 0; r < GP; r++) acc[r] = make_float4(0.f, 0.f, 0.f, 0.f);
+
+  for (int jt = j0; jt < j1; jt += KT) {
+    const int nt = min(KT, j1 - jt);
+    __syncthreads();  // the previous tile is consumed
+    if (tid < KT) kp[tid] = tid < nt ? ad_key(a, i, jt + tid, nw, first) : (const float *)0;
+    __syncthreads();
+#pragma unroll 4
+    for (int e = tid; e < KT * D4; e += AD_NT) {
+      const int j = e / D4, c = e % D4;
+      const float *p = kp[j];
+      ks[j * KS4 + c] = p != 0 ? __ldg((const float4 *)p + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    __syncthreads();
+    // Scores: lane = sub*KT + j; warp w sums columns w*WC + sub + NSUB*it.
+    {
+      const int sub = lane / KT, j = lane % KT;
+      float d[G];
+#pragma unroll
+      for (int g = 0; g < G; g++) d[g] = 0.f;
+#pragma unroll
+      for (int it = 0; it < WC / NSUB; it++) {
+        const int c = w * WC + sub + NSUB * it;
+        const float4 k = ks[j * KS4 + c];
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+          const float4 q = qs[g * D4 + c];
+          d[g] = fmaf(q.x, k.x, d[g]);
+          d[g] = fmaf(q.y, k.y, d[g]);
+          d[g] = fmaf(q.z, k.z, d[g]);
+          d[g] = fmaf(q.w, k.w, d[g]);
+        }
+      }
+#pragma unroll
+      for (int o = KT; o < 32; o <<= 1)
+#pragma unroll
+        for (int g = 0; g < G; g++) d[g] += __shfl_xor_sync(0xffffffffu, d[g], o);
+      if (sub == 0)
+#pragma unroll
+        for (int g = 0; g < G; g++) red[(w * G + g) * KT + j] = d[g];
+    }
+    __syncthreads();
+    // Online softmax: warp w takes heads w, w+8, ...; lane j key j.
+    for (int g = w; g < G; g += AD_NW) {
+      float sc = AD_NINF;
+      if (lane < KT && kp[lane] != 0) {
+        float v = 0.f;
+#pragma unroll
+        for (int ww = 0; ww < AD_NW; ww++) v += red[(ww * G + g) * KT + lane];
+        sc = v * a.scale;
+      }
+      const float mo = mrun[g];
+      const float mn = fmaxf(mo, ad_warp_max(sc));
+      const float p = sc == AD_NINF ? 0.f : expf(sc - mn);
+      const float sum = ad_warp_sum(p);
+      if (lane < KT) ps[lane * G + g] = p;
+      if (lane == 0) {
+        const float al = mo == mn ? 1.f : expf(mo - mn);
+        alpha[g] = al;
+        lrun[g] = fmaf(lrun[g], al, sum);
+        mrun[g] = mn;
+      }
+    }
+    __syncthreads();
+    // P.V: thread (hp, c4) owns column c4 of heads hp*GP .. hp*GP+GP-1.
+#pragma unroll
+    for (int r = 0; r < GP; r++) {
+      const float al = alpha[hp * GP + r];
+      acc[r].x *= al;
+      acc[r].y *= al;
+      acc[r].z *= al;
+      acc[r].w *= al;
+    }
+#pragma unroll
+    for (int j = 0; j < KT; j++) {
+      const float4 k = ks[j * KS4 + c4];
+      const float *pj = ps + j * G + hp * GP;
+#pragma unroll
+      for (int r = 0; r < GP; r++) {
+        const float p = pj[r];
+        acc[r].x = fmaf(p, k.x, acc[r].x);
+        acc[r].y = fmaf(p, k.y, acc[r].y);
+        acc[r].z = fmaf(p, k.z, acc[r].z);
+        acc[r].w = fmaf(p, k.w, acc[r].w);
+      }
+    }
+  }
+  float4 *op = (float4 *)(a.part + row * D);
+#pragma unroll
+  for (int r = 0; r < GP; r++) op[(hp * GP + r) * D4 + c4] = acc[r];
+  if (tid < G) {
+    ml[2 * tid] = mrun[tid];
+    ml[2 * tid + 1] = lrun[tid];
+  }
+}
+
+#define AD_KERNEL(NAME, G, D, KT) \
+  extern "C" __global__ void __launch_bounds__(AD_NT) NAME(ADArgs a) { ad_partial<G, D, KT>(a); }
+
+AD_KERNEL(attndec_g8k16_d128, 8, 128, 16)
+AD_KERNEL(attndec_g8k16_d256, 8, 256, 16)
+AD_KERNEL(attndec_g8k16_d512, 8, 512, 16)
+AD_KERNEL(attndec_g16k16_d128, 16, 128, 16)
+AD_KERNEL(attndec_g16k16_d256, 16, 256, 16)
+AD_KERNEL(attndec_g16k16_d512, 16, 512, 16)
+AD_KERNEL(attndec_g8k32_d128, 8, 128, 32)
+AD_KERNEL(attndec_g8k32_d256, 8, 256, 32)
+AD_KERNEL(attndec_g8k32_d512, 8, 512, 32)
+AD_KERNEL(attndec_g4k32_d256, 4, 256, 32)
+AD_KERNEL(attndec_g4k32_d512, 4, 512, 32)
+
+// Combine: grid (heads, T), blockDim.x threads over the dim/4 float4 columns.
+extern "C" __global__ void __launch_bounds__(256) attndec_combine(ADArgs a) {
+  __shared__ float sm[AD_MAXS], sl[AD_MAXS];
+  const int h = blockIdx.x, i = blockIdx.y, S = a.splits, D = a.dim, D4 = D / 4;
+  const float *ml = a.part + (long long)a.nq * S * a.heads * D;
+  for (int s = threadIdx.x; s < S; s += blockDim.x) {
+    const long long r = ((long long)i * S + s) * a.heads + h;
+    sm[s] = ml[2 * r];
+    sl[s] = ml[2 * r + 1];
+  }
+  __syncthreads();
+  const float sink = a.sinks[h];
+  float M = sink;
+  for (int s = 0; s < S; s++) M = fmaxf(M, sm[s]);
+  float L = expf(sink - M);
+  for (int s = 0; s < S; s++)
+    if (sm[s] != AD_NINF) L = fmaf(expf(sm[s] - M), sl[s], L);
+  const float inv = 1.f / L;
+  float4 *out = (float4 *)(a.o + ((long long)i * a.heads + h) * D);
+  for (int c = threadIdx.x; c < D4; c += blockDim.x) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < S; s++) {
+      if (sm[s] == AD_NINF) continue;
+      const float wt = expf(sm[s] - M);
+      const float4 v = ((const float4 *)(a.part + (((long long)i * S + s) * a.heads + h) * D))[c];
+      acc.x = fmaf(wt, v.x, acc.x);
+      acc.y = fmaf(wt, v.y, acc.y);
+      acc.z = fmaf(wt, v.z, acc.z);
+      acc.w = fmaf(wt, v.w, acc.w);
+    }
+    acc.x *= inv;
+    acc.y *= inv;
+    acc.z *= inv;
+    acc.w *= inv;
+    out[c] = acc;
+  }
+}

@@ -49,6 +49,31 @@ func BenchmarkDecodeKernels(b *testing.B) {
 				pos := d.int32s([]int32{int32(ctx - 1)})
 				return func() error { return f.TopKRows(c, idx, sc, pos, 1, 4, topk, n, c.Stream()) }
 			}},
+			kcase{fmt.Sprintf("index_scores_idxdec_ctx%d", ctx), func(c *Ctx, f *Fwd, d *devBufs) func() error {
+				rng := rand.New(rand.NewPCG(1, uint64(ctx)))
+				x, err := c.IdxDec()
+				if err != nil {
+					d.err = err
+					return nil
+				}
+				sc := d.alloc(4 * n)
+				q, w := d.floats(computetest.Normal(rng, IH*ID, 1)), d.floats(computetest.Normal(rng, IH, 1))
+				keys := d.floats(computetest.Normal(rng, n*ID, 1))
+				pos := d.int32s([]int32{int32(ctx - 1)})
+				return func() error { return x.IndexScores(c, sc, q, w, keys, pos, 1, n, 4, IH, ID, n, c.Stream()) }
+			}},
+			kcase{fmt.Sprintf("topk_rows_idxdec_ctx%d", ctx), func(c *Ctx, f *Fwd, d *devBufs) func() error {
+				rng := rand.New(rand.NewPCG(2, uint64(ctx)))
+				x, err := c.IdxDec()
+				if err != nil {
+					d.err = err
+					return nil
+				}
+				sc := d.floats(computetest.Normal(rng, n, 1))
+				idx := d.alloc(4 * topk)
+				pos := d.int32s([]int32{int32(ctx - 1)})
+				return func() error { return x.TopKRows(c, idx, sc, pos, 1, 4, topk, n, c.Stream()) }
+			}},
 		)
 		for _, kind := range []string{"csa", "hca"} {
 			cases = append(cases, kcase{fmt.Sprintf("attention_%s_ctx%d", kind, ctx), func(c *Ctx, f *Fwd, d *devBufs) func() error {

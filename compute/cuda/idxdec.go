@@ -1,0 +1,111 @@
+package cuda
+
+import (
+	_ "embed"
+	"fmt"
+	"unsafe"
+)
+
+//go:embed kernels/idxdec.cu
+var idxdecSrc string
+
+// IdxDecSource returns the CUDA source of the decode-speed indexer kernels
+// (kernels/idxdec.cu).
+func IdxDecSource() string { return idxdecSrc }
+
+// IdxDec holds the decode-speed lightning-indexer kernels of one device:
+// IndexScores and TopKRows with the signatures and the exact results (the
+// same bits, the same selections in the same order) of Fwd.IndexScores and
+// Fwd.TopKRows, but parallel over a single query's entries and heads. Get it
+// once with Ctx.IdxDec (before any graph capture: it loads a module) and
+// keep it for the device's life; its methods take the device thread's Ctx
+// and enqueue asynchronously on s.
+type IdxDec struct {
+	scores        [4]*Kernel // idx_scores_h1, h2, h4, h8
+	generic, topk *Kernel
+}
+
+// IdxDecMaxTopK is the largest k IdxDec.TopKRows takes (FwdMaxTopK).
+const IdxDecMaxTopK = 2048
+
+const (
+	idxTile     = 16  // IDX_TE in kernels/idxdec.cu
+	idxWarps    = 8   // IDX_WARPS
+	idxMaxDim   = 128 // 32·IDX_DPL
+	idxMaxHeads = 64  // IDX_MAXH = IDX_WARPS·8
+	idxMaxGrid  = 4096
+)
+
+// IdxDec compiles (or loads from the kernel cache) the idxdec module.
+func (c *Ctx) IdxDec() (*IdxDec, error) {
+	m, err := c.Module("idxdec", idxdecSrc)
+	if err != nil {
+		return nil, fmt.Errorf("cuda idxdec module: %w", err)
+	}
+	x := &IdxDec{}
+	for i, name := range []string{"idx_scores_h1", "idx_scores_h2", "idx_scores_h4", "idx_scores_h8"} {
+		if x.scores[i], err = m.Kernel(name); err != nil {
+			return nil, err
+		}
+	}
+	if x.generic, err = m.Kernel("idx_scores_generic"); err != nil {
+		return nil, err
+	}
+	if x.topk, err = m.Kernel("idx_topk"); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// idxHeadsPerWarp returns the idx_scores_h* variant (index into
+// IdxDec.scores) for heads and dim, or -1 for the generic kernel.
+func idxHeadsPerWarp(heads, dim int) int {
+	if dim > idxMaxDim || heads > idxMaxHeads {
+		return -1
+	}
+	for v, hpw := 0, 1; v < 4; v, hpw = v+1, hpw*2 {
+		if heads <= idxWarps*hpw {
+			return v
+		}
+	}
+	return -1
+}
+
+// IndexScores enqueues the indexer scores of T queries (positions pos[i],
+// int32 [T]): sc[i, e] = Σ_h w[i, h]·ReLU(q[i, h]·keys[e]) for
+// e < min((pos[i]+1)/ratio, stride) (later entries of a row are not
+// written). q is [T, heads, dim], w [T, heads], keys [*, dim], sc
+// [T, stride]. maxN bounds the entry count of any query (it sizes the grid).
+// The float32 operations and their order are Fwd.IndexScores'.
+func (x *IdxDec) IndexScores(c *Ctx, sc, q, w, keys, pos DevicePtr, T, maxN, ratio, heads, dim, stride int, s Stream) error {
+	if T <= 0 || T > 65535 || ratio <= 0 || heads <= 0 || dim <= 0 || stride <= 0 || pos == 0 {
+		return fmt.Errorf("cuda idx_scores: T %d, ratio %d, heads %d, dim %d, stride %d", T, ratio, heads, dim, stride)
+	}
+	n := min(maxN, stride)
+	if n <= 0 {
+		return nil
+	}
+	a1, a2, a3, a4 := int32(ratio), int32(heads), int32(dim), int32(stride)
+	args := []unsafe.Pointer{unsafe.Pointer(&sc), unsafe.Pointer(&q), unsafe.Pointer(&w), unsafe.Pointer(&keys), unsafe.Pointer(&pos),
+		unsafe.Pointer(&a1), unsafe.Pointer(&a2), unsafe.Pointer(&a3), unsafe.Pointer(&a4)}
+	v := idxHeadsPerWarp(heads, dim)
+	if v < 0 {
+		return c.Launch(x.generic, Dim3{X: uint32(min((n+7)/8, 1024)), Y: uint32(T)}, Dim3{X: 256}, 0, s, args...)
+	}
+	return c.Launch(x.scores[v], Dim3{X: uint32(min((n+idxTile-1)/idxTile, idxMaxGrid)), Y: uint32(T)}, Dim3{X: 32 * idxWarps}, 0, s, args...)
+}
+
+// TopKRows enqueues the indexer's selection for T queries: row i of sc
+// [T, stride] holds n = min((pos[i]+1)/ratio, stride) scores, and
+// idx[i, 0 .. min(topk, n)) (int32 [T, topk]) receives the indices of the
+// min(topk, n) largest in compute.TopK's order (descending, ties to the
+// lower index, NaN last, −0 == +0). Rows with n <= 0 and the slots past
+// min(topk, n) are not written. Fwd.TopKRows' results.
+func (x *IdxDec) TopKRows(c *Ctx, idx, sc, pos DevicePtr, T, ratio, topk, stride int, s Stream) error {
+	if T <= 0 || T > 1<<31-1 || ratio <= 0 || topk <= 0 || topk > IdxDecMaxTopK || stride <= 0 || idx == 0 || sc == 0 || pos == 0 {
+		return fmt.Errorf("cuda idx_topk: T %d, ratio %d, topk %d (at most %d), stride %d", T, ratio, topk, IdxDecMaxTopK, stride)
+	}
+	r, k, st := int32(ratio), int32(topk), int32(stride)
+	return c.Launch(x.topk, Dim3{X: uint32(T)}, Dim3{X: 1024}, 0, s, unsafe.Pointer(&idx), unsafe.Pointer(&sc),
+		unsafe.Pointer(&pos), unsafe.Pointer(&r), unsafe.Pointer(&k), unsafe.Pointer(&st))
+}

@@ -1,0 +1,230 @@
+package cuda
+
+import (
+	"bytes"
+	"encoding/binary"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"moxie/compute"
+	"moxie/compute/computetest"
+	"moxie/compute/cuda/driver"
+	"moxie/compute/ref"
+)
+
+// TestIdxDecCompiles compiles kernels/idxdec.cu with the NVRTC found on this
+// machine for sm_90 (no GPU needed; skipped without NVRTC, e.g. set
+// MOXIE_NVRTC=/usr/lib/x86_64-linux-gnu/libnvrtc.so.11.2) and checks that
+// every kernel Ctx.IdxDec looks up is in the image.
+func TestIdxDecCompiles(t *testing.T) {
+	nv, err := driver.LoadNVRTC()
+	if err != nil {
+		t.Skipf("no NVRTC: %v", err)
+	}
+	img, err := nv.Compile(IdxDecSource(), "idxdec.cu", []string{"--gpu-architecture=sm_90", "--std=c++17"})
+	if err != nil {
+		t.Fatalf("idxdec.cu does not compile with NVRTC %d.%d: %v", nv.Major, nv.Minor, err)
+	}
+	for _, name := range []string{"idx_scores_h1", "idx_scores_h2", "idx_scores_h4", "idx_scores_h8", "idx_scores_generic", "idx_topk"} {
+		if !bytes.Contains(img, append([]byte(name), 0)) {
+			t.Errorf("kernel %s is not in the compiled image", name)
+		}
+	}
+}
+
+func TestIdxHeadsPerWarp(t *testing.T) {
+	for _, tc := range []struct{ heads, dim, want int }{
+		{1, 32, 0}, {8, 128, 0}, {9, 128, 1}, {16, 32, 1}, {17, 64, 2}, {32, 128, 2}, {33, 1, 3}, {64, 128, 3},
+		{65, 128, -1}, {64, 129, -1}, {3, 500, -1},
+	} {
+		if got := idxHeadsPerWarp(tc.heads, tc.dim); got != tc.want {
+			t.Errorf("idxHeadsPerWarp(%d, %d) = %d, want %d", tc.heads, tc.dim, got, tc.want)
+		}
+	}
+}
+
+// TestIdxDecIndexScores checks IdxDec.IndexScores against the float64
+// reference and, bit for bit, against Fwd.IndexScores on the same inputs
+// (every kernel variant: heads per warp 1..8 and the generic kernel), with
+// rows past a query's count left unwritten.
+func TestIdxDecIndexScores(t *testing.T) {
+	withFwd(t, func(e *fwdEnv) {
+		x, err := e.c.IdxDec()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, tc := range []struct {
+			name                             string
+			p0, T, ratio, heads, dim, stride int
+		}{
+			{"fwd case 0", 0, 9, 4, 16, 32, 8},
+			{"fwd case 1", 37, 5, 4, 16, 32, 12},
+			{"fwd case 2", 500, 2, 4, 64, 128, 200},
+			{"decode n=1", 4, 1, 4, 64, 128, 2048},
+			{"decode n=17", 68, 1, 4, 64, 128, 2048},
+			{"decode n=2048", 8191, 1, 4, 64, 128, 2048},
+			{"decode n=2047 odd tile", 8190, 1, 4, 64, 128, 2048},
+			{"heads 8 dim 100", 99, 3, 4, 8, 100, 40},
+			{"heads 5 dim 128", 200, 2, 4, 5, 128, 64},
+			{"heads 30 dim 64", 300, 2, 4, 30, 64, 100},
+			{"generic heads 70", 120, 2, 4, 70, 64, 40},
+			{"generic dim 160", 120, 2, 4, 8, 160, 40},
+			{"stride caps the count", 999, 2, 4, 64, 128, 100},
+		} {
+			rng := rand.New(rand.NewPCG(uint64(i), 31))
+			n := (tc.p0 + tc.T) / tc.ratio
+			q := computetest.Normal(rng, tc.T*tc.heads*tc.dim, 1)
+			w := computetest.Normal(rng, tc.T*tc.heads, 1)
+			keys := computetest.Normal(rng, max(n, 1)*tc.dim, 1)
+			dq, dw, dk, dp := e.up(q), e.up(w), e.up(keys), e.positions(tc.p0, tc.T)
+			sc, old := e.poisoned(tc.T*tc.stride), e.poisoned(tc.T*tc.stride)
+			if err := x.IndexScores(e.c, sc, dq, dw, dk, dp, tc.T, n, tc.ratio, tc.heads, tc.dim, tc.stride, e.c.Stream()); err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			if err := e.f.IndexScores(e.c, old, dq, dw, dk, dp, tc.T, n, tc.ratio, tc.heads, tc.dim, tc.stride, e.c.Stream()); err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			got, want0 := e.down(sc, tc.T*tc.stride), e.down(old, tc.T*tc.stride)
+			for qi := range tc.T {
+				ni := min((tc.p0+qi+1)/tc.ratio, tc.stride)
+				want := ref.IndexScores(fwdF64(q[qi*tc.heads*tc.dim:(qi+1)*tc.heads*tc.dim]), fwdF64(w[qi*tc.heads:(qi+1)*tc.heads]), fwdF64(keys), ni, tc.heads, tc.dim)
+				row := got[qi*tc.stride : qi*tc.stride+ni]
+				if r := computetest.MaxRel(row, want); !(r <= computetest.TolAttention) {
+					t.Errorf("%s: query %d (%d entries): max relative error %.3g", tc.name, qi, ni, r)
+				}
+				for s := range ni {
+					if a, b := math.Float32bits(row[s]), math.Float32bits(want0[qi*tc.stride+s]); a != b {
+						t.Errorf("%s: query %d entry %d: %g (%#x), Fwd.IndexScores gives %g (%#x)", tc.name, qi, s, row[s], a, want0[qi*tc.stride+s], b)
+						break
+					}
+				}
+				for s := ni; s < tc.stride; s++ {
+					if v := got[qi*tc.stride+s]; v == v {
+						t.Errorf("%s: query %d: entry %d past the count %d was written (%g)", tc.name, qi, s, ni, v)
+						break
+					}
+				}
+			}
+		}
+		if err := x.IndexScores(e.c, 1, 1, 1, 1, 0, 9, 4, 4, 16, 32, 8, e.c.Stream()); err == nil {
+			t.Error("a null position buffer was accepted")
+		}
+	})
+}
+
+// TestIdxDecTopKRows checks IdxDec.TopKRows against compute.TopK and
+// against Fwd.TopKRows (the same indices in the same slots) at decode shapes
+// around k and the whole-sort limit, with ties, specials and long rows.
+func TestIdxDecTopKRows(t *testing.T) {
+	nan, inf, negZero := float32(math.NaN()), float32(math.Inf(1)), float32(math.Copysign(0, -1))
+	normal := func(rng *rand.Rand, i int) float32 { return float32(rng.NormFloat64()) }
+	withFwd(t, func(e *fwdEnv) {
+		x, err := e.c.IdxDec()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for ci, tc := range []struct {
+			name  string
+			ns    []int // entries per row
+			topk  int
+			ratio int
+			gen   func(rng *rand.Rand, i int) float32
+		}{
+			{"decode sizes around k", []int{1, 511, 512, 513, 2048}, 512, 1, normal},
+			{"decode ratio 4", []int{2048, 700}, 512, 4, normal},
+			{"whole-sort limit", []int{2047, 2048, 2049, 4096}, 512, 1, normal},
+			{"k 2048", []int{2048, 2049, 5000}, 2048, 1, normal},
+			{"random", []int{1000, 500, 11, 1}, 512, 1, normal},
+			{"ties", []int{100, 37, 64, 3000}, 7, 1, func(rng *rand.Rand, i int) float32 { return float32(rng.IntN(4)) }},
+			{"many ties at the cut", []int{2048, 6000}, 512, 1, func(rng *rand.Rand, i int) float32 { return float32(rng.IntN(3)) }},
+			{"all equal", []int{300, 3000}, 16, 1, func(rng *rand.Rand, i int) float32 { return 0.5 }},
+			{"specials", []int{64, 200, 2500}, 20, 1, func(rng *rand.Rand, i int) float32 {
+				return []float32{nan, inf, -inf, 0, negZero, 1, -1, float32(rng.NormFloat64())}[rng.IntN(8)]
+			}},
+			{"mostly NaN", []int{600, 2600}, 512, 1, func(rng *rand.Rand, i int) float32 {
+				if rng.IntN(10) < 9 {
+					return nan
+				}
+				return float32(rng.NormFloat64())
+			}},
+			{"k above n and empty rows", []int{5, 0, 3}, 64, 1, normal},
+			{"long", []int{20000}, 2048, 1, func(rng *rand.Rand, i int) float32 { return float32(rng.IntN(5000)) / 7 }},
+			{"long distinct", []int{30000}, 512, 1, normal},
+		} {
+			rng := rand.New(rand.NewPCG(uint64(ci), 77))
+			T := len(tc.ns)
+			stride := 1
+			for _, n := range tc.ns {
+				stride = max(stride, n)
+			}
+			sc := make([]float32, T*stride)
+			pos := make([]int, T)
+			for i, n := range tc.ns {
+				for j := range n {
+					sc[i*stride+j] = tc.gen(rng, j)
+				}
+				for j := n; j < stride; j++ {
+					sc[i*stride+j] = 1e30 // past the row's count: must not be selected
+				}
+				pos[i] = n*tc.ratio - 1 // (pos+1)/ratio = n entries (n = 0: pos −1)
+			}
+			dsc, dpos := e.up(sc), e.upInts(pos)
+			run := func(f func(idx DevicePtr) error) []int {
+				idx, err := e.a.Alloc(4 * T * tc.topk)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := e.c.Memset(idx, 0xff, 4*T*tc.topk, e.c.Stream()); err != nil {
+					t.Fatal(err)
+				}
+				if err := f(idx); err != nil {
+					t.Fatalf("%s: %v", tc.name, err)
+				}
+				b := make([]byte, 4*T*tc.topk)
+				if err := e.c.CopyFromDevice(b, idx); err != nil {
+					t.Fatal(err)
+				}
+				out := make([]int, T*tc.topk)
+				for j := range out {
+					out[j] = int(int32(binary.LittleEndian.Uint32(b[4*j:])))
+				}
+				return out
+			}
+			got := run(func(idx DevicePtr) error {
+				return x.TopKRows(e.c, idx, dsc, dpos, T, tc.ratio, tc.topk, stride, e.c.Stream())
+			})
+			old := run(func(idx DevicePtr) error {
+				return e.f.TopKRows(e.c, idx, dsc, dpos, T, tc.ratio, tc.topk, stride, e.c.Stream())
+			})
+			for i, n := range tc.ns {
+				want := compute.TopK(nil, sc[i*stride:i*stride+n], min(tc.topk, n))
+				row, orow := got[i*tc.topk:(i+1)*tc.topk], old[i*tc.topk:(i+1)*tc.topk]
+				for j, w := range want {
+					if row[j] != w {
+						t.Errorf("%s: row %d (n %d, k %d): slot %d is %d, want %d (compute.TopK %v...)", tc.name, i, n, len(want), j, row[j], w, want[:min(len(want), 8)])
+						break
+					}
+				}
+				for j := range row {
+					if row[j] != orow[j] {
+						t.Errorf("%s: row %d: slot %d is %d, Fwd.TopKRows gives %d", tc.name, i, j, row[j], orow[j])
+						break
+					}
+				}
+				for j := len(want); j < tc.topk; j++ {
+					if row[j] != -1 {
+						t.Errorf("%s: row %d: slot %d past k = %d was written (%d)", tc.name, i, j, len(want), row[j])
+						break
+					}
+				}
+			}
+		}
+		if err := x.TopKRows(e.c, 1, 1, 1, 1, 1, IdxDecMaxTopK+1, 4096, e.c.Stream()); err == nil {
+			t.Errorf("k = %d was accepted", IdxDecMaxTopK+1)
+		}
+		if err := x.TopKRows(e.c, 1, 1, 0, 1, 1, 4, 4096, e.c.Stream()); err == nil {
+			t.Error("a null position buffer was accepted")
+		}
+	})
+}

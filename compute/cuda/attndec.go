@@ -185,7 +185,16 @@ func (c *Ctx) attentionDecode(p AttnParams, scratch DevicePtr, variant string, s
 	if !ok {
 		return fmt.Errorf("cuda attndec: unknown variant %q", variant)
 	}
+	return c.attentionDecodeV(p, scratch, v, s)
+}
+
+// attentionDecodeV is AttentionDecode with partial-kernel variant v (its
+// MaxSplits may differ from the listed one's; scratch must hold
+// 4·T·v.splits(MaxKeys)·Heads·(Dim+2) bytes).
+func (c *Ctx) attentionDecodeV(p AttnParams, scratch DevicePtr, v attnDecVariant, s Stream) error {
 	switch {
+	case v.MaxSplits <= 0 || v.MaxSplits > attnDecMaxSplits:
+		return fmt.Errorf("cuda attndec: %d splits, want 1..%d", v.MaxSplits, attnDecMaxSplits)
 	case p.O == 0 || p.Q == 0 || p.Ring == 0 || p.Sinks == 0 || p.Pos == 0 || scratch == 0:
 		return fmt.Errorf("cuda attndec: nil buffer (o %#x q %#x ring %#x sinks %#x pos %#x scratch %#x)", p.O, p.Q, p.Ring, p.Sinks, p.Pos, scratch)
 	case p.T <= 0 || p.T > 65535 || p.Window <= 0:

@@ -82,6 +82,11 @@ func (v attnDecVariant) splits(maxKeys int) int {
 	return max(1, min(v.MaxSplits, (maxKeys+v.KT-1)/v.KT))
 }
 
+// attnDecCombineParts is the combine kernel's split parts (SP): the splits
+// of one (head, query) are summed by SP threads per float4 column, at most
+// 1024 threads.
+func attnDecCombineParts(dim int) int { return max(1, min(8, 1024/(dim/4))) }
+
 // DecodeAttentionFits reports whether AttentionDecode takes `heads` heads of
 // width dim: dim 128, 256 or 512 and heads a multiple of 8
 // (DeepSeek-V4-Flash: 64 heads of 512).
@@ -107,7 +112,7 @@ type attnDecArgs struct {
 	_                                                             structs.HostLayout
 	O, Q, Ring, Comp, Idx, Sinks, Pos, Part                       uint64
 	RingRows, Window, Ratio, IdxStride, TopK, Heads, Dim, MaxKeys int32
-	Splits, NQ, Pad0, Pad1                                        int32
+	Splits, NQ, KT, Pad1                                          int32
 	Scale, Pad2                                                   float32
 }
 
@@ -226,9 +231,11 @@ func (c *Ctx) attentionDecodeV(p AttnParams, scratch DevicePtr, v attnDecVariant
 	a := attnDecArgs{O: uint64(p.O), Q: uint64(p.Q), Ring: uint64(p.Ring), Comp: uint64(p.Comp), Idx: uint64(p.Idx), Sinks: uint64(p.Sinks),
 		Pos: uint64(p.Pos), Part: uint64(scratch), RingRows: int32(p.RingRows), Window: int32(p.Window), Ratio: int32(max(p.Ratio, 1)),
 		IdxStride: int32(p.IdxStride), TopK: int32(p.TopK), Heads: int32(p.Heads), Dim: int32(p.Dim), MaxKeys: int32(p.MaxKeys),
-		Splits: int32(S), NQ: int32(p.T), Scale: p.Scale}
+		Splits: int32(S), NQ: int32(p.T), KT: int32(v.KT), Scale: p.Scale}
 	if err := c.Launch(kp, Dim3{X: uint32(p.Heads / v.G), Y: uint32(S), Z: uint32(p.T)}, Dim3{X: attnDecThreads}, v.shared(p.Dim), s, unsafe.Pointer(&a)); err != nil {
 		return err
 	}
-	return c.Launch(kc, Dim3{X: uint32(p.Heads), Y: uint32(p.T)}, Dim3{X: uint32(min(p.Dim/4, 256))}, 0, s, unsafe.Pointer(&a))
+	d4 := p.Dim / 4
+	sp := attnDecCombineParts(p.Dim)
+	return c.Launch(kc, Dim3{X: uint32(p.Heads), Y: uint32(p.T)}, Dim3{X: uint32(d4 * sp)}, 16*(sp-1)*d4, s, unsafe.Pointer(&a))
 }

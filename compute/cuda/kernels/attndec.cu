@@ -9,8 +9,8 @@
 //     scores, updates each head's running max m and sum l (online softmax,
 //     no sink) and accumulates the unnormalised P.V for its G heads. It
 //     writes m, l and the partial output to the scratch buffer.
-//   attndec_combine (grid (heads, T), min(D/4, 256) threads): merges the
-//     splits of one (head, query) in split order with the sink:
+//   attndec_combine (grid (heads, T), D/4 x SP threads): merges the splits
+//     of one (head, query) in a fixed order with the sink:
 //     M = max(sink, m_s), o = sum_s e^(m_s-M) O_s / (sum_s e^(m_s-M) l_s + e^(sink-M)).
 //
 // The key list of query i (t = pos[i]) is AttentionRing's: the window
@@ -20,7 +20,8 @@
 // A negative idx entry is padding and is skipped. Positions are read on the
 // device; the grid depends only on max_keys (graph-capturable). The chunk
 // length is ceil(nk / (splits*KT)) tiles, so splits past the keys are empty
-// (m = -inf, l = 0, partial output not written and not read).
+// (m = -inf, l = 0, partial output not written and not read); a split of
+// padding entries only writes m = -inf, l = 0 and a zero output.
 //
 // Scratch (float32): O partials [T][splits][heads][D], then m,l
 // [T][splits][heads][2]. All math is float32 (expf, fmaf); every sum runs in
@@ -36,7 +37,9 @@ struct ADArgs {
   const int *pos;      // [T]
   float *part;         // scratch, see above
   int ring_rows, window, ratio, idx_stride, topk, heads, dim, max_keys;
-  int splits, nq, pad0, pad1;
+  int splits, nq;
+  int kt;    // the partial kernel's KT (read by the combine kernel)
+  int pad1;
   float scale, pad2;
 };
 static_assert(sizeof(ADArgs) == 120, "ADArgs must match attnDecArgs in attndec.go");
@@ -240,12 +243,24 @@ AD_KERNEL(attndec_g8k32_d512, 8, 512, 32)
 AD_KERNEL(attndec_g4k32_d256, 4, 256, 32)
 AD_KERNEL(attndec_g4k32_d512, 4, 512, 32)
 
-// Combine: grid (heads, T), blockDim.x threads over the dim/4 float4 columns.
-extern "C" __global__ void __launch_bounds__(256) attndec_combine(ADArgs a) {
+// Combine: grid (heads, T), blockDim.x = D/4 * SP threads (SP split parts,
+// a power of two). Only the splits that hold keys are read (the first
+// ceil(nk/chunk), as the partial kernel computes them; each of them wrote
+// its partial output). Thread (sp, c) sums the splits s = sp, sp+SP, ... of
+// float4 column c in order; the SP part sums are then added in order sp =
+// 0, 1, ... (fixed order: deterministic).
+extern "C" __global__ void __launch_bounds__(1024) attndec_combine(ADArgs a) {
   __shared__ float sm[AD_MAXS], sl[AD_MAXS];
+  extern __shared__ float4 cpart[];  // [SP - 1][D/4]
   const int h = blockIdx.x, i = blockIdx.y, S = a.splits, D = a.dim, D4 = D / 4;
+  const int c = threadIdx.x % D4, sp = threadIdx.x / D4, SP = blockDim.x / D4;
+  int nw, first;
+  const int nk = ad_keys(a, i, nw, first);
+  const int KT = a.kt;
+  const int chunk = (nk + S * KT - 1) / (S * KT) * KT;
+  const int sa = chunk > 0 ? min(S, (nk + chunk - 1) / chunk) : 0;  // splits with keys
   const float *ml = a.part + (long long)a.nq * S * a.heads * D;
-  for (int s = threadIdx.x; s < S; s += blockDim.x) {
+  for (int s = threadIdx.x; s < sa; s += blockDim.x) {
     const long long r = ((long long)i * S + s) * a.heads + h;
     sm[s] = ml[2 * r];
     sl[s] = ml[2 * r + 1];
@@ -253,27 +268,35 @@ extern "C" __global__ void __launch_bounds__(256) attndec_combine(ADArgs a) {
   __syncthreads();
   const float sink = a.sinks[h];
   float M = sink;
-  for (int s = 0; s < S; s++) M = fmaxf(M, sm[s]);
-  float L = expf(sink - M);
-  for (int s = 0; s < S; s++)
-    if (sm[s] != AD_NINF) L = fmaf(expf(sm[s] - M), sl[s], L);
-  const float inv = 1.f / L;
-  float4 *out = (float4 *)(a.o + ((long long)i * a.heads + h) * D);
-  for (int c = threadIdx.x; c < D4; c += blockDim.x) {
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s = 0; s < S; s++) {
-      if (sm[s] == AD_NINF) continue;
-      const float wt = expf(sm[s] - M);
-      const float4 v = ((const float4 *)(a.part + (((long long)i * S + s) * a.heads + h) * D))[c];
-      acc.x = fmaf(wt, v.x, acc.x);
-      acc.y = fmaf(wt, v.y, acc.y);
-      acc.z = fmaf(wt, v.z, acc.z);
-      acc.w = fmaf(wt, v.w, acc.w);
+  for (int s = 0; s < sa; s++) M = fmaxf(M, sm[s]);
+  const long long step = (long long)a.heads * D4;  // float4s from one split to the next
+  const float4 *src = (const float4 *)(a.part + ((long long)i * S * a.heads + h) * D) + c;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+  for (int s = sp; s < sa; s += SP) {
+    const float wt = expf(sm[s] - M);  // 0 for a split of padding only (m = -inf, output 0)
+    const float4 v = src[s * step];
+    acc.x = fmaf(wt, v.x, acc.x);
+    acc.y = fmaf(wt, v.y, acc.y);
+    acc.z = fmaf(wt, v.z, acc.z);
+    acc.w = fmaf(wt, v.w, acc.w);
+  }
+  if (sp > 0) cpart[(sp - 1) * D4 + c] = acc;
+  __syncthreads();
+  if (sp == 0) {
+    for (int k = 1; k < SP; k++) {
+      const float4 v = cpart[(k - 1) * D4 + c];
+      acc.x += v.x;
+      acc.y += v.y;
+      acc.z += v.z;
+      acc.w += v.w;
     }
-    acc.x *= inv;
-    acc.y *= inv;
-    acc.z *= inv;
-    acc.w *= inv;
-    out[c] = acc;
+    float L = expf(sink - M);
+    for (int s = 0; s < sa; s++) L = fmaf(expf(sm[s] - M), sl[s], L);
+    acc.x /= L;
+    acc.y /= L;
+    acc.z /= L;
+    acc.w /= L;
+    ((float4 *)(a.o + ((long long)i * a.heads + h) * D))[c] = acc;
   }
 }

@@ -499,7 +499,7 @@ func (c *Ctx) Route(ids, weights, logits, bias, hash DevicePtr, batch, experts, 
 		return opErr("Route", "null ids, weights or logits")
 	}
 	e, k32 := int32(experts), int32(k)
-	return c.launchOp("route", Dim3{X: uint32(batch)}, Dim3{X: 32}, 12*experts, s,
+	return c.launchOp("route", Dim3{X: uint32(batch)}, Dim3{X: 32}, 16*experts, s,
 		ptr(&ids), ptr(&weights), ptr(&logits), ptr(&bias), ptr(&hash), ptr(&e), ptr(&k32), ptr(&scale))
 }
 

@@ -816,71 +816,121 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_rows(int *idx, c
 // logit_e)) in double (like the host); the ranking key p_e + bias_e is
 // float32. Without hash, k rounds of a warp argmax over (key desc, index asc)
 // pick the experts; weights are p/Σp·scale with Σ taken in pick order.
-// Shared memory: experts·(4 + 8) bytes. A hash id outside [0, experts) gives
-// NaN weights for that token (the host cannot be told from here).
+// Every expert is the 64-bit word (rank_key << 32) | (2³²−1 − e), so the
+// largest word is the pick; a picked word becomes 0, below every real one.
+// With experts <= 32·ROUTE_EPL each lane keeps its experts' words in
+// registers and a round is two warp max-reductions (the high word, then the
+// low word among the lanes holding that high word); more experts take the
+// shared-memory loop. Shared memory: experts·(8 + 4 + 4) bytes (comp, p, picks). A hash id
+// outside [0, experts) gives NaN weights for that token (the host cannot be
+// told from here).
+#define ROUTE_EPL 8
+
+__device__ __forceinline__ u64 route_word(float pe, const float *bias, int e) {
+  const float key = bias ? pe + bias[e] : pe;
+  return ((u64)rank_key(key) << 32) | (u64)(0xffffffffu - (u32)e);
+}
+
+__device__ __forceinline__ float route_p(float g) {
+  const double sp = g > 20.f ? (double)g : log1p(exp((double)g));
+  return (float)sqrt(sp);
+}
+
 extern "C" __global__ void route(int *ids, float *weights, const float *logits, const float *bias, const int *hash,
                                  int experts, int k, float scale) {
   extern __shared__ u64 rsm[];
   u64 *comp = rsm;
   float *p = (float *)(rsm + experts);
+  int *sid = (int *)(p + experts);  // the picks (or hash ids), in pick order
   const int lane = threadIdx.x;
   const size_t b = blockIdx.x;
   const float *lg = logits + b * experts;
-  for (int e = lane; e < experts; e += 32) {
-    const float g = lg[e];
-    const double sp = g > 20.f ? (double)g : log1p(exp((double)g));
-    const float pe = (float)sqrt(sp);
-    p[e] = pe;
-    const float key = bias ? pe + bias[e] : pe;
-    comp[e] = ((u64)rank_key(key) << 32) | (u64)(0xffffffffu - (u32)e);
+  if (experts <= 32 * ROUTE_EPL) {
+    float g[ROUTE_EPL];
+#pragma unroll
+    for (int u = 0; u < ROUTE_EPL; u++) {  // every load in flight at once
+      const int e = lane + 32 * u;
+      g[u] = e < experts ? lg[e] : 0.f;
+    }
+    u64 w[ROUTE_EPL];
+#pragma unroll
+    for (int u = 0; u < ROUTE_EPL; u++) {
+      const int e = lane + 32 * u;
+      w[u] = 0ull;
+      if (e < experts) {
+        const float pe = route_p(g[u]);
+        p[e] = pe;
+        if (!hash) w[u] = route_word(pe, bias, e);
+      }
+    }
+    if (!hash) {
+      for (int j = 0; j < k; j++) {
+        u64 best = w[0];
+#pragma unroll
+        for (int u = 1; u < ROUTE_EPL; u++) best = w[u] > best ? w[u] : best;
+        const u32 hi = __reduce_max_sync(FULL, (u32)(best >> 32));
+        const u32 lo = __reduce_max_sync(FULL, (u32)(best >> 32) == hi ? (u32)best : 0u);
+        const u64 win = ((u64)hi << 32) | lo;
+#pragma unroll
+        for (int u = 0; u < ROUTE_EPL; u++)
+          if (w[u] == win) w[u] = 0ull;
+        if (lane == 0) sid[j] = (int)(0xffffffffu - lo);
+      }
+    }
+  } else {
+    for (int e = lane; e < experts; e += 32) {
+      const float pe = route_p(lg[e]);
+      p[e] = pe;
+      comp[e] = route_word(pe, bias, e);
+    }
+    __syncwarp();
+    if (!hash) {
+      for (int j = 0; j < k; j++) {
+        u64 best = 0;
+        int be = -1;
+        for (int e = lane; e < experts; e += 32) {
+          if (be < 0 || comp[e] > best) {
+            best = comp[e];
+            be = e;
+          }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+          const u64 ob = __shfl_xor_sync(FULL, best, o);
+          const int oe = __shfl_xor_sync(FULL, be, o);
+          if (oe >= 0 && (be < 0 || ob > best)) {
+            best = ob;
+            be = oe;
+          }
+        }
+        if (lane == 0) {
+          sid[j] = be;
+          comp[be] = 0;  // below every real entry, whose low word is > 0
+        }
+        __syncwarp();
+      }
+    }
   }
   __syncwarp();
   int *ib = ids + b * k;
   float *wb = weights + b * k;
-  if (hash) {
-    for (int j = lane; j < k; j += 32) ib[j] = hash[b * k + j];
-  } else {
-    for (int j = 0; j < k; j++) {
-      u64 best = 0;
-      int be = -1;
-      for (int e = lane; e < experts; e += 32) {
-        if (be < 0 || comp[e] > best) {
-          best = comp[e];
-          be = e;
-        }
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const u64 ob = __shfl_xor_sync(FULL, best, o);
-        const int oe = __shfl_xor_sync(FULL, be, o);
-        if (oe >= 0 && (be < 0 || ob > best)) {
-          best = ob;
-          be = oe;
-        }
-      }
-      if (lane == 0) {
-        ib[j] = be;
-        comp[be] = 0;  // below every real entry, whose low word is > 0
-      }
-      __syncwarp();
-    }
-  }
+  if (hash)
+    for (int j = lane; j < k; j += 32) sid[j] = hash[b * k + j];
   __syncwarp();
-  if (lane == 0) {
-    float sum = 0.f;
-    bool bad = false;
-    for (int j = 0; j < k; j++) {
-      const int e = ib[j];
-      if (e < 0 || e >= experts) {
-        bad = true;
-        break;
-      }
-      sum += p[e];
+  float sum = 0.f;
+  bool bad = false;
+  for (int j = 0; j < k; j++) {  // every lane, the same order
+    const int e = sid[j];
+    if (e < 0 || e >= experts) {
+      bad = true;
+      break;
     }
-    for (int j = 0; j < k; j++) {
-      const int e = ib[j];
-      wb[j] = bad ? __int_as_float(0x7fc00000) : p[e] / sum * scale;
-    }
+    sum += p[e];
+  }
+  for (int j = lane; j < k; j += 32) {
+    const int e = sid[j];
+    ib[j] = e;
+    wb[j] = bad ? __int_as_float(0x7fc00000) : p[e] / sum * scale;
   }
 }
 

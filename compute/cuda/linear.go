@@ -332,6 +332,8 @@ func tcTileList() []tcTile {
 		{128, 64, 4, 2, 4, 1, 1}, // 11..13: x split once per block (FP8, MXFP4)
 		{64, 32, 2, 2, 4, 1, 1},
 		{128, 128, 2, 4, 4, 1, 1},
+		{64, 16, 4, 1, 4, 1, 1}, // 14, 15: 16 batch rows (expert tiles of a dozen rows)
+		{64, 16, 4, 1, 4, 1, 0},
 	}
 }
 
@@ -874,6 +876,14 @@ func planMulti(f compute.Format, shapes [][2]int, block, batch int, v LinearVari
 		grid: Dim3{X: uint32(maxRows / 2), Y: uint32(len(shapes))}, block: Dim3{X: uint32(32 * kw)}}, false, nil
 }
 
+// multiTCTile is the tile (LinearVariant.Tile) of automatic tensor-core
+// multi launches, i.e. of the expert tiles: 64x32 (their records hold up to
+// 64 routed rows of one expert, a dozen to a few hundred per expert and
+// chunk of 512 tokens). Tiles 14 and 15 (64x16) waste less on experts of
+// a dozen rows; BenchmarkPrefillGEMM's tiles_* rows compare them. Its
+// kernels must be in the default module for every format.
+const multiTCTile = 2
+
 // planMultiTC plans a tensor-core GEMM launch over several projections of
 // format f ([rows, cols] each, FP8 block edge block) at batch, or returns
 // ok false when the family does not take every shape. v.Tile applies to
@@ -891,7 +901,7 @@ func planMultiTC(f compute.Format, shapes [][2]int, block, batch int, v LinearVa
 		maxRows = max(maxRows, sh[0])
 	}
 	if ti == 0 || f != compute.MXFP4 {
-		ti = 2 // 64x32: multi launches are expert tiles of a few dozen rows each (FP8 and BF16 have only this tile's kernel)
+		ti = multiTCTile // FP8 and BF16 have only this tile's multi kernel
 	}
 	tl := tiles[ti-1]
 	shared := 0

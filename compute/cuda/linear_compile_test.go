@@ -441,7 +441,7 @@ func TestPlanTC(t *testing.T) {
 			}
 		})
 	}
-	for _, bad := range []LinearVariant{{Width: WidthTC, Tile: 14}, {Tile: 3, SplitK: 2}, {Tile: 1, SplitK: 33}} {
+	for _, bad := range []LinearVariant{{Width: WidthTC, Tile: 16}, {Tile: 3, SplitK: 2}, {Tile: 1, SplitK: 33}} {
 		if _, _, err := planTC(compute.FP8Block, 256, 1024, 128, 1, 64, bad, sms, optin); err == nil {
 			t.Errorf("variant %+v accepted", bad)
 		}

@@ -1361,7 +1361,7 @@ LINMMA(fp8, FMT_FP8, 1, 4) LINMMA(fp8, FMT_FP8, 2, 4) LINMMA(fp8, FMT_FP8, 4, 4)
 LINMMA(mxfp4, FMT_MXFP4, 1, 8) LINMMA(mxfp4, FMT_MXFP4, 2, 8) LINMMA(mxfp4, FMT_MXFP4, 4, 8)
 //@module tc
 // Tensor-core GEMM family: the tile shapes the automatic choice does not use
-// (LinearVariant.Tile 1 and 3..10; multi launches for MXFP4 only, FP8 and
+// (LinearVariant.Tile 1 and 3..15; multi launches for MXFP4 only, FP8 and
 // BF16 multi launches always use tile 2).
 LINTM(mxfp4, FMT_MXFP4, 128, 64, 4, 2, 4, 1)
 LINTC1(128, 128, 2, 4, 3, 1)
@@ -1372,11 +1372,14 @@ LINTC1(128, 32, 4, 2, 4, 1)
 LINTC1(256, 64, 4, 2, 3, 1)
 LINTC1(128, 64, 4, 2, 3, 2)
 LINTC1(64, 64, 2, 2, 4, 3)
-// The in-place x split (tiles 11..13; FP8 and MXFP4 single launches, MXFP4
+// The in-place x split (tiles 11..14; FP8 and MXFP4 single launches, MXFP4
 // multi launches).
 LINTX(fp8, FMT_FP8, 128, 64, 4, 2, 4, 1) LINTX(mxfp4, FMT_MXFP4, 128, 64, 4, 2, 4, 1) LINTXM(mxfp4, FMT_MXFP4, 128, 64, 4, 2, 4, 1)
 LINTX(fp8, FMT_FP8, 64, 32, 2, 2, 4, 1) LINTX(mxfp4, FMT_MXFP4, 64, 32, 2, 2, 4, 1) LINTXM(mxfp4, FMT_MXFP4, 64, 32, 2, 2, 4, 1)
 LINTX(fp8, FMT_FP8, 128, 128, 2, 4, 4, 1) LINTX(mxfp4, FMT_MXFP4, 128, 128, 2, 4, 4, 1) LINTXM(mxfp4, FMT_MXFP4, 128, 128, 2, 4, 4, 1)
+// 16 batch rows (expert tiles of a dozen rows: tiles 14 and 15).
+LINTX(fp8, FMT_FP8, 64, 16, 4, 1, 4, 1) LINTX(mxfp4, FMT_MXFP4, 64, 16, 4, 1, 4, 1) LINTXM(mxfp4, FMT_MXFP4, 64, 16, 4, 1, 4, 1)
+LINTC1(64, 16, 4, 1, 4, 1)
 // Split-K versions of the two automatic tiles (LinearVariant.SplitK > 1).
 LINTK(fp8, FMT_FP8, 128, 64, 4, 2, 4, 1) LINTK(mxfp4, FMT_MXFP4, 128, 64, 4, 2, 4, 1) LINTK(bf16, FMT_BF16, 128, 64, 4, 2, 4, 1)
 LINTK(fp8, FMT_FP8, 64, 32, 2, 2, 4, 1) LINTK(mxfp4, FMT_MXFP4, 64, 32, 2, 2, 4, 1) LINTK(bf16, FMT_BF16, 64, 32, 2, 2, 4, 1)

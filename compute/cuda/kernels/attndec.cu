@@ -108,6 +108,13 @@ __device__ __forceinline__ void ad_partial(const ADArgs &a) {
 
   const int h0 = blockIdx.x * G, s = blockIdx.y, i = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  // The queries' loads go out before the position's (G*D4 = GP*AD_NT).
+  float4 qr[GP];
+  {
+    const float4 *qg = (const float4 *)(a.q + ((long long)i * a.heads + h0) * D);
+#pragma unroll
+    for (int r = 0; r < GP; r++) qr[r] = qg[tid + r * AD_NT];
+  }
   int nw, first;
   const int nk = ad_keys(a, i, nw, first);
   const int chunk = (nk + a.splits * KT - 1) / (a.splits * KT) * KT;
@@ -121,10 +128,8 @@ __device__ __forceinline__ void ad_partial(const ADArgs &a) {
     }
     return;
   }
-  {
-    const float4 *qg = (const float4 *)(a.q + ((long long)i * a.heads + h0) * D);
-    for (int e = tid; e < G * D4; e += AD_NT) qs[e] = qg[e];
-  }
+#pragma unroll
+  for (int r = 0; r < GP; r++) qs[tid + r * AD_NT] = qr[r];
   if (tid < G) {
     mrun[tid] = AD_NINF;
     lrun[tid] = 0.f;

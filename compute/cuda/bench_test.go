@@ -688,10 +688,22 @@ var prefillShapes = []struct {
 }
 
 // prefillVariants is the variants BenchmarkPrefillGEMM compares: the
-// automatic choice, every tensor-core tile and (at batch 64 only, it is
-// slow) the narrow CUDA-core kernels the automatic choice used before.
+// automatic choice, every tensor-core tile and (at batches up to 64 only,
+// it is slow) the narrow CUDA-core kernels the automatic choice used
+// before, for the tcMinBatch threshold.
+//
+// smallBatchVariant names the ones it runs at batches 16 and 32.
+func smallBatchVariant(name string) bool {
+	switch name {
+	case "narrow", "auto", "tc2_64x32", "tc12_64x32", "tc14_64x16", "tc15_64x16":
+		return true
+	}
+	return false
+}
+
+// prefillVariants: see smallBatchVariant.
 func prefillVariants() []namedVariant {
-	return append([]namedVariant{{"narrow", LinearVariant{Width: WidthNarrow}, false}}, tcTestVariants()...)
+	return append([]namedVariant{{"narrow", LinearVariant{Width: WidthNarrow}, true}}, tcTestVariants()...)
 }
 
 type gemmRow struct {
@@ -709,13 +721,15 @@ type gemmRow struct {
 	TFLOPS  float64 `json:"tflops"`
 }
 
-// BenchmarkPrefillGEMM measures the linear kernels at prefill batches (64,
-// 256, 1024, 4096 rows) on the V4-Flash shapes, and multi launches shaped
-// like a chunk's expert tiles, reporting us/op and effective TFLOP/s
+// BenchmarkPrefillGEMM measures the linear kernels at prefill batches (16,
+// 32, 64, 256, 512 = the default chunk, 1024, 4096 rows) on the V4-Flash
+// shapes, and multi launches shaped like a chunk's expert tiles, reporting
+// us/op and effective TFLOP/s
 // (2·rows·cols·batch per launch; the tensor-core kernels' hi/lo products
 // are not counted twice). Run with -test.benchtime 1x; filter shapes,
 // batches and variants by name, e.g. -test.bench 'PrefillGEMM/sq4096_b1024'.
-// $MOXIE_BENCH_QUICK keeps the automatic variant and the two default tiles;
+// $MOXIE_BENCH_QUICK keeps the automatic variant, the two default tiles and
+// (up to batch 64) the narrow kernels;
 // $MOXIE_BENCH_JSON names a file for the rows.
 func BenchmarkPrefillGEMM(b *testing.B) {
 	dev := testDevice(b)
@@ -748,9 +762,9 @@ func BenchmarkPrefillGEMM(b *testing.B) {
 		d := randomWeight(rng, sh.f, sh.rows, sh.cols)
 		bytes := len(d.Data) + len(d.Scale)
 		copies := max(2, (2*dev.Info().L2Bytes+bytes-1)/bytes)
-		for _, batch := range []int{64, 256, 1024, 4096} {
+		for _, batch := range []int{16, 32, 64, 256, 512, 1024, 4096} {
 			for _, v := range prefillVariants() {
-				if quick && !v.quick || v.name == "narrow" && batch != 64 {
+				if quick && !v.quick || v.name == "narrow" && batch > 64 || batch < 64 && !smallBatchVariant(v.name) {
 					continue
 				}
 				if v.name != "narrow" {

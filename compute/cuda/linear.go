@@ -314,9 +314,9 @@ const tcMinBatch = 16
 type tcTile struct{ BM, BN, WM, WN, ST, OB, XC int }
 
 // tcTileList is the tile shapes with kernels in kernels/linear.cu
-// (LINTC3 lines); LinearVariant.Tile i selects entry i-1. The first two are
-// in the default module (the automatic choices), the others in the
-// benchmark module.
+// (LINTS/LINTC3 lines of the default module: tiles 1 and 2, the automatic
+// choices; LINTC1/LINTX/LINTK lines of the linear_tc module: the others);
+// LinearVariant.Tile i selects entry i-1.
 func tcTileList() []tcTile {
 	return []tcTile{
 		{128, 64, 4, 2, 4, 1, 0}, // 1: automatic for batches of 64 and more
@@ -441,7 +441,11 @@ func planTC(f compute.Format, rows, cols, block, groups, batch int, v LinearVari
 	if optin > 0 && shared > optin-tcStaticShared {
 		return linPlan{}, false, nil
 	}
-	return linPlan{name: fmt.Sprintf("lint_%s_%s%s", name, tcTileName(tl), map[bool]string{true: "_k"}[split > 1]),
+	suffix := ""
+	if split > 1 {
+		suffix = "_k"
+	}
+	return linPlan{name: fmt.Sprintf("lint_%s_%s%s", name, tcTileName(tl), suffix),
 		grid:  Dim3{X: uint32((rows + tl.BM - 1) / tl.BM), Y: uint32((batch + tl.BN - 1) / tl.BN), Z: uint32(split)},
 		block: Dim3{X: uint32(32 * tl.WM * tl.WN)}, shared: shared, split: split > 1}, true, nil
 }
@@ -887,7 +891,7 @@ const multiTCTile = 2
 // planMultiTC plans a tensor-core GEMM launch over several projections of
 // format f ([rows, cols] each, FP8 block edge block) at batch, or returns
 // ok false when the family does not take every shape. v.Tile applies to
-// MXFP4 sets; FP8 and BF16 sets always use tile 2. Blocks past a
+// MXFP4 sets; FP8 and BF16 sets always use multiTCTile. Blocks past a
 // projection's rows or batch exit at once, so the grid covers the largest.
 func planMultiTC(f compute.Format, shapes [][2]int, block, batch int, v LinearVariant, sms, optin int) (p linPlan, ok bool, err error) {
 	name, _, _ := fmtInfo(f)

@@ -213,10 +213,24 @@ __device__ __forceinline__ void ad_partial(const ADArgs &a) {
 #pragma unroll
     for (int j = 0; j < KT; j++) {
       const float4 k = ks[j * KS4 + c4];
-      const float *pj = ps + j * G + hp * GP;
+      const float *pj = ps + j * G + hp * GP;  // 16-byte aligned when GP % 4 == 0
+      float pr[GP];
+      if constexpr (GP % 4 == 0) {
+#pragma unroll
+        for (int r = 0; r < GP; r += 4) {
+          const float4 v = *(const float4 *)(pj + r);
+          pr[r] = v.x;
+          pr[r + 1] = v.y;
+          pr[r + 2] = v.z;
+          pr[r + 3] = v.w;
+        }
+      } else {
+#pragma unroll
+        for (int r = 0; r < GP; r++) pr[r] = pj[r];
+      }
 #pragma unroll
       for (int r = 0; r < GP; r++) {
-        const float p = pj[r];
+        const float p = pr[r];
         acc[r].x = fmaf(p, k.x, acc[r].x);
         acc[r].y = fmaf(p, k.y, acc[r].y);
         acc[r].z = fmaf(p, k.z, acc[r].z);

@@ -61,6 +61,18 @@ __device__ __forceinline__ float ad_warp_max(float v) {
   return v;
 }
 
+#ifndef AD_EMULATE
+// ad_cp16 copies 16 bytes from global src to shared dst asynchronously, or
+// zero-fills dst when !ok (src is then not read); ad_cp_wait waits for all
+// of the thread's copies.
+__device__ __forceinline__ void ad_cp16(void *dst, const void *src, bool ok) {
+  unsigned d;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(d) : "l"(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void ad_cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+#endif
+
 // ad_keys returns query i's key count (at most max_keys); nw gets its window
 // key count and first its first window position.
 __device__ __forceinline__ int ad_keys(const ADArgs &a, int i, int &nw, int &first) {
@@ -144,12 +156,13 @@ __device__ __forceinline__ void ad_partial(const ADArgs &a) {
     __syncthreads();  // the previous tile is consumed
     if (tid < KT) kp[tid] = tid < nt ? ad_key(a, i, jt + tid, nw, first) : (const float *)0;
     __syncthreads();
-#pragma unroll 4
+#pragma unroll
     for (int e = tid; e < KT * D4; e += AD_NT) {
       const int j = e / D4, c = e % D4;
       const float *p = kp[j];
-      ks[j * KS4 + c] = p != 0 ? __ldg((const float4 *)p + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+      ad_cp16(ks + j * KS4 + c, p != 0 ? (const float4 *)p + c : (const float4 *)a.ring, p != 0);
     }
+    ad_cp_wait();
     __syncthreads();
     // Scores: lane = sub*KT + j; warp w sums columns w*WC + sub + NSUB*it.
     {

@@ -42,6 +42,11 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
 inline float __int_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 template <class T> inline T __ldg(const T *p) { return *p; }
 
+#define AD_EMULATE
+inline void ad_cp16(void *dst, const void *src, bool ok) {
+  if (ok) memcpy(dst, src, 16); else memset(dst, 0, 16);
+}
+inline void ad_cp_wait() {}
 #include "kern.inc"  // kernels/attndec.cu with its extern __shared__ arrays mapped to g_dyn
 
 void launch(void (*k)(ADArgs), U3 grid, unsigned threads, ADArgs a) {

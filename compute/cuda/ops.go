@@ -176,7 +176,7 @@ func (c *Ctx) hcMix(op string, pre, post, comb, x DevicePtr, p *HC, batch int, h
 			ptr(&part), ptr(&x), ptr(&fn), ptr(&code), ptr(&n), ptr(&nm), ptr(&cq32), ptr(&rb32), ptr(&b32)); err != nil {
 			return err
 		}
-		return c.launchOp("hc_split_finish", Dim3{X: uint32(batch)}, Dim3{X: uint32(max(32, (rows+32)/32*32))}, 0, s,
+		return c.launchOp("hc_split_finish", Dim3{X: uint32(batch)}, Dim3{X: uint32(max(64, (rows+32)/32*32))}, 0, s,
 			ptr(&pre), ptr(&post), ptr(&comb), ptr(&part), ptr(&base), ptr(&scale), ptr(&hc), ptr(&n), ptr(&nm), ptr(&s32),
 			ptr(&iters), ptr(&eps), ptr(&neps), ptr(&head))
 	}

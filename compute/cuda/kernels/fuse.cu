@@ -166,7 +166,8 @@ extern "C" __global__ void __launch_bounds__(1024)
     fuse_hc_finish(float *pre, float *post, float *comb, float *__restrict__ a, const float *__restrict__ xs,
                    const float *__restrict__ w, const float *__restrict__ part, const float *base, const float *scale,
                    int hc, int dim, int nm, int S, int iters, float eps, float normEps, int head, float rmsEps) {
-  extern __shared__ float ps[];  // [(nm+1)·S] this token's partials
+  extern __shared__ float4 ps4[];  // [(nm+1)·S] floats: this token's partials
+  float *ps = (float *)ps4;
   __shared__ float dot[HC_MAXNM + 1];
   __shared__ float cm[HC_MAXNM];
   __shared__ float pw[HC_MAXNM];
@@ -177,8 +178,20 @@ extern "C" __global__ void __launch_bounds__(1024)
   for (int i = threadIdx.x; i < np; i += blockDim.x) ps[i] = pb[i];  // every load in flight at once
   __syncthreads();
   for (int r = threadIdx.x; r <= nm; r += blockDim.x) {
-    float s = 0.f;
-    for (int i = 0; i < S; i++) s += ps[r * S + i];  // hc_split_finish's order
+    float s = 0.f;  // hc_split_finish's order: i = 0, 1, …, S−1
+    if ((S & 3) == 0) {
+      const float4 *p4 = ps4 + r * (S >> 2);
+#pragma unroll 4
+      for (int i = 0; i < (S >> 2); i++) {
+        const float4 q = p4[i];
+        s += q.x;
+        s += q.y;
+        s += q.z;
+        s += q.w;
+      }
+    } else {
+      for (int i = 0; i < S; i++) s += ps[r * S + i];
+    }
     dot[r] = s;
   }
   __syncthreads();

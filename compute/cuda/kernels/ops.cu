@@ -156,22 +156,68 @@ __device__ __forceinline__ float hc_pre_gate(float d, float rho, const float *sc
   return sigmoidf_(m * scale[0] + base[j]) + eps;
 }
 
+// hc_sinkhorn_warp<HC>: the Sinkhorn part of hc_gates_sinkhorn for a
+// compile-time HC (HC·HC <= 32), run by the 32 lanes of one warp: lane l
+// holds comb[l / HC, l % HC]; every gather of a row or column is HC
+// independent shuffles issued together, then summed in index order.
+template <int HC>
+__device__ __forceinline__ void hc_sinkhorn_warp(float *cb, const float *dcomb, float rho, const float *base,
+                                                 const float *scale, int its, float eps) {
+  const int lane = threadIdx.x & 31;
+  constexpr int HH = HC * HC;
+  const bool own = lane < HH;
+  const int j = lane / HC, k = lane % HC;
+  const float L = own ? __fadd_rn(__fmul_rn(dcomb[lane] * rho, scale[2]), base[2 * HC + lane]) : 0.f;
+  float g[HC];
+#pragma unroll
+  for (int kk = 0; kk < HC; kk++) g[kk] = __shfl_sync(FULL, L, j * HC + kk);
+  float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+  for (int kk = 0; kk < HC; kk++) mx = fmaxf(mx, g[kk]);
+  const float e = (float)exp((double)(L - mx));
+#pragma unroll
+  for (int kk = 0; kk < HC; kk++) g[kk] = __shfl_sync(FULL, e, j * HC + kk);
+  float s = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < HC; kk++) s += g[kk];
+  float v = e / s + eps;
+  for (int it = 0; it < its; it++) {
+    if (it > 0) {
+#pragma unroll
+      for (int kk = 0; kk < HC; kk++) g[kk] = __shfl_sync(FULL, v, j * HC + kk);
+      s = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < HC; kk++) s += g[kk];
+      v = v / (s + eps);
+    }
+#pragma unroll
+    for (int jj = 0; jj < HC; jj++) g[jj] = __shfl_sync(FULL, v, jj * HC + k);
+    s = 0.f;
+#pragma unroll
+    for (int jj = 0; jj < HC; jj++) s += g[jj];
+    v = v / (s + eps);
+  }
+  if (own) cb[lane] = v;
+}
+
 // hc_gates_sinkhorn is the per-token tail of hc_finish and hc_split_finish:
 // from token b's raw dot products (dpre [hc], dpost [hc], dcomb [hc·hc]; they
 // may alias the token's pre, post and comb slots, each value is read before
 // its slot is written) and ρ, the sigmoids and the Sinkhorn iterations in the
 // host's order (see hc_finish). Called by every thread of the block; cm is
-// the block's [HC_MAXNM] shared scratch.
+// the block's [HC_MAXNM] shared scratch. With at least 64 threads the gates
+// are warp 1's while warp 0 runs the Sinkhorn (hc = 4 unrolled:
+// hc_sinkhorn_warp<4>); with 32 the warp does both in turn.
 __device__ __forceinline__ void hc_gates_sinkhorn(float *pre, float *post, float *comb, const float *dpre,
                                                   const float *dpost, const float *dcomb, float rho,
                                                   const float *base, const float *scale, int hc, int iters,
                                                   float eps, int head, size_t b, float *cm) {
-  const int lane = threadIdx.x;
-  if (lane < hc) {
-    pre[b * hc + lane] = hc_pre_gate(dpre[lane], rho, scale, base, lane, eps);
+  const int gl = blockDim.x >= 64 ? (int)threadIdx.x - 32 : (int)threadIdx.x;  // gate lane
+  if (gl >= 0 && gl < hc) {
+    pre[b * hc + gl] = hc_pre_gate(dpre[gl], rho, scale, base, gl, eps);
     if (!head) {
-      const float m2 = dpost[lane] * rho;
-      post[b * hc + lane] = 2.0f * sigmoidf_(m2 * scale[1] + base[hc + lane]);
+      const float m2 = dpost[gl] * rho;
+      post[b * hc + gl] = 2.0f * sigmoidf_(m2 * scale[1] + base[hc + gl]);
     }
   }
   if (head) return;
@@ -180,6 +226,11 @@ __device__ __forceinline__ void hc_gates_sinkhorn(float *pre, float *post, float
   const int hh = hc * hc;
   if (hh <= 32) {
     if (threadIdx.x >= 32) return;
+    if (hc == 4) {
+      hc_sinkhorn_warp<4>(cb, dcomb, rho, base, scale, its, eps);
+      return;
+    }
+    const int lane = threadIdx.x;
     const bool own = lane < hh;
     const int j = lane / hc, k = lane % hc;
     float L = own ? __fadd_rn(__fmul_rn(dcomb[lane] * rho, scale[2]), base[2 * hc + lane]) : 0.f;
@@ -268,7 +319,8 @@ extern "C" __global__ void hc_finish(float *pre, float *post, float *comb, const
 // Needs rb <= HCS_RB, n % 4 == 0, x 16-byte aligned, Fn 16-byte (F32, fmt 4)
 // or 8-byte (BF16, fmt 3) aligned, blockDim a multiple of 32 (at most 1024).
 //
-// hc_split_finish: block per token (blockDim a multiple of 32, at least 32):
+// hc_split_finish: block per token (blockDim a multiple of 32, at least 32;
+// with 64 the gates run beside the Sinkhorn):
 // sums the S (at most HCS_MAXS) partials of every row in index order, ρ = 1/sqrt(Σx²/n +
 // normEps) from row nm, then hc_finish's own sigmoids and Sinkhorn
 // iterations (hc_gates_sinkhorn), reading the dots from shared memory.

@@ -27,6 +27,7 @@ type deviceModel struct {
 	dev    *cuda.Device
 	arena  *cuda.Arena
 	fwd    *cuda.Fwd
+	idx    *cuda.IdxDec // the indexer's scores and top-k
 	maxCtx int
 	bytes  int // arena bytes in use after the upload
 	// tableErr is why some layer's experts cannot be selected on the device
@@ -224,6 +225,9 @@ func loadDevice(m *Model, src checkpoint.Source, opts Options) (*deviceModel, er
 			}
 		}
 		if d.fwd, err = c.Fwd(); err != nil {
+			return err
+		}
+		if d.idx, err = c.IdxDec(); err != nil {
 			return err
 		}
 		if d.arena, err = c.NewArena(need); err != nil {

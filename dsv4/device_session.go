@@ -1035,9 +1035,9 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 				if graph {
 					maxN = s.entries
 				}
-				return d.fwd.IndexScores(c, s.scores, s.qi, s.wts, ls.icomp.entries, s.posBuf, T, maxN, R, IH, ID, s.entries, st)
+				return d.idx.IndexScores(c, s.scores, s.qi, s.wts, ls.icomp.entries, s.posBuf, T, maxN, R, IH, ID, s.entries, st)
 			},
-			func() error { return d.fwd.TopKRows(c, s.idx, s.scores, s.posBuf, T, R, s.topk, s.entries, st) },
+			func() error { return d.idx.TopKRows(c, s.idx, s.scores, s.posBuf, T, R, s.topk, s.entries, st) },
 		); err != nil {
 			return err
 		}

@@ -19,11 +19,12 @@ func AttnDecSource() string { return attnDecSrc }
 const attnDecModuleName = "attndec"
 
 // attnDecVariant is one tiling of the decode attention's partial kernel:
-// G heads per block, key tiles of KT keys, at most MaxSplits key splits per
-// query (kernels/attndec.cu ad_partial<G, D, KT>).
+// G heads per block, key tiles of KT keys, NB key buffers (2: the next
+// tile's copies in flight during the current one), at most MaxSplits key
+// splits per query (kernels/attndec.cu ad_partial<G, D, KT, NB>).
 type attnDecVariant struct {
 	Name      string
-	G, KT     int
+	G, KT, NB int
 	MaxSplits int
 	dims      []int // the head widths it is instantiated for
 }
@@ -31,10 +32,11 @@ type attnDecVariant struct {
 // attnDecVariants lists the partial kernel's tilings; the first is the
 // default of AttentionDecode. The others stay for the benchmark.
 var attnDecVariants = []attnDecVariant{
-	{Name: "g8k16", G: 8, KT: 16, MaxSplits: 64, dims: []int{128, 256, 512}},
-	{Name: "g16k16", G: 16, KT: 16, MaxSplits: 64, dims: []int{128, 256, 512}},
-	{Name: "g8k32", G: 8, KT: 32, MaxSplits: 32, dims: []int{128, 256, 512}},
-	{Name: "g4k32", G: 4, KT: 32, MaxSplits: 32, dims: []int{256, 512}},
+	{Name: "g8k16", G: 8, KT: 16, NB: 1, MaxSplits: 64, dims: []int{128, 256, 512}},
+	{Name: "g16k16", G: 16, KT: 16, NB: 1, MaxSplits: 64, dims: []int{128, 256, 512}},
+	{Name: "g8k32", G: 8, KT: 32, NB: 1, MaxSplits: 32, dims: []int{128, 256, 512}},
+	{Name: "g4k32", G: 4, KT: 32, NB: 1, MaxSplits: 32, dims: []int{256, 512}},
+	{Name: "g8k16db", G: 8, KT: 16, NB: 2, MaxSplits: 64, dims: []int{128, 256, 512}},
 }
 
 // attnDecMaxSplits is AD_MAXS in kernels/attndec.cu.
@@ -71,10 +73,10 @@ func (v attnDecVariant) fits(heads, dim int) bool {
 // kernel names v's partial kernel for heads of width dim.
 func (v attnDecVariant) kernel(dim int) string { return fmt.Sprintf("attndec_%s_d%d", v.Name, dim) }
 
-// shared is AD_SHARED(G, D, KT): the partial kernel's dynamic shared memory
-// in bytes.
+// shared is AD_SHARED(G, D, KT, NB): the partial kernel's dynamic shared
+// memory in bytes.
 func (v attnDecVariant) shared(dim int) int {
-	return 16*(v.G*(dim/4)+v.KT*(dim/4+1)) + 4*(attnDecWarps*v.G*v.KT+v.KT*v.G)
+	return 16*(v.G*(dim/4)+v.NB*v.KT*(dim/4+1)) + 4*(attnDecWarps*v.G*v.KT+v.KT*v.G)
 }
 
 // splits is the number of key splits per query for at most maxKeys keys.

@@ -17,7 +17,8 @@ import (
 // (graphTime): the figure is device µs per call including the graph's launch
 // cost per kernel. hca_ctx4096_max64k sizes the grid for a 64k context (640
 // keys) while the position has 160, as a graph captured for the longest
-// context does.
+// context does; hca_ctx262144 (2,176 keys) has splits of several tiles
+// (variant g8k16db keeps the next tile's copies in flight).
 func BenchmarkAttentionDecode(b *testing.B) {
 	const (
 		H, hd, window, topk = 64, 512, 128, 512
@@ -33,6 +34,7 @@ func BenchmarkAttentionDecode(b *testing.B) {
 		{"window_ctx4096", 4096, 1, "window", 0},
 		{"hca_ctx4096", 4096, 1, "hca", 0},
 		{"hca_ctx4096_max64k", 4096, 1, "hca", window + 65536/128},
+		{"hca_ctx262144", 262144, 1, "hca", 0},
 		{"csa_ctx1024", 1024, 1, "csa", 0},
 		{"csa_ctx4096", 4096, 1, "csa", 0},
 		{"csa_ctx4096_T2", 4096, 2, "csa", 0},

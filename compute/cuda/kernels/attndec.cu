@@ -63,14 +63,16 @@ __device__ __forceinline__ float ad_warp_max(float v) {
 
 #ifndef AD_EMULATE
 // ad_cp16 copies 16 bytes from global src to shared dst asynchronously, or
-// zero-fills dst when !ok (src is then not read); ad_cp_wait waits for all
-// of the thread's copies.
+// zero-fills dst when !ok (src is then not read); ad_cp_commit closes the
+// thread's group of copies; ad_cp_wait<N> waits until at most N groups are
+// pending.
 __device__ __forceinline__ void ad_cp16(void *dst, const void *src, bool ok) {
   unsigned d;
   asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(d) : "l"(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
 }
-__device__ __forceinline__ void ad_cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+__device__ __forceinline__ void ad_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void ad_cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 #endif
 
 // ad_keys returns query i's key count (at most max_keys); nw gets its window
@@ -95,11 +97,13 @@ __device__ __forceinline__ const float *ad_key(const ADArgs &a, int i, int j, in
   return e < 0 ? (const float *)0 : a.comp + (long long)e * a.dim;
 }
 
-// Dynamic shared memory of ad_partial<G, D, KT>, in bytes (attnDecShared in
-// attndec.go must agree).
-#define AD_SHARED(G, D, KT) (16 * ((G) * ((D) / 4) + (KT) * ((D) / 4 + 1)) + 4 * (AD_NW * (G) * (KT) + (KT) * (G)))
+// Dynamic shared memory of ad_partial<G, D, KT, NB>, in bytes
+// (attnDecVariant.shared in attndec.go must agree).
+#define AD_SHARED(G, D, KT, NB) (16 * ((G) * ((D) / 4) + (NB) * (KT) * ((D) / 4 + 1)) + 4 * (AD_NW * (G) * (KT) + (KT) * (G)))
 
-template <int G, int D, int KT>
+// NB key buffers: 1, or 2 (the next tile's copies in flight while the
+// current tile is worked on; for splits of several tiles).
+template <int G, int D, int KT, int NB>
 __device__ __forceinline__ void ad_partial(const ADArgs &a) {
   constexpr int D4 = D / 4;        // float4 columns of a row
   constexpr int KS4 = D4 + 1;      // key row stride in shared memory (float4): conflict-free
@@ -108,14 +112,15 @@ __device__ __forceinline__ void ad_partial(const ADArgs &a) {
   constexpr int HP = 1024 / D;     // head parts in the P.V phase (HP * D4 == 256 threads)
   constexpr int GP = G / HP;       // heads per thread in the P.V phase
   static_assert(KT == 8 || KT == 16 || KT == 32, "KT");
+  static_assert(NB == 1 || NB == 2, "NB");
   static_assert(WC % NSUB == 0, "dim too small for KT");
   static_assert(HP * D4 == AD_NT && GP >= 1 && GP * HP == G, "G, D");
   extern __shared__ float4 ad_sm[];
   float4 *qs = ad_sm;                          // [G][D4]
-  float4 *ks = qs + G * D4;                    // [KT][KS4]
-  float *red = (float *)(ks + KT * KS4);       // [AD_NW][G][KT]
+  float4 *ks0 = qs + G * D4;                   // [NB][KT][KS4]
+  float *red = (float *)(ks0 + NB * KT * KS4); // [AD_NW][G][KT]
   float *ps = red + AD_NW * G * KT;            // [KT][G]
-  __shared__ const float *kp[KT];
+  __shared__ const float *kp0[NB][KT];
   __shared__ float mrun[G], lrun[G], alpha[G];
 
   const int h0 = blockIdx.x * G, s = blockIdx.y, i = blockIdx.z;
@@ -151,19 +156,47 @@ __device__ __forceinline__ void ad_partial(const ADArgs &a) {
 #pragma unroll
   for (int r = 0; r < GP; r++) acc[r] = make_float4(0.f, 0.f, 0.f, 0.f);
 
-  for (int jt = j0; jt < j1; jt += KT) {
-    const int nt = min(KT, j1 - jt);
-    __syncthreads();  // the previous tile is consumed
-    if (tid < KT) kp[tid] = tid < nt ? ad_key(a, i, jt + tid, nw, first) : (const float *)0;
-    __syncthreads();
+  // set_rows: threads < KT locate the keys of the tile at jt (0 past the
+  // split) in buffer b; fetch: every thread copies its part of that tile.
+  auto set_rows = [&](int jt, int b) {
+    if (tid < KT) kp0[b][tid] = jt + tid < j1 ? ad_key(a, i, jt + tid, nw, first) : (const float *)0;
+  };
+  auto fetch = [&](int b) {
 #pragma unroll
     for (int e = tid; e < KT * D4; e += AD_NT) {
       const int j = e / D4, c = e % D4;
-      const float *p = kp[j];
-      ad_cp16(ks + j * KS4 + c, p != 0 ? (const float4 *)p + c : (const float4 *)a.ring, p != 0);
+      const float *p = kp0[b][j];
+      ad_cp16(ks0 + (b * KT + j) * KS4 + c, p != 0 ? (const float4 *)p + c : (const float4 *)a.ring, p != 0);
     }
-    ad_cp_wait();
+    ad_cp_commit();
+  };
+  if (NB == 2) {
+    set_rows(j0, 0);
     __syncthreads();
+    fetch(0);
+  }
+  for (int jt = j0, n = 0; jt < j1; jt += KT, n++) {
+    const int b = NB == 2 ? (n & 1) : 0;
+    __syncthreads();  // the previous tile is consumed (its rows and buffer free)
+    if (NB == 1) {
+      set_rows(jt, 0);
+      __syncthreads();
+      fetch(0);
+      ad_cp_wait<0>();
+    } else {
+      const bool more = jt + KT < j1;
+      if (more) set_rows(jt + KT, b ^ 1);
+      __syncthreads();
+      if (more) {
+        fetch(b ^ 1);
+        ad_cp_wait<1>();  // this tile's copies are done, the next tile's may not be
+      } else {
+        ad_cp_wait<0>();
+      }
+    }
+    __syncthreads();
+    const float4 *ks = ks0 + b * KT * KS4;
+    const float *const *kp = kp0[b];
     // Scores: lane = sub*KT + j; warp w sums columns w*WC + sub + NSUB*it.
     {
       const int sub = lane / KT, j = lane % KT;
@@ -260,20 +293,23 @@ __device__ __forceinline__ void ad_partial(const ADArgs &a) {
   }
 }
 
-#define AD_KERNEL(NAME, G, D, KT) \
-  extern "C" __global__ void __launch_bounds__(AD_NT) NAME(ADArgs a) { ad_partial<G, D, KT>(a); }
+#define AD_KERNEL(NAME, G, D, KT, NB) \
+  extern "C" __global__ void __launch_bounds__(AD_NT) NAME(ADArgs a) { ad_partial<G, D, KT, NB>(a); }
 
-AD_KERNEL(attndec_g8k16_d128, 8, 128, 16)
-AD_KERNEL(attndec_g8k16_d256, 8, 256, 16)
-AD_KERNEL(attndec_g8k16_d512, 8, 512, 16)
-AD_KERNEL(attndec_g16k16_d128, 16, 128, 16)
-AD_KERNEL(attndec_g16k16_d256, 16, 256, 16)
-AD_KERNEL(attndec_g16k16_d512, 16, 512, 16)
-AD_KERNEL(attndec_g8k32_d128, 8, 128, 32)
-AD_KERNEL(attndec_g8k32_d256, 8, 256, 32)
-AD_KERNEL(attndec_g8k32_d512, 8, 512, 32)
-AD_KERNEL(attndec_g4k32_d256, 4, 256, 32)
-AD_KERNEL(attndec_g4k32_d512, 4, 512, 32)
+AD_KERNEL(attndec_g8k16_d128, 8, 128, 16, 1)
+AD_KERNEL(attndec_g8k16_d256, 8, 256, 16, 1)
+AD_KERNEL(attndec_g8k16_d512, 8, 512, 16, 1)
+AD_KERNEL(attndec_g16k16_d128, 16, 128, 16, 1)
+AD_KERNEL(attndec_g16k16_d256, 16, 256, 16, 1)
+AD_KERNEL(attndec_g16k16_d512, 16, 512, 16, 1)
+AD_KERNEL(attndec_g8k32_d128, 8, 128, 32, 1)
+AD_KERNEL(attndec_g8k32_d256, 8, 256, 32, 1)
+AD_KERNEL(attndec_g8k32_d512, 8, 512, 32, 1)
+AD_KERNEL(attndec_g4k32_d256, 4, 256, 32, 1)
+AD_KERNEL(attndec_g4k32_d512, 4, 512, 32, 1)
+AD_KERNEL(attndec_g8k16db_d128, 8, 128, 16, 2)
+AD_KERNEL(attndec_g8k16db_d256, 8, 256, 16, 2)
+AD_KERNEL(attndec_g8k16db_d512, 8, 512, 16, 2)
 
 // Combine: grid (heads, T), blockDim.x = D/4 * SP threads (SP split parts,
 // a power of two). Only the splits that hold keys are read (the first

@@ -46,7 +46,8 @@ template <class T> inline T __ldg(const T *p) { return *p; }
 inline void ad_cp16(void *dst, const void *src, bool ok) {
   if (ok) memcpy(dst, src, 16); else memset(dst, 0, 16);
 }
-inline void ad_cp_wait() {}
+inline void ad_cp_commit() {}
+template <int N> inline void ad_cp_wait() {}
 #include "kern.inc"  // kernels/attndec.cu with its extern __shared__ arrays mapped to g_dyn
 
 void launch(void (*k)(ADArgs), U3 grid, unsigned threads, ADArgs a) {

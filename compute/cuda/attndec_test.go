@@ -164,6 +164,8 @@ var attnDecCases = []attnDecCase{
 	{name: "csa small heads", window: 32, ringRows: 36, p0: 300, T: 4, heads: 16, dim: 128, kind: "csa", ratio: 4, topk: 40},
 	{name: "csa large sinks", window: 128, ringRows: 129, p0: 900, T: 1, heads: 64, dim: 512, kind: "csa", ratio: 4, topk: 512, sinkShift: 6},
 	{name: "csa small sinks", window: 128, ringRows: 129, p0: 900, T: 1, heads: 64, dim: 512, kind: "csa", ratio: 4, topk: 512, sinkShift: -30},
+	{name: "hca splits of several tiles", window: 16, ringRows: 19, p0: 4000, T: 2, heads: 8, dim: 128, kind: "hca", ratio: 2},
+	{name: "hca 2k entries", window: 128, ringRows: 129, p0: 8191, T: 1, heads: 64, dim: 512, kind: "hca", ratio: 4},
 	{name: "csa max keys truncates", window: 128, ringRows: 129, p0: 900, T: 1, heads: 64, dim: 512, kind: "csa", ratio: 4, topk: 512, maxKeys: 128 + 100},
 }
 

@@ -899,6 +899,11 @@ __device__ __forceinline__ void linear_generic_body(const LinArgs &a, int fmt) {
 //    f16(x) and lo = f16(2^11 (x - hi)), each with its own f32 accumulator
 //    (y = acc_hi + 2^-11 acc_lo), so products carry about 22 bits of x
 //    whatever its magnitude in f16's range (|x| < 65504).
+//  - The tensor cores add into their f32 accumulator rounding toward zero
+//    (a bias of up to an ulp per mma over a long chain), so the hi
+//    products (BF16: all three parts) of each stage are chained from zero
+//    and then added to the float32 sums with round-to-nearest; the lo chain
+//    (weighted 2^-11) runs over all columns.
 //  - BF16: weights are bf16 already (the bf16 mma, no decode); x is split
 //    exactly into three bf16 parts (8 + 8 + 8 significant bits), all three
 //    products accumulate in one f32 accumulator.
@@ -933,6 +938,18 @@ __device__ __forceinline__ void mma16816bf(float (&d)[4], u32 a0, u32 a1, u32 a2
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// d = A B (no addend: the chain starts from zero).
+__device__ __forceinline__ void mma16816_0(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};"
+               : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.f));
+}
+__device__ __forceinline__ void mma16816bf_0(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};"
+               : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.f));
 }
 
 __device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
@@ -1081,6 +1098,7 @@ __device__ __forceinline__ void tc_gemm(const LinArgs &a, u8 *smem) {
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[mi][ni][h][i] = 0.f;
 
+  float dh[MI][NI][4];  // this stage's hi (BF16: all) products, chained from zero
   const int wr = wm * MI * 16;  // the warp's first row in the tile
   const int wb = wn * NI * 8;   // its first batch row in the tile
   if constexpr (XCV) {
@@ -1186,15 +1204,24 @@ __device__ __forceinline__ void tc_gemm(const LinArgs &a, u8 *smem) {
 #pragma unroll
         for (int ni = 0; ni < NI; ni++) {
           if constexpr (F16) {
-            mma16816(acc[mi][ni][0], a0, a1, a2, a3, bq[ni][0][0], bq[ni][0][1]);
+            if (kk == 0) mma16816_0(dh[mi][ni], a0, a1, a2, a3, bq[ni][0][0], bq[ni][0][1]);
+            else mma16816(dh[mi][ni], a0, a1, a2, a3, bq[ni][0][0], bq[ni][0][1]);
             mma16816(acc[mi][ni][1], a0, a1, a2, a3, bq[ni][1][0], bq[ni][1][1]);
           } else {
+            if (kk == 0) mma16816bf_0(dh[mi][ni], a0, a1, a2, a3, bq[ni][0][0], bq[ni][0][1]);
+            else mma16816bf(dh[mi][ni], a0, a1, a2, a3, bq[ni][0][0], bq[ni][0][1]);
 #pragma unroll
-            for (int p = 0; p < 3; p++) mma16816bf(acc[mi][ni][0], a0, a1, a2, a3, bq[ni][p][0], bq[ni][p][1]);
+            for (int p = 1; p < 3; p++) mma16816bf(dh[mi][ni], a0, a1, a2, a3, bq[ni][p][0], bq[ni][p][1]);
           }
         }
       }
     }
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+      for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[mi][ni][0][i] += dh[mi][ni][i];
     if (++slot == ST) slot = 0;
   }
   cp_wait<0>();

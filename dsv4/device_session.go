@@ -106,7 +106,12 @@ type DeviceSession struct {
 	side cuda.Stream
 	// tcAttn: chunks of several queries use the tensor-core attention
 	// (Fwd.AttentionPrefill); MOXIE_CUDA_ATTN=ring keeps AttentionRing.
-	tcAttn         bool
+	tcAttn bool
+	// attnDec: a one-token step's attention is split over its keys
+	// (Ctx.AttentionDecode, partials in attnScratch); MOXIE_CUDA_ATTNDEC=off
+	// keeps AttentionRing.
+	attnDec        bool
+	attnScratch    cuda.DevicePtr
 	sideOK         bool
 	evFork, evJoin cuda.Event
 
@@ -205,7 +210,8 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 	}
 	c := m.Cfg
 	s := &DeviceSession{m: m, d: d, limit: d.maxCtx, chunk: min(m.maxChunk, d.maxCtx), graphs: true, grouped: true, devMoE: true,
-		fused: os.Getenv("MOXIE_CUDA_FUSE") != "off", tcAttn: os.Getenv("MOXIE_CUDA_ATTN") != "ring"}
+		fused: os.Getenv("MOXIE_CUDA_FUSE") != "off", tcAttn: os.Getenv("MOXIE_CUDA_ATTN") != "ring",
+		attnDec: os.Getenv("MOXIE_CUDA_ATTNDEC") != "off" && cuda.DecodeAttentionFits(m.Cfg.NHeads, m.Cfg.HeadDim)}
 	T, D, hc, K := s.chunk, c.Dim, c.HCMult, c.NActivatedExperts
 	s.topk = c.IndexTopK
 	s.entries = max(s.limit/config.CSARatio, 1)
@@ -252,6 +258,11 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 	pl.add(&s.tileBuf, 4*3*maxTiles)
 	pl.add(&s.logits, f*T*c.VocabSize)
 	pl.add(&s.hcScratch, cuda.HCNormScratchBytes(hc, D, T))
+	if s.attnDec {
+		// Keys per query are at most the window plus every entry (HCA) or
+		// the top-k (CSA); the split count, and so the scratch, is capped.
+		pl.add(&s.attnScratch, cuda.AttentionDecodeScratchBytes(c.NHeads, c.HeadDim, 1, c.Window+max(s.topk, s.limit)))
+	}
 	for _, b := range d.layers {
 		ls := &devLayerState{ringRows: c.Window + T}
 		pl.add(&ls.ring, f*ls.ringRows*c.HeadDim)
@@ -1068,7 +1079,12 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 			// Chunks of several queries take the tensor-core kernel
 			// (MOXIE_CUDA_ATTN=ring keeps the CUDA-core one).
 			attn := d.fwd.AttentionRing
-			if T > 1 && s.tcAttn && cuda.PrefillAttentionFits(H, hd) {
+			switch {
+			case T == 1 && s.attnDec:
+				attn = func(c *cuda.Ctx, p cuda.AttnParams, st cuda.Stream) error {
+					return c.AttentionDecode(p, s.attnScratch, st)
+				}
+			case T > 1 && s.tcAttn && cuda.PrefillAttentionFits(H, hd):
 				attn = d.fwd.AttentionPrefill
 			}
 			return attn(c, cuda.AttnParams{O: s.o, Q: s.q, Ring: ls.ring, Comp: comp, Idx: idx, Sinks: b.sink,

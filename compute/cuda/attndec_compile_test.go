@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"moxie/compute/cuda/driver"
 )
@@ -19,6 +20,10 @@ import (
 // kernel AttentionDecode launches is in the image and that each fits the
 // H200's opt-in shared memory (227 KiB less the 1 KiB sm_90 reserves).
 func TestAttnDecCompiles(t *testing.T) {
+	// kernels/attndec.cu static_asserts sizeof(ADArgs) == 120.
+	if n := unsafe.Sizeof(attnDecArgs{}); n != 120 {
+		t.Errorf("attnDecArgs is %d bytes, struct ADArgs 120", n)
+	}
 	nv, err := driver.LoadNVRTC()
 	if err != nil {
 		t.Skipf("no NVRTC: %v", err)

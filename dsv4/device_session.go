@@ -91,7 +91,7 @@ type DeviceSession struct {
 	multiErr error
 	// gemvSets: which merged sets take the one-token Gemv kernels ("a":
 	// wq_a+wkv, "q": wq_b+indexer wq_b, "bf": the BF16 compressor set, "wo":
-	// wo_a and wo_b); $MOXIE_CUDA_GEMV lists them (default all; "off" none).
+	// wo_a and wo_b); $MOXIE_CUDA_GEMV lists them (default "a,wo"; "off" none).
 	gemvSets map[string]bool
 	// fused: the sublayer boundaries (expand, HC mix, collapse, norm) and
 	// the attention's row operations run as fused kernels (compute/cuda
@@ -463,12 +463,16 @@ func sharedOf(b *devBlock) *cuda.SharedExpert {
 }
 
 // gemvSetsFromEnv reads $MOXIE_CUDA_GEMV (see DeviceSession.gemvSets):
-// unset means every set, "off" none, else a comma-separated list; unknown
+// unset means "a,wo" (the measured winners), "off" none, else a comma-separated list; unknown
 // names are ignored.
 func gemvSetsFromEnv() map[string]bool {
 	v, ok := os.LookupEnv("MOXIE_CUDA_GEMV")
 	if !ok || v == "" {
-		v = "a,q,bf,wo"
+		// On the H200 (BenchmarkGemv, 2026-11-30) Gemv beat the linear
+		// kernels on wq_a+wkv (6.8 against 10.2 µs) and wo_a/wo_b (14.6/14.9
+		// against 19.2), and lost on wq_b (17.5 against 11.7) and the BF16
+		// compressor set (10.5 against 10.0).
+		v = "a,wo"
 	}
 	m := map[string]bool{}
 	for _, n := range strings.Split(v, ",") {
@@ -505,7 +509,7 @@ func (s *DeviceSession) decodeSets(c *cuda.Ctx, b *devBlock) (*decodeSets, error
 			return nil, nil
 		}
 		if s.gemvSets[name] {
-			if g, err := c.PrepareGemv(gp, cuda.GemvVariant{}); err == nil {
+			if g, err := c.PrepareGemv(gp, cuda.GemvVariant{U: 2}); err == nil {
 				return func(c *cuda.Ctx, st cuda.Stream) error { return c.LaunchGemv(g, st) }, nil
 			}
 		}

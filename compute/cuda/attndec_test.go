@@ -175,7 +175,7 @@ func TestAttentionDecode(t *testing.T) {
 			t.Fatal(err)
 		}
 		cases := append([]attnDecCase(nil), attnDecCases...)
-		cases = append(cases, attnDecCase{name: "csa padding entries", window: 128, ringRows: 129, p0: 1500, T: 4, heads: 64, dim: 512,
+		cases = append(cases, attnDecCase{name: "csa padding entries", window: 128, ringRows: 132, p0: 1500, T: 4, heads: 64, dim: 512,
 			kind: "csa", ratio: 4, topk: 512, pad: true})
 		for ci, tc := range cases {
 			// Not a subtest: t.Run would move the case off the device's

@@ -65,7 +65,7 @@ type Gemv struct {
 func (g *Gemv) Bytes() int { return g.bytes }
 
 // GemvVariant picks the loads in flight per lane and row (U: 2, 4 or 8; 0
-// means 4) of a Gemv launch.
+// means 2) of a Gemv launch.
 type GemvVariant struct{ U int }
 
 // gemvWPR picks the warps splitting each row group's columns: enough warps
@@ -89,7 +89,7 @@ func (c *Ctx) PrepareGemv(ps []GemvProj, v GemvVariant) (*Gemv, error) {
 	}
 	u := v.U
 	if u == 0 {
-		u = 4
+		u = 2 // the H200's best on wo_a, wo_b and wq_a+wkv (BenchmarkGemv)
 	}
 	if u != 2 && u != 4 && u != 8 {
 		return nil, fmt.Errorf("cuda gemv: U %d, want 2, 4 or 8", u)

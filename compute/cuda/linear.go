@@ -409,8 +409,11 @@ func tcWanted(v LinearVariant, batch int) bool {
 // gives at least one block per multiprocessor and the batch is at least
 // 64, else 64x32.
 func tcAutoTile(rows, batch, sms int) int {
+	// On the H200 (2026-11-30, BenchmarkPrefillGEMM) the 128x64 tile won
+	// with 128 blocks on 132 SMs (4096x4096 at batch 256: 84.2 against
+	// 67.7 TFLOP/s) and lost badly with 32 (batch 64: 20.1 against 41.7).
 	t := tcTileList()[0]
-	if batch >= 64 && ((rows+t.BM-1)/t.BM)*((batch+t.BN-1)/t.BN) >= sms {
+	if batch >= 64 && 4*((rows+t.BM-1)/t.BM)*((batch+t.BN-1)/t.BN) >= 3*sms {
 		return 1
 	}
 	return 2

@@ -207,17 +207,42 @@ func loadModel(spec string, mf *memFlags, stderr io.Writer) (*loadedModel, error
 	return l, nil
 }
 
-// expertHitRate is the store's overall hit rate so far (0 without a store).
-func (l *loadedModel) expertHitRate() float64 {
-	if l.store == nil {
-		return 0
+// servingStats are the figures of a loaded model a stats line and /metrics
+// show: the routed experts' hit rate since start (from the host expert store,
+// or the GPU expert tier), PCIe bytes the tier copied, and the GPU memory
+// the model's weights hold.
+type servingStats struct {
+	experts   bool // hitRate is meaningful (a store or a GPU tier counts hits)
+	hitRate   float64
+	pcieBytes int64
+	gpuBytes  int64
+}
+
+func (l *loadedModel) servingStats() servingStats {
+	var st servingStats
+	if l.store != nil {
+		st.experts, st.hitRate = true, l.store.Stats().Total.HitRate()
 	}
-	return l.store.Stats().Total.HitRate()
+	if l.m != nil && l.dev != nil {
+		st.gpuBytes = int64(l.m.DeviceBytes())
+		if c, ok := l.m.DeviceExpertCache(); ok && !c.Mapped {
+			st.experts, st.hitRate, st.pcieBytes = true, c.HitRate(), c.PCIeBytes
+		}
+	}
+	return st
 }
 
 // gauges reports the expert store and memory for the server's /metrics.
 func (l *loadedModel) gauges() []server.Gauge {
 	g := []server.Gauge{{Name: "moxie_resident_memory_bytes", Help: "Resident memory of the process (VmRSS).", Value: float64(residentBytes())}}
+	if st := l.servingStats(); l.dev != nil {
+		g = append(g, server.Gauge{Name: "moxie_gpu_weight_bytes", Help: "GPU memory held by the model's weights.", Value: float64(st.gpuBytes)})
+		if st.experts {
+			g = append(g,
+				server.Gauge{Name: "moxie_expert_hit_rate", Help: "Share of routed-expert uses served from GPU memory since start.", Value: st.hitRate},
+				server.Gauge{Name: "moxie_expert_pcie_bytes", Help: "Bytes of routed experts copied from host to GPU since start.", Value: float64(st.pcieBytes)})
+		}
+	}
 	if l.store == nil {
 		return g
 	}

@@ -230,15 +230,34 @@ func (r *runner) show(d chat.Delta, inReasoning *bool, content, reasoning *strin
 	}
 }
 
-// statsLine summarises a generation for people: prompt size, latency, speeds, memory.
+// statsLine summarises a generation for people: prompt size, latency, speeds,
+// expert hit rate (and PCIe traffic with a GPU expert tier), memory (and GPU
+// memory on the GPU).
 func statsLine(res generate.Result, lm *loadedModel) string {
-	hit := ""
-	if lm != nil && lm.store != nil {
-		hit = fmt.Sprintf(" | experts hit %.1f%%", 100*lm.expertHitRate())
+	var st servingStats
+	if lm != nil {
+		st = lm.servingStats()
 	}
-	return fmt.Sprintf("[prompt %d tok | first token %s | prefill %.1f tok/s | decode %.1f tok/s | %d tok, %s%s | memory %s]",
+	return formatStats(res, st, residentBytes())
+}
+
+// formatStats is statsLine's text for the serving figures st and resident
+// memory rss (bytes).
+func formatStats(res generate.Result, st servingStats, rss int64) string {
+	extra := ""
+	if st.experts {
+		extra = fmt.Sprintf(" | experts hit %.1f%%", 100*st.hitRate)
+		if st.pcieBytes > 0 {
+			extra += fmt.Sprintf(", %s over PCIe", progress.FormatBytes(st.pcieBytes))
+		}
+	}
+	mem := "memory " + progress.FormatBytes(rss)
+	if st.gpuBytes > 0 {
+		mem += ", GPU " + progress.FormatBytes(st.gpuBytes)
+	}
+	return fmt.Sprintf("[prompt %d tok | first token %s | prefill %.1f tok/s | decode %.1f tok/s | %d tok, %s%s | %s]",
 		res.PromptTokens, res.TimeToFirstToken.Round(time.Millisecond), res.PrefillTokensPerSecond(),
-		res.DecodeTokensPerSecond(), res.GeneratedTokens, res.Finish, hit, progress.FormatBytes(residentBytes()))
+		res.DecodeTokensPerSecond(), res.GeneratedTokens, res.Finish, extra, mem)
 }
 
 // residentBytes is the process's resident memory (VmRSS), or 0 where unknown.

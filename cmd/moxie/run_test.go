@@ -5,6 +5,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"moxie/generate"
 )
 
 func TestRunOneShotIsReproducibleAndReportsStats(t *testing.T) {
@@ -155,6 +158,32 @@ func TestGPUMemNeedsCUDA(t *testing.T) {
 			code, _, errs := moxie(t, "run", "--model", "synth:tiny", "--backend", tc.backend, "--gpu-mem", tc.value, "Hi")
 			if code != 2 || !strings.Contains(errs, "--gpu-mem") {
 				t.Fatalf("exit %d, stderr %q: want a usage error naming --gpu-mem", code, errs)
+			}
+		})
+	}
+}
+
+// TestFormatStats checks the stats line's serving figures: the expert hit
+// rate only where something counts hits, PCIe traffic only when there was
+// some, GPU memory only on the GPU.
+func TestFormatStats(t *testing.T) {
+	res := generate.Result{PromptTokens: 10, GeneratedTokens: 20, Finish: generate.FinishLength,
+		Prefill: 500 * time.Millisecond, TimeToFirstToken: 510 * time.Millisecond, Decode: 2 * time.Second}
+	for _, tc := range []struct {
+		name string
+		st   servingStats
+		want string
+	}{
+		{"no store", servingStats{}, "| 20 tok, length | memory 1.00 GiB]"},
+		{"host store", servingStats{experts: true, hitRate: 0.5}, "| 20 tok, length | experts hit 50.0% | memory 1.00 GiB]"},
+		{"GPU resident", servingStats{gpuBytes: 3 << 30}, "| 20 tok, length | memory 1.00 GiB, GPU 3.00 GiB]"},
+		{"GPU tier", servingStats{experts: true, hitRate: 0.661, pcieBytes: 5 << 30, gpuBytes: 80 << 30},
+			"| 20 tok, length | experts hit 66.1%, 5.00 GiB over PCIe | memory 1.00 GiB, GPU 80.00 GiB]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := formatStats(res, tc.st, 1<<30)
+			if !strings.HasPrefix(got, "[prompt 10 tok | first token 510ms | prefill 20.0 tok/s | decode ") || !strings.HasSuffix(got, tc.want) {
+				t.Errorf("got %q, want the prompt/latency prefix and the suffix %q", got, tc.want)
 			}
 		})
 	}

@@ -896,14 +896,13 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 	m, d := s.m, s.d
 	cfg := m.Cfg
 	st := c.Stream()
-	D, H, hd := cfg.Dim, cfg.NHeads, cfg.HeadDim
+	H, hd := cfg.NHeads, cfg.HeadDim
 	eps := float32(cfg.NormEps)
 	nf := d.nfreq
 	freq := d.freqPlain
 	if b.ratio > 0 {
 		freq = d.freqCompress
 	}
-	_ = D
 	// A decode step with merged projections (decodeSets) computes qlat and
 	// kv in one launch, q and qi in another and every BF16 compressor and
 	// indexer-weight projection of a in a third; the results are the same
@@ -966,7 +965,7 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 		if b.icomp != nil {
 			qOps = append(qOps,
 				cuda.RowOp{Y: s.qi, X: s.qi, Rows: T * IH, Dim: ID, Heads: IH, NFreq: nf, Freq: freq, Pos: s.posBuf},
-				cuda.RowOp{Y: s.wts, X: s.wts, Rows: 1, Dim: T * IH, Scale: true, A: wsc})
+				cuda.RowOp{Y: s.wts, X: s.wts, Rows: T, Dim: IH, Scale: true, A: wsc}) // a row per token: T blocks
 		}
 		steps = append(proj,
 			func() error {

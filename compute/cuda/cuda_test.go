@@ -253,24 +253,28 @@ func TestLinearShapes(t *testing.T) {
 		}
 		defer c.ReleaseArena(a)
 		for i, tc := range cases {
+			// One weight per case; x per batch; both shared by the variants.
+			block := tc.block
+			if block == 0 {
+				block = 128
+			}
+			rng := rand.New(rand.NewPCG(uint64(i), 0))
+			d := computetest.Quantize(tc.f, computetest.Normal(rng, tc.rows*tc.cols, 0.05), tc.rows, tc.cols, block)
+			W := ref.ParallelDequant(d)
 			for _, batch := range []int{1, 2, 3, 5, 16, 19} {
+				rng := rand.New(rand.NewPCG(uint64(i), uint64(batch)))
+				x := computetest.Normal(rng, batch*tc.groups*tc.cols, 1)
+				lr := linRef{W: W, rows: tc.rows, cols: tc.cols, groups: tc.groups, x: f64s(x), batch: batch}
 				for _, nv := range variants {
 					vname, v := nv.name, nv.v
 					if !variantApplies(v, tc.f, min(batch, maxNB)) || batch > maxNB && !variantApplies(v, tc.f, batch-maxNB) {
 						continue
 					}
 					name := fmt.Sprintf("%s_%dx%d_g%d_blk%d_b%d_%s", tc.f, tc.rows, tc.cols, tc.groups, tc.block, batch, vname)
-					rng := rand.New(rand.NewPCG(uint64(i), uint64(batch)))
-					block := tc.block
-					if block == 0 {
-						block = 128
-					}
-					d := computetest.Quantize(tc.f, computetest.Normal(rng, tc.rows*tc.cols, 0.05), tc.rows, tc.cols, block)
 					w, err := c.UploadWeight(a, d)
 					if err != nil {
 						return err
 					}
-					x := computetest.Normal(rng, batch*tc.groups*tc.cols, 1)
 					dx, _ := a.Alloc(4 * len(x))
 					dy, _ := a.Alloc(4 * batch * tc.rows)
 					if err := c.Memset(dy, 0xff, 4*batch*tc.rows, c.Stream()); err != nil { // NaN poison
@@ -286,17 +290,7 @@ func TestLinearShapes(t *testing.T) {
 					if err := c.CopyFloatsFromDevice(y, dy); err != nil {
 						return err
 					}
-					x64 := make([]float64, len(x))
-					for j, v := range x {
-						x64[j] = float64(v)
-					}
-					var want []float64
-					if tc.groups == 1 {
-						want = ref.Linear(ref.Dequant(d), tc.rows, tc.cols, x64, batch)
-					} else {
-						want = ref.GroupedLinear(ref.Dequant(d), tc.rows, tc.cols, x64, batch, tc.groups)
-					}
-					e := computetest.MaxRel(y, want)
+					e := lr.rel(y)
 					key := fmt.Sprintf("%s %s", tc.f, vname)
 					maxErr[key] = math.Max(maxErr[key], e)
 					if !(e <= computetest.TolLinear) {
@@ -441,36 +435,30 @@ func TestMultiLinear(t *testing.T) {
 		}
 		defer c.ReleaseArena(a)
 		for si, set := range sets {
+			mw := newMultiWeights(set.f, set.shape, uint64(si))
 			for _, batch := range []int{1, 3, 16} {
+				mds := mw.data(batch)
 				for _, nv := range multiVariantList() {
 					v := nv.v
 					if !multiVariantApplies(v, set.f, batch) {
 						continue
 					}
 					a.Reset() // each case allocates afresh (the cases together outgrow the arena)
-					rng := rand.New(rand.NewPCG(uint64(si), uint64(batch)))
 					var ws []*DeviceWeight
 					var ys, xs []DevicePtr
-					var ds []compute.WeightData
-					var x64s [][]float64
-					for _, sh := range set.shape {
-						d := computetest.RandomWeight(rng, set.f, sh[0], sh[1], 0.05)
+					for i, md := range mds {
+						d, x, sh := md.d, md.x, set.shape[i]
 						w, err := c.UploadWeight(a, d)
 						if err != nil {
 							return err
 						}
-						x := computetest.Normal(rng, batch*sh[1], 1)
 						dx, _ := a.Alloc(4 * len(x))
 						dy, _ := a.Alloc(4 * batch * sh[0])
 						c.Memset(dy, 0xff, 4*batch*sh[0], c.Stream())
 						if err := c.CopyFloatsToDevice(dx, x); err != nil {
 							return err
 						}
-						x64 := make([]float64, len(x))
-						for j, v := range x {
-							x64[j] = float64(v)
-						}
-						ws, ys, xs, ds, x64s = append(ws, w), append(ys, dy), append(xs, dx), append(ds, d), append(x64s, x64)
+						ws, ys, xs = append(ws, w), append(ys, dy), append(xs, dx)
 					}
 					m, err := c.PrepareMultiLinear(a, ws, ys, xs, batch, v)
 					if err != nil {
@@ -479,13 +467,13 @@ func TestMultiLinear(t *testing.T) {
 					if err := c.LaunchMultiLinear(m, c.Stream()); err != nil {
 						return err
 					}
-					for i, d := range ds {
+					for i, md := range mds {
+						d := md.d
 						y := make([]float32, batch*d.Rows)
 						if err := c.CopyFloatsFromDevice(y, ys[i]); err != nil {
 							return err
 						}
-						want := ref.Linear(ref.Dequant(d), d.Rows, d.Cols, x64s[i], batch)
-						if e := computetest.MaxRel(y, want); !(e <= computetest.TolLinear) {
+						if e := md.ref.rel(y); !(e <= computetest.TolLinear) {
 							t.Errorf("%s set, matrix %d [%d, %d], batch %d, variant %+v: max relative error %.3g", set.f, i, d.Rows, d.Cols, batch, v, e)
 						}
 					}
@@ -558,17 +546,18 @@ func TestLinearRB4(t *testing.T) {
 		defer c.ReleaseArena(a)
 		for i, tc := range cases {
 			for _, batch := range []int{1, 3, 4} {
+				rng := rand.New(rand.NewPCG(uint64(i), uint64(batch)))
+				d := computetest.RandomWeight(rng, tc.f, tc.rows, tc.cols, 0.05)
+				x := computetest.Normal(rng, batch*tc.cols, 1)
+				lr := newLinRef(d, 1, x, batch)
 				for _, v := range []LinearVariant{{RB: 4, U: 4}, {RB: 4, Width: WidthWide}} {
 					if v.Width == WidthWide && tc.f == compute.BF16 {
 						continue
 					}
-					rng := rand.New(rand.NewPCG(uint64(i), uint64(batch)))
-					d := computetest.RandomWeight(rng, tc.f, tc.rows, tc.cols, 0.05)
 					w, err := c.UploadWeight(a, d)
 					if err != nil {
 						return err
 					}
-					x := computetest.Normal(rng, batch*tc.cols, 1)
 					dx, _ := a.Alloc(4 * len(x))
 					dy, _ := a.Alloc(4 * batch * tc.rows)
 					c.Memset(dy, 0xff, 4*batch*tc.rows, c.Stream())
@@ -582,12 +571,7 @@ func TestLinearRB4(t *testing.T) {
 					if err := c.CopyFloatsFromDevice(y, dy); err != nil {
 						return err
 					}
-					x64 := make([]float64, len(x))
-					for j, v := range x {
-						x64[j] = float64(v)
-					}
-					want := ref.Linear(ref.Dequant(d), tc.rows, tc.cols, x64, batch)
-					if e := computetest.MaxRel(y, want); !(e <= computetest.TolLinear) {
+					if e := lr.rel(y); !(e <= computetest.TolLinear) {
 						t.Errorf("%s [%d, %d] batch %d %+v: max relative error %.3g", tc.f, tc.rows, tc.cols, batch, v, e)
 					}
 					FreeWeight(a, w)
@@ -662,7 +646,7 @@ func TestLinearTC(t *testing.T) {
 		for i, tc := range cases {
 			rng := rand.New(rand.NewPCG(uint64(i), 77))
 			d := computetest.Quantize(tc.f, computetest.Normal(rng, tc.rows*tc.cols, 0.05), tc.rows, tc.cols, tc.block)
-			W := ref.Dequant(d)
+			W := ref.ParallelDequant(d)
 			for _, batch := range tc.batches {
 				a.Reset()
 				w, err := c.UploadWeight(a, d)
@@ -670,16 +654,7 @@ func TestLinearTC(t *testing.T) {
 					return err
 				}
 				x := computetest.Normal(rng, batch*tc.groups*tc.cols, tc.xstd)
-				x64 := make([]float64, len(x))
-				for j, v := range x {
-					x64[j] = float64(v)
-				}
-				var want []float64
-				if tc.groups == 1 {
-					want = ref.Linear(W, tc.rows, tc.cols, x64, batch)
-				} else {
-					want = ref.GroupedLinear(W, tc.rows, tc.cols, x64, batch, tc.groups)
-				}
+				lr := linRef{W: W, rows: tc.rows, cols: tc.cols, groups: tc.groups, x: f64s(x), batch: batch}
 				dx, err := a.Alloc(4 * len(x))
 				if err != nil {
 					return err
@@ -706,7 +681,7 @@ func TestLinearTC(t *testing.T) {
 					if err := c.CopyFloatsFromDevice(y, dy); err != nil {
 						return fmt.Errorf("%s: %w", name, err)
 					}
-					e := computetest.MaxRel(y, want)
+					e := lr.rel(y)
 					key := fmt.Sprintf("%s %s", tc.f, nv.name)
 					maxErr[key] = math.Max(maxErr[key], e)
 					if !(e <= tolTC) {
@@ -745,24 +720,22 @@ func TestMultiLinearTC(t *testing.T) {
 		}
 		defer c.ReleaseArena(a)
 		for si, set := range sets {
+			mw := newMultiWeights(set.f, set.shape, uint64(si))
 			for _, batch := range []int{16, 40, 64, 100} {
+				mds := mw.data(batch)
 				for _, nv := range tcTestVariants() {
 					if testing.Short() && !nv.quick {
 						continue
 					}
 					a.Reset()
-					rng := rand.New(rand.NewPCG(uint64(si), uint64(batch)))
 					var ws []*DeviceWeight
 					var ys, xs []DevicePtr
-					var ds []compute.WeightData
-					var x64s [][]float64
-					for _, sh := range set.shape {
-						d := computetest.RandomWeight(rng, set.f, sh[0], sh[1], 0.05)
+					for i, md := range mds {
+						d, x, sh := md.d, md.x, set.shape[i]
 						w, err := c.UploadWeight(a, d)
 						if err != nil {
 							return err
 						}
-						x := computetest.Normal(rng, batch*sh[1], 1)
 						dx, _ := a.Alloc(4 * len(x))
 						dy, err := a.Alloc(4 * batch * sh[0])
 						if err != nil {
@@ -772,11 +745,7 @@ func TestMultiLinearTC(t *testing.T) {
 						if err := c.CopyFloatsToDevice(dx, x); err != nil {
 							return err
 						}
-						x64 := make([]float64, len(x))
-						for j, v := range x {
-							x64[j] = float64(v)
-						}
-						ws, ys, xs, ds, x64s = append(ws, w), append(ys, dy), append(xs, dx), append(ds, d), append(x64s, x64)
+						ws, ys, xs = append(ws, w), append(ys, dy), append(xs, dx)
 					}
 					m, err := c.PrepareMultiLinear(a, ws, ys, xs, batch, nv.v)
 					if err != nil {
@@ -788,13 +757,13 @@ func TestMultiLinearTC(t *testing.T) {
 					if err := c.LaunchMultiLinear(m, c.Stream()); err != nil {
 						return err
 					}
-					for i, d := range ds {
+					for i, md := range mds {
+						d := md.d
 						y := make([]float32, batch*d.Rows)
 						if err := c.CopyFloatsFromDevice(y, ys[i]); err != nil {
 							return err
 						}
-						want := ref.Linear(ref.Dequant(d), d.Rows, d.Cols, x64s[i], batch)
-						if e := computetest.MaxRel(y, want); !(e <= tolTC) {
+						if e := md.ref.rel(y); !(e <= tolTC) {
 							t.Errorf("%s set %d, matrix %d [%d, %d], batch %d, %s: max relative error %.3g", set.f, si, i, d.Rows, d.Cols, batch, nv.name, e)
 						}
 					}

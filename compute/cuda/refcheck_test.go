@@ -1,0 +1,128 @@
+package cuda
+
+import (
+	"math"
+	"math/rand/v2"
+	"sort"
+
+	"moxie/compute"
+	"moxie/compute/computetest"
+	"moxie/compute/ref"
+)
+
+// The GPU tests' float64 references run on the test machine's CPUs while the
+// device waits, so they are spread over the cores (compute/ref's Parallel
+// forms, bit-identical to the serial ones) and, for the largest products,
+// computed at sampled outputs only.
+
+// fullCheckMACs is the largest product (batch·rows·cols multiply-adds)
+// linearRel compares at every output; larger ones are sampled.
+const fullCheckMACs = 1 << 25
+
+// sampledOutputs is how many outputs besides the first and last token's
+// rows linearRel compares in a sampled check.
+const sampledOutputs = 256
+
+// linRef is one (grouped) linear's float64 inputs: W [rows, cols]
+// dequantized, x [batch, groups·cols].
+type linRef struct {
+	W                  []float64
+	rows, cols, groups int
+	x                  []float64
+	batch              int
+}
+
+// newLinRef dequantizes d (on all CPUs) and widens x.
+func newLinRef(d compute.WeightData, groups int, x []float32, batch int) linRef {
+	return linRef{W: ref.ParallelDequant(d), rows: d.Rows, cols: d.Cols, groups: groups, x: f64s(x), batch: batch}
+}
+
+// rel returns computetest.MaxRel of y, the device's [batch, rows] output,
+// against the float64 product: over every output when the product has at
+// most fullCheckMACs multiply-adds; else every output must be finite (a
+// NaN-poisoned or overflowed output fails wherever it is) and the max is
+// over the outputs of the first and last token (every row) and
+// sampledOutputs others drawn from a fixed seed.
+func (l linRef) rel(y []float32) float64 {
+	n := l.batch * l.rows
+	if len(y) != n {
+		return math.Inf(1)
+	}
+	if l.batch*l.rows*l.cols <= fullCheckMACs {
+		return computetest.MaxRel(y, ref.ParallelGroupedLinear(l.W, l.rows, l.cols, l.x, l.batch, l.groups))
+	}
+	for _, v := range y {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return math.Inf(1)
+		}
+	}
+	idx := sampleOutputs(l.batch, l.rows, uint64(l.rows)<<32|uint64(l.batch))
+	got := make([]float32, len(idx))
+	for k, i := range idx {
+		got[k] = y[i]
+	}
+	return computetest.MaxRel(got, ref.GroupedLinearAt(l.W, l.rows, l.cols, l.x, l.batch, l.groups, idx))
+}
+
+// sampleOutputs returns sorted distinct flat indices b·rows + r: every row
+// of tokens 0 and batch-1 and sampledOutputs others from a PCG seeded with
+// seed.
+func sampleOutputs(batch, rows int, seed uint64) []int {
+	seen := map[int]bool{}
+	for r := range rows {
+		seen[r], seen[(batch-1)*rows+r] = true, true
+	}
+	rng := rand.New(rand.NewPCG(seed, 5))
+	for k := 0; k < sampledOutputs && len(seen) < batch*rows; {
+		if i := rng.IntN(batch * rows); !seen[i] {
+			seen[i] = true
+			k++
+		}
+	}
+	idx := make([]int, 0, len(seen))
+	for i := range seen {
+		idx = append(idx, i)
+	}
+	sort.Ints(idx)
+	return idx
+}
+
+// multiData is one matrix of a multi-linear test set at one batch: its
+// weight, input and reference.
+type multiData struct {
+	d   compute.WeightData
+	x   []float32
+	ref linRef
+}
+
+// multiWeights is a multi-linear test set's weights (scale 0.05), made
+// once for all its batches and variants.
+type multiWeights struct {
+	seed uint64
+	ds   []compute.WeightData
+	Ws   [][]float64
+}
+
+// newMultiWeights makes the weights of a set of shapes [rows, cols] from a
+// PCG seeded (seed, 0) and dequantizes them.
+func newMultiWeights(f compute.Format, shape [][2]int, seed uint64) multiWeights {
+	rng := rand.New(rand.NewPCG(seed, 0))
+	mw := multiWeights{seed: seed}
+	for _, sh := range shape {
+		d := computetest.RandomWeight(rng, f, sh[0], sh[1], 0.05)
+		mw.ds, mw.Ws = append(mw.ds, d), append(mw.Ws, ref.ParallelDequant(d))
+	}
+	return mw
+}
+
+// data draws each matrix's input for batch tokens from a PCG seeded
+// (seed, batch).
+func (mw multiWeights) data(batch int) []multiData {
+	rng := rand.New(rand.NewPCG(mw.seed, uint64(batch)))
+	var out []multiData
+	for i, d := range mw.ds {
+		x := computetest.Normal(rng, batch*d.Cols, 1)
+		out = append(out, multiData{d, x, linRef{W: mw.Ws[i], rows: d.Rows, cols: d.Cols, groups: 1, x: f64s(x), batch: batch}})
+	}
+	return out
+}

@@ -22,7 +22,12 @@
 # moxie bench, default "--prompt 64 --decode 32 --runs 3").
 #
 # Writes to OUT_DIR: summary.json, tests.log, bench.log, bench.json,
-# ptxas.txt, sass.txt (opcode histograms and SASS of a few kernels), nvidia-smi.txt. Exit status: 0 if every test binary passed.
+# ptxas.txt, sass.txt (opcode histograms and SASS of a few kernels), nvidia-smi.txt;
+# with TAR=1 everything but summary.json goes into OUT_DIR/gpu-check.tgz
+# instead (the device tool brings back at most 8 files). Exit status: 0 if
+# every test binary passed.
+# For the tests alone under a time budget (per-binary timeouts, -test.short,
+# per-test results and timings in summary.json) use scripts/gpu-tests.sh.
 set -u -o pipefail
 bin=${1:?usage: gpu-check.sh BIN_DIR OUT_DIR}
 out=${2:?usage: gpu-check.sh BIN_DIR OUT_DIR}
@@ -110,4 +115,7 @@ json.dump(s, open(os.path.join(out, "summary.json"), "w"), indent=2)
 print("summary: %d passed, %d failed, %d skipped; bench exit %d" % (s["passed"], s["failed"], s["skipped"], bench_rc))
 PY
 grep -E "bench_test.go" "$out/bench.log" 2>/dev/null | sed "s/^[[:space:]]*bench_test.go:[0-9]*: //" | tail -n 70
+if [ -n "${TAR:-}" ]; then
+  (cd "$out" && find . -maxdepth 1 -type f ! -name summary.json ! -name gpu-check.tgz -printf '%P\n' | tar -czf gpu-check.tgz -T - --remove-files)
+fi
 exit $status

@@ -1,7 +1,6 @@
 package cuda
 
 import (
-	"bytes"
 	"encoding/binary"
 	"math"
 	"math/rand/v2"
@@ -9,29 +8,8 @@ import (
 
 	"moxie/compute"
 	"moxie/compute/computetest"
-	"moxie/compute/cuda/driver"
 	"moxie/compute/ref"
 )
-
-// TestIdxDecCompiles compiles kernels/idxdec.cu with the NVRTC found on this
-// machine for sm_90 (no GPU needed; skipped without NVRTC, e.g. set
-// MOXIE_NVRTC=/usr/lib/x86_64-linux-gnu/libnvrtc.so.11.2) and checks that
-// every kernel Ctx.IdxDec looks up is in the image.
-func TestIdxDecCompiles(t *testing.T) {
-	nv, err := driver.LoadNVRTC()
-	if err != nil {
-		t.Skipf("no NVRTC: %v", err)
-	}
-	img, err := nv.Compile(IdxDecSource(), "idxdec.cu", []string{"--gpu-architecture=sm_90", "--std=c++17"})
-	if err != nil {
-		t.Fatalf("idxdec.cu does not compile with NVRTC %d.%d: %v", nv.Major, nv.Minor, err)
-	}
-	for _, name := range []string{"idx_scores_h1", "idx_scores_h2", "idx_scores_h4", "idx_scores_h8", "idx_scores_generic", "idx_topk"} {
-		if !bytes.Contains(img, append([]byte(name), 0)) {
-			t.Errorf("kernel %s is not in the compiled image", name)
-		}
-	}
-}
 
 func TestIdxHeadsPerWarp(t *testing.T) {
 	for _, tc := range []struct{ heads, dim, want int }{

@@ -1,18 +1,13 @@
 package cuda
 
 import (
-	"bytes"
-	"debug/elf"
-	"encoding/binary"
 	"fmt"
 	"os"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"moxie/compute"
-	"moxie/compute/cuda/driver"
 )
 
 // TestLinearModuleSources checks the split of kernels/linear.cu into the
@@ -49,34 +44,6 @@ func TestLinearModuleSources(t *testing.T) {
 	if len(def)+len(bench)+len(tcs) <= len(linearSrc)/2 {
 		t.Errorf("module sources (%d + %d bytes) miss most of linear.cu (%d bytes)", len(def), len(bench), len(linearSrc))
 	}
-}
-
-// kernelSymbols returns the global function symbols of a CUBIN.
-func kernelSymbols(t *testing.T, cubin []byte) map[string]bool {
-	t.Helper()
-	// CUBINs carry the CUDA ABI version in the ELF version fields, which
-	// debug/elf rejects: read a copy with those set to EV_CURRENT.
-	if len(cubin) < 24 {
-		t.Fatalf("CUBIN of %d bytes", len(cubin))
-	}
-	img := bytes.Clone(cubin)
-	img[elf.EI_VERSION] = byte(elf.EV_CURRENT)
-	binary.LittleEndian.PutUint32(img[20:], uint32(elf.EV_CURRENT))
-	f, err := elf.NewFile(bytes.NewReader(img))
-	if err != nil {
-		t.Fatalf("NVRTC output is not ELF: %v", err)
-	}
-	syms, err := f.Symbols()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]bool{}
-	for _, s := range syms {
-		if elf.ST_TYPE(s.Info) == elf.STT_FUNC && elf.ST_BIND(s.Info) == elf.STB_GLOBAL {
-			out[s.Name] = true
-		}
-	}
-	return out
 }
 
 // plannedKernels lists, per module that must hold them, the kernels that
@@ -183,39 +150,19 @@ func plannedKernels(t *testing.T) (def, any map[string]string) {
 	return def, any
 }
 
-// TestLinearCompile compiles both linear modules with NVRTC for sm_90 when
-// NVRTC is present (no GPU needed; $MOXIE_NVRTC names the library) and
+// TestLinearCompile compiles the linear modules for sm_90
+// (compileModuleForTest: no GPU needed, skipped without NVRTC) and
 // checks that every kernel the planners can choose exists in the module it
 // must come from, and that no kernel is defined by both modules. The
 // benchmark module (the slow one) is skipped in -short mode.
 func TestLinearCompile(t *testing.T) {
-	nv, err := driver.LoadNVRTC()
-	if err != nil {
-		t.Skipf("no NVRTC: %v", err)
-	}
 	def, bench, err := LinearModuleSources()
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := []string{"--gpu-architecture=sm_90", "--std=c++17"}
 	compile := func(name, src string) map[string]bool {
-		// A CUBIN the GPU tests of this run already put in the disk cache
-		// (same source, options, NVRTC and sm_90) is used as is; nothing is
-		// written to the cache here.
-		if dir, err := CacheDir(); err == nil {
-			if img, ok := readCache(dir, CacheKey(src, opts, nv.Major, nv.Minor, 9, 0)); ok {
-				syms := kernelSymbols(t, img)
-				t.Logf("%s module: %d kernels, from the disk cache (NVRTC %d.%d)", name, len(syms), nv.Major, nv.Minor)
-				return syms
-			}
-		}
-		t0 := time.Now()
-		img, err := nv.Compile(src, name+".cu", opts)
-		if err != nil {
-			t.Fatalf("%s module: %v", name, err)
-		}
-		syms := kernelSymbols(t, img)
-		t.Logf("%s module: %d kernels, NVRTC %d.%d %v, %d-byte CUBIN", name, len(syms), nv.Major, nv.Minor, time.Since(t0).Round(time.Millisecond), len(img))
+		syms := kernelSymbols(t, compileModuleForTest(t, name, src))
+		t.Logf("%s module: %d kernels", name, len(syms))
 		return syms
 	}
 	wantDef, wantAny := plannedKernels(t)

@@ -3,35 +3,18 @@ package cuda
 import (
 	"bytes"
 	"testing"
-	"time"
 	"unsafe"
-
-	"moxie/compute/cuda/driver"
 )
 
-// TestMoECompile compiles kernels/moe.cu with the NVRTC found on this
-// machine for sm_90 (no GPU needed; skipped without NVRTC, e.g. set
-// MOXIE_NVRTC=/usr/lib/x86_64-linux-gnu/libnvrtc.so.11.2) and checks that
-// the CUBIN defines both kernels of every MoEVariant. The .cu file's
-// static_asserts check the MoeArgs/LinRec sizes at compile time.
+// TestMoECompile compiles kernels/moe.cu for sm_90 (compileModuleForTest:
+// no GPU needed, skipped without NVRTC) and checks that the CUBIN defines
+// both kernels of every MoEVariant. The .cu file's static_asserts check the
+// MoeArgs/LinRec sizes at compile time.
 func TestMoECompile(t *testing.T) {
-	nv, err := driver.LoadNVRTC()
-	if err != nil {
-		t.Skipf("no NVRTC: %v", err)
-	}
-	t0 := time.Now()
-	img, err := nv.Compile(MoESource(), "moe.cu", []string{"--gpu-architecture=sm_90", "--std=c++17"})
-	if err != nil {
-		t.Fatalf("moe.cu does not compile with NVRTC %d.%d: %v", nv.Major, nv.Minor, err)
-	}
-	t.Logf("moe.cu: %d-byte CUBIN in %v (NVRTC %d.%d)", len(img), time.Since(t0), nv.Major, nv.Minor)
+	img := compileModuleForTest(t, "moe", MoESource())
 	for v := range moeVariantCount {
 		n1, n2 := moeKernelNames(v)
-		for _, n := range []string{n1, n2} {
-			if !bytes.Contains(img, []byte("\x00.text."+n+"\x00")) {
-				t.Errorf("variant %v: CUBIN has no kernel %q", v, n)
-			}
-		}
+		requireKernels(t, img, n1, n2)
 	}
 }
 

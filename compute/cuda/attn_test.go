@@ -188,7 +188,7 @@ func attnRefErr(tc attnCase, d *attnData, outs ...[]float32) []float64 {
 					}
 				}
 				hd := tc.heads * tc.dim
-				want := ref.Attention(fwdF64(d.q[qi*hd:(qi+1)*hd]), fwdF64(kv), fwdF64(d.sinks), len(kv)/tc.dim, tc.heads, tc.dim, float64(d.p.Scale))
+				want := ref.Attention(f64s(d.q[qi*hd:(qi+1)*hd]), f64s(kv), f64s(d.sinks), len(kv)/tc.dim, tc.heads, tc.dim, float64(d.p.Scale))
 				for _, got := range outs {
 					errs[qi] = append(errs[qi], computetest.MaxRel(got[qi*hd:(qi+1)*hd], want))
 				}
@@ -215,7 +215,7 @@ func attnRefErr(tc attnCase, d *attnData, outs ...[]float32) []float64 {
 func maxRelF32(got, want []float32, heads, dim int) float64 {
 	worst := 0.0
 	for q := 0; q < len(got); q += heads * dim {
-		if r := computetest.MaxRel(got[q:q+heads*dim], fwdF64(want[q:q+heads*dim])); !(r <= worst) {
+		if r := computetest.MaxRel(got[q:q+heads*dim], f64s(want[q:q+heads*dim])); !(r <= worst) {
 			worst = r
 		}
 	}

@@ -246,7 +246,7 @@ func TestAttentionDecode(t *testing.T) {
 								t.Errorf("%s: query %d (position %d): max relative error %.3g vs float64 > %.3g", v.Name, qi, tc.p0+qi, r, attnDecTol)
 							}
 							if ring != nil {
-								rr := computetest.MaxRel(g, fwdF64(ring[qi*tc.heads*tc.dim:(qi+1)*tc.heads*tc.dim]))
+								rr := computetest.MaxRel(g, f64s(ring[qi*tc.heads*tc.dim:(qi+1)*tc.heads*tc.dim]))
 								worstRing = max(worstRing, rr)
 								if !(rr <= attnDecTol) {
 									t.Errorf("%s: query %d (position %d): max relative error %.3g vs AttentionRing > %.3g", v.Name, qi, tc.p0+qi, rr, attnDecTol)

@@ -15,18 +15,6 @@ import (
 	"moxie/compute/ref"
 )
 
-// The fwd kernels are checked against compute/ref (float64), each on shapes
-// that exercise its edge cases (ring wrap, early positions, CSA entry 0,
-// entries past a query's count). GPU tests skip without a device.
-
-func fwdF64(x []float32) []float64 {
-	y := make([]float64, len(x))
-	for i, v := range x {
-		y[i] = float64(v)
-	}
-	return y
-}
-
 // fwdEnv gives a test an arena and helpers on the device thread.
 type fwdEnv struct {
 	t *testing.T
@@ -216,7 +204,7 @@ func checkAttention(t *testing.T, name string, got, q, keys, ent, sinks []float3
 				kv = append(kv, ent[en*dim:(en+1)*dim]...)
 			}
 		}
-		want := ref.Attention(fwdF64(q[qi*heads*dim:(qi+1)*heads*dim]), fwdF64(kv), fwdF64(sinks), len(kv)/dim, heads, dim, scale)
+		want := ref.Attention(f64s(q[qi*heads*dim:(qi+1)*heads*dim]), f64s(kv), f64s(sinks), len(kv)/dim, heads, dim, scale)
 		if r := computetest.MaxRel(got[qi*heads*dim:(qi+1)*heads*dim], want); !(r <= computetest.TolAttention) {
 			t.Errorf("%s: query %d (position %d, %d keys): max relative error %.3g > %.3g", name, qi, t0, len(kv)/dim, r, computetest.TolAttention)
 		}
@@ -298,7 +286,7 @@ func TestFwdCompressor(t *testing.T) {
 					addRow(en*tc.ratio+r, off)
 				}
 				want := ref.CompressPool(kv, z, len(kv)/tc.dw, tc.dw)
-				want = ref.RMSNorm(want, fwdF64(norm), tc.dw, 1e-6)
+				want = ref.RMSNorm(want, f64s(norm), tc.dw, 1e-6)
 				want = ref.RoPE(want, en*tc.ratio, freq, tc.dw, false)
 				if r := computetest.MaxRel(got[en*tc.dw:(en+1)*tc.dw], want); !(r <= 2*computetest.TolElemwise) {
 					t.Errorf("%s: entry %d: max relative error %.3g > %.3g", tc.name, en, r, 2*computetest.TolElemwise)
@@ -331,7 +319,7 @@ func TestFwdIndexScores(t *testing.T) {
 			got := e.down(sc, tc.T*tc.stride)
 			for qi := range tc.T {
 				ni := (tc.p0 + qi + 1) / tc.ratio
-				want := ref.IndexScores(fwdF64(q[qi*tc.heads*tc.dim:(qi+1)*tc.heads*tc.dim]), fwdF64(w[qi*tc.heads:(qi+1)*tc.heads]), fwdF64(keys), ni, tc.heads, tc.dim)
+				want := ref.IndexScores(f64s(q[qi*tc.heads*tc.dim:(qi+1)*tc.heads*tc.dim]), f64s(w[qi*tc.heads:(qi+1)*tc.heads]), f64s(keys), ni, tc.heads, tc.dim)
 				row := got[qi*tc.stride : qi*tc.stride+ni]
 				if r := computetest.MaxRel(row, want); !(r <= computetest.TolAttention) {
 					t.Errorf("case %d query %d (%d entries): max relative error %.3g", i, qi, ni, r)
@@ -470,7 +458,7 @@ func TestFwdExperts(t *testing.T) {
 					for k, id := range ids {
 						name := fmt.Sprintf("ids %v slot %d (expert %d)", ids, k, id)
 						check := func(what string, got []float32, d compute.WeightData, rows, cols int, in []float32) {
-							want := ref.Linear(ref.Dequant(d), rows, cols, fwdF64(in), 1)
+							want := ref.Linear(ref.Dequant(d), rows, cols, f64s(in), 1)
 							if r := computetest.MaxRel(got, want); !(r <= computetest.TolLinear) {
 								t.Errorf("%s %s: max relative error %.3g", name, what, r)
 							}
@@ -738,6 +726,10 @@ func testFwdExpertTiles(t *testing.T, inter, dim, T, e0, tile int) {
 				t.Fatalf("entry %d (token %d, expert %d): slot %d, want %d", j, j/K, ids[j], g, inv[j])
 			}
 		}
+		W1, W3, W2 := make([][]float64, E), make([][]float64, E), make([][]float64, E)
+		for ex := range E {
+			W1[ex], W3[ex], W2[ex] = ref.ParallelDequant(d1[ex]), ref.ParallelDequant(d3[ex]), ref.ParallelDequant(d2[ex])
+		}
 		rw := e.down(bufs.RowW, n)
 		g, u := e.down(bufs.G, n*inter), e.down(bufs.U, n*inter)
 		for sl := range n {
@@ -755,9 +747,9 @@ func testFwdExpertTiles(t *testing.T, inter, dim, T, e0, tile int) {
 			for _, c := range []struct {
 				what string
 				got  []float32
-				d    compute.WeightData
-			}{{"w1", g[sl*inter : (sl+1)*inter], d1[slotExp[sl]]}, {"w3", u[sl*inter : (sl+1)*inter], d3[slotExp[sl]]}} {
-				want := ref.Linear(ref.Dequant(c.d), inter, dim, fwdF64(xt), 1)
+				W    []float64
+			}{{"w1", g[sl*inter : (sl+1)*inter], W1[slotExp[sl]]}, {"w3", u[sl*inter : (sl+1)*inter], W3[slotExp[sl]]}} {
+				want := ref.Linear(c.W, inter, dim, f64s(xt), 1)
 				if r := computetest.MaxRel(c.got, want); !(r <= computetest.TolLinear) {
 					t.Errorf("slot %d (token %d, expert %d) %s: max relative error %.3g", sl, slotTok[sl], slotExp[sl], c.what, r)
 				}
@@ -772,7 +764,7 @@ func testFwdExpertTiles(t *testing.T, inter, dim, T, e0, tile int) {
 		}
 		y := e.down(bufs.Y, n*dim)
 		for sl := range n {
-			want := ref.Linear(ref.Dequant(d2[slotExp[sl]]), dim, inter, fwdF64(h[sl*inter:(sl+1)*inter]), 1)
+			want := ref.Linear(W2[slotExp[sl]], dim, inter, f64s(h[sl*inter:(sl+1)*inter]), 1)
 			if r := computetest.MaxRel(y[sl*dim:(sl+1)*dim], want); !(r <= computetest.TolLinear) {
 				t.Errorf("slot %d w2: max relative error %.3g", sl, r)
 			}

@@ -46,22 +46,9 @@ func TestGemvWPR(t *testing.T) {
 // per launch) against the float64 reference, and that two runs give the
 // same bits.
 func TestGemv(t *testing.T) {
-	type mat struct {
-		f          compute.Format
-		rows, cols int
-		groups     int
-	}
-	sets := []struct {
-		name string
-		ms   []mat
-	}{
-		{"fp8 wo_b", []mat{{compute.FP8Block, 4096, 8192, 1}}},
-		{"fp8 wo_a grouped", []mat{{compute.FP8Block, 8192, 4096, 8}}},
-		{"fp8 wq_a+wkv", []mat{{compute.FP8Block, 1024, 4096, 1}, {compute.FP8Block, 512, 4096, 1}}},
-		{"fp8 small odd scale rows", []mat{{compute.FP8Block, 130, 512, 1}, {compute.FP8Block, 6, 1024, 3}}},
-		{"bf16 compressors", []mat{{compute.BF16, 1024, 4096, 1}, {compute.BF16, 1024, 4096, 1}, {compute.BF16, 256, 4096, 1}, {compute.BF16, 256, 4096, 1}, {compute.BF16, 64, 4096, 1}}},
-		{"mixed", []mat{{compute.BF16, 256, 256, 1}, {compute.FP8Block, 64, 512, 2}}},
-	}
+	sets := append(gemvV4Sets(),
+		gemvSet{"fp8 small odd scale rows", []gemvShape{{compute.FP8Block, 130, 512, 1}, {compute.FP8Block, 6, 1024, 3}}},
+		gemvSet{"mixed", []gemvShape{{compute.BF16, 256, 256, 1}, {compute.FP8Block, 64, 512, 2}}})
 	withFwd(t, func(e *fwdEnv) {
 		for si, set := range sets {
 			rng := rand.New(rand.NewPCG(uint64(si), 17))
@@ -75,17 +62,7 @@ func TestGemv(t *testing.T) {
 				}
 				x := computetest.Normal(rng, m.groups*m.cols, 1)
 				// float64 reference: row group g against slice g.
-				W := ref.Dequant(d)
-				rpg := m.rows / m.groups
-				want := make([]float64, m.rows)
-				for r := range m.rows {
-					g := r / rpg
-					s := 0.0
-					for c := range m.cols {
-						s += W[r*m.cols+c] * float64(x[g*m.cols+c])
-					}
-					want[r] = s
-				}
+				want := ref.ParallelGroupedLinear(ref.ParallelDequant(d), m.rows, m.cols, f64s(x), 1, m.groups)
 				ps = append(ps, GemvProj{W: w, Y: e.poisoned(m.rows), X: e.up(x), Groups: m.groups})
 				wants = append(wants, want)
 			}
@@ -127,6 +104,31 @@ func TestGemv(t *testing.T) {
 	})
 }
 
+// gemvShape is one product of a Gemv set: a [rows, cols] weight, groups
+// row groups each against its own slice of x.
+type gemvShape struct {
+	f          compute.Format
+	rows, cols int
+	groups     int
+}
+
+// gemvSet is the products of one Gemv launch.
+type gemvSet struct {
+	name string
+	ms   []gemvShape
+}
+
+// gemvV4Sets is the V4-Flash one-token products TestGemv checks and
+// BenchmarkGemv times.
+func gemvV4Sets() []gemvSet {
+	return []gemvSet{
+		{"wo_b_fp8_4096x8192", []gemvShape{{compute.FP8Block, 4096, 8192, 1}}},
+		{"wo_a_fp8_8192x4096_g8", []gemvShape{{compute.FP8Block, 8192, 4096, 8}}},
+		{"wq_a+wkv_fp8", []gemvShape{{compute.FP8Block, 1024, 4096, 1}, {compute.FP8Block, 512, 4096, 1}}},
+		{"compressors_bf16_x5", []gemvShape{{compute.BF16, 1024, 4096, 1}, {compute.BF16, 1024, 4096, 1}, {compute.BF16, 256, 4096, 1}, {compute.BF16, 256, 4096, 1}, {compute.BF16, 64, 4096, 1}}},
+	}
+}
+
 func bitEqual32(a, b []float32) int {
 	for i := range a {
 		if *(*uint32)(unsafe.Pointer(&a[i])) != *(*uint32)(unsafe.Pointer(&b[i])) {
@@ -147,22 +149,9 @@ func BenchmarkGemv(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	type mat struct {
-		f          compute.Format
-		rows, cols int
-		groups     int
-	}
-	sets := []struct {
-		name string
-		ms   []mat
-	}{
-		{"wo_b_fp8_4096x8192", []mat{{compute.FP8Block, 4096, 8192, 1}}},
-		{"wo_a_fp8_8192x4096_g8", []mat{{compute.FP8Block, 8192, 4096, 8}}},
-		{"wq_a+wkv_fp8", []mat{{compute.FP8Block, 1024, 4096, 1}, {compute.FP8Block, 512, 4096, 1}}},
-		{"wq_b_fp8_32768x1024", []mat{{compute.FP8Block, 32768, 1024, 1}}},
-		{"compressors_bf16_x5", []mat{{compute.BF16, 1024, 4096, 1}, {compute.BF16, 1024, 4096, 1}, {compute.BF16, 256, 4096, 1}, {compute.BF16, 256, 4096, 1}, {compute.BF16, 64, 4096, 1}}},
-		{"gate_bf16_256x4096", []mat{{compute.BF16, 256, 4096, 1}}},
-	}
+	sets := append(gemvV4Sets(),
+		gemvSet{"wq_b_fp8_32768x1024", []gemvShape{{compute.FP8Block, 32768, 1024, 1}}},
+		gemvSet{"gate_bf16_256x4096", []gemvShape{{compute.BF16, 256, 4096, 1}}})
 	const copies, calls = 8, 32
 	type result struct {
 		name  string

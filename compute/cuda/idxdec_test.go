@@ -66,7 +66,7 @@ func TestIdxDecIndexScores(t *testing.T) {
 			got, want0 := e.down(sc, tc.T*tc.stride), e.down(old, tc.T*tc.stride)
 			for qi := range tc.T {
 				ni := min((tc.p0+qi+1)/tc.ratio, tc.stride)
-				want := ref.IndexScores(fwdF64(q[qi*tc.heads*tc.dim:(qi+1)*tc.heads*tc.dim]), fwdF64(w[qi*tc.heads:(qi+1)*tc.heads]), fwdF64(keys), ni, tc.heads, tc.dim)
+				want := ref.IndexScores(f64s(q[qi*tc.heads*tc.dim:(qi+1)*tc.heads*tc.dim]), f64s(w[qi*tc.heads:(qi+1)*tc.heads]), f64s(keys), ni, tc.heads, tc.dim)
 				row := got[qi*tc.stride : qi*tc.stride+ni]
 				if r := computetest.MaxRel(row, want); !(r <= computetest.TolAttention) {
 					t.Errorf("%s: query %d (%d entries): max relative error %.3g", tc.name, qi, ni, r)

@@ -149,6 +149,25 @@ func attnSetup(u *attnDev, tc attnCase, seed uint64) *attnData {
 	return d
 }
 
+// attnOnDevice makes case tc's data from seed in an arena of its own on the
+// device (inside Do); release frees the arena.
+func attnOnDevice(c *Ctx, tc attnCase, seed uint64) (fw *Fwd, u *attnDev, d *attnData, release func(), err error) {
+	if fw, err = c.Fwd(); err != nil {
+		return nil, nil, nil, nil, err
+	}
+	a, err := c.NewArena(attnArena(tc))
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	release = func() { c.ReleaseArena(a) }
+	u = &attnDev{c: c, a: a}
+	if d = attnSetup(u, tc, seed); u.err != nil {
+		release()
+		return nil, nil, nil, nil, u.err
+	}
+	return fw, u, d, release, nil
+}
+
 // attnArena is the device memory one case takes (inputs, one output).
 func attnArena(tc attnCase) int {
 	last := tc.p0 + tc.T - 1
@@ -252,20 +271,12 @@ func TestAttentionPrefill(t *testing.T) {
 			gots := map[string][]float32{}
 			olds := map[int][]float32{}
 			err := dev.Do(func(c *Ctx) error {
-				fw, err := c.Fwd()
+				fw, u, dd, release, err := attnOnDevice(c, tc, uint64(i))
 				if err != nil {
 					return err
 				}
-				a, err := c.NewArena(attnArena(tc))
-				if err != nil {
-					return err
-				}
-				defer c.ReleaseArena(a)
-				u := &attnDev{c: c, a: a}
-				d = attnSetup(u, tc, uint64(i))
-				if u.err != nil {
-					return u.err
-				}
+				defer release()
+				d = dd
 				for _, v := range []string{attnLdsm, attnSplit} {
 					u.poison(d.p.O, n)
 					if err := fw.attentionPrefill(c, d.p, v, c.Stream()); err != nil {
@@ -414,20 +425,11 @@ func BenchmarkAttentionPrefill(b *testing.B) {
 		for _, kern := range []string{"prefill", "prefill-split", "ring-g8"} {
 			b.Run(tc.name+"/"+kern, func(b *testing.B) {
 				err := dev.Do(func(c *Ctx) error {
-					fw, err := c.Fwd()
+					fw, _, d, release, err := attnOnDevice(c, tc, 1)
 					if err != nil {
 						return err
 					}
-					a, err := c.NewArena(attnArena(tc))
-					if err != nil {
-						return err
-					}
-					defer c.ReleaseArena(a)
-					u := &attnDev{c: c, a: a}
-					d := attnSetup(u, tc, 1)
-					if u.err != nil {
-						return u.err
-					}
+					defer release()
 					run := func() error { return fw.AttentionPrefill(c, d.p, c.Stream()) }
 					switch kern {
 					case "prefill-split":
@@ -436,35 +438,11 @@ func BenchmarkAttentionPrefill(b *testing.B) {
 						d.p.HeadsPerBlock = 8
 						run = func() error { return fw.AttentionRing(c, d.p, c.Stream()) }
 					}
-					e0, err := c.NewEvent(true)
-					if err != nil {
-						return err
-					}
-					defer c.DestroyEvent(e0)
-					e1, err := c.NewEvent(true)
-					if err != nil {
-						return err
-					}
-					defer c.DestroyEvent(e1)
 					const launches = 10
 					for range b.N {
 						var us []float64
 						for rep := range 8 {
-							if err := c.Record(e0, c.Stream()); err != nil {
-								return err
-							}
-							for range launches {
-								if err := run(); err != nil {
-									return err
-								}
-							}
-							if err := c.Record(e1, c.Stream()); err != nil {
-								return err
-							}
-							if err := c.WaitEvent(e1); err != nil {
-								return err
-							}
-							ms, err := c.Elapsed(e0, e1)
+							ms, err := deviceMS(c, c.Stream(), repeat(launches, run))
 							if err != nil {
 								return err
 							}

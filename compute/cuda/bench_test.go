@@ -79,37 +79,20 @@ func median(v []float64) float64 {
 // n launches, event; it returns the per-launch device times (µs).
 func timed(c *Ctx, spin *Kernel, n, reps int, launch func(i int) error) ([]float64, error) {
 	s := c.Stream()
-	e0, err := c.NewEvent(true)
-	if err != nil {
-		return nil, err
-	}
-	defer c.DestroyEvent(e0)
-	e1, err := c.NewEvent(true)
-	if err != nil {
-		return nil, err
-	}
-	defer c.DestroyEvent(e1)
 	out := make([]float64, 0, reps)
 	spinNS := int64(500_000 + n*15_000)
 	for range reps {
 		if err := c.Launch(spin, Dim3{X: 1}, Dim3{X: 1}, 0, s, unsafe.Pointer(&spinNS)); err != nil {
 			return nil, err
 		}
-		if err := c.Record(e0, s); err != nil {
-			return nil, err
-		}
-		for i := range n {
-			if err := launch(i); err != nil {
-				return nil, err
+		ms, err := deviceMS(c, s, func() error {
+			for i := range n {
+				if err := launch(i); err != nil {
+					return err
+				}
 			}
-		}
-		if err := c.Record(e1, s); err != nil {
-			return nil, err
-		}
-		if err := c.WaitEvent(e1); err != nil {
-			return nil, err
-		}
-		ms, err := c.Elapsed(e0, e1)
+			return nil
+		})
 		if err != nil {
 			return nil, err
 		}
@@ -439,25 +422,17 @@ func BenchmarkV4(b *testing.B) {
 			one := func() error {
 				return c.Launch(k, Dim3{X: 1}, Dim3{X: 32}, 0, s, unsafe.Pointer(&p), unsafe.Pointer(&v))
 			}
-			e0, _ := c.NewEvent(true)
-			e1, _ := c.NewEvent(true)
-			defer c.DestroyEvent(e0)
-			defer c.DestroyEvent(e1)
 			var plain, plainHost, graph, graphHost []float64
 			for range 11 {
 				t0 := time.Now()
-				c.Record(e0, s)
-				for range nk {
-					if err := one(); err != nil {
-						return err
-					}
-				}
-				c.Record(e1, s)
-				plainHost = append(plainHost, float64(time.Since(t0).Nanoseconds())/1e3/nk)
-				if err := c.WaitEvent(e1); err != nil {
+				ms, err := deviceMS(c, s, func() error {
+					err := repeat(nk, one)()
+					plainHost = append(plainHost, float64(time.Since(t0).Nanoseconds())/1e3/nk)
+					return err
+				})
+				if err != nil {
 					return err
 				}
-				ms, _ := c.Elapsed(e0, e1)
 				plain = append(plain, ms*1000/nk)
 			}
 			if err := c.BeginCapture(s); err != nil {
@@ -475,17 +450,15 @@ func BenchmarkV4(b *testing.B) {
 			defer c.DestroyGraph(g)
 			c.LaunchGraph(g, s)
 			for range 11 {
-				c.Record(e0, s)
-				t0 := time.Now()
-				if err := c.LaunchGraph(g, s); err != nil {
+				ms, err := deviceMS(c, s, func() error {
+					t0 := time.Now()
+					err := c.LaunchGraph(g, s)
+					graphHost = append(graphHost, float64(time.Since(t0).Nanoseconds())/1e3)
+					return err
+				})
+				if err != nil {
 					return err
 				}
-				graphHost = append(graphHost, float64(time.Since(t0).Nanoseconds())/1e3)
-				c.Record(e1, s)
-				if err := c.WaitEvent(e1); err != nil {
-					return err
-				}
-				ms, _ := c.Elapsed(e0, e1)
 				graph = append(graph, ms*1000/nk)
 			}
 			rep.GraphKernels = nk

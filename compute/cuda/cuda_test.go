@@ -277,18 +277,12 @@ func TestLinearShapes(t *testing.T) {
 					}
 					dx, _ := a.Alloc(4 * len(x))
 					dy, _ := a.Alloc(4 * batch * tc.rows)
-					if err := c.Memset(dy, 0xff, 4*batch*tc.rows, c.Stream()); err != nil { // NaN poison
-						return err
-					}
 					if err := c.CopyFloatsToDevice(dx, x); err != nil {
 						return err
 					}
-					if err := c.LinearWith(w, dy, dx, batch, tc.groups, v, c.Stream()); err != nil {
+					y, err := poisonedLinear(c, w, dy, dx, batch, tc.groups, v)
+					if err != nil {
 						return fmt.Errorf("%s: %w", name, err)
-					}
-					y := make([]float32, batch*tc.rows)
-					if err := c.CopyFloatsFromDevice(y, dy); err != nil {
-						return err
 					}
 					e := lr.rel(y)
 					key := fmt.Sprintf("%s %s", tc.f, vname)
@@ -560,16 +554,12 @@ func TestLinearRB4(t *testing.T) {
 					}
 					dx, _ := a.Alloc(4 * len(x))
 					dy, _ := a.Alloc(4 * batch * tc.rows)
-					c.Memset(dy, 0xff, 4*batch*tc.rows, c.Stream())
 					if err := c.CopyFloatsToDevice(dx, x); err != nil {
 						return err
 					}
-					if err := c.LinearWith(w, dy, dx, batch, 1, v, c.Stream()); err != nil {
+					y, err := poisonedLinear(c, w, dy, dx, batch, 1, v)
+					if err != nil {
 						return fmt.Errorf("%s [%d, %d] batch %d %+v: %w", tc.f, tc.rows, tc.cols, batch, v, err)
-					}
-					y := make([]float32, batch*tc.rows)
-					if err := c.CopyFloatsFromDevice(y, dy); err != nil {
-						return err
 					}
 					if e := lr.rel(y); !(e <= computetest.TolLinear) {
 						t.Errorf("%s [%d, %d] batch %d %+v: max relative error %.3g", tc.f, tc.rows, tc.cols, batch, v, e)
@@ -671,14 +661,8 @@ func TestLinearTC(t *testing.T) {
 						continue
 					}
 					name := fmt.Sprintf("%s_%dx%d_g%d_blk%d_x%g_b%d_%s", tc.f, tc.rows, tc.cols, tc.groups, tc.block, tc.xstd, batch, nv.name)
-					if err := c.Memset(dy, 0xff, 4*batch*tc.rows, c.Stream()); err != nil { // NaN poison
-						return err
-					}
-					if err := c.LinearWith(w, dy, dx, batch, tc.groups, nv.v, c.Stream()); err != nil {
-						return fmt.Errorf("%s: %w", name, err)
-					}
-					y := make([]float32, batch*tc.rows)
-					if err := c.CopyFloatsFromDevice(y, dy); err != nil {
+					y, err := poisonedLinear(c, w, dy, dx, batch, tc.groups, nv.v)
+					if err != nil {
 						return fmt.Errorf("%s: %w", name, err)
 					}
 					e := lr.rel(y)

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"strings"
 	"testing"
 	"unsafe"
 
@@ -491,10 +490,7 @@ func TestFuseErrors(t *testing.T) {
 	}
 	with := func(f func(a *HCNorm)) *HCNorm { a := good(); f(a); return a }
 	s := Stream{}
-	cases := []struct {
-		op   string
-		call func() error
-	}{
+	cases := []opCall{
 		{"HCMixNorm", func() error { return c.HCMixNorm(nil, mix, s) }},
 		{"HCMixNorm", func() error { return c.HCMixNorm(good(), nil, s) }},
 		{"HCMixNorm", func() error { return c.HCMixNorm(good(), hd, s) }},    // head Fn for a mix
@@ -535,17 +531,7 @@ func TestFuseErrors(t *testing.T) {
 		{"RoPEScale", func() error { return c.RoPEScale(X, pos, freq, 2, 64, 16, 4, 0, 1, 8, s) }},
 		{"RoPEScale", func() error { return c.RoPEScale(X, pos, freq, 2, 64, 16, 4, ydst, 1, -1, s) }},
 	}
-	for i, tc := range cases {
-		t.Run(fmt.Sprint(i, "_", tc.op), func(t *testing.T) {
-			err := tc.call()
-			if err == nil {
-				t.Fatal("bad arguments accepted")
-			}
-			if !strings.Contains(err.Error(), "cuda "+tc.op+":") {
-				t.Fatalf("error %q does not name %s", err, tc.op)
-			}
-		})
-	}
+	expectOpErrors(t, cases)
 }
 
 func TestHCNormScratchBytes(t *testing.T) {
@@ -781,16 +767,6 @@ func graphTime(b *testing.B, c *Ctx, calls int, one func() error) (float64, erro
 		return 0, err
 	}
 	defer c.DestroyGraph(g)
-	e0, err := c.NewEvent(true)
-	if err != nil {
-		return 0, err
-	}
-	defer c.DestroyEvent(e0)
-	e1, err := c.NewEvent(true)
-	if err != nil {
-		return 0, err
-	}
-	defer c.DestroyEvent(e1)
 	if err := c.LaunchGraph(g, s); err != nil { // warm-up
 		return 0, err
 	}
@@ -798,22 +774,8 @@ func graphTime(b *testing.B, c *Ctx, calls int, one func() error) (float64, erro
 		return 0, err
 	}
 	b.ResetTimer()
-	if err := c.Record(e0, s); err != nil {
-		return 0, err
-	}
-	for range b.N {
-		if err := c.LaunchGraph(g, s); err != nil {
-			return 0, err
-		}
-	}
-	if err := c.Record(e1, s); err != nil {
-		return 0, err
-	}
-	if err := c.WaitEvent(e1); err != nil {
-		return 0, err
-	}
+	ms, err := deviceMS(c, s, repeat(b.N, func() error { return c.LaunchGraph(g, s) }))
 	b.StopTimer()
-	ms, err := c.Elapsed(e0, e1)
 	return ms * 1000 / float64(b.N*calls), err
 }
 

@@ -15,6 +15,28 @@ import (
 	"moxie/compute/ref"
 )
 
+// topKRowsInput lays out one score row per entry of ns (ns[i] entries drawn
+// by gen, then 1e30 up to the stride, which must never be selected) and
+// positions making (pos+1)/ratio = ns[i] entries (0 entries: pos -1).
+func topKRowsInput(rng *rand.Rand, ns []int, ratio int, gen func(rng *rand.Rand, i int) float32) (sc []float32, pos []int, stride int) {
+	stride = 1
+	for _, n := range ns {
+		stride = max(stride, n)
+	}
+	sc = make([]float32, len(ns)*stride)
+	pos = make([]int, len(ns))
+	for i, n := range ns {
+		for j := range n {
+			sc[i*stride+j] = gen(rng, j)
+		}
+		for j := n; j < stride; j++ {
+			sc[i*stride+j] = 1e30
+		}
+		pos[i] = n*ratio - 1
+	}
+	return sc, pos, stride
+}
+
 // fwdEnv gives a test an arena and helpers on the device thread.
 type fwdEnv struct {
 	t *testing.T
@@ -543,24 +565,8 @@ func TestFwdTopK(t *testing.T) {
 			{"ratio 4", []int{40, 3}, 4, 4, func(rng *rand.Rand, i int) float32 { return float32(rng.NormFloat64()) }},
 			{"long", []int{20000}, 2048, 1, func(rng *rand.Rand, i int) float32 { return float32(rng.IntN(5000)) / 7 }},
 		} {
-			rng := rand.New(rand.NewPCG(uint64(ci), 99))
 			T := len(tc.ns)
-			stride := 0
-			for _, n := range tc.ns {
-				stride = max(stride, n)
-			}
-			stride = max(stride, 1)
-			sc := make([]float32, T*stride)
-			pos := make([]int, T)
-			for i, n := range tc.ns {
-				for j := range n {
-					sc[i*stride+j] = tc.gen(rng, j)
-				}
-				for j := n; j < stride; j++ {
-					sc[i*stride+j] = 1e30 // past the row's count: must not be selected
-				}
-				pos[i] = n*tc.ratio - 1 // (pos+1)/ratio = n entries (n = 0: pos −1)
-			}
+			sc, pos, stride := topKRowsInput(rand.New(rand.NewPCG(uint64(ci), 99)), tc.ns, tc.ratio, tc.gen)
 			idx, err := e.a.Alloc(4 * T * tc.topk)
 			if err != nil {
 				t.Fatal(err)

@@ -130,23 +130,8 @@ func TestIdxDecTopKRows(t *testing.T) {
 			{"long", []int{20000}, 2048, 1, func(rng *rand.Rand, i int) float32 { return float32(rng.IntN(5000)) / 7 }},
 			{"long distinct", []int{30000}, 512, 1, normal},
 		} {
-			rng := rand.New(rand.NewPCG(uint64(ci), 77))
 			T := len(tc.ns)
-			stride := 1
-			for _, n := range tc.ns {
-				stride = max(stride, n)
-			}
-			sc := make([]float32, T*stride)
-			pos := make([]int, T)
-			for i, n := range tc.ns {
-				for j := range n {
-					sc[i*stride+j] = tc.gen(rng, j)
-				}
-				for j := n; j < stride; j++ {
-					sc[i*stride+j] = 1e30 // past the row's count: must not be selected
-				}
-				pos[i] = n*tc.ratio - 1 // (pos+1)/ratio = n entries (n = 0: pos −1)
-			}
+			sc, pos, stride := topKRowsInput(rand.New(rand.NewPCG(uint64(ci), 77)), tc.ns, tc.ratio, tc.gen)
 			dsc, dpos := e.up(sc), e.upInts(pos)
 			run := func(f func(idx DevicePtr) error) []int {
 				idx, err := e.a.Alloc(4 * T * tc.topk)

@@ -628,10 +628,7 @@ func TestOpsErrors(t *testing.T) {
 	goodHC := HC{Fn: f32w, Base: p, Scale: p, HC: 4, Iters: 20, Eps: 1e-6, NormEps: 1e-6}
 	hc := func(mod func(h *HC)) *HC { h := goodHC; mod(&h); return &h }
 	s := Stream{}
-	cases := []struct {
-		op   string
-		call func() error
-	}{
+	cases := []opCall{
 		{"RMSNorm", func() error { return c.RMSNorm(p, p, 0, 0, 8, 1e-6, s) }},
 		{"RMSNorm", func() error { return c.RMSNorm(p, p, 0, 4, -1, 1e-6, s) }},
 		{"RMSNorm", func() error { return c.RMSNorm(0, p, 0, 4, 8, 1e-6, s) }},
@@ -676,6 +673,19 @@ func TestOpsErrors(t *testing.T) {
 		{"Axpy", func() error { return c.Axpy(p, 0, 1, 5, s) }},
 		{"Scale", func() error { return c.Scale(0, 1, 5, s) }},
 	}
+	expectOpErrors(t, cases)
+}
+
+// opCall is a call with bad arguments that must fail naming op.
+type opCall struct {
+	op   string
+	call func() error
+}
+
+// expectOpErrors runs each call as a subtest (no device: the argument
+// checks return first) and fails it unless it returns an error that
+// contains "cuda <op>:".
+func expectOpErrors(t *testing.T, cases []opCall) {
 	for i, tc := range cases {
 		t.Run(fmt.Sprint(i, "_", tc.op), func(t *testing.T) {
 			err := tc.call()
@@ -724,36 +734,12 @@ func benchOp(b *testing.B, setup func(c *Ctx, d *devBufs) func() error) {
 		if err := f(); err != nil {
 			return err
 		}
-		e0, err := c.NewEvent(true)
-		if err != nil {
-			return err
-		}
-		defer c.DestroyEvent(e0)
-		e1, err := c.NewEvent(true)
-		if err != nil {
-			return err
-		}
-		defer c.DestroyEvent(e1)
 		if err := c.Sync(c.Stream()); err != nil {
 			return err
 		}
 		b.ResetTimer()
-		if err := c.Record(e0, c.Stream()); err != nil {
-			return err
-		}
-		for range b.N {
-			if err := f(); err != nil {
-				return err
-			}
-		}
-		if err := c.Record(e1, c.Stream()); err != nil {
-			return err
-		}
-		if err := c.WaitEvent(e1); err != nil {
-			return err
-		}
+		ms, err := deviceMS(c, c.Stream(), repeat(b.N, f))
 		b.StopTimer()
-		ms, err := c.Elapsed(e0, e1)
 		us = ms * 1000 / float64(b.N)
 		return err
 	})
@@ -1174,57 +1160,8 @@ func BenchmarkOpsHCMixPaths(b *testing.B) {
 						}
 						return c.HCMix(pre, post, comb, x, p, sh.batch, s)
 					}
-					if err := one(); err != nil { // loads the module before the capture
-						return err
-					}
-					if err := c.BeginCapture(s); err != nil {
-						return err
-					}
-					for range hcGraphCalls {
-						if err := one(); err != nil {
-							_, _ = c.EndCapture(s)
-							return err
-						}
-					}
-					g, err := c.EndCapture(s)
-					if err != nil {
-						return err
-					}
-					defer c.DestroyGraph(g)
-					e0, err := c.NewEvent(true)
-					if err != nil {
-						return err
-					}
-					defer c.DestroyEvent(e0)
-					e1, err := c.NewEvent(true)
-					if err != nil {
-						return err
-					}
-					defer c.DestroyEvent(e1)
-					if err := c.LaunchGraph(g, s); err != nil { // warm-up
-						return err
-					}
-					if err := c.Sync(s); err != nil {
-						return err
-					}
-					b.ResetTimer()
-					if err := c.Record(e0, s); err != nil {
-						return err
-					}
-					for range b.N {
-						if err := c.LaunchGraph(g, s); err != nil {
-							return err
-						}
-					}
-					if err := c.Record(e1, s); err != nil {
-						return err
-					}
-					if err := c.WaitEvent(e1); err != nil {
-						return err
-					}
-					b.StopTimer()
-					ms, err := c.Elapsed(e0, e1)
-					us = ms * 1000 / float64(b.N*hcGraphCalls)
+					var err error
+					us, err = graphTime(b, c, hcGraphCalls, one) // its plain run loads the module before the capture
 					return err
 				})
 				if err != nil {

@@ -126,3 +126,20 @@ func (mw multiWeights) data(batch int) []multiData {
 	}
 	return out
 }
+
+// poisonedLinear fills y's batch·w.Rows floats with NaN, runs variant v of
+// the (grouped) linear y = W x on the compute stream and returns y.
+func poisonedLinear(c *Ctx, w *DeviceWeight, y, x DevicePtr, batch, groups int, v LinearVariant) ([]float32, error) {
+	n := batch * w.Rows
+	if err := c.Memset(y, 0xff, 4*n, c.Stream()); err != nil {
+		return nil, err
+	}
+	if err := c.LinearWith(w, y, x, batch, groups, v, c.Stream()); err != nil {
+		return nil, err
+	}
+	out := make([]float32, n)
+	if err := c.CopyFloatsFromDevice(out, y); err != nil {
+		return nil, err
+	}
+	return out, nil
+}

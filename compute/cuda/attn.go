@@ -78,34 +78,22 @@ type attnPrefillArgs struct {
 // loading from the disk cache) it on first use and raising its kernels'
 // dynamic shared-memory limit to what they need.
 func (c *Ctx) attnModule() (*Module, error) {
-	for _, m := range c.d.modules {
-		if m.Name == attnModuleName {
-			return m, nil
+	m, err := c.namedModule(attnModuleName, attnSrc, func(m *Module) error {
+		for _, variant := range []string{attnLdsm, attnSplit} {
+			for _, dim := range []int{128, 256, 512} {
+				k, err := m.Kernel(attnPrefillKernel(variant, dim))
+				if err != nil {
+					return err
+				}
+				if err := c.raiseDynamicShared(k, attnPrefillShared(variant, dim)); err != nil {
+					return err
+				}
+			}
 		}
-	}
-	m, err := c.Module(attnModuleName, attnSrc)
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("cuda attn module: %w", err)
-	}
-	for _, variant := range []string{attnLdsm, attnSplit} {
-		for _, dim := range []int{128, 256, 512} {
-			name := attnPrefillKernel(variant, dim)
-			k, err := m.Kernel(name)
-			if err != nil {
-				return nil, fmt.Errorf("cuda attn module: %w", err)
-			}
-			static, err := c.lib.FuncGetAttribute(k.fn, funcAttrSharedSize)
-			if err != nil {
-				return nil, fmt.Errorf("cuda attn module: %s: %w", name, err)
-			}
-			need := attnPrefillShared(variant, dim)
-			if need > c.d.info.SharedOptin-static {
-				return nil, fmt.Errorf("cuda attn module: %s needs %d bytes of shared memory, the device allows %d", name, need, c.d.info.SharedOptin-static)
-			}
-			if err := c.lib.FuncSetAttribute(k.fn, funcAttrMaxDynamicShared, need); err != nil {
-				return nil, fmt.Errorf("cuda attn module: %s: %w", name, err)
-			}
-		}
 	}
 	return m, nil
 }

@@ -122,36 +122,22 @@ type attnDecArgs struct {
 // loading from the disk cache) it on first use and raising its partial
 // kernels' dynamic shared-memory limit to what they need.
 func (c *Ctx) attnDecModule() (*Module, error) {
-	for _, m := range c.d.modules {
-		if m.Name == attnDecModuleName {
-			return m, nil
+	m, err := c.namedModule(attnDecModuleName, attnDecSrc, func(m *Module) error {
+		for _, v := range attnDecVariants {
+			for _, dim := range v.dims {
+				k, err := m.Kernel(v.kernel(dim))
+				if err != nil {
+					return err
+				}
+				if err := c.raiseDynamicShared(k, v.shared(dim)); err != nil {
+					return err
+				}
+			}
 		}
-	}
-	m, err := c.Module(attnDecModuleName, attnDecSrc)
+		_, err := m.Kernel("attndec_combine")
+		return err
+	})
 	if err != nil {
-		return nil, fmt.Errorf("cuda attndec module: %w", err)
-	}
-	for _, v := range attnDecVariants {
-		for _, dim := range v.dims {
-			name := v.kernel(dim)
-			k, err := m.Kernel(name)
-			if err != nil {
-				return nil, fmt.Errorf("cuda attndec module: %w", err)
-			}
-			static, err := c.lib.FuncGetAttribute(k.fn, funcAttrSharedSize)
-			if err != nil {
-				return nil, fmt.Errorf("cuda attndec module: %s: %w", name, err)
-			}
-			need := v.shared(dim)
-			if need > c.d.info.SharedOptin-static {
-				return nil, fmt.Errorf("cuda attndec module: %s needs %d bytes of shared memory, the device allows %d", name, need, c.d.info.SharedOptin-static)
-			}
-			if err := c.lib.FuncSetAttribute(k.fn, funcAttrMaxDynamicShared, need); err != nil {
-				return nil, fmt.Errorf("cuda attndec module: %s: %w", name, err)
-			}
-		}
-	}
-	if _, err := m.Kernel("attndec_combine"); err != nil {
 		return nil, fmt.Errorf("cuda attndec module: %w", err)
 	}
 	return m, nil

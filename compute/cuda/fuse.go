@@ -21,14 +21,9 @@ func FuseSource() string { return fuseSrc }
 // fuseModuleName names the fuse module among the device's modules.
 const fuseModuleName = "fuse"
 
-func (c *Ctx) fuseModule() (*Module, error) {
-	for _, m := range c.d.modules {
-		if m.Name == fuseModuleName {
-			return m, nil
-		}
-	}
-	return c.Module(fuseModuleName, fuseSrc)
-}
+// fuseModule returns the device's fuse module, compiling (or loading from
+// the disk cache) it on first use.
+func (c *Ctx) fuseModule() (*Module, error) { return c.namedModule(fuseModuleName, fuseSrc, nil) }
 
 // LoadFuse compiles (or loads from the disk cache) the fuse module now, so
 // that the first fused op does not: call it before capturing a CUDA graph
@@ -38,16 +33,9 @@ func (c *Ctx) LoadFuse() error {
 	return err
 }
 
+// launchFuse enqueues the fuse kernel `name` on s.
 func (c *Ctx) launchFuse(name string, grid, block Dim3, shared int, s Stream, args ...unsafe.Pointer) error {
-	m, err := c.fuseModule()
-	if err != nil {
-		return err
-	}
-	k, err := m.Kernel(name)
-	if err != nil {
-		return err
-	}
-	return c.Launch(k, grid, block, shared, s, args...)
+	return c.launchNamed(c.fuseModule, name, grid, block, shared, s, args...)
 }
 
 // rmsThreads is the block size of the rmsnorm kernel (RMSNorm) for rows of

@@ -35,24 +35,16 @@ const maxStaticShared = 48 << 10
 
 // Fwd compiles (or loads from the kernel cache) the forward-pass module.
 func (c *Ctx) Fwd() (*Fwd, error) {
-	m, err := c.Module("fwd", fwdSrc)
-	if err != nil {
-		return nil, fmt.Errorf("cuda fwd module: %w", err)
-	}
 	f := &Fwd{}
-	for _, k := range []struct {
-		name string
-		dst  **Kernel
-	}{
+	err := c.loadKernels("fwd", fwdSrc, []kernelRef{
 		{"fwd_attention", &f.attn}, {"fwd_attention_hg", &f.attnHG}, {"fwd_ring_store", &f.ringStore}, {"fwd_comp_store", &f.compStore},
 		{"fwd_comp_close", &f.compClose}, {"fwd_index_scores", &f.indexScores}, {"fwd_topk", &f.topk},
 		{"fwd_moe_args", &f.moeArgs}, {"fwd_add_rows", &f.addRows},
 		{"fwd_gather_rows", &f.gather}, {"fwd_scatter_add", &f.scatter}, {"fwd_gather_i32", &f.gatherI32},
 		{"fwd_moe_plan", &f.moePlan}, {"fwd_moe_tiles", &f.moeTiles}, {"fwd_moe_combine", &f.moeCombine},
-	} {
-		if *k.dst, err = m.Kernel(k.name); err != nil {
-			return nil, err
-		}
+	}...)
+	if err != nil {
+		return nil, err
 	}
 	return f, nil
 }

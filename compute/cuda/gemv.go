@@ -133,11 +133,7 @@ func (c *Ctx) PrepareGemv(ps []GemvProj, v GemvVariant) (*Gemv, error) {
 	}
 	g.args.N = int32(len(ps))
 	g.grid = Dim3{X: uint32(blocks)}
-	mod, err := c.Module("gemv", gemvSrc)
-	if err != nil {
-		return nil, err
-	}
-	if g.kernel, err = mod.Kernel(fmt.Sprintf("gemv_u%d", u)); err != nil {
+	if err := c.loadKernels("gemv", gemvSrc, kernelRef{fmt.Sprintf("gemv_u%d", u), &g.kernel}); err != nil {
 		return nil, err
 	}
 	return g, nil

@@ -38,20 +38,12 @@ const (
 
 // IdxDec compiles (or loads from the kernel cache) the idxdec module.
 func (c *Ctx) IdxDec() (*IdxDec, error) {
-	m, err := c.Module("idxdec", idxdecSrc)
-	if err != nil {
-		return nil, fmt.Errorf("cuda idxdec module: %w", err)
-	}
 	x := &IdxDec{}
-	for i, name := range []string{"idx_scores_h1", "idx_scores_h2", "idx_scores_h4", "idx_scores_h8"} {
-		if x.scores[i], err = m.Kernel(name); err != nil {
-			return nil, err
-		}
-	}
-	if x.generic, err = m.Kernel("idx_scores_generic"); err != nil {
-		return nil, err
-	}
-	if x.topk, err = m.Kernel("idx_topk"); err != nil {
+	err := c.loadKernels("idxdec", idxdecSrc,
+		kernelRef{"idx_scores_h1", &x.scores[0]}, kernelRef{"idx_scores_h2", &x.scores[1]},
+		kernelRef{"idx_scores_h4", &x.scores[2]}, kernelRef{"idx_scores_h8", &x.scores[3]},
+		kernelRef{"idx_scores_generic", &x.generic}, kernelRef{"idx_topk", &x.topk})
+	if err != nil {
 		return nil, err
 	}
 	return x, nil

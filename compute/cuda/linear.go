@@ -147,12 +147,8 @@ func (c *Ctx) linKernel(name string) (*Kernel, error) {
 		// Tensor-core kernels stage x in dynamic shared memory, beyond 48 KB
 		// for long rows and batch tiles. The cap is the opt-in limit less
 		// the kernel's static shared memory (asking for more is an error).
-		static, err := c.lib.FuncGetAttribute(k.fn, funcAttrSharedSize)
-		if err != nil {
-			return nil, fmt.Errorf("cuda linear: %s: %w", name, err)
-		}
-		if err := c.lib.FuncSetAttribute(k.fn, funcAttrMaxDynamicShared, c.d.info.SharedOptin-static); err != nil {
-			return nil, fmt.Errorf("cuda linear: %s: %w", name, err)
+		if err := c.raiseDynamicShared(k, -1); err != nil {
+			return nil, fmt.Errorf("cuda linear: %w", err)
 		}
 	}
 	c.d.linKernels[key] = k

@@ -3,6 +3,7 @@ package cuda
 import (
 	"fmt"
 	"time"
+	"unsafe"
 
 	"moxie/compute/cuda/driver"
 )
@@ -83,4 +84,84 @@ func (m *Module) Kernel(name string) (*Kernel, error) {
 	k := &Kernel{name: name, fn: f}
 	m.kernels[name] = k
 	return k, nil
+}
+
+// namedModule returns the device's loaded module called name or, when there
+// is none, compiles (or loads from the disk cache) src as that module and
+// runs setup on it (nil: none), once. The device memoises modules by cache
+// key; looking the module up by name first avoids hashing the source on
+// every launch. A module whose setup failed stays loaded without it.
+func (c *Ctx) namedModule(name, src string, setup func(*Module) error) (*Module, error) {
+	for _, m := range c.d.modules {
+		if m.Name == name {
+			return m, nil
+		}
+	}
+	m, err := c.Module(name, src)
+	if err != nil {
+		return nil, err
+	}
+	if setup != nil {
+		if err := setup(m); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// launchNamed enqueues the kernel `name` of the module that mod returns
+// (compiling or loading it on first use) on s.
+func (c *Ctx) launchNamed(mod func() (*Module, error), name string, grid, block Dim3, shared int, s Stream, args ...unsafe.Pointer) error {
+	m, err := mod()
+	if err != nil {
+		return err
+	}
+	k, err := m.Kernel(name)
+	if err != nil {
+		return err
+	}
+	return c.Launch(k, grid, block, shared, s, args...)
+}
+
+// kernelRef names a kernel and where to store it (see loadKernels).
+type kernelRef struct {
+	name string
+	dst  **Kernel
+}
+
+// loadKernels compiles (or loads from the disk cache) src as module name
+// and stores each referenced kernel in its dst. Errors name the module.
+func (c *Ctx) loadKernels(name, src string, refs ...kernelRef) error {
+	m, err := c.Module(name, src)
+	if err != nil {
+		return fmt.Errorf("cuda %s module: %w", name, err)
+	}
+	for _, r := range refs {
+		if *r.dst, err = m.Kernel(r.name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// raiseDynamicShared lets k's launches use need bytes of dynamic shared
+// memory (need < 0: all the device's opt-in shared memory that k's static
+// shared memory leaves). Errors name the kernel; asking for more than is
+// left is one.
+func (c *Ctx) raiseDynamicShared(k *Kernel, need int) error {
+	static, err := c.lib.FuncGetAttribute(k.fn, funcAttrSharedSize)
+	if err != nil {
+		return fmt.Errorf("%s: %w", k.name, err)
+	}
+	room := c.d.info.SharedOptin - static
+	if need < 0 {
+		need = room
+	}
+	if need > room {
+		return fmt.Errorf("%s needs %d bytes of shared memory, the device allows %d", k.name, need, room)
+	}
+	if err := c.lib.FuncSetAttribute(k.fn, funcAttrMaxDynamicShared, need); err != nil {
+		return fmt.Errorf("%s: %w", k.name, err)
+	}
+	return nil
 }

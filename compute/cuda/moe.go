@@ -265,16 +265,9 @@ func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert
 	if err := moeAligned(t, sh); err != nil {
 		return nil, err
 	}
-	mod, err := c.Module("moe", moeSrc)
-	if err != nil {
-		return nil, fmt.Errorf("cuda moe module: %w", err)
-	}
 	n1, n2 := moeKernelNames(v)
 	m := &MoEDecode{variant: v, hBytes: MoEDecodeScratch(t, K, sh)}
-	if m.k1, err = mod.Kernel(n1); err != nil {
-		return nil, err
-	}
-	if m.k2, err = mod.Kernel(n2); err != nil {
+	if err := c.loadKernels("moe", moeSrc, kernelRef{n1, &m.k1}, kernelRef{n2, &m.k2}); err != nil {
 		return nil, err
 	}
 	if m.h, err = a.Alloc(m.hBytes); err != nil {

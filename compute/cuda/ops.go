@@ -20,16 +20,8 @@ func OpsSource() string { return opsSrc }
 const opsModuleName = "ops"
 
 // opsModule returns the device's ops module, compiling (or loading from the
-// disk cache) on first use. The device memoises modules by cache key; looking
-// the module up by name first avoids hashing the source on every launch.
-func (c *Ctx) opsModule() (*Module, error) {
-	for _, m := range c.d.modules {
-		if m.Name == opsModuleName {
-			return m, nil
-		}
-	}
-	return c.Module(opsModuleName, opsSrc)
-}
+// disk cache) on first use.
+func (c *Ctx) opsModule() (*Module, error) { return c.namedModule(opsModuleName, opsSrc, nil) }
 
 // LoadOps compiles (or loads from the disk cache) the ops module now, so
 // that the first op does not do it: call it before capturing a CUDA graph
@@ -48,15 +40,7 @@ func (c *Ctx) LoadOps() error {
 
 // launchOp enqueues the ops kernel `name` on s.
 func (c *Ctx) launchOp(name string, grid, block Dim3, shared int, s Stream, args ...unsafe.Pointer) error {
-	m, err := c.opsModule()
-	if err != nil {
-		return err
-	}
-	k, err := m.Kernel(name)
-	if err != nil {
-		return err
-	}
-	return c.Launch(k, grid, block, shared, s, args...)
+	return c.launchNamed(c.opsModule, name, grid, block, shared, s, args...)
 }
 
 type ptr = unsafe.Pointer

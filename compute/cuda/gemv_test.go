@@ -55,7 +55,7 @@ func TestGemv(t *testing.T) {
 			var ps []GemvProj
 			var wants [][]float64
 			for _, m := range set.ms {
-				d := computetest.RandomWeight(rng, m.f, m.rows, m.cols, 0.05)
+				d := randomWeightPar(rng.Uint64(), m.f, m.rows, m.cols, 0.05)
 				w, err := e.c.UploadWeight(e.a, d)
 				if err != nil {
 					t.Fatal(err)

@@ -40,9 +40,9 @@ func newMoECase(t *testing.T, e *fwdEnv, rng *rand.Rand, E, D, I, Is int) *moeCa
 	s1, s2 := 1/math.Sqrt(float64(D)), 1/math.Sqrt(float64(I))
 	var d1, d3, d2 []*DeviceWeight
 	for range E {
-		a := computetest.RandomWeight(rng, compute.MXFP4, I, D, s1)
-		b := computetest.RandomWeight(rng, compute.MXFP4, I, D, s1)
-		c := computetest.RandomWeight(rng, compute.MXFP4, D, I, s2)
+		a := randomWeightPar(rng.Uint64(), compute.MXFP4, I, D, s1)
+		b := randomWeightPar(rng.Uint64(), compute.MXFP4, I, D, s1)
+		c := randomWeightPar(rng.Uint64(), compute.MXFP4, D, I, s2)
 		mc.w1, mc.w3, mc.w2 = append(mc.w1, a), append(mc.w3, b), append(mc.w2, c)
 		d1, d3, d2 = append(d1, up(a)), append(d3, up(b)), append(d2, up(c))
 	}
@@ -51,9 +51,9 @@ func newMoECase(t *testing.T, e *fwdEnv, rng *rand.Rand, E, D, I, Is int) *moeCa
 		t.Fatal(err)
 	}
 	if Is > 0 {
-		mc.s1 = computetest.RandomWeight(rng, compute.FP8Block, Is, D, s1)
-		mc.s3 = computetest.RandomWeight(rng, compute.FP8Block, Is, D, s1)
-		mc.s2 = computetest.RandomWeight(rng, compute.FP8Block, D, Is, 1/math.Sqrt(float64(Is)))
+		mc.s1 = randomWeightPar(rng.Uint64(), compute.FP8Block, Is, D, s1)
+		mc.s3 = randomWeightPar(rng.Uint64(), compute.FP8Block, Is, D, s1)
+		mc.s2 = randomWeightPar(rng.Uint64(), compute.FP8Block, D, Is, 1/math.Sqrt(float64(Is)))
 		mc.sh = &SharedExpert{W1: up(mc.s1), W3: up(mc.s3), W2: up(mc.s2)}
 	}
 	return mc

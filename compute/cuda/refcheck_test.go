@@ -3,7 +3,9 @@ package cuda
 import (
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"sort"
+	"sync"
 
 	"moxie/compute"
 	"moxie/compute/computetest"
@@ -142,4 +144,37 @@ func poisonedLinear(c *Ctx, w *DeviceWeight, y, x DevicePtr, batch, groups int, 
 		return nil, err
 	}
 	return out, nil
+}
+
+// randomWeightPar is computetest.RandomWeight (entries of standard
+// deviation std, quantized with FP8 blocks of 128) made in bands of 128 rows
+// on all CPUs, band i drawn from a PCG seeded (seed, i): for the V4-width
+// weights whose serial generation would cost the test machine seconds.
+func randomWeightPar(seed uint64, f compute.Format, rows, cols int, std float64) compute.WeightData {
+	const band = 128
+	nb := (rows + band - 1) / band
+	parts := make([]compute.WeightData, nb)
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range runtime.GOMAXPROCS(0) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for b := range next {
+				rng := rand.New(rand.NewPCG(seed, uint64(b)))
+				parts[b] = computetest.RandomWeight(rng, f, min(band, rows-b*band), cols, std)
+			}
+		}()
+	}
+	for b := range nb {
+		next <- b
+	}
+	close(next)
+	wg.Wait()
+	d := compute.WeightData{Format: f, Rows: rows, Cols: cols, Block: parts[0].Block}
+	for _, p := range parts {
+		d.Data = append(d.Data, p.Data...)
+		d.Scale = append(d.Scale, p.Scale...)
+	}
+	return d
 }

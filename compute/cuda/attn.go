@@ -123,6 +123,7 @@ func (f *Fwd) AttentionPrefill(c *Ctx, p AttnParams, s Stream) error {
 
 // attentionPrefill is AttentionPrefill with the given kernel variant.
 func (f *Fwd) attentionPrefill(c *Ctx, p AttnParams, variant string, s Stream) error {
+	keysErr := p.checkKeys("attn_prefill")
 	switch {
 	case p.O == 0 || p.Q == 0 || p.Ring == 0 || p.Sinks == 0 || p.Pos == 0:
 		return fmt.Errorf("cuda attn_prefill: nil buffer (o %#x q %#x ring %#x sinks %#x pos %#x)", p.O, p.Q, p.Ring, p.Sinks, p.Pos)
@@ -130,12 +131,8 @@ func (f *Fwd) attentionPrefill(c *Ctx, p AttnParams, variant string, s Stream) e
 		return fmt.Errorf("cuda attn_prefill: T %d (want 1..65535), window %d", p.T, p.Window)
 	case !PrefillAttentionFits(p.Heads, p.Dim):
 		return fmt.Errorf("cuda attn_prefill: %d heads of width %d (want a multiple of %d heads of width 128, 256 or 512)", p.Heads, p.Dim, attnPHeads)
-	case p.RingRows < p.Window+p.T-1:
-		return fmt.Errorf("cuda attn_prefill: ring of %d rows cannot hold window %d plus %d queries", p.RingRows, p.Window, p.T)
-	case p.Comp != 0 && p.Ratio <= 0:
-		return fmt.Errorf("cuda attn_prefill: compressed entries with ratio %d", p.Ratio)
-	case p.Idx != 0 && (p.TopK <= 0 || p.IdxStride < p.TopK):
-		return fmt.Errorf("cuda attn_prefill: top-k %d with index row stride %d", p.TopK, p.IdxStride)
+	case keysErr != nil:
+		return keysErr
 	}
 	m, err := c.attnModule()
 	if err != nil {

@@ -185,6 +185,7 @@ func (c *Ctx) attentionDecode(p AttnParams, scratch DevicePtr, variant string, s
 // MaxSplits may differ from the listed one's; scratch must hold
 // 4·T·v.splits(MaxKeys)·Heads·(Dim+2) bytes).
 func (c *Ctx) attentionDecodeV(p AttnParams, scratch DevicePtr, v attnDecVariant, s Stream) error {
+	keysErr := p.checkKeys("attndec")
 	switch {
 	case v.MaxSplits <= 0 || v.MaxSplits > attnDecMaxSplits:
 		return fmt.Errorf("cuda attndec: %d splits, want 1..%d", v.MaxSplits, attnDecMaxSplits)
@@ -194,12 +195,8 @@ func (c *Ctx) attentionDecodeV(p AttnParams, scratch DevicePtr, v attnDecVariant
 		return fmt.Errorf("cuda attndec: T %d (want 1..65535), window %d", p.T, p.Window)
 	case !v.fits(p.Heads, p.Dim):
 		return fmt.Errorf("cuda attndec: %d heads of width %d (want a multiple of %d heads of width %v)", p.Heads, p.Dim, v.G, v.dims)
-	case p.RingRows < p.Window+p.T-1:
-		return fmt.Errorf("cuda attndec: ring of %d rows cannot hold window %d plus %d queries", p.RingRows, p.Window, p.T)
-	case p.Comp != 0 && p.Ratio <= 0:
-		return fmt.Errorf("cuda attndec: compressed entries with ratio %d", p.Ratio)
-	case p.Idx != 0 && (p.TopK <= 0 || p.IdxStride < p.TopK):
-		return fmt.Errorf("cuda attndec: top-k %d with index row stride %d", p.TopK, p.IdxStride)
+	case keysErr != nil:
+		return keysErr
 	case p.MaxKeys <= 0 || p.MaxKeys > 1<<30:
 		return fmt.Errorf("cuda attndec: max keys %d, want 1..%d", p.MaxKeys, 1<<30)
 	}

@@ -85,6 +85,23 @@ type AttnParams struct {
 	HeadsPerBlock int
 }
 
+// checkKeys returns the error, naming kernel, for the first of p's key
+// sources that the attention kernels (AttentionRing, AttentionPrefill,
+// AttentionDecode) cannot read, or nil: a ring shorter than the window plus
+// T−1 queries, compressed entries without a positive ratio, an index
+// without a positive top-k within its row stride.
+func (p *AttnParams) checkKeys(kernel string) error {
+	switch {
+	case p.RingRows < p.Window+p.T-1:
+		return fmt.Errorf("cuda %s: ring of %d rows cannot hold window %d plus %d queries", kernel, p.RingRows, p.Window, p.T)
+	case p.Comp != 0 && p.Ratio <= 0:
+		return fmt.Errorf("cuda %s: compressed entries with ratio %d", kernel, p.Ratio)
+	case p.Idx != 0 && (p.TopK <= 0 || p.IdxStride < p.TopK):
+		return fmt.Errorf("cuda %s: top-k %d with index row stride %d", kernel, p.TopK, p.IdxStride)
+	}
+	return nil
+}
+
 // attnHGTile is ATT_KT in kernels/fwd.cu.
 const attnHGTile = 8
 
@@ -106,17 +123,14 @@ func GroupedAttentionFits(g, heads, dim int) bool {
 // every position a query reads (consecutive positions need RingRows ≥
 // Window+T−1) and that the key count never exceeds MaxKeys.
 func (f *Fwd) AttentionRing(c *Ctx, p AttnParams, s Stream) error {
+	keysErr := p.checkKeys("fwd_attention")
 	switch {
 	case p.O == 0 || p.Q == 0 || p.Ring == 0 || p.Sinks == 0 || p.Pos == 0:
 		return fmt.Errorf("cuda fwd_attention: nil buffer (o %#x q %#x ring %#x sinks %#x pos %#x)", p.O, p.Q, p.Ring, p.Sinks, p.Pos)
 	case p.T <= 0 || p.T > 65535 || p.Heads <= 0 || p.Dim <= 0 || p.Window <= 0:
 		return fmt.Errorf("cuda fwd_attention: T %d, heads %d, dim %d, window %d", p.T, p.Heads, p.Dim, p.Window)
-	case p.RingRows < p.Window+p.T-1:
-		return fmt.Errorf("cuda fwd_attention: ring of %d rows cannot hold window %d plus %d queries", p.RingRows, p.Window, p.T)
-	case p.Comp != 0 && p.Ratio <= 0:
-		return fmt.Errorf("cuda fwd_attention: compressed entries with ratio %d", p.Ratio)
-	case p.Idx != 0 && (p.TopK <= 0 || p.IdxStride < p.TopK):
-		return fmt.Errorf("cuda fwd_attention: top-k %d with index row stride %d", p.TopK, p.IdxStride)
+	case keysErr != nil:
+		return keysErr
 	case p.HeadsPerBlock > 1 && !GroupedAttentionFits(p.HeadsPerBlock, p.Heads, p.Dim):
 		return fmt.Errorf("cuda fwd_attention: %d heads per block for %d heads of width %d (want 2..8 dividing the heads, width <= 1024, shared memory %d <= %d bytes)",
 			p.HeadsPerBlock, p.Heads, p.Dim, attnHGShared(p.HeadsPerBlock, p.Dim), maxStaticShared)

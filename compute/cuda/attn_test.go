@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"runtime"
 	"slices"
-	"sync"
 	"testing"
 
 	"moxie/compute/computetest"
@@ -224,41 +222,29 @@ func attnRefErr(tc attnCase, d *attnData, outs ...[]float32) []float64 {
 		}
 	}
 	errs := make([][]float64, tc.T)
-	var wg sync.WaitGroup
-	next := make(chan int)
-	for range runtime.GOMAXPROCS(0) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for qi := range next {
-				t0 := tc.p0 + qi
-				var kv []float32
-				for pp := max(0, t0-tc.window+1); pp <= t0; pp++ {
-					kv = append(kv, d.keys[pp*tc.dim:(pp+1)*tc.dim]...)
-				}
-				switch tc.kind {
-				case "hca":
-					kv = append(kv, d.ent[:(t0+1)/tc.ratio*tc.dim]...)
-				case "csa":
-					for j := range min((t0+1)/tc.ratio, tc.topk) {
-						if en := d.idx[qi*d.idxStride+j]; en >= 0 {
-							kv = append(kv, d.ent[en*tc.dim:(en+1)*tc.dim]...)
-						}
-					}
-				}
-				hd := tc.heads * tc.dim
-				want := ref.Attention(f64s(d.q[qi*hd:(qi+1)*hd]), f64s(kv), f64s(d.sinks), len(kv)/tc.dim, tc.heads, tc.dim, float64(d.p.Scale))
-				for _, got := range outs {
-					errs[qi] = append(errs[qi], computetest.MaxRel(got[qi*hd:(qi+1)*hd], want))
+	parallelFor(len(queries), func(k int) {
+		qi := queries[k]
+		t0 := tc.p0 + qi
+		var kv []float32
+		for pp := max(0, t0-tc.window+1); pp <= t0; pp++ {
+			kv = append(kv, d.keys[pp*tc.dim:(pp+1)*tc.dim]...)
+		}
+		switch tc.kind {
+		case "hca":
+			kv = append(kv, d.ent[:(t0+1)/tc.ratio*tc.dim]...)
+		case "csa":
+			for j := range min((t0+1)/tc.ratio, tc.topk) {
+				if en := d.idx[qi*d.idxStride+j]; en >= 0 {
+					kv = append(kv, d.ent[en*tc.dim:(en+1)*tc.dim]...)
 				}
 			}
-		}()
-	}
-	for _, qi := range queries {
-		next <- qi
-	}
-	close(next)
-	wg.Wait()
+		}
+		hd := tc.heads * tc.dim
+		want := ref.Attention(f64s(d.q[qi*hd:(qi+1)*hd]), f64s(kv), f64s(d.sinks), len(kv)/tc.dim, tc.heads, tc.dim, float64(d.p.Scale))
+		for _, got := range outs {
+			errs[qi] = append(errs[qi], computetest.MaxRel(got[qi*hd:(qi+1)*hd], want))
+		}
+	})
 	worst := make([]float64, len(outs))
 	for k, ok := range finite {
 		if !ok {

@@ -33,48 +33,47 @@ func BenchmarkDecodeKernels(b *testing.B) {
 	var cases []kcase
 	for _, ctx := range []int{1024, 4096, 8192} {
 		n := ctx / 4 // CSA entries
-		cases = append(cases,
-			kcase{fmt.Sprintf("index_scores_ctx%d", ctx), func(c *Ctx, f *Fwd, d *devBufs) func() error {
-				rng := rand.New(rand.NewPCG(1, uint64(ctx)))
-				sc := d.alloc(4 * n)
-				q, w := d.floats(computetest.Normal(rng, IH*ID, 1)), d.floats(computetest.Normal(rng, IH, 1))
-				keys := d.floats(computetest.Normal(rng, n*ID, 1))
-				pos := d.int32s([]int32{int32(ctx - 1)})
-				return func() error { return f.IndexScores(c, sc, q, w, keys, pos, 1, n, 4, IH, ID, n, c.Stream()) }
-			}},
-			kcase{fmt.Sprintf("topk_rows_ctx%d", ctx), func(c *Ctx, f *Fwd, d *devBufs) func() error {
-				rng := rand.New(rand.NewPCG(2, uint64(ctx)))
-				sc := d.floats(computetest.Normal(rng, n, 1))
-				idx := d.alloc(4 * topk)
-				pos := d.int32s([]int32{int32(ctx - 1)})
-				return func() error { return f.TopKRows(c, idx, sc, pos, 1, 4, topk, n, c.Stream()) }
-			}},
-			kcase{fmt.Sprintf("index_scores_idxdec_ctx%d", ctx), func(c *Ctx, f *Fwd, d *devBufs) func() error {
-				rng := rand.New(rand.NewPCG(1, uint64(ctx)))
-				x, err := c.IdxDec()
-				if err != nil {
-					d.err = err
-					return nil
-				}
-				sc := d.alloc(4 * n)
-				q, w := d.floats(computetest.Normal(rng, IH*ID, 1)), d.floats(computetest.Normal(rng, IH, 1))
-				keys := d.floats(computetest.Normal(rng, n*ID, 1))
-				pos := d.int32s([]int32{int32(ctx - 1)})
-				return func() error { return x.IndexScores(c, sc, q, w, keys, pos, 1, n, 4, IH, ID, n, c.Stream()) }
-			}},
-			kcase{fmt.Sprintf("topk_rows_idxdec_ctx%d", ctx), func(c *Ctx, f *Fwd, d *devBufs) func() error {
-				rng := rand.New(rand.NewPCG(2, uint64(ctx)))
-				x, err := c.IdxDec()
-				if err != nil {
-					d.err = err
-					return nil
-				}
-				sc := d.floats(computetest.Normal(rng, n, 1))
-				idx := d.alloc(4 * topk)
-				pos := d.int32s([]int32{int32(ctx - 1)})
-				return func() error { return x.TopKRows(c, idx, sc, pos, 1, 4, topk, n, c.Stream()) }
-			}},
-		)
+		// The indexer's scores and top-k on Fwd's kernels and on IdxDec's
+		// (the same arguments and inputs).
+		type indexer interface {
+			IndexScores(c *Ctx, scores, q, w, keys, pos DevicePtr, T, nKeys, ratio, heads, dim, stride int, s Stream) error
+			TopKRows(c *Ctx, idx, scores, pos DevicePtr, T, ratio, k, stride int, s Stream) error
+		}
+		for _, impl := range []struct {
+			suffix string
+			get    func(c *Ctx, f *Fwd) (indexer, error)
+		}{
+			{"", func(c *Ctx, f *Fwd) (indexer, error) { return f, nil }},
+			{"_idxdec", func(c *Ctx, f *Fwd) (indexer, error) { return c.IdxDec() }},
+		} {
+			cases = append(cases,
+				kcase{fmt.Sprintf("index_scores%s_ctx%d", impl.suffix, ctx), func(c *Ctx, f *Fwd, d *devBufs) func() error {
+					x, err := impl.get(c, f)
+					if err != nil {
+						d.err = err
+						return nil
+					}
+					rng := rand.New(rand.NewPCG(1, uint64(ctx)))
+					sc := d.alloc(4 * n)
+					q, w := d.floats(computetest.Normal(rng, IH*ID, 1)), d.floats(computetest.Normal(rng, IH, 1))
+					keys := d.floats(computetest.Normal(rng, n*ID, 1))
+					pos := d.int32s([]int32{int32(ctx - 1)})
+					return func() error { return x.IndexScores(c, sc, q, w, keys, pos, 1, n, 4, IH, ID, n, c.Stream()) }
+				}},
+				kcase{fmt.Sprintf("topk_rows%s_ctx%d", impl.suffix, ctx), func(c *Ctx, f *Fwd, d *devBufs) func() error {
+					x, err := impl.get(c, f)
+					if err != nil {
+						d.err = err
+						return nil
+					}
+					rng := rand.New(rand.NewPCG(2, uint64(ctx)))
+					sc := d.floats(computetest.Normal(rng, n, 1))
+					idx := d.alloc(4 * topk)
+					pos := d.int32s([]int32{int32(ctx - 1)})
+					return func() error { return x.TopKRows(c, idx, sc, pos, 1, 4, topk, n, c.Stream()) }
+				}},
+			)
+		}
 		for _, kind := range []string{"csa", "hca"} {
 			cases = append(cases, kcase{fmt.Sprintf("attention_%s_ctx%d", kind, ctx), func(c *Ctx, f *Fwd, d *devBufs) func() error {
 				rng := rand.New(rand.NewPCG(3, uint64(ctx)))

@@ -36,6 +36,13 @@ func fuseCmp(t *testing.T, what string, fused, unfused []float32, tol float64) {
 // withSplitHCMix runs f with the device's HCMix on its split path (the one
 // the fused boundary reproduces) and restores the previous choice.
 func withSplitHCMix(t testing.TB, f func()) {
+	defer splitHCMix(t)()
+	f()
+}
+
+// splitHCMix puts the device's HCMix on its split path and returns the
+// function that restores the previous choice.
+func splitHCMix(t testing.TB) (restore func()) {
 	dev := testDevice(t)
 	var prev hcMixState
 	if err := dev.Do(func(c *Ctx) error {
@@ -47,10 +54,9 @@ func withSplitHCMix(t testing.TB, f func()) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
+	return func() {
 		_ = dev.Do(func(c *Ctx) error { c.d.hcMix.chosen, c.d.hcMix.split = prev.chosen, prev.split; return nil })
-	}()
-	f()
+	}
 }
 
 // hcNormCase is one fused-boundary configuration.

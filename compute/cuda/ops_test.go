@@ -977,20 +977,7 @@ func TestHCSplitAligned(t *testing.T) {
 // depend on the batch it is in (the split shape does not), and the scratch
 // partials of the batch-16 mix must sum to the float64 dots and Σx².
 func TestOpsHCMixSplit(t *testing.T) {
-	dev := testDevice(t)
-	var prev hcMixState
-	if err := dev.Do(func(c *Ctx) error {
-		if _, err := c.hcMixChoice(); err != nil {
-			return err
-		}
-		prev = c.d.hcMix
-		return c.setHCMixSplit(true)
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = dev.Do(func(c *Ctx) error { c.d.hcMix.chosen, c.d.hcMix.split = prev.chosen, prev.split; return nil })
-	})
+	t.Cleanup(splitHCMix(t))
 	rng := rand.New(rand.NewPCG(31, 7))
 	for _, sh := range []struct {
 		f       compute.Format

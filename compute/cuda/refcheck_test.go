@@ -154,27 +154,35 @@ func randomWeightPar(seed uint64, f compute.Format, rows, cols int, std float64)
 	const band = 128
 	nb := (rows + band - 1) / band
 	parts := make([]compute.WeightData, nb)
-	var wg sync.WaitGroup
-	next := make(chan int)
-	for range runtime.GOMAXPROCS(0) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for b := range next {
-				rng := rand.New(rand.NewPCG(seed, uint64(b)))
-				parts[b] = computetest.RandomWeight(rng, f, min(band, rows-b*band), cols, std)
-			}
-		}()
-	}
-	for b := range nb {
-		next <- b
-	}
-	close(next)
-	wg.Wait()
+	parallelFor(nb, func(b int) {
+		rng := rand.New(rand.NewPCG(seed, uint64(b)))
+		parts[b] = computetest.RandomWeight(rng, f, min(band, rows-b*band), cols, std)
+	})
 	d := compute.WeightData{Format: f, Rows: rows, Cols: cols, Block: parts[0].Block}
 	for _, p := range parts {
 		d.Data = append(d.Data, p.Data...)
 		d.Scale = append(d.Scale, p.Scale...)
 	}
 	return d
+}
+
+// parallelFor calls f(i) for every i in [0, n), on GOMAXPROCS goroutines
+// that take the next i as they finish, and returns when all calls have.
+func parallelFor(n int, f func(i int)) {
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range runtime.GOMAXPROCS(0) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				f(i)
+			}
+		}()
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
 }

@@ -105,13 +105,19 @@ func timed(c *Ctx, spin *Kernel, n, reps int, launch func(i int) error) ([]float
 // (FP8 codes without NaN, scales near 1, BF16 of moderate exponent).
 func randomWeight(rng *rand.Rand, f compute.Format, rows, cols int) compute.WeightData {
 	d := compute.WeightData{Format: f, Rows: rows, Cols: cols, Block: 128}
-	fill := func(b []byte) {
-		for i := 0; i+8 <= len(b); i += 8 {
-			v := rng.Uint64()
-			for k := range 8 {
-				b[i+k] = byte(v >> (8 * k))
+	seed := rng.Uint64()
+	fill := func(b []byte) { // 1 MiB chunks on all CPUs (lm_head is 1 GiB), chunk i from PCG (seed, i)
+		const chunk = 1 << 20
+		parallelFor((len(b)+chunk-1)/chunk, func(i int) {
+			r := rand.New(rand.NewPCG(seed, uint64(i)))
+			p := b[i*chunk : min(len(b), (i+1)*chunk)]
+			for j := 0; j+8 <= len(p); j += 8 {
+				v := r.Uint64()
+				for k := range 8 {
+					p[j+k] = byte(v >> (8 * k))
+				}
 			}
-		}
+		})
 	}
 	switch f {
 	case compute.FP8Block:

@@ -122,14 +122,11 @@ func (c *Ctx) hcNorm(op string, a *HCNorm, p *HC, head int32, s Stream) error {
 	if a == nil || p == nil {
 		return opErr(op, "nil arguments or HC parameters")
 	}
-	rows := (2 + p.HC) * p.HC
-	if head != 0 {
-		rows = p.HC
-	}
-	code, err := p.check(op, rows)
+	code, err := p.check(op, head)
 	if err != nil {
 		return err
 	}
+	rows := p.Fn.Rows // check: (2+HC)·HC, or HC for a head
 	n := p.Fn.Cols
 	D := n / p.HC
 	T := a.T

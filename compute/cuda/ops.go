@@ -108,9 +108,15 @@ type HC struct {
 	Eps, NormEps float32
 }
 
-func (p *HC) check(op string, rows int) (fmtCode int32, err error) {
+// check validates p for a mix (head 0: Fn has (2+HC)·HC rows) or a head's
+// pre weights (head 1: HC rows) and returns Fn's format code.
+func (p *HC) check(op string, head int32) (fmtCode int32, err error) {
 	if p == nil || p.Fn == nil {
 		return 0, opErr(op, "nil HC parameters or Fn")
+	}
+	rows := (2 + p.HC) * p.HC
+	if head != 0 {
+		rows = p.HC
 	}
 	switch p.Fn.Format {
 	case compute.F32:
@@ -133,14 +139,11 @@ func (c *Ctx) hcMix(op string, pre, post, comb, x DevicePtr, p *HC, batch int, h
 	if p == nil {
 		return opErr(op, "nil HC parameters")
 	}
-	rows := (2 + p.HC) * p.HC
-	if head != 0 {
-		rows = p.HC
-	}
-	code, err := p.check(op, rows)
+	code, err := p.check(op, head)
 	if err != nil {
 		return err
 	}
+	rows := p.Fn.Rows // check: (2+HC)·HC, or HC for a head
 	if !pos32(batch) || !nonNull(pre, x) || (head == 0 && !nonNull(post, comb)) {
 		return opErr(op, "batch %d, pre %#x, post %#x, comb %#x, x %#x: want a positive batch and non-null buffers", batch, pre, post, comb, x)
 	}

@@ -36,24 +36,29 @@ func TestRandomWeightPar(t *testing.T) {
 }
 
 // TestLinRefSampled checks the sampled comparison (no device needed): it
-// sees an error in a sampled row, a NaN anywhere, and passes the exact
-// product.
+// passes the exact values at the compared outputs, and sees an error in a
+// compared row, a NaN anywhere and each of 50 single-output errors at
+// sampled outputs.
 func TestLinRefSampled(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 3))
-	const rows, cols, batch = 300, 512, 300 // 46M multiply-adds: sampled
+	const rows, cols, batch = 512, 1024, 300 // 157M multiply-adds: sampled
 	d := randomWeightPar(4, compute.FP8Block, rows, cols, 0.05)
 	x := computetest.Normal(rng, batch*cols, 1)
 	lr := newLinRef(d, 1, x, batch)
 	if lr.batch*lr.rows*lr.cols <= fullCheckMACs {
 		t.Fatal("case is not large enough to be sampled")
 	}
-	exact := ref.ParallelLinear(lr.W, rows, cols, lr.x, batch)
-	y := make([]float32, len(exact))
-	for i, v := range exact {
-		y[i] = float32(v)
+	idx := sampleOutputs(batch, rows, uint64(rows)<<32|uint64(batch))
+	if len(idx) != 2*rows+sampledOutputs {
+		t.Fatalf("%d outputs sampled, want %d", len(idx), 2*rows+sampledOutputs)
+	}
+	at := ref.GroupedLinearAt(lr.W, rows, cols, lr.x, batch, 1, idx)
+	y := make([]float32, batch*rows) // zero (finite) where not compared
+	for k, i := range idx {
+		y[i] = float32(at[k])
 	}
 	if e := lr.rel(y); !(e <= 1e-6) {
-		t.Errorf("exact product: max relative error %.3g", e)
+		t.Errorf("exact values: max relative error %.3g", e)
 	}
 	bad := append([]float32(nil), y...)
 	bad[(batch-1)*rows+rows/2] += 1 // last token: always compared
@@ -65,9 +70,8 @@ func TestLinRefSampled(t *testing.T) {
 	if e := lr.rel(nan); !math.IsInf(e, 1) {
 		t.Errorf("NaN output not seen: %.3g", e)
 	}
-	// Over many single-output errors, the sampled ones are seen.
 	seen := 0
-	for _, i := range sampleOutputs(batch, rows, uint64(rows)<<32|uint64(batch))[:50] {
+	for _, i := range idx[rows : rows+50] {
 		b := append([]float32(nil), y...)
 		b[i] += 1
 		if lr.rel(b) > 1e-3 {

@@ -18,11 +18,13 @@ import (
 // computed at sampled outputs only.
 
 // fullCheckMACs is the largest product (batch·rows·cols multiply-adds)
-// linearRel compares at every output; larger ones are sampled.
-const fullCheckMACs = 1 << 25
+// linRef.rel compares at every output (2^27: ~0.1 s on one core of the GPU
+// machine per case and batch, computed once for all variants); larger ones
+// are sampled.
+const fullCheckMACs = 1 << 27
 
 // sampledOutputs is how many outputs besides the first and last token's
-// rows linearRel compares in a sampled check.
+// rows linRef.rel compares in a sampled check.
 const sampledOutputs = 256
 
 // linRef is one (grouped) linear's float64 inputs: W [rows, cols]
@@ -32,11 +34,12 @@ type linRef struct {
 	rows, cols, groups int
 	x                  []float64
 	batch              int
+	full               []float64 // the whole product, once computed
 }
 
 // newLinRef dequantizes d (on all CPUs) and widens x.
-func newLinRef(d compute.WeightData, groups int, x []float32, batch int) linRef {
-	return linRef{W: ref.ParallelDequant(d), rows: d.Rows, cols: d.Cols, groups: groups, x: f64s(x), batch: batch}
+func newLinRef(d compute.WeightData, groups int, x []float32, batch int) *linRef {
+	return &linRef{W: ref.ParallelDequant(d), rows: d.Rows, cols: d.Cols, groups: groups, x: f64s(x), batch: batch}
 }
 
 // rel returns computetest.MaxRel of y, the device's [batch, rows] output,
@@ -44,14 +47,19 @@ func newLinRef(d compute.WeightData, groups int, x []float32, batch int) linRef 
 // most fullCheckMACs multiply-adds; else every output must be finite (a
 // NaN-poisoned or overflowed output fails wherever it is) and the max is
 // over the outputs of the first and last token (every row) and
-// sampledOutputs others drawn from a fixed seed.
-func (l linRef) rel(y []float32) float64 {
+// sampledOutputs others drawn from a fixed seed. The full product is
+// computed on the first call and kept for the next ones (the variants of a
+// case).
+func (l *linRef) rel(y []float32) float64 {
 	n := l.batch * l.rows
 	if len(y) != n {
 		return math.Inf(1)
 	}
 	if l.batch*l.rows*l.cols <= fullCheckMACs {
-		return computetest.MaxRel(y, ref.ParallelGroupedLinear(l.W, l.rows, l.cols, l.x, l.batch, l.groups))
+		if l.full == nil {
+			l.full = ref.ParallelGroupedLinear(l.W, l.rows, l.cols, l.x, l.batch, l.groups)
+		}
+		return computetest.MaxRel(y, l.full)
 	}
 	for _, v := range y {
 		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
@@ -94,7 +102,7 @@ func sampleOutputs(batch, rows int, seed uint64) []int {
 type multiData struct {
 	d   compute.WeightData
 	x   []float32
-	ref linRef
+	ref *linRef
 }
 
 // multiWeights is a multi-linear test set's weights (scale 0.05), made
@@ -124,7 +132,7 @@ func (mw multiWeights) data(batch int) []multiData {
 	var out []multiData
 	for i, d := range mw.ds {
 		x := computetest.Normal(rng, batch*d.Cols, 1)
-		out = append(out, multiData{d, x, linRef{W: mw.Ws[i], rows: d.Rows, cols: d.Cols, groups: 1, x: f64s(x), batch: batch}})
+		out = append(out, multiData{d, x, &linRef{W: mw.Ws[i], rows: d.Rows, cols: d.Cols, groups: 1, x: f64s(x), batch: batch}})
 	}
 	return out
 }

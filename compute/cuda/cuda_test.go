@@ -301,9 +301,7 @@ func TestLinearShapes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for k, v := range maxErr {
-		t.Logf("max relative error %-26s %.3g", k, v)
-	}
+	logMaxErrs(t, maxErr)
 }
 
 // TestGraph captures 300 launches that each add 1 to every element and checks
@@ -679,9 +677,7 @@ func TestLinearTC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for k, v := range maxErr {
-		t.Logf("max relative error %-26s %.3g", k, v)
-	}
+	logMaxErrs(t, maxErr)
 }
 
 // TestMultiLinearTC checks one tensor-core launch over several projections

@@ -15,6 +15,17 @@ import (
 	"moxie/compute/ref"
 )
 
+// topKRowsCase is a TopKRows test case: a row per entry of ns (ns[i]
+// entries drawn by gen), the k largest of each (positions of compression
+// ratio ratio).
+type topKRowsCase struct {
+	name  string
+	ns    []int // entries per row
+	topk  int
+	ratio int
+	gen   func(rng *rand.Rand, i int) float32
+}
+
 // topKRowsInput lays out one score row per entry of ns (ns[i] entries drawn
 // by gen, then 1e30 up to the stride, which must never be selected) and
 // positions making (pos+1)/ratio = ns[i] entries (0 entries: pos -1).
@@ -548,13 +559,7 @@ func TestFwdTopK(t *testing.T) {
 	nan, inf := float32(math.NaN()), float32(math.Inf(1))
 	negZero := float32(math.Copysign(0, -1))
 	withFwd(t, func(e *fwdEnv) {
-		for ci, tc := range []struct {
-			name  string
-			ns    []int // entries per row
-			topk  int
-			ratio int
-			gen   func(rng *rand.Rand, i int) float32
-		}{
+		for ci, tc := range []topKRowsCase{
 			{"random", []int{1000, 500, 11, 1}, 512, 1, func(rng *rand.Rand, i int) float32 { return float32(rng.NormFloat64()) }},
 			{"ties", []int{100, 37, 64}, 7, 1, func(rng *rand.Rand, i int) float32 { return float32(rng.IntN(4)) }},
 			{"all equal", []int{300}, 16, 1, func(rng *rand.Rand, i int) float32 { return 0.5 }},

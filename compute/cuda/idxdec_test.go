@@ -102,13 +102,7 @@ func TestIdxDecTopKRows(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for ci, tc := range []struct {
-			name  string
-			ns    []int // entries per row
-			topk  int
-			ratio int
-			gen   func(rng *rand.Rand, i int) float32
-		}{
+		for ci, tc := range []topKRowsCase{
 			{"decode sizes around k", []int{1, 511, 512, 513, 2048}, 512, 1, normal},
 			{"decode ratio 4", []int{2048, 700}, 512, 4, normal},
 			{"whole-sort limit", []int{2047, 2048, 2049, 4096}, 512, 1, normal},

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sort"
 	"sync"
+	"testing"
 
 	"moxie/compute"
 	"moxie/compute/computetest"
@@ -193,4 +194,16 @@ func parallelFor(n int, f func(i int)) {
 	}
 	close(next)
 	wg.Wait()
+}
+
+// logMaxErrs logs each key's max relative error, in key order.
+func logMaxErrs(t *testing.T, maxErr map[string]float64) {
+	keys := make([]string, 0, len(maxErr))
+	for k := range maxErr {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		t.Logf("max relative error %-26s %.3g", k, maxErr[k])
+	}
 }

@@ -29,6 +29,11 @@
 # budget, BENCH_TIMEOUT seconds, default 240; its log is in the tarball and
 # its result in summary.json). MOXIE_CUDA_CACHE defaults to a fresh
 # directory (kernels compile once per run).
+# The NVRTC compile-only tests (Test*Compile, Test*Compiles) compile each
+# module a second time on the GPU machine (the loads compile it anyway);
+# TEST_SKIP='Compiles?$' leaves them to the build machine's NVRTC.
+# Example (device tool, binaries carried in .carry/gpu):
+#   TEST_SKIP='Compiles?$' scripts/gpu-tests.sh .carry/gpu "$OUT"
 # Exit status: 0 if every binary passed within its budget.
 set -u -o pipefail
 bin=${1:?usage: gpu-tests.sh BIN_DIR OUT_DIR}

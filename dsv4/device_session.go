@@ -38,15 +38,19 @@ import (
 // < ⌊(t+1)/R⌋ computed per query) — which is the token-by-token order of
 // Session, since nothing a query reads is written by a later token.
 //
-// Attention: a chunk of several queries uses the grouped kernel (up to 8
-// heads per block share each key read; UseGroupedAttention), a decode step
-// one block per head.
+// Attention: a chunk of several queries uses the tensor-core kernel
+// (Fwd.AttentionPrefill) where the head shape fits it, else the grouped
+// kernel (up to 8 heads per block share each key read; UseGroupedAttention);
+// a one-token step splits its keys over many blocks (Ctx.AttentionDecode)
+// where the shape fits, else runs one block per head.
 //
 // MoE: routing runs on the device, and so does the choice of experts. A
-// one-token step writes the chosen experts' records into the multi-linear
-// argument tables with a kernel; a longer chunk lays its (token, k) entries
-// out expert-major on the device and runs tiles of up to 16 rows per expert
-// as two multi-linear launches (UseDeviceExperts). A model with
+// one-token step runs the chosen experts and the shared expert as the fused
+// two-kernel decode (Ctx.RunMoEDecode) where the shapes fit, else writes the
+// chosen experts' records into the multi-linear argument tables with a
+// kernel; a longer chunk lays its (token, k) entries out expert-major on the
+// device and runs tiles of rows per expert as two multi-linear launches
+// (UseDeviceExperts). A model with
 // Options.Routes (or UseDeviceExperts(false) for chunks) downloads the
 // routing, groups tokens by expert on the host and runs each used expert on
 // its gathered rows (one synchronisation per layer).
@@ -55,6 +59,11 @@ import (
 // (UseGraphs): every kernel reads the position and token from device
 // buffers, which the host updates before each replay, and grids are sized
 // for the session's context limit.
+//
+// Fused paths (each with a MOXIE_CUDA_* switch for A/B runs, see
+// compute/cuda/NOTES.md): sublayer boundaries and row operations (fused),
+// merged one-token projections (multi, gemvSets), the compressors' chain on
+// a second stream (side).
 //
 // Not safe for concurrent use; sessions of one model run one pass at a time.
 type DeviceSession struct {
@@ -103,17 +112,17 @@ type DeviceSession struct {
 	// forked after wq_a+wkv and joined before the indexer scores, so it
 	// overlaps the query path (a fork in the captured graph); sideOK false:
 	// one stream (MOXIE_CUDA_FORK=off, or the stream could not be made).
-	side cuda.Stream
+	side           cuda.Stream
+	sideOK         bool
+	evFork, evJoin cuda.Event
 	// tcAttn: chunks of several queries use the tensor-core attention
 	// (Fwd.AttentionPrefill); MOXIE_CUDA_ATTN=ring keeps AttentionRing.
 	tcAttn bool
 	// attnDec: a one-token step's attention is split over its keys
 	// (Ctx.AttentionDecode, partials in attnScratch); MOXIE_CUDA_ATTNDEC=off
 	// keeps AttentionRing.
-	attnDec        bool
-	attnScratch    cuda.DevicePtr
-	sideOK         bool
-	evFork, evJoin cuda.Event
+	attnDec     bool
+	attnScratch cuda.DevicePtr
 
 	// scratch (device)
 	tok, posBuf                cuda.DevicePtr // int32 [chunk]
@@ -279,13 +288,14 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 		ls.comp, ls.icomp = comp(b.comp), comp(b.icomp)
 		s.layers = append(s.layers, ls)
 	}
-	// The expert runs' argument tables (PrepareExpertRun: 3K records of 80
-	// bytes per layer; PrepareExpertTiles: 3 per tile).
-	// The decode sets: at most 2 + 2 + 5 records per layer.
 	moeVar, moeOn, err := moeVariantFromEnv()
 	if err != nil {
 		return nil, err
 	}
+	// Beyond the buffers: the expert runs' argument tables (PrepareExpertRun:
+	// 3K records of 80 bytes per layer; PrepareExpertTiles: 3 per tile), the
+	// decode sets' (at most 2 + 2 + 5 records per layer) and the fused MoE's
+	// h scratch.
 	moeBytes := 0
 	for _, b := range d.layers {
 		if b.table != nil && moeOn {
@@ -337,8 +347,6 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 				s.runErr = fmt.Errorf("layer %d: %w", l, err)
 			}
 		}
-		// MOXIE_CUDA_MERGE=off keeps one launch per projection (for A/B
-		// measurements of the merged launches).
 		s.moeDec = make([]*cuda.MoEDecode, len(d.layers))
 		for l, b := range d.layers {
 			if b.table == nil || !moeOn {
@@ -353,6 +361,8 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 			}
 		}
 		s.gemvSets = gemvSetsFromEnv()
+		// MOXIE_CUDA_MERGE=off keeps one launch per projection (for A/B
+		// measurements of the merged launches).
 		s.multi = os.Getenv("MOXIE_CUDA_MERGE") != "off"
 		for l, b := range d.layers {
 			if !s.multi {
@@ -433,24 +443,14 @@ func (s *DeviceSession) UseGraphs(on bool) {
 // (A/B measurements).
 func moeVariantFromEnv() (cuda.MoEVariant, bool, error) {
 	v := os.Getenv("MOXIE_CUDA_MOE")
-	switch v {
-	case "":
-		return cuda.MoEDefault, true, nil
-	case "off":
+	if v == "off" {
 		return 0, false, nil
 	}
-	var names []string
-	for i := cuda.MoEVariant(0); ; i++ {
-		n := i.String()
-		if strings.HasPrefix(n, "MoEVariant(") {
-			break
-		}
-		if n == v {
-			return i, true, nil
-		}
-		names = append(names, n)
+	mv, err := cuda.ParseMoEVariant(v)
+	if err != nil {
+		return 0, false, fmt.Errorf("dsv4: MOXIE_CUDA_MOE=%q (or off): %w", v, err)
 	}
-	return 0, false, fmt.Errorf("dsv4: MOXIE_CUDA_MOE=%q: want off or one of %s (unset: %s)", v, strings.Join(names, ", "), cuda.MoEDefault)
+	return mv, true, nil
 }
 
 // sharedOf is layer b's shared expert for the fused MoE decode (nil: none,
@@ -1197,17 +1197,8 @@ func (s *DeviceSession) moe(c *cuda.Ctx, b *devBlock, l, T, p0 int) error {
 	if dec != nil {
 		// Routed experts, SwiGLU, shared expert and the sum in two kernels
 		// (with the expert cache, the chosen experts made resident first).
-		if tier != nil {
-			ids, _, err := s.routing(c, 1, K)
-			if err != nil {
-				return err
-			}
-			tier.pin()
-			for _, e := range ids {
-				if _, err := tier.ensure(c, b, l, e); err != nil {
-					return err
-				}
-			}
+		if err := s.ensureChosen(c, b, l); err != nil {
+			return err
 		}
 		if err := c.RunMoEDecode(dec, s.ids, s.rw, st); err != nil {
 			return err
@@ -1233,17 +1224,8 @@ func (s *DeviceSession) moe(c *cuda.Ctx, b *devBlock, l, T, p0 int) error {
 	} else if run := s.runs[l]; T == 1 && run != nil && m.routes == nil {
 		// Device-selected experts: no host round trip (with the expert
 		// cache, one: the chosen experts are made resident first).
-		if tier != nil {
-			ids, _, err := s.routing(c, 1, K)
-			if err != nil {
-				return err
-			}
-			tier.pin()
-			for _, e := range ids {
-				if _, err := tier.ensure(c, b, l, e); err != nil {
-					return err
-				}
-			}
+		if err := s.ensureChosen(c, b, l); err != nil {
+			return err
 		}
 		if err := errs(
 			func() error { return s.d.fwd.RunExperts13(c, run, s.ids, st) },
@@ -1260,6 +1242,27 @@ func (s *DeviceSession) moe(c *cuda.Ctx, b *devBlock, l, T, p0 int) error {
 		return nil
 	}
 	return s.sharedExpert(c, b, T)
+}
+
+// ensureChosen makes the experts a one-token step's routing chose for
+// layer l resident in the expert cache, if there is one (the routing comes
+// down: one synchronisation).
+func (s *DeviceSession) ensureChosen(c *cuda.Ctx, b *devBlock, l int) error {
+	tier := s.d.tier
+	if tier == nil {
+		return nil
+	}
+	ids, _, err := s.routing(c, 1, s.m.Cfg.NActivatedExperts)
+	if err != nil {
+		return err
+	}
+	tier.pin()
+	for _, e := range ids {
+		if _, err := tier.ensure(c, b, l, e); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // sharedExpert adds the shared expert of layer b's MoE on s.a to s.moeOut.

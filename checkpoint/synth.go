@@ -289,7 +289,7 @@ func (s *Synth) half(t config.Tensor, scales bool) []byte {
 	s.pairs[t.Name] = p
 	s.pairOrder = append(s.pairOrder, t.Name)
 	s.mu.Unlock()
-	q, sc := s.quantizedBoth(t)
+	q, sc := s.generateQuantized(t, false)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	p.q, p.sc = q, sc
@@ -342,9 +342,6 @@ func (s *Synth) quantized(t config.Tensor, scales bool) []byte {
 	q, _ := s.generateQuantized(t, false)
 	return q
 }
-
-// quantizedBoth generates a quantized weight's codes and scales together.
-func (s *Synth) quantizedBoth(t config.Tensor) (q, sc []byte) { return s.generateQuantized(t, false) }
 
 // generateQuantized generates the codes (unless scales: only the scales) and
 // the scales of quantized weight t.

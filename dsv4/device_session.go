@@ -67,12 +67,15 @@ import (
 //
 // Not safe for concurrent use; sessions of one model run one pass at a time.
 type DeviceSession struct {
-	m      *Model
-	d      *deviceModel
-	pos    int
-	limit  int // context limit (tokens)
-	chunk  int // tokens per pass (Model.maxChunk)
-	failed error
+	m     *Model
+	d     *deviceModel
+	pos   int
+	limit int // context limit (tokens)
+	chunk int // tokens per pass (Model.maxChunk)
+	// headRows is how many rows of logits the device holds (the LM head's
+	// output); PrefillAll of a longer chunk runs the head in blocks.
+	headRows int
+	failed   error
 
 	arena *cuda.Arena
 	host  *cuda.HostBuffer // tokens and positions, int32 [chunk] each
@@ -137,7 +140,7 @@ type DeviceSession struct {
 	xe, eg, eu, eh, ey         cuda.DevicePtr
 	rows, roww, inv            cuda.DevicePtr // int32 / float / int32 [chunk·K]
 	tileBuf                    cuda.DevicePtr // int32 [max tiles, 3]
-	logits                     cuda.DevicePtr // [chunk, V]
+	logits                     cuda.DevicePtr // [headRows, V]
 	entries                    int            // limit / 4: indexer score row stride
 	expertRows, interMax, topk int
 
@@ -265,7 +268,8 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 	pl.add(&s.inv, 4*T*K)
 	maxTiles := (T*K+15)/16 + c.NRoutedExperts
 	pl.add(&s.tileBuf, 4*3*maxTiles)
-	pl.add(&s.logits, f*T*c.VocabSize)
+	s.headRows = min(T, maxHeadRows)
+	pl.add(&s.logits, f*s.headRows*c.VocabSize)
 	pl.add(&s.hcScratch, cuda.HCNormScratchBytes(hc, D, T))
 	if s.attnDec {
 		// Keys per query are at most the window plus every entry (HCA) or
@@ -714,9 +718,22 @@ func (s *DeviceSession) run(c *cuda.Ctx, tokens []int, rows int) ([]float32, err
 	if rows == 0 {
 		return nil, c.Sync(st)
 	}
-	out := make([]float32, rows*cfg.VocabSize)
-	if err := c.CopyFloatsFromDevice(out, s.logits); err != nil {
-		return nil, err
+	V := cfg.VocabSize
+	out := make([]float32, rows*V)
+	if rows <= s.headRows {
+		if err := c.CopyFloatsFromDevice(out, s.logits); err != nil {
+			return nil, err
+		}
+		return out, nil
+	}
+	for b0 := 0; b0 < rows; b0 += s.headRows {
+		n := min(s.headRows, rows-b0)
+		if err := c.Linear(s.d.head, s.logits, off(s.a, b0*cfg.Dim), n, st); err != nil {
+			return nil, err
+		}
+		if err := c.CopyFloatsFromDevice(out[b0*V:(b0+n)*V], s.logits); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }
@@ -794,7 +811,7 @@ func (s *DeviceSession) step(c *cuda.Ctx, T, p0, rows int, graph bool) error {
 		func() error { return c.HCHeadPre(s.pre, xs, &d.hcHead, rows, st) },
 		func() error { return c.HCCollapse(s.a, xs, s.pre, hc, D, rows, st) },
 		func() error { return c.RMSNorm(s.a, s.a, d.norm, rows, D, eps, st) },
-		func() error { return c.Linear(d.head, s.logits, s.a, rows, st) },
+		func() error { return s.head(c, rows, st) },
 	)
 }
 
@@ -847,8 +864,22 @@ func (s *DeviceSession) stepFused(c *cuda.Ctx, T, p0, rows int, graph bool) erro
 	if err := c.HCHeadNorm(a, &d.hcHead, st); err != nil {
 		return err
 	}
-	return c.Linear(d.head, s.logits, s.a, rows, st)
+	return s.head(c, rows, st)
 }
+
+// head enqueues the LM head over the rows normalised into s.a when they fit
+// the logits buffer; more rows (PrefillAll of a long chunk) are done by run
+// in blocks of headRows, each copied down before the next.
+func (s *DeviceSession) head(c *cuda.Ctx, rows int, st cuda.Stream) error {
+	if rows > s.headRows {
+		return nil
+	}
+	return c.Linear(s.d.head, s.logits, s.a, rows, st)
+}
+
+// maxHeadRows bounds the rows of logits a session holds on the device
+// (each is VocabSize floats, 517 KB for V4-Flash).
+const maxHeadRows = 256
 
 // errs runs steps in order and returns the first error.
 func errs(steps ...func() error) error {

@@ -200,15 +200,18 @@ func TestDeviceTiny(t *testing.T) {
 		noGraphs  bool
 		noGrouped bool
 		hostMoE   bool
+		headRows  int // > 0: the LM head runs in blocks of this many rows
 	}{
-		{"prefill40", []int{40}, false, false, false},
-		{"prefill40 one head per block", []int{40}, false, true, false},
-		{"prefill40 experts grouped on the host", []int{40}, false, false, true},
-		{"chunked 13+11+16", []int{13, 11, 16}, false, false, false},
-		{"prefill17 then decode", decodeSchedule(40, 17), false, false, false},
-		{"prefill17 then decode without graphs", decodeSchedule(40, 17), true, false, false},
-		{"decode only", decodeSchedule(40, 1), false, false, false},
-		{"chunks 3+5+8+1+23", []int{3, 5, 8, 1, 23}, false, false, false},
+		{"prefill40", []int{40}, false, false, false, 0},
+		{"prefill40 one head per block", []int{40}, false, true, false, 0},
+		{"prefill40 experts grouped on the host", []int{40}, false, false, true, 0},
+		{"chunked 13+11+16", []int{13, 11, 16}, false, false, false, 0},
+		{"prefill17 then decode", decodeSchedule(40, 17), false, false, false, 0},
+		{"prefill17 then decode without graphs", decodeSchedule(40, 17), true, false, false, 0},
+		{"decode only", decodeSchedule(40, 1), false, false, false, 0},
+		{"chunks 3+5+8+1+23", []int{3, 5, 8, 1, 23}, false, false, false, 0},
+		{"prefill40 head in blocks of 7", []int{40}, false, false, false, 7},
+		{"chunks 13+11+16 head in blocks of 1", []int{13, 11, 16}, false, false, false, 1},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -220,6 +223,9 @@ func TestDeviceTiny(t *testing.T) {
 			ds.UseGraphs(!tc.noGraphs)
 			ds.UseGroupedAttention(!tc.noGrouped)
 			ds.UseDeviceExperts(!tc.hostMoE)
+			if tc.headRows > 0 {
+				ds.headRows = min(ds.headRows, tc.headRows) // the logits buffer holds at least this many rows
+			}
 			if ds.tiles == nil {
 				t.Errorf("no device expert tiles (prefill groups experts on the host): %v", ds.runErr)
 			}

@@ -73,7 +73,8 @@ type Options struct {
 	Routes RouteRecorder
 	// MaxChunk bounds how many tokens one forward pass processes at once:
 	// longer prefills run as consecutive chunks (the same function, bounded
-	// activation memory). 0 means DefaultMaxChunk.
+	// activation memory). 0 means DefaultMaxChunk, or DefaultDeviceChunk
+	// with Device set.
 	MaxChunk int
 	// Device, if set, makes the model GPU-resident: Load uploads the main
 	// stack (dense weights, embedding, head and every routed expert) to this
@@ -102,6 +103,12 @@ type Options struct {
 
 // DefaultMaxChunk is the prefill chunk size when Options.MaxChunk is 0.
 const DefaultMaxChunk = 512
+
+// DefaultDeviceChunk is the prefill chunk size of a GPU-resident model when
+// Options.MaxChunk is 0: larger chunks give each routed expert more rows per
+// tensor-core tile (at 512 tokens and 192-256 experts an expert sees about a
+// dozen rows, and the expert GEMMs ran at ~19 TFLOP/s on the H200).
+const DefaultDeviceChunk = 2048
 
 // ExpertWeights are the three projections of one routed expert, bound to the
 // model's backend: W1 (gate) and W3 (up) [inter, D], W2 (down) [D, inter].
@@ -224,7 +231,11 @@ func Load(src checkpoint.Source, opts Options) (*Model, error) {
 	}
 	m := &Model{Cfg: cfg, be: be, src: src, target: opts.Target, routes: opts.Routes, ownBackend: own}
 	m.maxChunk = opts.MaxChunk
-	if m.maxChunk <= 0 {
+	switch {
+	case m.maxChunk > 0:
+	case opts.Device != nil:
+		m.maxChunk = DefaultDeviceChunk
+	default:
 		m.maxChunk = DefaultMaxChunk
 	}
 	if opts.Device != nil {

@@ -66,14 +66,15 @@ func (l *loadedModel) Close() error {
 // memFlags are the memory and residency flags shared by run, serve and bench.
 type memFlags struct {
 	mem, policy, routes, backend, gpuMem string
-	ctx                                  int
+	ctx, chunk                           int
 }
 
-// addMemFlags registers --mem, --ctx, --policy, --record-routes and --backend on fs.
+// addMemFlags registers --mem, --ctx, --chunk, --policy, --record-routes, --gpu-mem and --backend on fs.
 func addMemFlags(fs *flag.FlagSet) *memFlags {
 	f := &memFlags{}
 	fs.StringVar(&f.mem, "mem", "", "memory budget, e.g. 24GiB: dense weights and state stay resident, routed experts fill the rest and are read from the checkpoint on a miss (default: a safe share of available memory)")
 	fs.IntVar(&f.ctx, "ctx", 0, "context length in tokens the memory plan reserves state for (default 32768, or the model's maximum if smaller)")
+	fs.IntVar(&f.chunk, "chunk", 0, "prefill chunk: the most prompt tokens one forward pass takes at once (default 512 on the CPU, 2048 on the GPU); larger chunks use more activation memory and give the GPU's expert matrix products more rows per tile")
 	fs.StringVar(&f.policy, "policy", "lru", "expert residency policy: lru, decay[:h=64,ratio=1.25,margin=4] or static:FREQFILE")
 	fs.StringVar(&f.routes, "record-routes", "", "write every routing decision to this trace file (see moxie residency)")
 	fs.StringVar(&f.gpuMem, "gpu-mem", "", "with --backend cuda: GPU memory the model may use, e.g. 80GiB (default: all that is free); when the routed experts do not fit, they are cached in GPU slots and copied from host memory on a miss")
@@ -95,6 +96,9 @@ func loadModel(spec string, mf *memFlags, stderr io.Writer) (*loadedModel, error
 		return nil, usagef("--backend %q: want cpu, cuda or auto", mf.backend)
 	}
 	hostFlags := mf.mem != "" || mf.policy != "lru"
+	if mf.chunk < 0 {
+		return nil, usagef("--chunk %d: want a positive number of tokens (0 for the default)", mf.chunk)
+	}
 	var gpuMem int64
 	switch {
 	case mf.gpuMem != "" && (mf.backend == "" || mf.backend == "cpu"):
@@ -164,7 +168,7 @@ func loadModel(spec string, mf *memFlags, stderr io.Writer) (*loadedModel, error
 		dev, err := cuda.Open(0)
 		if err == nil {
 			l.dev = dev
-			if err = loadOnDevice(l, cfg, ctx, gpuMem, stderr); err == nil {
+			if err = loadOnDevice(l, cfg, ctx, mf.chunk, gpuMem, stderr); err == nil {
 				return l, nil
 			}
 			l.dev.Close()
@@ -190,7 +194,7 @@ func loadModel(spec string, mf *memFlags, stderr io.Writer) (*loadedModel, error
 		return fail(err)
 	}
 
-	opts := dsv4.Options{Backend: l.be, Experts: l.store}
+	opts := dsv4.Options{Backend: l.be, Experts: l.store, MaxChunk: mf.chunk}
 	if l.routes != nil {
 		opts.Routes = l.routes
 	}
@@ -275,12 +279,13 @@ func writeJSONFile(path string, v any) error {
 
 // loadOnDevice binds the model resident on l.dev: every weight and routed
 // expert is uploaded (the CPU memory plan and expert store are not used), and
-// sequences run as device sessions of up to ctx tokens; gpuMem > 0 caps the
+// sequences run as device sessions of up to ctx tokens in prefill chunks of
+// chunk tokens (0: dsv4.DefaultDeviceChunk); gpuMem > 0 caps the
 // device memory planned with (Options.DeviceMemory); routing decisions go to
 // l.routes when set. On an error it leaves l as it found it (the caller closes
 // the device or falls back to the CPU).
-func loadOnDevice(l *loadedModel, cfg *config.Config, ctx int, gpuMem int64, stderr io.Writer) error {
-	opts := dsv4.Options{Device: l.dev, DeviceContext: ctx, DeviceMemory: gpuMem}
+func loadOnDevice(l *loadedModel, cfg *config.Config, ctx, chunk int, gpuMem int64, stderr io.Writer) error {
+	opts := dsv4.Options{Device: l.dev, DeviceContext: ctx, DeviceMemory: gpuMem, MaxChunk: chunk}
 	if l.routes != nil {
 		opts.Routes = l.routes
 	}

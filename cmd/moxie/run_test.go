@@ -149,6 +149,32 @@ func TestBackendFlag(t *testing.T) {
 	})
 }
 
+// TestChunkFlag checks that --chunk changes nothing but the chunking: a
+// prompt prefilled in chunks of 3 gives the same greedy tokens as in one
+// chunk (the CPU's chunkings agree to 1e-5: dsv4's
+// TestPrefillChunkDecodeAgree), and a negative chunk is a usage error.
+func TestChunkFlag(t *testing.T) {
+	t.Run("negative is a usage error", func(t *testing.T) {
+		code, _, errs := moxie(t, "run", "--model", "synth:tiny", "--backend", "cpu", "--chunk", "-4", "Hi")
+		if code != 2 || !strings.Contains(errs, "--chunk") {
+			t.Fatalf("exit %d, stderr %q: want a usage error naming --chunk", code, errs)
+		}
+	})
+	t.Run("small chunks give the same tokens", func(t *testing.T) {
+		var outs []string
+		for _, chunk := range []string{"3", "0"} {
+			code, out, errs := moxie(t, "run", "--model", "synth:tiny", "--backend", "cpu", "--chunk", chunk, "--max-tokens", "6", "The quick brown fox jumps")
+			if code != 0 {
+				t.Fatalf("--chunk %s: exit %d, stderr %q", chunk, code, errs)
+			}
+			outs = append(outs, out)
+		}
+		if outs[0] != outs[1] {
+			t.Fatalf("--chunk 3 wrote %q, the default chunk %q", outs[0], outs[1])
+		}
+	})
+}
+
 func TestGPUMemNeedsCUDA(t *testing.T) {
 	for _, tc := range []struct{ name, backend, value string }{
 		{"with the CPU backend", "cpu", "1GiB"},

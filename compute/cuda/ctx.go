@@ -232,7 +232,11 @@ func (c *Ctx) Launch(f *Kernel, grid, block Dim3, shared int, s Stream, args ...
 		pin.Pin(&args[0])
 		params = unsafe.Pointer(&args[0])
 	}
-	if err := c.lib.LaunchKernel(f.fn, grid.X, max(grid.Y, 1), max(grid.Z, 1), block.X, max(block.Y, 1), max(block.Z, 1), uint32(shared), s.s, params); err != nil {
+	launch := c.lib.LaunchKernel
+	if f.pdl && c.d.pdl {
+		launch = c.lib.LaunchKernelPDL
+	}
+	if err := launch(f.fn, grid.X, max(grid.Y, 1), max(grid.Z, 1), block.X, max(block.Y, 1), max(block.Z, 1), uint32(shared), s.s, params); err != nil {
 		return fmt.Errorf("launching %s grid %v block %v: %w", f.name, grid, block, err)
 	}
 	return nil

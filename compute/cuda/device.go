@@ -70,6 +70,11 @@ type Device struct {
 	// device when not WidthAuto itself ($MOXIE_CUDA_LINEAR; experiments).
 	linWidth int
 
+	// pdl: kernels of modules that opt in (see pdlMarker) launch with
+	// programmatic dependent launch (sm_90+, cuLaunchKernelEx;
+	// $MOXIE_CUDA_PDL=off disables it).
+	pdl bool
+
 	// hcMix is the HCMix/HCHeadPre path choice ($MOXIE_CUDA_HCMIX) and the
 	// split path's scratch buffer (ops.go).
 	hcMix hcMixState
@@ -169,6 +174,7 @@ func (d *Device) init(ordinal int) error {
 		return err
 	}
 	d.info = in
+	d.pdl = in.Major >= 9 && l.HasLaunchEx() && os.Getenv("MOXIE_CUDA_PDL") != "off"
 	d.ctx = &Ctx{d: d, lib: l, stream: Stream{s: s}}
 	return nil
 }

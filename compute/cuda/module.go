@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -17,12 +18,41 @@ type Module struct {
 	lib         *driver.Lib
 	mod         driver.Module
 	kernels     map[string]*Kernel
+	pdl         bool // the source carries pdlMarker
 }
 
 // Kernel is one __global__ function of a Module.
 type Kernel struct {
 	name string
 	fn   driver.Function
+	pdl  bool // its module opts in to programmatic dependent launch
+}
+
+// pdlMarker is the line a kernel source carries when every __global__
+// function in it starts with MOXIE_PDL(); (pdl_test.go checks that): its
+// kernels may then launch before the previous kernel on the stream has
+// finished, and wait for it at that first statement.
+const pdlMarker = "//@pdl"
+
+// pdlPreamble is prepended to every module's source (ModuleSource):
+// MOXIE_PDL() waits for the previous kernel on the stream (a no-op when the
+// launch had no programmatic dependency) and then lets the next one launch,
+// so that at most one kernel waits ahead of the running one. #line keeps
+// compiler messages on the source's own line numbers.
+const pdlPreamble = `#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define MOXIE_PDL() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define MOXIE_PDL() do {} while (0)
+#endif
+#line 1
+`
+
+// ModuleSource returns src as Ctx.Module compiles it (pdlPreamble first).
+func ModuleSource(src string) string { return pdlPreamble + src }
+
+// hasPDLMarker reports whether src opts in to programmatic dependent launch.
+func hasPDLMarker(src string) bool {
+	return strings.HasPrefix(src, pdlMarker+"\n") || strings.Contains(src, "\n"+pdlMarker+"\n")
 }
 
 // Name returns the kernel's symbol name.
@@ -41,11 +71,11 @@ func (c *Ctx) CompileOptions() []string {
 func (c *Ctx) Module(name, src string) (*Module, error) {
 	d := c.d
 	opts := c.CompileOptions()
-	key := CacheKey(src, opts, d.nvrtc.Major, d.nvrtc.Minor, d.info.Major, d.info.Minor)
+	key := CacheKey(ModuleSource(src), opts, d.nvrtc.Major, d.nvrtc.Minor, d.info.Major, d.info.Minor)
 	if m, ok := d.modules[key]; ok {
 		return m, nil
 	}
-	m := &Module{Name: name, Key: key, lib: c.lib, kernels: map[string]*Kernel{}}
+	m := &Module{Name: name, Key: key, lib: c.lib, kernels: map[string]*Kernel{}, pdl: hasPDLMarker(src)}
 	dir, dirErr := CacheDir()
 	var img []byte
 	if dirErr == nil {
@@ -54,7 +84,7 @@ func (c *Ctx) Module(name, src string) (*Module, error) {
 	if !m.FromCache {
 		t0 := time.Now()
 		var err error
-		img, err = d.nvrtc.Compile(src, name+".cu", opts)
+		img, err = d.nvrtc.Compile(ModuleSource(src), name+".cu", opts)
 		if err != nil {
 			return nil, err
 		}
@@ -81,7 +111,7 @@ func (m *Module) Kernel(name string) (*Kernel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("module %s: %w", m.Name, err)
 	}
-	k := &Kernel{name: name, fn: f}
+	k := &Kernel{name: name, fn: f, pdl: m.pdl}
 	m.kernels[name] = k
 	return k, nil
 }

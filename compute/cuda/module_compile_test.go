@@ -29,6 +29,7 @@ func compileModuleForTest(t *testing.T, name, src string) []byte {
 		t.Skipf("no NVRTC: %v", err)
 	}
 	opts := []string{"--gpu-architecture=sm_90", "--std=c++17"}
+	src = ModuleSource(src)
 	if dir, err := CacheDir(); err == nil {
 		if img, ok := readCache(dir, CacheKey(src, opts, nv.Major, nv.Minor, 9, 0)); ok {
 			t.Logf("%s module: %d-byte CUBIN from the disk cache (NVRTC %d.%d)", name, len(img), nv.Major, nv.Minor)

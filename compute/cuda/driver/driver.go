@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"unsafe"
 
@@ -115,6 +116,9 @@ type Lib struct {
 	cuStreamBeginCapture, cuStreamEndCapture                         uintptr
 	cuGraphInstantiateWithFlags, cuGraphLaunch, cuGraphExecDestroy   uintptr
 	cuGraphDestroy                                                   uintptr
+
+	// Optional (newer drivers); 0 when absent.
+	cuLaunchKernelEx uintptr
 }
 
 // driverSyms is the one table of driver API bindings: C symbol → slot.
@@ -190,6 +194,9 @@ func Load() (*Lib, error) {
 			return nil, fmt.Errorf("libcuda.so.1 lacks %s (driver too old?): %v", s.name, err)
 		}
 		*s.slot = p
+	}
+	if p, err := purego.Dlsym(h, "cuLaunchKernelEx"); err == nil {
+		l.cuLaunchKernelEx = p // CUDA 12.0 and later
 	}
 	return l, nil
 }
@@ -488,6 +495,47 @@ func (l *Lib) LaunchKernel(f Function, gx, gy, gz, bx, by, bz, shared uint32, s 
 	r, _, _ := purego.SyscallN(l.cuLaunchKernel, uintptr(f), uintptr(gx), uintptr(gy), uintptr(gz),
 		uintptr(bx), uintptr(by), uintptr(bz), uintptr(shared), uintptr(s), uintptr(params), 0)
 	return l.check("cuLaunchKernel", int32(r))
+}
+
+// launchConfig mirrors CUlaunchConfig (cuda.h, CUDA 12.0+).
+type launchConfig struct {
+	gx, gy, gz, bx, by, bz, shared uint32
+	stream                         Stream
+	attrs                          *launchAttr
+	numAttrs                       uint32
+}
+
+// launchAttr mirrors CUlaunchAttribute: a 4-byte id, padding to 8, a 64-byte
+// value union.
+type launchAttr struct {
+	id    uint32
+	_     uint32
+	value [64]byte
+}
+
+// attrProgrammaticStreamSerialization is
+// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION.
+const attrProgrammaticStreamSerialization = 6
+
+// HasLaunchEx reports whether the driver has cuLaunchKernelEx (CUDA 12.0+),
+// which LaunchKernelPDL needs.
+func (l *Lib) HasLaunchEx() bool { return l.cuLaunchKernelEx != 0 }
+
+// LaunchKernelPDL is LaunchKernel with programmatic dependent launch: f may
+// start before the kernel enqueued on s before it has finished, so f must
+// execute griddepcontrol.wait before it reads that kernel's results or
+// writes anything that kernel reads (sm_90+; a dependency on anything other
+// than a kernel stays a full one). It needs HasLaunchEx.
+func (l *Lib) LaunchKernelPDL(f Function, gx, gy, gz, bx, by, bz, shared uint32, s Stream, params unsafe.Pointer) error {
+	if l.cuLaunchKernelEx == 0 {
+		return fmt.Errorf("cuLaunchKernelEx: not in this driver (CUDA 12.0 or later needed)")
+	}
+	attr := launchAttr{id: attrProgrammaticStreamSerialization}
+	attr.value[0] = 1 // programmaticStreamSerializationAllowed
+	cfg := launchConfig{gx: gx, gy: gy, gz: gz, bx: bx, by: by, bz: bz, shared: shared, stream: s, attrs: &attr, numAttrs: 1}
+	err := l.check("cuLaunchKernelEx", call(l.cuLaunchKernelEx, uintptr(unsafe.Pointer(&cfg)), uintptr(f), uintptr(params), 0))
+	runtime.KeepAlive(&attr)
+	return err
 }
 
 // StreamBeginCapture starts capturing s into a graph.

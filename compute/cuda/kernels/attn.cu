@@ -38,6 +38,7 @@
 // (P's hi part is stored pre-multiplied by 2^11, exact for P <= 1). Inputs
 // must stay below the f16 range (|q|, |k| < 65504); both are RMS-normalised
 // vectors in the model.
+//@pdl
 typedef unsigned int u32;
 typedef unsigned short u16;
 
@@ -349,9 +350,9 @@ __device__ __forceinline__ void ap_body_split(const APArgs &a) {
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) attn_prefill_split_d128(APArgs a) { ap_body_split<16>(a); }
-extern "C" __global__ void __launch_bounds__(256, 1) attn_prefill_split_d256(APArgs a) { ap_body_split<32>(a); }
-extern "C" __global__ void __launch_bounds__(256, 1) attn_prefill_split_d512(APArgs a) { ap_body_split<64>(a); }
+extern "C" __global__ void __launch_bounds__(256, 1) attn_prefill_split_d128(APArgs a) { MOXIE_PDL(); ap_body_split<16>(a); }
+extern "C" __global__ void __launch_bounds__(256, 1) attn_prefill_split_d256(APArgs a) { MOXIE_PDL(); ap_body_split<32>(a); }
+extern "C" __global__ void __launch_bounds__(256, 1) attn_prefill_split_d512(APArgs a) { MOXIE_PDL(); ap_body_split<64>(a); }
 
 // ---------------------------------------------------------------------------
 // Default variant (attn_prefill_d*): each warp's f32 key slice lands in a
@@ -623,6 +624,6 @@ __device__ __forceinline__ void ap_body(const APArgs &a) {
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) attn_prefill_d128(APArgs a) { ap_body<16>(a); }
-extern "C" __global__ void __launch_bounds__(256, 1) attn_prefill_d256(APArgs a) { ap_body<32>(a); }
-extern "C" __global__ void __launch_bounds__(256, 1) attn_prefill_d512(APArgs a) { ap_body<64>(a); }
+extern "C" __global__ void __launch_bounds__(256, 1) attn_prefill_d128(APArgs a) { MOXIE_PDL(); ap_body<16>(a); }
+extern "C" __global__ void __launch_bounds__(256, 1) attn_prefill_d256(APArgs a) { MOXIE_PDL(); ap_body<32>(a); }
+extern "C" __global__ void __launch_bounds__(256, 1) attn_prefill_d512(APArgs a) { MOXIE_PDL(); ap_body<64>(a); }

@@ -26,6 +26,7 @@
 // Scratch (float32): O partials [T][splits][heads][D], then m,l
 // [T][splits][heads][2]. All math is float32 (expf, fmaf); every sum runs in
 // a fixed order, so results are deterministic. No headers: NVRTC needs none.
+//@pdl
 
 struct ADArgs {
   float *o;            // [T, heads, dim]
@@ -294,7 +295,7 @@ __device__ __forceinline__ void ad_partial(const ADArgs &a) {
 }
 
 #define AD_KERNEL(NAME, G, D, KT, NB) \
-  extern "C" __global__ void __launch_bounds__(AD_NT) NAME(ADArgs a) { ad_partial<G, D, KT, NB>(a); }
+  extern "C" __global__ void __launch_bounds__(AD_NT) NAME(ADArgs a) { MOXIE_PDL(); ad_partial<G, D, KT, NB>(a); }
 
 AD_KERNEL(attndec_g8k16_d128, 8, 128, 16, 1)
 AD_KERNEL(attndec_g8k16_d256, 8, 256, 16, 1)
@@ -317,7 +318,7 @@ AD_KERNEL(attndec_g8k16db_d512, 8, 512, 16, 2)
 // its partial output). Thread (sp, c) sums the splits s = sp, sp+SP, ... of
 // float4 column c in order; the SP part sums are then added in order sp =
 // 0, 1, ... (fixed order: deterministic).
-extern "C" __global__ void __launch_bounds__(1024) attndec_combine(ADArgs a) {
+extern "C" __global__ void __launch_bounds__(1024) attndec_combine(ADArgs a) { MOXIE_PDL();
   __shared__ float sm[AD_MAXS], sl[AD_MAXS];
   extern __shared__ float4 cpart[];  // [SP - 1][D/4]
   const int h = blockIdx.x, i = blockIdx.y, S = a.splits, D = a.dim, D4 = D / 4;

@@ -10,6 +10,7 @@
 // shared by the R rows. A row's sum is the lanes' partial sums reduced by
 // shuffles, then the WPR warps' in a fixed order: results do not depend on
 // timing.
+//@pdl
 
 typedef unsigned char u8;
 typedef unsigned short u16;
@@ -191,6 +192,6 @@ __device__ __forceinline__ void gemv_dispatch(const GemvArgs &a) {
     gemv_body<3, U>(m, blk);
 }
 
-extern "C" __global__ void __launch_bounds__(256) gemv_u4(const GemvArgs a) { gemv_dispatch<4>(a); }
-extern "C" __global__ void __launch_bounds__(256) gemv_u2(const GemvArgs a) { gemv_dispatch<2>(a); }
-extern "C" __global__ void __launch_bounds__(256) gemv_u8(const GemvArgs a) { gemv_dispatch<8>(a); }
+extern "C" __global__ void __launch_bounds__(256) gemv_u4(const GemvArgs a) { MOXIE_PDL(); gemv_dispatch<4>(a); }
+extern "C" __global__ void __launch_bounds__(256) gemv_u2(const GemvArgs a) { MOXIE_PDL(); gemv_dispatch<2>(a); }
+extern "C" __global__ void __launch_bounds__(256) gemv_u8(const GemvArgs a) { MOXIE_PDL(); gemv_dispatch<8>(a); }

@@ -3,6 +3,7 @@
 // with the work spread so that one query (a decode token) is not serial.
 // Positions come from device memory (pos, int32 [T]) so the launches can be
 // captured in a CUDA graph. No headers: NVRTC needs none.
+//@pdl
 
 typedef unsigned int u32;
 typedef unsigned long long u64;
@@ -116,22 +117,22 @@ __device__ __forceinline__ void idx_scores_body(float *sc, const float *q, const
 
 extern "C" __global__ void __launch_bounds__(256) idx_scores_h1(float *sc, const float *q, const float *w,
                                                                 const float *keys, const int *pos, int ratio, int heads,
-                                                                int dim, int stride) {
+                                                                int dim, int stride) { MOXIE_PDL();
   idx_scores_body<1>(sc, q, w, keys, pos, ratio, heads, dim, stride);
 }
 extern "C" __global__ void __launch_bounds__(256) idx_scores_h2(float *sc, const float *q, const float *w,
                                                                 const float *keys, const int *pos, int ratio, int heads,
-                                                                int dim, int stride) {
+                                                                int dim, int stride) { MOXIE_PDL();
   idx_scores_body<2>(sc, q, w, keys, pos, ratio, heads, dim, stride);
 }
 extern "C" __global__ void __launch_bounds__(256) idx_scores_h4(float *sc, const float *q, const float *w,
                                                                 const float *keys, const int *pos, int ratio, int heads,
-                                                                int dim, int stride) {
+                                                                int dim, int stride) { MOXIE_PDL();
   idx_scores_body<4>(sc, q, w, keys, pos, ratio, heads, dim, stride);
 }
 extern "C" __global__ void __launch_bounds__(256) idx_scores_h8(float *sc, const float *q, const float *w,
                                                                 const float *keys, const int *pos, int ratio, int heads,
-                                                                int dim, int stride) {
+                                                                int dim, int stride) { MOXIE_PDL();
   idx_scores_body<8>(sc, q, w, keys, pos, ratio, heads, dim, stride);
 }
 
@@ -146,7 +147,7 @@ __device__ __forceinline__ float idx_warp_sum(float v) {
 // scheme. Grid (any, T), 256 threads.
 extern "C" __global__ void __launch_bounds__(256) idx_scores_generic(float *sc, const float *q, const float *w,
                                                                      const float *keys, const int *pos, int ratio,
-                                                                     int heads, int dim, int stride) {
+                                                                     int heads, int dim, int stride) { MOXIE_PDL();
   const int i = blockIdx.y;
   const int lane = threadIdx.x & 31;
   const int n = min((pos[i] + 1) / ratio, stride);
@@ -227,7 +228,7 @@ __device__ __forceinline__ void tk_bitonic(u64 *s, int P) {
 }
 
 extern "C" __global__ void __launch_bounds__(TK_THREADS) idx_topk(int *idx, const float *sc, const int *pos, int ratio,
-                                                                  int topk, int stride) {
+                                                                  int topk, int stride) { MOXIE_PDL();
   __shared__ u64 s[TK_SORT];
   __shared__ u32 hist[256];
   __shared__ u32 wsum[32];

@@ -48,7 +48,7 @@ __device__ __forceinline__ float bf16f(u16 h) { return __uint_as_float((u32)h <<
 // RMSNorm: one block per row. y may alias x (every thread reads its elements
 // before the reduction's barriers and writes only its own elements after).
 
-extern "C" __global__ void rmsnorm(float *y, const float *x, const float *w, int dim, float eps) {
+extern "C" __global__ void rmsnorm(float *y, const float *x, const float *w, int dim, float eps) { MOXIE_PDL();
   __shared__ float red[32];
   const float *xr = x + (size_t)blockIdx.x * dim;
   float *yr = y + (size_t)blockIdx.x * dim;
@@ -139,11 +139,11 @@ __device__ __forceinline__ void hc_dots_body(float *pre, float *post, float *com
 }
 
 extern "C" __global__ void hc_dots_r1_t1(float *pre, float *post, float *comb, const float *x, const void *fn, int fmt,
-                                         int hc, int n, int nm, int batch, int head) {
+                                         int hc, int n, int nm, int batch, int head) { MOXIE_PDL();
   hc_dots_body<1, 1, 8>(pre, post, comb, x, fn, fmt, hc, n, nm, batch, head);
 }
 extern "C" __global__ void hc_dots_r8_t8(float *pre, float *post, float *comb, const float *x, const void *fn, int fmt,
-                                         int hc, int n, int nm, int batch, int head) {
+                                         int hc, int n, int nm, int batch, int head) { MOXIE_PDL();
   hc_dots_body<8, 8, 1>(pre, post, comb, x, fn, fmt, hc, n, nm, batch, head);
 }
 
@@ -285,7 +285,7 @@ __device__ __forceinline__ void hc_gates_sinkhorn(float *pre, float *post, float
 }
 
 extern "C" __global__ void hc_finish(float *pre, float *post, float *comb, const float *x, const float *base,
-                                     const float *scale, int hc, int n, int iters, float eps, float normEps, int head) {
+                                     const float *scale, int hc, int n, int iters, float eps, float normEps, int head) { MOXIE_PDL();
   __shared__ float red[32];
   __shared__ float cm[HC_MAXNM];
   const size_t b = blockIdx.x;
@@ -413,7 +413,7 @@ __device__ __forceinline__ void hc_split_dots_body(float *__restrict__ part, con
 
 extern "C" __global__ void hc_split_dots(float *__restrict__ part, const float *__restrict__ x,
                                          const void *__restrict__ fn, int fmt, int n, int nm, int cq, int rb,
-                                         int batch) {
+                                         int batch) { MOXIE_PDL();
   __shared__ float red[HCS_RB * HCS_TB][32];
   const hc_x_plain xl{(const float4 *)(x + (size_t)blockIdx.z * HCS_TB * n), n >> 2};
   if (fmt == 3)
@@ -424,7 +424,7 @@ extern "C" __global__ void hc_split_dots(float *__restrict__ part, const float *
 
 extern "C" __global__ void hc_split_finish(float *pre, float *post, float *comb, const float *__restrict__ part,
                                            const float *base, const float *scale, int hc, int n, int nm, int S,
-                                           int iters, float eps, float normEps, int head) {
+                                           int iters, float eps, float normEps, int head) { MOXIE_PDL();
   __shared__ float dot[HC_MAXNM + 1];
   __shared__ float cm[HC_MAXNM];
   const size_t b = blockIdx.x;
@@ -451,7 +451,7 @@ extern "C" __global__ void hc_split_finish(float *pre, float *post, float *comb,
 // out[k] = fma(comb[hc−1, k], x[hc−1], … fma(comb[0, k], x[0], post[k]·o)).
 
 // HCCollapse: y[b, i] = Σ_j pre[b, j]·x[b, j, i]; grid (ceil(dim/blockDim), batch).
-extern "C" __global__ void hc_collapse(float *y, const float *x, const float *pre, int hc, int dim) {
+extern "C" __global__ void hc_collapse(float *y, const float *x, const float *pre, int hc, int dim) { MOXIE_PDL();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   const size_t b = blockIdx.y;
   if (i >= dim) return;
@@ -463,7 +463,7 @@ extern "C" __global__ void hc_collapse(float *y, const float *x, const float *pr
 // HCExpand: out[b, k, i] = post[b, k]·o[b, i] + Σ_j comb[b, j, k]·x[b, j, i];
 // grid (ceil(dim/blockDim), batch).
 extern "C" __global__ void hc_expand(float *out, const float *x, const float *o, const float *post, const float *comb,
-                                     int hc, int dim) {
+                                     int hc, int dim) { MOXIE_PDL();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   const size_t b = blockIdx.y;
   if (i >= dim) return;
@@ -481,7 +481,7 @@ extern "C" __global__ void hc_expand(float *out, const float *x, const float *o,
 // float32 (float(pos)·freq) and its cosine and sine taken in double, like the
 // host backend, then the rotation is float32.
 extern "C" __global__ void rope(float *x, const int *pos, const float *freq, int rows, int rowLen, int dim, int nfreq,
-                                int inverse) {
+                                int inverse) { MOXIE_PDL();
   const int segs = rowLen / dim;
   const long long total = (long long)rows * segs * nfreq;
   for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
@@ -583,21 +583,21 @@ __device__ __forceinline__ void attention_body(float *o, const float *q, const f
 }
 
 extern "C" __global__ void attention4(float *o, const float *q, const float *kv, const float *sinks, int nKeys, int dim,
-                                      float scale) {
+                                      float scale) { MOXIE_PDL();
   attention_body<4>(o, q, kv, sinks, nKeys, dim, scale);
 }
 extern "C" __global__ void attention16(float *o, const float *q, const float *kv, const float *sinks, int nKeys, int dim,
-                                       float scale) {
+                                       float scale) { MOXIE_PDL();
   attention_body<16>(o, q, kv, sinks, nKeys, dim, scale);
 }
 extern "C" __global__ void attention32(float *o, const float *q, const float *kv, const float *sinks, int nKeys, int dim,
-                                       float scale) {
+                                       float scale) { MOXIE_PDL();
   attention_body<32>(o, q, kv, sinks, nKeys, dim, scale);
 }
 
 // ---------------------------------------------------------------------------
 // CompressPool: one thread per channel, softmax over the slots.
-extern "C" __global__ void compress_pool(float *out, const float *kv, const float *z, int slots, int width) {
+extern "C" __global__ void compress_pool(float *out, const float *kv, const float *z, int slots, int width) { MOXIE_PDL();
   const int ch = blockIdx.x * blockDim.x + threadIdx.x;
   if (ch >= width) return;
   float mx = -__int_as_float(0x7f800000);
@@ -620,7 +620,7 @@ extern "C" __global__ void compress_pool(float *out, const float *kv, const floa
 #define IDX_KT 16
 
 extern "C" __global__ void index_scores(float *sc, const float *q, const float *w, const float *keys, int nKeys,
-                                        int heads, int dim) {
+                                        int heads, int dim) { MOXIE_PDL();
   extern __shared__ float sm[];
   float *qT = sm, *kt = sm + dim * heads, *v = kt + IDX_KT * dim;
   for (int t = threadIdx.x; t < heads * dim; t += blockDim.x) {
@@ -653,7 +653,7 @@ extern "C" __global__ void index_scores(float *sc, const float *q, const float *
 // index_scores_simple: one thread per key, for shapes whose q does not fit
 // index_scores' shared memory.
 extern "C" __global__ void index_scores_simple(float *sc, const float *q, const float *w, const float *keys, int nKeys,
-                                               int heads, int dim) {
+                                               int heads, int dim) { MOXIE_PDL();
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < nKeys; i += (long long)gridDim.x * blockDim.x) {
     const float *k = keys + i * dim;
     float acc = 0.f;
@@ -847,14 +847,14 @@ __device__ __forceinline__ void topk_body(int *idx, const float *scores, int n, 
   for (int i = tid; i < k; i += blockDim.x) idx[i] = (int)(0xffffffffu - (u32)(surv[i] & 0xffffffffull));
 }
 
-extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk(int *idx, const float *scores, int n, int k) {
+extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk(int *idx, const float *scores, int n, int k) { MOXIE_PDL();
   topk_body(idx, scores, n, k);
 }
 
 // topk_rows: block r ranks row r of scores [rows, stride] over its first
 // ns[r] entries: idx[r, 0:min(k, ns[r])] as topk, the rest of the row −1.
 extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_rows(int *idx, const float *scores, const int *ns,
-                                                                    int stride, int k) {
+                                                                    int stride, int k) { MOXIE_PDL();
   const size_t r = blockIdx.x;
   const int n = min(max(ns[r], 0), stride);
   const int kk = min(k, n);
@@ -889,7 +889,7 @@ __device__ __forceinline__ float route_p(float g) {
 }
 
 extern "C" __global__ void route(int *ids, float *weights, const float *logits, const float *bias, const int *hash,
-                                 int experts, int k, float scale) {
+                                 int experts, int k, float scale) { MOXIE_PDL();
   extern __shared__ u64 rsm[];
   u64 *comp = rsm;
   float *p = (float *)(rsm + experts);
@@ -989,7 +989,7 @@ extern "C" __global__ void route(int *ids, float *weights, const float *logits, 
 // ---------------------------------------------------------------------------
 // SwiGLU: h = silu(g)·u·rowScale[row], with the optional clamp. h may alias g or u.
 extern "C" __global__ void swiglu(float *h, const float *g, const float *u, const float *rowScale, int rows, int width,
-                                  float limit) {
+                                  float limit) { MOXIE_PDL();
   const long long total = (long long)rows * width;
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
     float gi = g[i], ui = u[i];
@@ -1004,7 +1004,7 @@ extern "C" __global__ void swiglu(float *h, const float *g, const float *u, cons
 }
 
 // EmbedBF16: x[i, j, :] = float(table[tokens[i], :]) for every stream j < hc.
-extern "C" __global__ void embed_bf16(float *x, const u16 *table, const int *tokens, int n, int dim, int hc) {
+extern "C" __global__ void embed_bf16(float *x, const u16 *table, const int *tokens, int n, int dim, int hc) { MOXIE_PDL();
   const long long total = (long long)n * dim;
   for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
     const long long i = t / dim;
@@ -1015,12 +1015,12 @@ extern "C" __global__ void embed_bf16(float *x, const u16 *table, const int *tok
 }
 
 // Axpy: y += a·x; Scale: y *= a.
-extern "C" __global__ void axpy(float *y, const float *x, float a, long long n) {
+extern "C" __global__ void axpy(float *y, const float *x, float a, long long n) { MOXIE_PDL();
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
     y[i] += a * x[i];
 }
 
-extern "C" __global__ void scale_f32(float *y, float a, long long n) {
+extern "C" __global__ void scale_f32(float *y, float a, long long n) { MOXIE_PDL();
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
     y[i] *= a;
 }

@@ -58,13 +58,29 @@ const (
 	// shapes, in a 60 MB L2), so HBM keeps streaming through stage 1's tail
 	// and stage 2 reads from L2.
 	MoEPersistPF
+	// MoEWide: the wide family (kernels/moe.cu): each lane loads a whole
+	// MXFP4 span (16 bytes) of rows g and g+8, a warp 8 rows x 64 contiguous
+	// bytes per load (the others: 8 rows x 16 bytes with 4-byte loads), the
+	// four spans of a 128-column group kept apart in the mma's N dimension
+	// (one scale FMA per group and row instead of per span), two chunks of
+	// loads in flight per warp. Stage 1: G 2 groups a chunk (a routed tile's
+	// warp issues its whole share, 16 spans at D 4096, before computing);
+	// stage 2: G 4, with h copied into shared memory once per block (4·(K·I
+	// + Is) bytes: K·I + Is up to 40,960). FP8 shared expert as MoEDefault.
+	// 128 registers a thread in both kernels.
+	MoEWide
+	// MoEWide1: MoEWide with half the loads in flight per warp (stage 1 G
+	// 1, stage 2 G 2; 105 and 90 registers), should MoEWide's register
+	// pressure cost more than the deeper queue gains.
+	MoEWide1
 	moeVariantCount
 )
 
 // moeVariants: kernel parameters of each MoEVariant (U1, U2 routed spans
 // per chunk, UF1, UF2 the FP8 shared expert's 64-column spans per chunk,
 // DEC the decoder, B blocks per SM, persist: stage 1 persistent, pf: and
-// prefetching stage 2's weights).
+// prefetching stage 2's weights; wide: the wide family, U1 and U2 then
+// its 4-span groups per chunk).
 var moeVariants = [moeVariantCount]struct {
 	name    string
 	u1, uf1 int
@@ -72,12 +88,15 @@ var moeVariants = [moeVariantCount]struct {
 	dec, b  int
 	persist bool
 	pf      bool
+	wide    bool
 }{
 	MoEDefault:   {name: "u8", u1: 8, uf1: 2, u2: 8, uf2: 4, b: 2},
 	MoEOcc3:      {name: "occ3", u1: 4, uf1: 1, u2: 16, uf2: 4, b: 3},
 	MoECvt:       {name: "u8cvt", u1: 8, uf1: 2, u2: 8, uf2: 4, dec: 1, b: 2},
 	MoEPersist:   {name: "persist", u1: 8, uf1: 1, u2: 8, uf2: 4, b: 2, persist: true},
 	MoEPersistPF: {name: "persistpf", u1: 8, uf1: 1, u2: 8, uf2: 4, b: 2, persist: true, pf: true},
+	MoEWide:      {name: "wide", u1: 2, uf1: 2, u2: 4, uf2: 4, b: 2, wide: true},
+	MoEWide1:     {name: "wide1", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true},
 }
 
 func (v MoEVariant) String() string {
@@ -88,8 +107,8 @@ func (v MoEVariant) String() string {
 }
 
 // ParseMoEVariant returns the variant named s (its String form: u8, occ3,
-// u8cvt, persist, persistpf; "" is MoEDefault), e.g. from an environment
-// variable.
+// u8cvt, persist, persistpf, wide, wide1; "" is MoEDefault), e.g. from an
+// environment variable.
 func ParseMoEVariant(s string) (MoEVariant, error) {
 	if s == "" {
 		return MoEDefault, nil
@@ -107,6 +126,9 @@ func ParseMoEVariant(s string) (MoEVariant, error) {
 // moeKernelNames returns the stage 1 and stage 2 kernel names of v.
 func moeKernelNames(v MoEVariant) (string, string) {
 	p := moeVariants[v]
+	if p.wide {
+		return fmt.Sprintf("moe1w_g%d_f%d_d%d_b%d", p.u1, p.uf1, p.dec, p.b), fmt.Sprintf("moe2w_g%d_f%d_d%d_b%d", p.u2, p.uf2, p.dec, p.b)
+	}
 	s1 := "moe1"
 	switch {
 	case p.pf:
@@ -127,6 +149,11 @@ const moeStatic = 4 << 10
 // moeMaxK bounds the experts of one fused launch.
 const moeMaxK = 64
 
+// moeWideH bounds the wide stage 2's copy of h in dynamic shared memory,
+// bytes (4·(K·I + Is); 57,344 at V4-Flash shapes): room for two blocks an
+// SM on sm_90 with the static shared memory beside it.
+const moeWideH = 160 << 10
+
 // moeArgs mirrors struct MoeArgs in kernels/moe.cu (136 bytes; the .cu
 // file asserts the size).
 type moeArgs struct {
@@ -145,7 +172,7 @@ type MoEDecode struct {
 	args         moeArgs
 	k1, k2       *Kernel
 	grid1, grid2 Dim3
-	smem1        int
+	smem1, smem2 int
 	ctr          DevicePtr // persistent stage 1: its tile counter (two int32)
 	h            DevicePtr
 	hBytes       int
@@ -175,7 +202,7 @@ func moeShapes(t *ExpertTable, K int, sh *SharedExpert, limit float32, v MoEVari
 		return 0, 0, fmt.Errorf("cuda moe decode: limit %g, want a finite value >= 0 (0: no clamp)", limit)
 	}
 	if sh == nil {
-		return 0, 0, nil
+		return 0, 0, moeWideFits(v, K, t.Inter, 0)
 	}
 	if sh.W1 == nil || sh.W3 == nil || sh.W2 == nil {
 		return 0, 0, fmt.Errorf("cuda moe decode: shared expert lacks a weight (w1 %v, w3 %v, w2 %v)", sh.W1 != nil, sh.W3 != nil, sh.W2 != nil)
@@ -207,7 +234,19 @@ func moeShapes(t *ExpertTable, K int, sh *SharedExpert, limit float32, v MoEVari
 	case is <= 0 || is%128 != 0 || is%blk != 0:
 		return 0, 0, fmt.Errorf("cuda moe decode: shared expert width %d, want a positive multiple of 128 and of its block %d", is, blk)
 	}
+	if err := moeWideFits(v, K, t.Inter, is); err != nil {
+		return 0, 0, err
+	}
 	return is, bits.TrailingZeros(uint(blk)), nil
+}
+
+// moeWideFits checks that the wide stage 2's copy of h (K routed rows of
+// width I, the shared row of width is) fits moeWideH; other variants fit.
+func moeWideFits(v MoEVariant, K, I, is int) error {
+	if n := 4 * (K*I + is); moeVariants[v].wide && n > moeWideH {
+		return fmt.Errorf("cuda moe decode: variant %v keeps h in shared memory, %d bytes for K %d x width %d + shared %d, over %d", v, n, K, I, is, moeWideH)
+	}
+	return nil
 }
 
 // moeAligned checks the alignment the kernels' wide loads need: weight data
@@ -288,6 +327,15 @@ func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert
 	m.grid1 = Dim3{X: uint32(tiles)}
 	m.grid2 = Dim3{X: uint32(D / 16)}
 	m.smem1 = 4 * D
+	if moeVariants[v].wide {
+		// All the opt-in shared memory the kernel's static part leaves, so
+		// decodes of any K prepared later launch too (moeWideH is below it).
+		m.smem2 = m.hBytes
+		if err := c.raiseDynamicShared(m.k2, -1); err != nil {
+			_ = a.Free(m.h)
+			return nil, fmt.Errorf("cuda moe decode: %w", err)
+		}
+	}
 	if p := moeVariants[v]; p.persist {
 		m.grid1.X = uint32(min(tiles, p.b*c.d.info.SMs))
 		if is > 0 {
@@ -352,5 +400,5 @@ func (c *Ctx) runMoEStage2(m *MoEDecode, ids DevicePtr, s Stream) error {
 	}
 	a := m.args
 	a.Ids = uint64(ids)
-	return c.Launch(m.k2, m.grid2, Dim3{X: moeThreads}, 0, s, unsafe.Pointer(&a))
+	return c.Launch(m.k2, m.grid2, Dim3{X: moeThreads}, m.smem2, s, unsafe.Pointer(&a))
 }

@@ -226,95 +226,101 @@ func TestMoEDecode(t *testing.T) {
 	}
 }
 
-// TestMoEDecodeDevice checks the device-side contracts on a small layer:
+// TestMoEDecodeDevice checks the device-side contracts on a small layer,
+// for every variant:
 // a run captured in a CUDA graph follows ids and rw changed in device
 // memory after the capture; a SetTableExpert repointing is seen by the next
 // run; an id outside the table makes out NaN; rw 0 means weight 1.
 func TestMoEDecodeDevice(t *testing.T) {
 	withFwd(t, func(e *fwdEnv) {
-		const E, D, I, S = 6, 256, 128, 128
-		rng := rand.New(rand.NewPCG(12, 1))
-		mc := newMoECase(t, e, rng, E, D, I, S)
-		x := computetest.Normal(rng, D, 1)
-		dx, out := e.up(x), e.poisoned(D)
-		ids0, rw0 := []int{1, 2, 3, 4}, []float32{0.5, 0.25, 0.125, 2}
-		dids, drw := e.upInts(ids0), e.up(rw0)
-		m, err := e.c.PrepareMoEDecode(e.a, mc.tab, 4, mc.sh, dx, out, 0.75, MoEDefault)
-		if err != nil {
-			t.Fatal(err)
-		}
-		check := func(what string, ids []int, rw []float32) {
-			t.Helper()
-			_, want := mc.ref(x, ids, rw, 0.75, true)
-			if r := computetest.MaxRel(e.down(out, D), want); !(r <= computetest.TolLinear) {
-				t.Errorf("%s: max relative error %.3g > %.3g", what, r, computetest.TolLinear)
-			}
-		}
-		s := e.c.Stream()
-		if err := e.c.BeginCapture(s); err != nil {
-			t.Fatal(err)
-		}
-		if err := e.c.RunMoEDecode(m, dids, drw, s); err != nil {
-			t.Fatal(err)
-		}
-		g, err := e.c.EndCapture(s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer e.c.DestroyGraph(g)
-		for _, c := range []struct {
-			ids []int
-			rw  []float32
-		}{{ids0, rw0}, {[]int{5, 0, 5, 2}, []float32{1, 2, 3, 4}}} {
-			if err := e.c.CopyToDevice(dids, e.intsBytes(c.ids)); err != nil {
-				t.Fatal(err)
-			}
-			if err := e.c.CopyFloatsToDevice(drw, c.rw); err != nil {
-				t.Fatal(err)
-			}
-			if err := e.c.LaunchGraph(g, s); err != nil {
-				t.Fatal(err)
-			}
-			check(fmt.Sprintf("graph replay with ids %v", c.ids), c.ids, c.rw)
-		}
-
-		// Repoint expert 5 at new weights: the next run uses them.
-		a := computetest.RandomWeight(rng, compute.MXFP4, I, D, 1/math.Sqrt(D))
-		b := computetest.RandomWeight(rng, compute.MXFP4, I, D, 1/math.Sqrt(D))
-		c := computetest.RandomWeight(rng, compute.MXFP4, D, I, 1/math.Sqrt(I))
-		var ws []*DeviceWeight
-		for _, d := range []compute.WeightData{a, b, c} {
-			w, err := e.c.UploadWeight(e.a, d)
+		// Not subtests: t.Run would move the cases off the device's locked OS
+		// thread (CUDA_ERROR_INVALID_CONTEXT).
+		for v := range moeVariantCount {
+			t.Logf("variant %v", v)
+			const E, D, I, S = 6, 256, 128, 128
+			rng := rand.New(rand.NewPCG(12, uint64(v)))
+			mc := newMoECase(t, e, rng, E, D, I, S)
+			x := computetest.Normal(rng, D, 1)
+			dx, out := e.up(x), e.poisoned(D)
+			ids0, rw0 := []int{1, 2, 3, 4}, []float32{0.5, 0.25, 0.125, 2}
+			dids, drw := e.upInts(ids0), e.up(rw0)
+			m, err := e.c.PrepareMoEDecode(e.a, mc.tab, 4, mc.sh, dx, out, 0.75, v)
 			if err != nil {
 				t.Fatal(err)
 			}
-			ws = append(ws, w)
-		}
-		if err := e.c.SetTableExpert(e.a, mc.tab, 5, ws[0], ws[1], ws[2]); err != nil {
-			t.Fatal(err)
-		}
-		mc.w1[5], mc.w3[5], mc.w2[5] = a, b, c
-		if err := e.c.LaunchGraph(g, s); err != nil {
-			t.Fatal(err)
-		}
-		check("after SetTableExpert(5)", []int{5, 0, 5, 2}, []float32{1, 2, 3, 4})
+			check := func(what string, ids []int, rw []float32) {
+				t.Helper()
+				_, want := mc.ref(x, ids, rw, 0.75, true)
+				if r := computetest.MaxRel(e.down(out, D), want); !(r <= computetest.TolLinear) {
+					t.Errorf("%v: %s: max relative error %.3g > %.3g", v, what, r, computetest.TolLinear)
+				}
+			}
+			s := e.c.Stream()
+			if err := e.c.BeginCapture(s); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.c.RunMoEDecode(m, dids, drw, s); err != nil {
+				t.Fatal(err)
+			}
+			g, err := e.c.EndCapture(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.c.DestroyGraph(g)
+			for _, c := range []struct {
+				ids []int
+				rw  []float32
+			}{{ids0, rw0}, {[]int{5, 0, 5, 2}, []float32{1, 2, 3, 4}}} {
+				if err := e.c.CopyToDevice(dids, e.intsBytes(c.ids)); err != nil {
+					t.Fatal(err)
+				}
+				if err := e.c.CopyFloatsToDevice(drw, c.rw); err != nil {
+					t.Fatal(err)
+				}
+				if err := e.c.LaunchGraph(g, s); err != nil {
+					t.Fatal(err)
+				}
+				check(fmt.Sprintf("graph replay with ids %v", c.ids), c.ids, c.rw)
+			}
 
-		// rw 0: weight 1.
-		if err := e.c.RunMoEDecode(m, dids, 0, s); err != nil {
-			t.Fatal(err)
-		}
-		check("rw 0", []int{5, 0, 5, 2}, nil)
+			// Repoint expert 5 at new weights: the next run uses them.
+			a := computetest.RandomWeight(rng, compute.MXFP4, I, D, 1/math.Sqrt(D))
+			b := computetest.RandomWeight(rng, compute.MXFP4, I, D, 1/math.Sqrt(D))
+			c := computetest.RandomWeight(rng, compute.MXFP4, D, I, 1/math.Sqrt(I))
+			var ws []*DeviceWeight
+			for _, d := range []compute.WeightData{a, b, c} {
+				w, err := e.c.UploadWeight(e.a, d)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ws = append(ws, w)
+			}
+			if err := e.c.SetTableExpert(e.a, mc.tab, 5, ws[0], ws[1], ws[2]); err != nil {
+				t.Fatal(err)
+			}
+			mc.w1[5], mc.w3[5], mc.w2[5] = a, b, c
+			if err := e.c.LaunchGraph(g, s); err != nil {
+				t.Fatal(err)
+			}
+			check("after SetTableExpert(5)", []int{5, 0, 5, 2}, []float32{1, 2, 3, 4})
 
-		// An id outside the table poisons out.
-		if err := e.c.CopyToDevice(dids, e.intsBytes([]int{0, E, 1, 2})); err != nil {
-			t.Fatal(err)
-		}
-		if err := e.c.RunMoEDecode(m, dids, drw, s); err != nil {
-			t.Fatal(err)
-		}
-		for i, v := range e.down(out, D) {
-			if !math.IsNaN(float64(v)) {
-				t.Fatalf("id %d out of range: out[%d] = %v, want NaN", E, i, v)
+			// rw 0: weight 1.
+			if err := e.c.RunMoEDecode(m, dids, 0, s); err != nil {
+				t.Fatal(err)
+			}
+			check("rw 0", []int{5, 0, 5, 2}, nil)
+
+			// An id outside the table poisons out.
+			if err := e.c.CopyToDevice(dids, e.intsBytes([]int{0, E, 1, 2})); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.c.RunMoEDecode(m, dids, drw, s); err != nil {
+				t.Fatal(err)
+			}
+			for i, o := range e.down(out, D) {
+				if !math.IsNaN(float64(o)) {
+					t.Fatalf("%v: id %d out of range: out[%d] = %v, want NaN", v, E, i, o)
+				}
 			}
 		}
 	})
@@ -366,6 +372,11 @@ func TestMoEShapes(t *testing.T) {
 		{"persist dim 8192 shared", table(8192, 2048), 6, &SharedExpert{W1: f8(2048, 8192, 128), W3: f8(2048, 8192, 128), W2: f8(8192, 2048, 128)}, 0, MoEPersist, "variant persist with a shared expert takes a model dim up to 5632, not 8192"},
 		{"persist dim 8192", table(8192, 2048), 6, nil, 0, MoEPersist, ""},
 		{"default dim 8192 shared", table(8192, 2048), 6, &SharedExpert{W1: f8(2048, 8192, 128), W3: f8(2048, 8192, 128), W2: f8(8192, 2048, 128)}, 0, MoEDefault, ""},
+		{"wide v4", good, 6, shared, 10, MoEWide, ""},
+		{"wide K 20 no shared", good, 20, nil, 0, MoEWide1, ""},
+		{"wide K 20 shared", good, 20, shared, 0, MoEWide, "variant wide keeps h in shared memory, 172032 bytes for K 20 x width 2048 + shared 2048, over 163840"},
+		{"wide K 64", good, 64, nil, 0, MoEWide1, "variant wide1 keeps h in shared memory, 524288 bytes"},
+		{"default K 64 shared", good, 64, shared, 0, MoEDefault, ""},
 		{"shared missing w2", good, 6, &SharedExpert{W1: shared.W1, W3: shared.W3}, 0, 0, "lacks a weight"},
 		{"shared mxfp4", good, 6, &SharedExpert{W1: mx(2048, 4096), W3: shared.W3, W2: shared.W2}, 0, 0, "shared expert w1 is mxfp4, want fp8"},
 		{"shared w3 shape", good, 6, &SharedExpert{W1: shared.W1, W3: f8(2048, 2048, 128), W2: shared.W2}, 0, 0, "w3 is [2048, 2048], want [2048, 4096]"},

@@ -676,6 +676,267 @@ __device__ __forceinline__ void moe_stage2(const MoeArgs &a) {
   }
 }
 
+// ---- The wide family (moe1w_*, moe2w_*) ----
+//
+// Same tensor-core arithmetic as above, a different fragment assignment for
+// the MXFP4 weights: a "group" is 4 spans (128 columns, 64 bytes a row,
+// one 4-byte word of scales a row), and lane (g, t) loads the 16 bytes of
+// span 4q+t of rows g and g+8 (one whole span: 4 words) with one 16-byte
+// load each, so a warp's load covers 8 rows x 64 contiguous bytes (the
+// narrow chunks above cover 8 rows x 16 bytes with 4-byte loads: 4x the
+// load instructions and L1 wavefronts per byte). The mma's k slots of lane
+// t (2t, 2t+1, 2t+8, 2t+9) then carry span 4q+t's codes, so one mma mixes
+// the 4 spans of a group, which have different scales; the spans are kept
+// apart in the mma's N dimension instead: B column n = 2·(span slot) +
+// (hi 0, lo 1) is x's hi or lo part on that span's k slots and zero on the
+// others, so lane (g, t) supplies B exactly when g>>1 == t (hi for even g,
+// lo for odd), and D's columns 2t, 2t+1, which lane (g, t) receives, are
+// span 4q+t's hi and lo sums of rows g and g+8: the lane applies its own
+// span's scales (one byte each for rows g and g+8) once per group, after
+// the group's 8 mmas (4 words x 2), and the four lanes of a quad add their
+// sums (fixed order: xor 1, then xor 2) at the end.
+
+// G groups of NM matrices' 16-row tiles (words wr[m][r] as uint4 rows g
+// and g+8, scale bytes sr[m][r]), in registers: load() issues every load,
+// compute() uses them with B (routed layout, hi/lo rows; xb this lane's,
+// bl whether it supplies B) from shared memory. GUARD: the chunk may pass
+// the last group.
+template <int NM, int G>
+struct Fp4Wide {
+  uint4 w[G][NM][2];
+  u32 sc[G][NM][2];
+
+  template <bool GUARD>
+  __device__ __forceinline__ void load(const uint4 *const (&wr)[NM][2], const u8 *const (&sr)[NM][2], int q0, int groups, int t) {
+#pragma unroll
+    for (int i = 0; i < G; i++) {
+      const int q = q0 + i;
+      const bool ok = !GUARD || q < groups;
+#pragma unroll
+      for (int m = 0; m < NM; m++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+          w[i][m][r] = ok ? ldw(wr[m][r] + 4 * q + t) : make_uint4(0u, 0u, 0u, 0u);
+          sc[i][m][r] = ok ? (u32)__ldg(sr[m][r] + 4 * q + t) : 0u;
+        }
+    }
+  }
+
+  template <int DEC, bool GUARD>
+  __device__ __forceinline__ void compute(const u16 *xb, bool bl, int q0, int groups, int t, float (&acc)[NM][4]) const {
+#pragma unroll
+    for (int i = 0; i < G; i++) {
+      const int q = q0 + i;
+      if (GUARD && q >= groups) break;
+      const u16 *xq = xb + (4 * q + t) * 32;
+      uint4 bq[4];
+#pragma unroll
+      for (int j = 0; j < 4; j++) bq[j] = bl ? ldb<false>(xq + 8 * j) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+      for (int m = 0; m < NM; m++) {
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          u32 a0, a1, a2, a3, b0, b1, b2, b3;
+          MoeDec<DEC>::run(quarter(w[i][m][0], j), a0, a1, a2, a3);
+          MoeDec<DEC>::run(quarter(w[i][m][1], j), b0, b1, b2, b3);
+          mma16816(d, a0, b0, a1, b1, bq[j].x, bq[j].y);
+          mma16816(d, a2, b2, a3, b3, bq[j].z, bq[j].w);
+        }
+        const float fa = __int_as_float(sc[i][m][0] << 23), fb = __int_as_float(sc[i][m][1] << 23);
+        acc[m][0] = fmaf(d[0], fa, acc[m][0]);
+        acc[m][1] = fmaf(d[1], fa, acc[m][1]);
+        acc[m][2] = fmaf(d[2], fb, acc[m][2]);
+        acc[m][3] = fmaf(d[3], fb, acc[m][3]);
+      }
+    }
+  }
+};
+
+// Adds the four lanes of each quad (xor 1, then xor 2): afterwards every
+// lane holds its quad's sums (lanes t = 0 are the ones read).
+template <int NM> __device__ __forceinline__ void quad_sum(float (&acc)[NM][4]) {
+#pragma unroll
+  for (int m = 0; m < NM; m++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      acc[m][i] += __shfl_xor_sync(0xffffffffu, acc[m][i], 1);
+      acc[m][i] += __shfl_xor_sync(0xffffffffu, acc[m][i], 2);
+    }
+}
+
+// Walks the groups [q, end) of a warp in chunks of G, two chunks in
+// flight: both first chunks are issued, then mid() runs (all threads,
+// once), then each chunk is computed and the chunk two ahead issued in its
+// registers. ld(ch, q) / cp(ch, q) issue and use chunk q (GUARD chosen by
+// the caller's lambdas).
+template <typename Chunk, typename Ld, typename Cp, typename Mid>
+__device__ __forceinline__ void wide_walk(int q, int end, int G, Ld ld, Cp cp, Mid mid) {
+  Chunk A, B;
+  if (q < end) ld(A, q);
+  if (q + G < end) ld(B, q + G);
+  mid();
+  while (q < end) {
+    cp(A, q);
+    if (q + 2 * G < end) ld(A, q + 2 * G);
+    if (q + G < end) {
+      cp(B, q + G);
+      if (q + 3 * G < end) ld(B, q + 3 * G);
+    }
+    q += 2 * G;
+  }
+}
+
+// Stage 1, wide: one block per tile as moe_stage1 (the shared expert's FP8
+// tiles as there, UF spans a chunk); a routed tile's warps take contiguous
+// group ranges in chunks of G groups (Fp4Wide<2, G>: w1 and w3).
+template <int G, int UF, int DEC>
+__device__ __forceinline__ void moe_stage1w(const MoeArgs &a) {
+  extern __shared__ uint4 moe_smem[];
+  u16 *xs = reinterpret_cast<u16 *>(moe_smem);
+  __shared__ float red[MOE_WARPS][8][4];
+  const int nsh = a.Is >> 4;
+  float acc[2][4];
+  if ((int)blockIdx.x < nsh) {  // block-uniform
+    stage1_tile<4, UF, DEC>(a, true, blockIdx.x * 16, nullptr, nullptr, nullptr, nullptr, true, xs, xs, acc,
+                            [&] { stage_hilo(a.x, xs, a.D, false); __syncthreads(); });
+    stage1_finish<DEC>(a, true, true, 0, blockIdx.x * 16, acc, red);
+    return;
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int tile = blockIdx.x - nsh, tpe = a.I >> 4;
+  const int k = tile / tpe, r0 = (tile - k * tpe) * 16;
+  const int id = __ldg(a.ids + k);
+  const bool valid = (unsigned)id < (unsigned)a.E;
+  const LinRec *r1 = a.t13 + 2 * (valid ? id : 0), *r3 = r1 + 1;
+  const u8 *W1 = r1->W, *S1 = r1->S, *W3 = r3->W, *S3 = r3->S;
+#pragma unroll
+  for (int m = 0; m < 2; m++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) acc[m][i] = 0.f;
+  const bool bl = (g >> 1) == t;
+  const u16 *xb = xs + (g & 1) * a.D;
+  const int groups = a.D >> 7, per = (groups + MOE_WARPS - 1) / MOE_WARPS;
+  const int q0 = warp * per, end = valid ? min(groups, q0 + per) : 0;
+  const long long rb = a.D >> 1, sb = a.D >> 5;
+  const uint4 *wr[2][2] = {{reinterpret_cast<const uint4 *>(W1 + (r0 + g) * rb), reinterpret_cast<const uint4 *>(W1 + (r0 + g + 8) * rb)},
+                           {reinterpret_cast<const uint4 *>(W3 + (r0 + g) * rb), reinterpret_cast<const uint4 *>(W3 + (r0 + g + 8) * rb)}};
+  const u8 *sr[2][2] = {{S1 + (r0 + g) * sb, S1 + (r0 + g + 8) * sb}, {S3 + (r0 + g) * sb, S3 + (r0 + g + 8) * sb}};
+  using Ch = Fp4Wide<2, G>;
+  wide_walk<Ch>(
+      q0, end, G,
+      [&](Ch &c, int q) {
+        if (q + G <= end) c.template load<false>(wr, sr, q, end, t);
+        else c.template load<true>(wr, sr, q, end, t);
+      },
+      [&](const Ch &c, int q) {
+        if (q + G <= end) c.template compute<DEC, false>(xb, bl, q, end, t, acc);
+        else c.template compute<DEC, true>(xb, bl, q, end, t, acc);
+      },
+      [&] { stage_hilo(a.x, xs, a.D, true); __syncthreads(); });
+  quad_sum<2>(acc);
+  stage1_finish<DEC>(a, false, valid, k, r0, acc, red);
+}
+
+// Stage 2, wide: one block per 16 output rows as moe_stage2, h (all K rows
+// and the shared row, 4·(K·I + Is) bytes) copied into dynamic shared
+// memory once per block while the warps' first chunks load. The routed
+// work is K·ceil(I/128/G) chunks of G groups (expert slot-major), warp w
+// taking a contiguous share; the shared expert's FP8 chunks as in
+// moe_stage2 (asked into L2 first, B from shared memory).
+template <int G, int UF, int DEC>
+__device__ __forceinline__ void moe_stage2w(const MoeArgs &a) {
+  extern __shared__ uint4 moe_smem[];
+  u16 *hs = reinterpret_cast<u16 *>(moe_smem);
+  __shared__ float red[MOE_WARPS][8][2];
+  __shared__ const u8 *recW[MOE_MAXK], *recS[MOE_MAXK];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int r0 = blockIdx.x * 16;
+  for (int k = threadIdx.x; k < a.K; k += blockDim.x) {
+    const int id = __ldg(a.ids + k);
+    const bool ok = (unsigned)id < (unsigned)a.E;
+    recW[k] = ok ? a.t2[id].W : nullptr;
+    recS[k] = ok ? a.t2[id].S : nullptr;
+  }
+  if (a.Is > 0) {  // the shared expert's rows of this block, asked into L2 (used last)
+    const int lines = a.Is >> 7;
+    for (int l = threadIdx.x; l < 16 * lines; l += blockDim.x)
+      moe_prefetch(a.s2 + (long long)(r0 + (l & 15)) * a.Is + (l >> 4) * 128);
+  }
+  __syncthreads();
+  float accR[1][4] = {{0.f, 0.f, 0.f, 0.f}}, accS[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+  const int groups = a.I >> 7, cpe = (groups + G - 1) / G;
+  const int total = a.K * cpe, per = (total + MOE_WARPS - 1) / MOE_WARPS;
+  const int c0 = warp * per, cend = min(total, c0 + per);
+  const long long rb = a.I >> 1, sb = a.I >> 5;
+  const bool bl = (g >> 1) == t;
+  bool bad = false;
+  using Ch = Fp4Wide<1, G>;
+  // Chunk c of the sequence: expert slot c / cpe, groups from (c % cpe)·G.
+  wide_walk<Ch>(
+      c0, cend, 1,
+      [&](Ch &c, int ci) {
+        const int k = ci / cpe, q = (ci - k * cpe) * G;
+        const u8 *W = recW[k], *S = recS[k];
+        if (!W) return;
+        const uint4 *wr[1][2] = {{reinterpret_cast<const uint4 *>(W + (r0 + g) * rb), reinterpret_cast<const uint4 *>(W + (r0 + g + 8) * rb)}};
+        const u8 *sr[1][2] = {{S + (r0 + g) * sb, S + (r0 + g + 8) * sb}};
+        if (q + G <= groups) c.template load<false>(wr, sr, q, groups, t);
+        else c.template load<true>(wr, sr, q, groups, t);
+      },
+      [&](const Ch &c, int ci) {
+        const int k = ci / cpe, q = (ci - k * cpe) * G;
+        if (!recW[k]) {
+          bad = true;
+          return;
+        }
+        const u16 *xb = hs + (long long)k * 2 * a.I + (g & 1) * a.I;
+        if (q + G <= groups) c.template compute<DEC, false>(xb, bl, q, groups, t, accR);
+        else c.template compute<DEC, true>(xb, bl, q, groups, t, accR);
+      },
+      [&] {
+        const int n = (a.K * 2 * a.I + 2 * a.Is) >> 3;  // uint4 of h
+        const uint4 *src = reinterpret_cast<const uint4 *>(a.h);
+        for (int i = threadIdx.x; i < n; i += blockDim.x) moe_smem[i] = src[i];
+        __syncthreads();
+      });
+  quad_sum<1>(accR);
+  if (a.Is > 0) {
+    const int sspans = a.Is >> 6, scs = (sspans + UF - 1) / UF;
+    const uint4 *wr[1][2] = {{reinterpret_cast<const uint4 *>(a.s2 + (long long)(r0 + g) * a.Is),
+                              reinterpret_cast<const uint4 *>(a.s2 + (long long)(r0 + g + 8) * a.Is)}};
+    const u8 *sr[1] = {a.c2 + (long long)(r0 >> a.bshift) * (a.Is >> a.bshift)};
+    const u16 *xb = hs + (long long)a.K * 2 * a.I + (g & 1) * a.Is;
+    const bool bs = g < 2;
+    for (int c = warp; c < scs; c += MOE_WARPS) {
+      const int s0 = c * UF;
+      Fp8Chunk<1, UF, false> ch;
+      if (s0 + UF <= sspans) {
+        ch.template load<false>(wr, sr, a.bshift, xb, bs, s0, sspans, t);
+        ch.template compute<false>(xb, bs, s0, sspans, t, accS);
+      } else {
+        ch.template load<true>(wr, sr, a.bshift, xb, bs, s0, sspans, t);
+        ch.template compute<true>(xb, bs, s0, sspans, t, accS);
+      }
+    }
+  }
+  if (t == 0) {
+    const float post = MoeDec<DEC>::post();
+    const float nan = __int_as_float(0x7fc00000);
+    const float r0v = fmaf(accR[0][1], 1.f / 2048.f, accR[0][0]) * post + fmaf(accS[0][1], 1.f / 2048.f, accS[0][0]);
+    const float r8v = fmaf(accR[0][3], 1.f / 2048.f, accR[0][2]) * post + fmaf(accS[0][3], 1.f / 2048.f, accS[0][2]);
+    red[warp][g][0] = bad ? nan : r0v;
+    red[warp][g][1] = bad ? nan : r8v;
+  }
+  __syncthreads();
+  if (threadIdx.x < 16) {
+    const int i = threadIdx.x;
+    float s = 0.f;
+    for (int w = 0; w < MOE_WARPS; w++) s += red[w][i & 7][i >> 3];
+    a.out[r0 + i] = s;
+  }
+}
+
 // Kernel names: moe1_u<U>_f<UF>_d<DEC>_b<B> (stage 1), moe1p_... (stage 1,
 // persistent), moe1pf_... (persistent, w2 asked into L2 at the end),
 // moe2_u<U>_f<UF>_d<DEC>_b<B> (stage 2), compiled for B blocks
@@ -693,3 +954,12 @@ MOE1(8, 2, 0, 2) MOE2(8, 4, 0, 2)
 MOE1(4, 1, 0, 3) MOE2(16, 4, 0, 3)
 MOE1(8, 2, 1, 2) MOE2(8, 4, 1, 2)
 MOE1P(8, 1, 0, 2)
+
+// The wide family: moe1w_g<G>_f<UF>_d<DEC>_b<B>, moe2w_g<G>_f<UF>_d<DEC>_b<B>.
+#define MOE1W(G, UF, DEC, B) \
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1w_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { moe_stage1w<G, UF, DEC>(a); }
+#define MOE2W(G, UF, DEC, B) \
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe2w_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { moe_stage2w<G, UF, DEC>(a); }
+
+MOE1W(2, 2, 0, 2) MOE2W(4, 4, 0, 2)
+MOE1W(1, 2, 0, 2) MOE2W(2, 4, 0, 2)

@@ -79,12 +79,13 @@ type PrefetchOptions struct {
 	Chunk int
 }
 
+// Limits and defaults of PrefetchOptions and PrefetchL2Ranges.
 const (
 	PrefetchDefaultBlocks = 8
 	PrefetchMaxBlocks     = 1024
 	PrefetchThreads       = 128
 	PrefetchDefaultChunk  = 16 << 10
-	PrefetchMaxChunk      = 1 << 30
+	PrefetchMaxChunk      = 1 << 20
 	// PrefetchMaxRanges is the number of ranges one kernel launch takes
 	// (PF_MAX in kernels/prefetch.cu); PrefetchL2Ranges launches once per
 	// PrefetchMaxRanges ranges.

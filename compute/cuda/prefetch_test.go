@@ -39,6 +39,7 @@ func TestPrefetchPlanErrors(t *testing.T) {
 		{"too many blocks", ok, PrefetchOptions{Blocks: PrefetchMaxBlocks + 1}, "1025 blocks"},
 		{"chunk not a multiple of 16", ok, PrefetchOptions{Chunk: 1000}, "chunk of 1000 bytes"},
 		{"negative chunk", ok, PrefetchOptions{Chunk: -16}, "chunk of -16 bytes"},
+		{"chunk too big", ok, PrefetchOptions{Chunk: PrefetchMaxChunk + 16}, "chunk of 1048592 bytes"},
 		{"unknown mode", ok, PrefetchOptions{Mode: 7}, "unknown mode 7"},
 	}
 	for _, tc := range cases {
@@ -58,6 +59,11 @@ func TestPrefetchPlanErrors(t *testing.T) {
 // most PrefetchMaxRanges per launch, and items of the plan's unit that
 // cover each range exactly (the last item non-empty, none past the end).
 func TestPrefetchPlanCoverage(t *testing.T) {
+	// struct PfArgs: three arrays of PF_MAX 8-byte values, an int, an
+	// unsigned; the kernel reads the argument with this layout.
+	if got, want := unsafe.Sizeof(pfArgs{}), uintptr(3*8*PrefetchMaxRanges+4+4); got != want {
+		t.Fatalf("pfArgs is %d bytes, struct PfArgs %d", got, want)
+	}
 	rng := rand.New(rand.NewPCG(5, 9))
 	var many []L2Range
 	for i := range 37 {

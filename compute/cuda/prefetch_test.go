@@ -331,8 +331,9 @@ func firstDiff(a, b []byte) int {
 	return -1
 }
 
-// prefetchBenchSrc is the benchmark's read kernel: every thread sums four
-// float4 of p (n float4 in all), so a launch streams the buffer once.
+// prefetchBenchSrc holds the benchmark's kernels: pf_bench_read (every
+// thread sums four float4 of p, n float4 in all, so a launch streams the
+// buffer once) and pf_bench_wait.
 const prefetchBenchSrc = `
 extern "C" __global__ void pf_bench_read(const float4 *__restrict__ p, long long n, float *out) {
   float s = 0.f;
@@ -345,6 +346,16 @@ extern "C" __global__ void pf_bench_read(const float4 *__restrict__ p, long long
     }
   }
   if (s == 1234.5678f) out[0] = s;
+}
+
+// pf_bench_wait stands in for a latency-bound phase: one thread spins
+// until ns nanoseconds of the global timer have passed.
+extern "C" __global__ void pf_bench_wait(long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while ((long long)(t - t0) < ns);
 }
 `
 
@@ -361,12 +372,16 @@ extern "C" __global__ void pf_bench_read(const float4 *__restrict__ p, long long
 //	conc/MODE/bB    flushed, then the prefetch on a second stream and the
 //	                read on the first start together; us/read is from the
 //	                fork to the read's end
+//	during/MODE/bB  flushed, then a 20 us one-thread wait kernel (a
+//	                latency-bound phase) on the first stream with the
+//	                prefetch beside it on the second, then the read, timed
+//	                from the wait's end: the decode graph's use
 func BenchmarkPrefetchL2(b *testing.B) {
 	dev := testDevice(b)
 	const flushBytes = 256 << 20
 	sizes := []int{16 << 20, 32 << 20}
 	var (
-		read       *Kernel
+		read, wait *Kernel
 		flush, buf DevicePtr
 		sink       DevicePtr
 		side       Stream
@@ -380,6 +395,9 @@ func BenchmarkPrefetchL2(b *testing.B) {
 			return err
 		}
 		if read, err = m.Kernel("pf_bench_read"); err != nil {
+			return err
+		}
+		if wait, err = m.Kernel("pf_bench_wait"); err != nil {
 			return err
 		}
 		if flush, err = c.MemAlloc(flushBytes); err != nil {
@@ -419,7 +437,7 @@ func BenchmarkPrefetchL2(b *testing.B) {
 	type state struct {
 		name string
 		opt  PrefetchOptions
-		kind string // cold, hot, after, conc
+		kind string // cold, hot, after, conc, during
 	}
 	states := []state{{name: "cold", kind: "cold"}, {name: "hot", kind: "hot"}}
 	var opts []PrefetchOptions
@@ -429,7 +447,7 @@ func BenchmarkPrefetchL2(b *testing.B) {
 		}
 	}
 	opts = append(opts, PrefetchOptions{Mode: PrefetchBulk, Blocks: 4, Chunk: 128 << 10}, PrefetchOptions{Mode: PrefetchBulk, Blocks: 1, Chunk: 1 << 20})
-	for _, kind := range []string{"after", "conc"} {
+	for _, kind := range []string{"after", "conc", "during"} {
 		for _, o := range opts {
 			name := fmt.Sprintf("%s/%v/b%d", kind, o.Mode, o.Blocks)
 			if o.Chunk != 0 {
@@ -493,6 +511,21 @@ func BenchmarkPrefetchL2(b *testing.B) {
 								return err
 							}
 							pfus = append(pfus, ms*1e3)
+						}
+						if st.kind == "during" {
+							if err := c.Record(fork, s); err != nil {
+								return err
+							}
+							if err := c.StreamWait(side, fork); err != nil {
+								return err
+							}
+							if err := c.PrefetchL2Ranges(rng, st.opt, side); err != nil {
+								return err
+							}
+							ns := int64(20_000)
+							if err := c.Launch(wait, Dim3{X: 1}, Dim3{X: 1}, 0, s, unsafe.Pointer(&ns)); err != nil {
+								return err
+							}
 						}
 						ms, err := deviceMS(c, s, func() error {
 							if st.kind == "conc" {

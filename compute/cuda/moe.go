@@ -73,14 +73,20 @@ const (
 	// 1, stage 2 G 2; 105 and 90 registers), should MoEWide's register
 	// pressure cost more than the deeper queue gains.
 	MoEWide1
+	// MoEWidePF: MoEWide whose stage 1 last wave (the last 2·SMs blocks)
+	// asks L2 for stage 2's weights after its tiles (K·w2 + shared w2: 35
+	// MB at V4 shapes), so HBM streams through stage 1's tail and stage 2
+	// reads from L2 (the same idea as MoEPersistPF without the persistent
+	// blocks). Only the pair of stages gains: time it with both.
+	MoEWidePF
 	moeVariantCount
 )
 
 // moeVariants: kernel parameters of each MoEVariant (U1, U2 routed spans
 // per chunk, UF1, UF2 the FP8 shared expert's 64-column spans per chunk,
 // DEC the decoder, B blocks per SM, persist: stage 1 persistent, pf: and
-// prefetching stage 2's weights; wide: the wide family, U1 and U2 then
-// its 4-span groups per chunk).
+// prefetching stage 2's weights (wide: from stage 1's last wave); wide:
+// the wide family, U1 and U2 then its 4-span groups per chunk).
 var moeVariants = [moeVariantCount]struct {
 	name    string
 	u1, uf1 int
@@ -97,6 +103,7 @@ var moeVariants = [moeVariantCount]struct {
 	MoEPersistPF: {name: "persistpf", u1: 8, uf1: 1, u2: 8, uf2: 4, b: 2, persist: true, pf: true},
 	MoEWide:      {name: "wide", u1: 2, uf1: 2, u2: 4, uf2: 4, b: 2, wide: true},
 	MoEWide1:     {name: "wide1", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true},
+	MoEWidePF:    {name: "widepf", u1: 2, uf1: 2, u2: 4, uf2: 4, b: 2, wide: true, pf: true},
 }
 
 func (v MoEVariant) String() string {
@@ -107,8 +114,8 @@ func (v MoEVariant) String() string {
 }
 
 // ParseMoEVariant returns the variant named s (its String form: u8, occ3,
-// u8cvt, persist, persistpf, wide, wide1; "" is MoEDefault), e.g. from an
-// environment variable.
+// u8cvt, persist, persistpf, wide, wide1, widepf; "" is MoEDefault), e.g.
+// from an environment variable.
 func ParseMoEVariant(s string) (MoEVariant, error) {
 	if s == "" {
 		return MoEDefault, nil
@@ -127,7 +134,11 @@ func ParseMoEVariant(s string) (MoEVariant, error) {
 func moeKernelNames(v MoEVariant) (string, string) {
 	p := moeVariants[v]
 	if p.wide {
-		return fmt.Sprintf("moe1w_g%d_f%d_d%d_b%d", p.u1, p.uf1, p.dec, p.b), fmt.Sprintf("moe2w_g%d_f%d_d%d_b%d", p.u2, p.uf2, p.dec, p.b)
+		s1 := "moe1w"
+		if p.pf {
+			s1 = "moe1wpf"
+		}
+		return fmt.Sprintf("%s_g%d_f%d_d%d_b%d", s1, p.u1, p.uf1, p.dec, p.b), fmt.Sprintf("moe2w_g%d_f%d_d%d_b%d", p.u2, p.uf2, p.dec, p.b)
 	}
 	s1 := "moe1"
 	switch {

@@ -787,10 +787,39 @@ __device__ __forceinline__ void wide_walk(int q, int end, int G, Ld ld, Cp cp, M
   }
 }
 
+// Stage 2's weights asked into L2 by the last blocks of stage 1 (those with
+// blockIdx.x >= gridDim.x - 2·SMs, the last wave of two blocks an SM), each
+// an even share of the 128-byte lines of the K experts' w2 (data, then
+// scales) and the shared w2 (data, then scales), so HBM keeps streaming
+// through stage 1's tail and stage 2 reads from L2 (35 MB at V4 shapes).
+__device__ __forceinline__ void moe_prefetch_w2(const MoeArgs &a) {
+  u32 nsm;
+  asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
+  const int nb = min((int)gridDim.x, 2 * (int)nsm), b = (int)blockIdx.x - ((int)gridDim.x - nb);
+  if (b < 0) return;
+  const long long dl = (long long)a.D * (a.I >> 8), sl = ((long long)a.D * (a.I >> 5) + 127) >> 7;  // per expert: data, scale lines
+  const long long hl = a.Is > 0 ? (long long)a.D * (a.Is >> 7) : 0, hs = a.Is > 0 ? ((long long)(a.D >> a.bshift) * (a.Is >> a.bshift) + 127) >> 7 : 0;
+  const long long per = dl + sl, n = a.K * per + hl + hs;
+  for (long long l = (long long)b * blockDim.x + threadIdx.x; l < n; l += (long long)nb * blockDim.x) {
+    if (l < a.K * per) {
+      const int k = (int)(l / per);
+      const long long r = l - k * per;
+      const int id = __ldg(a.ids + k);
+      if ((unsigned)id >= (unsigned)a.E) continue;
+      const LinRec *rec = a.t2 + id;
+      moe_prefetch(r < dl ? rec->W + r * 128 : rec->S + (r - dl) * 128);
+    } else {
+      const long long r = l - a.K * per;
+      moe_prefetch(r < hl ? a.s2 + r * 128 : a.c2 + (r - hl) * 128);
+    }
+  }
+}
+
 // Stage 1, wide: one block per tile as moe_stage1 (the shared expert's FP8
 // tiles as there, UF spans a chunk); a routed tile's warps take contiguous
-// group ranges in chunks of G groups (Fp4Wide<2, G>: w1 and w3).
-template <int G, int UF, int DEC>
+// group ranges in chunks of G groups (Fp4Wide<2, G>: w1 and w3). PF: the
+// last wave asks L2 for stage 2's weights (moe_prefetch_w2) after its tile.
+template <int G, int UF, int DEC, bool PF>
 __device__ __forceinline__ void moe_stage1w(const MoeArgs &a) {
   extern __shared__ uint4 moe_smem[];
   u16 *xs = reinterpret_cast<u16 *>(moe_smem);
@@ -801,6 +830,7 @@ __device__ __forceinline__ void moe_stage1w(const MoeArgs &a) {
     stage1_tile<4, UF, DEC>(a, true, blockIdx.x * 16, nullptr, nullptr, nullptr, nullptr, true, xs, xs, acc,
                             [&] { stage_hilo(a.x, xs, a.D, false); __syncthreads(); });
     stage1_finish<DEC>(a, true, true, 0, blockIdx.x * 16, acc, red);
+    if (PF) moe_prefetch_w2(a);
     return;
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -836,6 +866,7 @@ __device__ __forceinline__ void moe_stage1w(const MoeArgs &a) {
       [&] { stage_hilo(a.x, xs, a.D, true); __syncthreads(); });
   quad_sum<2>(acc);
   stage1_finish<DEC>(a, false, valid, k, r0, acc, red);
+  if (PF) moe_prefetch_w2(a);
 }
 
 // Stage 2, wide: one block per 16 output rows as moe_stage2, h (all K rows
@@ -955,11 +986,15 @@ MOE1(4, 1, 0, 3) MOE2(16, 4, 0, 3)
 MOE1(8, 2, 1, 2) MOE2(8, 4, 1, 2)
 MOE1P(8, 1, 0, 2)
 
-// The wide family: moe1w_g<G>_f<UF>_d<DEC>_b<B>, moe2w_g<G>_f<UF>_d<DEC>_b<B>.
+// The wide family: moe1w_g<G>_f<UF>_d<DEC>_b<B> (moe1wpf_...: with
+// moe_prefetch_w2), moe2w_g<G>_f<UF>_d<DEC>_b<B>.
 #define MOE1W(G, UF, DEC, B) \
-  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1w_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { moe_stage1w<G, UF, DEC>(a); }
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1w_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { moe_stage1w<G, UF, DEC, false>(a); }
+#define MOE1WPF(G, UF, DEC, B) \
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1wpf_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { moe_stage1w<G, UF, DEC, true>(a); }
 #define MOE2W(G, UF, DEC, B) \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe2w_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { moe_stage2w<G, UF, DEC>(a); }
 
 MOE1W(2, 2, 0, 2) MOE2W(4, 4, 0, 2)
 MOE1W(1, 2, 0, 2) MOE2W(2, 4, 0, 2)
+MOE1WPF(2, 2, 0, 2)

@@ -126,6 +126,9 @@ type DeviceSession struct {
 	// keeps AttentionRing.
 	attnDec     bool
 	attnScratch cuda.DevicePtr
+	// pf: a one-token step's L2 prefetches on a third stream
+	// ($MOXIE_CUDA_PREFETCH; see l2Prefetch).
+	pf l2Prefetch
 
 	// scratch (device)
 	tok, posBuf                cuda.DevicePtr // int32 [chunk]
@@ -296,6 +299,9 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 	if err != nil {
 		return nil, err
 	}
+	if s.pf, err = prefetchFromEnv(); err != nil {
+		return nil, err
+	}
 	// Beyond the buffers: the expert runs' argument tables (PrepareExpertRun:
 	// 3K records of 80 bytes per layer; PrepareExpertTiles: 3 per tile), the
 	// decode sets' (at most 2 + 2 + 5 records per layer) and the fused MoE's
@@ -324,6 +330,7 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 		if s.host, err = cc.NewHostBuffer(8 * T); err != nil {
 			return err
 		}
+		s.pf.open(cc)
 		if os.Getenv("MOXIE_CUDA_FORK") != "off" {
 			s.sideOK = true
 			if s.side, err = cc.NewStream(); err != nil {
@@ -395,13 +402,14 @@ func (s *DeviceSession) release() {
 	s.arena, s.host, s.graph = nil, nil, nil
 	side, fork, join := s.sideOK, s.evFork, s.evJoin
 	s.sideOK = false
-	if a == nil && h == nil && g == nil && !side {
+	if a == nil && h == nil && g == nil && !side && !s.pf.streamExists {
 		return
 	}
 	_ = s.d.dev.Do(func(c *cuda.Ctx) error {
 		if g != nil {
 			_ = c.DestroyGraph(g)
 		}
+		s.pf.close(c)
 		if side {
 			_ = c.Sync(s.side)
 			_ = c.DestroyEvent(fork)
@@ -834,10 +842,12 @@ func (s *DeviceSession) stepFused(c *cuda.Ctx, T, p0, rows int, graph bool) erro
 	for l, b := range d.layers {
 		// Into attention: layer 0 mixes the embedded streams; later layers
 		// first expand the previous MoE output (xmid, moeOut → x).
-		var err error
-		if l == 0 {
+		err := s.pf.at(c, s.pf.q, T, st, b.wqA, b.wkv, b.wqB, b.idxWqB)
+		switch {
+		case err != nil:
+		case l == 0:
 			err = bound(s.x, 0, 0, &b.hcAttn, b.attnNorm)
-		} else {
+		default:
 			err = bound(s.xmid, s.moeOut, s.x, &b.hcAttn, b.attnNorm)
 		}
 		if err == nil {
@@ -848,6 +858,9 @@ func (s *DeviceSession) stepFused(c *cuda.Ctx, T, p0, rows int, graph bool) erro
 		}
 		if err == nil {
 			err = s.moe(c, b, l, T, p0)
+		}
+		if err == nil {
+			err = s.pf.joinTo(c, st)
 		}
 		if err != nil {
 			return fmt.Errorf("layer %d: %w", l, err)
@@ -916,6 +929,9 @@ func (s *DeviceSession) layer(c *cuda.Ctx, b *devBlock, ls *devLayerState, l, T,
 		return err
 	}
 	if err := s.moe(c, b, l, T, p0); err != nil {
+		return err
+	}
+	if err := s.pf.joinTo(c, st); err != nil {
 		return err
 	}
 	return c.HCExpand(s.x, s.xmid, s.moeOut, s.post, s.comb, hc, D, T, st)
@@ -1056,6 +1072,7 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 					func() error { return c.Scale(s.wts, wsc, T*IH, st) })
 			})
 	}
+	steps = append(steps, func() error { return s.pf.at(c, s.pf.o, T, st, b.woA) })
 	if err := errs(steps...); err != nil {
 		return err
 	}
@@ -1126,8 +1143,16 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 				Heads: H, Dim: hd, MaxKeys: maxKeys, Scale: float32(1 / math.Sqrt(float64(hd))), HeadsPerBlock: s.headsPerBlock(T)}, st)
 		},
 		func() error { return c.RoPE(s.o, s.posBuf, freq, T, H*hd, hd, nf, true, st) },
+		func() error { return s.pf.at(c, s.pf.o, T, st, b.woB) },
 		merged(woA, func() error { return c.GroupedLinear(b.woA, s.u, s.o, T, cfg.OGroups, st) }),
 		merged(woB, func() error { return c.Linear(b.woB, s.attnOut, s.u, T, st) }),
+		func() error {
+			ws := []*cuda.DeviceWeight{b.gate}
+			if b.shared != nil {
+				ws = append(ws, b.shared.w1, b.shared.w3, b.shared.w2)
+			}
+			return s.pf.at(c, s.pf.s, T, st, ws...)
+		},
 	)
 }
 

@@ -200,18 +200,21 @@ func TestDeviceTiny(t *testing.T) {
 		noGraphs  bool
 		noGrouped bool
 		hostMoE   bool
-		headRows  int // > 0: the LM head runs in blocks of this many rows
+		headRows  int    // > 0: the LM head runs in blocks of this many rows
+		prefetch  string // $MOXIE_CUDA_PREFETCH for the session
 	}{
-		{"prefill40", []int{40}, false, false, false, 0},
-		{"prefill40 one head per block", []int{40}, false, true, false, 0},
-		{"prefill40 experts grouped on the host", []int{40}, false, false, true, 0},
-		{"chunked 13+11+16", []int{13, 11, 16}, false, false, false, 0},
-		{"prefill17 then decode", decodeSchedule(40, 17), false, false, false, 0},
-		{"prefill17 then decode without graphs", decodeSchedule(40, 17), true, false, false, 0},
-		{"decode only", decodeSchedule(40, 1), false, false, false, 0},
-		{"chunks 3+5+8+1+23", []int{3, 5, 8, 1, 23}, false, false, false, 0},
-		{"prefill40 head in blocks of 7", []int{40}, false, false, false, 7},
-		{"chunks 13+11+16 head in blocks of 1", []int{13, 11, 16}, false, false, false, 1},
+		{"prefill40", []int{40}, false, false, false, 0, ""},
+		{"prefill40 one head per block", []int{40}, false, true, false, 0, ""},
+		{"prefill40 experts grouped on the host", []int{40}, false, false, true, 0, ""},
+		{"chunked 13+11+16", []int{13, 11, 16}, false, false, false, 0, ""},
+		{"prefill17 then decode", decodeSchedule(40, 17), false, false, false, 0, ""},
+		{"prefill17 then decode without graphs", decodeSchedule(40, 17), true, false, false, 0, ""},
+		{"decode only", decodeSchedule(40, 1), false, false, false, 0, ""},
+		{"chunks 3+5+8+1+23", []int{3, 5, 8, 1, 23}, false, false, false, 0, ""},
+		{"prefill40 head in blocks of 7", []int{40}, false, false, false, 7, ""},
+		{"chunks 13+11+16 head in blocks of 1", []int{13, 11, 16}, false, false, false, 1, ""},
+		{"prefill17 then decode with every L2 prefetch", decodeSchedule(40, 17), false, false, false, 0, "all"},
+		{"decode only with L2 prefetch by lines", decodeSchedule(40, 1), false, false, false, 0, "q,o,s:lines"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -219,7 +222,13 @@ func TestDeviceTiny(t *testing.T) {
 			// with each other to 1e-5: TestPrefillChunkDecodeAgree).
 			cs := mc.NewSession()
 			want := runSchedule(t, cs.PrefillAll, toks, tc.chunks)
+			if tc.prefetch != "" {
+				t.Setenv("MOXIE_CUDA_PREFETCH", tc.prefetch)
+			}
 			ds := newDeviceSession(t, md)
+			if tc.prefetch != "" && !ds.pf.ok {
+				t.Errorf("MOXIE_CUDA_PREFETCH=%s: prefetching is off in the session", tc.prefetch)
+			}
 			ds.UseGraphs(!tc.noGraphs)
 			ds.UseGroupedAttention(!tc.noGrouped)
 			ds.UseDeviceExperts(!tc.hostMoE)

@@ -14,7 +14,7 @@ func kernelSources(t *testing.T) map[string]string {
 	return map[string]string{
 		"attn.cu": AttnSource(), "attndec.cu": AttnDecSource(), "fuse.cu": FuseSource(), "fwd.cu": FwdSource(),
 		"gemv.cu": GemvSource(), "idxdec.cu": IdxDecSource(), "linear.cu": LinearSource(), "moe.cu": MoESource(),
-		"ops.cu": OpsSource(),
+		"ops.cu": OpsSource(), "prefetch.cu": PrefetchSource(),
 	}
 }
 

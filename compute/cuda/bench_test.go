@@ -1,8 +1,10 @@
 package cuda
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -934,4 +936,264 @@ func uploadCopies(c *Ctx, a *Arena, d compute.WeightData, n int) ([]*DeviceWeigh
 		ws[i] = &w
 	}
 	return ws, nil
+}
+
+// expertBenchMode is one way BenchmarkPrefillExperts runs the experts: nil
+// modes mean PrepareExpertTiles (automatic).
+type expertBenchMode struct {
+	name  string
+	modes []ExpertTileMode
+	quick bool
+}
+
+// expertBenchModes are the record sizes and tiles BenchmarkPrefillExperts
+// compares: the automatic choice, 64-row records with the 64x32, 64x16 and
+// 128x64 tiles, 256-row records with 128x64, 256x64 (16 warps) and 256x64
+// (8 warps), 128-row records with 128x128 (in-place x split).
+func expertBenchModes() []expertBenchMode {
+	one := func(rows, tile int) []ExpertTileMode { return []ExpertTileMode{{rows, tile, 0}} }
+	return []expertBenchMode{
+		{"auto", nil, true},
+		{"r64_t2_64x32", one(64, 2), true},
+		{"r64_t1_128x64", one(64, 1), true},
+		{"r64_t15_64x16", one(64, 15), false},
+		{"r256_t1_128x64", one(256, 1), false},
+		{"r256_t16_256x64w8", one(256, 16), false},
+		{"r256_t8_256x64w4", one(256, 8), false},
+		{"r128_t13_128x128x", one(128, 13), false},
+	}
+}
+
+// BenchmarkPrefillExperts measures a prefill chunk's routed experts on the
+// V4-Flash shapes (MXFP4 w1, w3 [2048, 4096], w2 [4096, 2048]) as the
+// device session runs them (PlanExperts, RunExpertTiles13, RunExpertTiles2)
+// for 192 and 256 experts and chunks of 512, 2048 and 4096 tokens, K = 6
+// distinct experts per token chosen uniformly at random, per record size
+// and tile (expertBenchModes), reporting us and TFLOP/s (2·rows·cols per
+// routed row and matrix; the hi/lo products are not counted twice) of the
+// w1+w3 and the w2 launch; and the FP8 shared expert's w1+w3 multi launch
+// over the whole chunk per tile (shared_*). The experts' records point at 8
+// distinct uploaded experts (more than L2 holds). Run with
+// -test.benchtime 1x; $MOXIE_BENCH_QUICK keeps the automatic choice and the
+// two default tiles; filter by name, e.g. -test.bench
+// 'PrefillExperts/e256_t4096'.
+func BenchmarkPrefillExperts(b *testing.B) {
+	dev := testDevice(b)
+	const inter, dim, K, distinct, maxT = 2048, 4096, 6, 8, 4096
+	quick := os.Getenv("MOXIE_BENCH_QUICK") != ""
+	rng := rand.New(rand.NewPCG(6, 1))
+	d13 := randomWeight(rng, compute.MXFP4, inter, dim)
+	d2 := randomWeight(rng, compute.MXFP4, dim, inter)
+	dsh := randomWeight(rng, compute.FP8Block, inter, dim)
+	xpool := make([]float32, 1<<20)
+	for i := range xpool {
+		xpool[i] = float32(rng.NormFloat64())
+	}
+	Es, Ts := []int{192, 256}, []int{512, 2048, 4096}
+	n := maxT * K
+	var (
+		a          *Arena
+		fw         *Fwd
+		spin       *Kernel
+		bufs       ExpertTileBufs
+		sh         []*DeviceWeight
+		shx        DevicePtr
+		shg, shu   DevicePtr
+		tabs       = map[int]*ExpertTable{}
+		ids, wts   = map[[2]int]DevicePtr{}, map[[2]int]DevicePtr{}
+		setupError error
+	)
+	setupError = dev.Do(func(c *Ctx) error {
+		var err error
+		if fw, err = c.Fwd(); err != nil {
+			return err
+		}
+		m, err := c.linearModule()
+		if err != nil {
+			return err
+		}
+		if spin, err = m.Kernel("spin"); err != nil {
+			return err
+		}
+		m13 := len(d13.Data) + len(d13.Scale) + 2048
+		m2 := len(d2.Data) + len(d2.Scale) + 2048
+		size := distinct*(2*m13+m2) + 2*(len(dsh.Data)+len(dsh.Scale)+2048) + 4*n*(2*dim+3*inter) + 4*maxT*(dim+2*inter) +
+			len(Es)*len(Ts)*8*n + 64<<20
+		if a, err = c.NewArena(size); err != nil {
+			return err
+		}
+		w1, err := uploadCopies(c, a, d13, distinct)
+		if err != nil {
+			return err
+		}
+		w3, err := uploadCopies(c, a, d13, distinct)
+		if err != nil {
+			return err
+		}
+		w2, err := uploadCopies(c, a, d2, distinct)
+		if err != nil {
+			return err
+		}
+		if sh, err = uploadCopies(c, a, dsh, 2); err != nil {
+			return err
+		}
+		alloc := func(bytes int) DevicePtr {
+			if err != nil {
+				return 0
+			}
+			var p DevicePtr
+			p, err = a.Alloc(bytes)
+			return p
+		}
+		bufs = ExpertTileBufs{RowTok: alloc(4 * n), RowW: alloc(4 * n), Inv: alloc(4 * n), Tiles: alloc(4 * 3 * expertMaxTiles(n, 256, moeTile)),
+			XE: alloc(4 * n * dim), G: alloc(4 * n * inter), U: alloc(4 * n * inter), H: alloc(4 * n * inter), Y: alloc(4 * n * dim)}
+		shx, shg, shu = alloc(4*maxT*dim), alloc(4*maxT*inter), alloc(4*maxT*inter)
+		for _, E := range Es {
+			for _, T := range Ts {
+				ids[[2]int{E, T}], wts[[2]int{E, T}] = alloc(4*T*K), alloc(4*T*K)
+			}
+		}
+		if err != nil {
+			return err
+		}
+		for _, p := range []struct {
+			p DevicePtr
+			n int
+		}{{bufs.XE, n * dim}, {bufs.H, n * inter}, {shx, maxT * dim}} {
+			if err := fillNormal(c, p.p, p.n, xpool); err != nil {
+				return err
+			}
+		}
+		for _, E := range Es {
+			e1, e3, e2 := make([]*DeviceWeight, E), make([]*DeviceWeight, E), make([]*DeviceWeight, E)
+			for e := range E {
+				e1[e], e3[e], e2[e] = w1[e%distinct], w3[e%distinct], w2[e%distinct]
+			}
+			if tabs[E], err = c.PrepareExpertTable(a, e1, e3, e2); err != nil {
+				return err
+			}
+			for _, T := range Ts {
+				// Routing: K distinct experts per token, uniform.
+				idb, wb := make([]byte, 4*T*K), make([]byte, 4*T*K)
+				for tk := range T {
+					for k, e := range rng.Perm(E)[:K] {
+						j := tk*K + k
+						binary.LittleEndian.PutUint32(idb[4*j:], uint32(e))
+						binary.LittleEndian.PutUint32(wb[4*j:], math.Float32bits(float32(rng.Float64())))
+					}
+				}
+				if err := c.CopyToDevice(ids[[2]int{E, T}], idb); err != nil {
+					return err
+				}
+				if err := c.CopyToDevice(wts[[2]int{E, T}], wb); err != nil {
+					return err
+				}
+			}
+		}
+		return c.lib.CtxSynchronize() // the uploads have landed (TestCopyToDeviceOrdered)
+	})
+	defer dev.Do(func(c *Ctx) error {
+		if a != nil {
+			c.ReleaseArena(a)
+		}
+		return nil
+	})
+	if setupError != nil {
+		b.Fatal(setupError)
+	}
+	var logs []string
+	for _, E := range Es {
+		for _, T := range Ts {
+			nr := T * K
+			for _, md := range expertBenchModes() {
+				if quick && !md.quick {
+					continue
+				}
+				b.Run(fmt.Sprintf("e%d_t%d_%s", E, T, md.name), func(b *testing.B) {
+					err := dev.Do(func(c *Ctx) error {
+						var et *ExpertTiles
+						var err error
+						if md.modes == nil {
+							et, err = c.PrepareExpertTiles(a, tabs[E], maxT, K, bufs)
+						} else {
+							et, err = c.PrepareExpertTilesWith(a, tabs[E], maxT, K, bufs, md.modes)
+						}
+						if err != nil {
+							return err
+						}
+						defer func() {
+							for _, m := range et.modes {
+								a.Free(m.run13.args)
+								a.Free(m.run2.args)
+							}
+						}()
+						if err := fw.PlanExperts(c, et, ids[[2]int{E, T}], wts[[2]int{E, T}], T, c.Stream()); err != nil {
+							return err
+						}
+						k13, k2 := et.Kernels()
+						flop := 2 * float64(nr) * inter * dim
+						var us, tf [2]float64
+						for i, launch := range []func(int) error{
+							func(int) error { return fw.RunExpertTiles13(c, et, tabs[E], c.Stream()) },
+							func(int) error { return fw.RunExpertTiles2(c, et, c.Stream()) },
+						} {
+							if err := launch(0); err != nil {
+								return err
+							}
+							ts, err := timed(c, spin, 1, 3, launch)
+							if err != nil {
+								return err
+							}
+							us[i] = median(ts)
+							tf[i] = flop * float64(2-i) / (us[i] * 1e6)
+						}
+						b.ReportMetric(tf[0], "TFLOP/s-w13")
+						b.ReportMetric(us[0], "us-w13")
+						b.ReportMetric(tf[1], "TFLOP/s-w2")
+						b.ReportMetric(us[1], "us-w2")
+						logs = append(logs, fmt.Sprintf("e%-3d t%-4d %-18s w1+w3 %8.0f us %5.1f TFLOP/s  w2 %8.0f us %5.1f TFLOP/s  %s %s",
+							E, T, md.name, us[0], tf[0], us[1], tf[1], k13, k2))
+						return nil
+					})
+					if err != nil {
+						b.Fatal(err)
+					}
+				})
+			}
+		}
+	}
+	// The FP8 shared expert's w1 and w3 over the whole chunk.
+	for _, T := range Ts {
+		for _, v := range []namedVariant{{"auto", LinearVariant{}, true}, {"tc2_64x32", LinearVariant{Width: WidthTC, Tile: 2}, true}, {"tc1_128x64", LinearVariant{Width: WidthTC, Tile: 1}, true}} {
+			b.Run(fmt.Sprintf("shared_fp8_w1w3_t%d_%s", T, v.name), func(b *testing.B) {
+				err := dev.Do(func(c *Ctx) error {
+					m, err := c.PrepareMultiLinear(a, sh, []DevicePtr{shg, shu}, []DevicePtr{shx, shx}, T, v.v)
+					if err != nil {
+						return err
+					}
+					defer a.Free(m.args)
+					launch := func(int) error { return c.LaunchMultiLinear(m, c.Stream()) }
+					if err := launch(0); err != nil {
+						return err
+					}
+					ts, err := timed(c, spin, 2, 3, launch)
+					if err != nil {
+						return err
+					}
+					us := median(ts)
+					tf := 2 * 2 * float64(T) * inter * dim / (us * 1e6)
+					b.ReportMetric(tf, "TFLOP/s")
+					b.ReportMetric(us, "us/op")
+					logs = append(logs, fmt.Sprintf("shared fp8 w1+w3 t%-4d %-10s %8.0f us %5.1f TFLOP/s  %s", T, v.name, us, tf, m.Kernel()))
+					return nil
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+			})
+		}
+	}
+	for _, l := range logs {
+		b.Log(l)
+	}
 }

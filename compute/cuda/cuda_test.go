@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -623,7 +624,11 @@ func TestLinearTC(t *testing.T) {
 		{compute.BF16, 64, 768, 1, 128, 1, []int{64, 1024}},
 		{compute.BF16, 256, 512, 2, 128, 1e-3, []int{20}},
 	}
-	variants := tcTestVariants()
+	// The automatic variant runs first (right after the uploads of w and
+	// x) and twice more after the others: a failure of the first run alone
+	// points at the uploads (TestCopyToDeviceOrdered), one of every run
+	// at the kernel.
+	variants := slices.Concat(tcTestVariants(), []namedVariant{{"auto_again", LinearVariant{}, true}, {"auto_third", LinearVariant{}, true}})
 	maxErr := map[string]float64{}
 	err := dev.Do(func(c *Ctx) error {
 		a, err := c.NewArena(256 << 20)
@@ -678,6 +683,64 @@ func TestLinearTC(t *testing.T) {
 		t.Fatal(err)
 	}
 	logMaxErrs(t, maxErr)
+}
+
+// TestCopyToDeviceOrdered checks that a device-side read queued on the
+// compute stream right after CopyToDevice sees the copied bytes: 32 MB of
+// pageable memory, a new pattern each round, copied on the device at once
+// and read back. cuMemcpyHtoD from pageable memory may return before its
+// DMA has landed (CUDA's "API synchronization behavior"), and the legacy
+// stream it runs on does not order the non-blocking compute stream.
+func TestCopyToDeviceOrdered(t *testing.T) {
+	dev := testDevice(t)
+	const n, rounds = 32 << 20, 8
+	err := dev.Do(func(c *Ctx) error {
+		a, err := c.NewArena(2*n + 1<<20)
+		if err != nil {
+			return err
+		}
+		defer c.ReleaseArena(a)
+		src, err := a.Alloc(n)
+		if err != nil {
+			return err
+		}
+		dst, err := a.Alloc(n)
+		if err != nil {
+			return err
+		}
+		host, back := make([]byte, n), make([]byte, n)
+		for r := range rounds {
+			for i := range host {
+				host[i] = byte(i*7 + r*31 + i>>12)
+			}
+			if err := c.CopyToDevice(src, host); err != nil {
+				return err
+			}
+			if err := c.CopyAsync(dst, src, n, c.Stream()); err != nil {
+				return err
+			}
+			if err := c.CopyFromDevice(back, dst); err != nil {
+				return err
+			}
+			for i := range back {
+				if back[i] != host[i] {
+					first := i
+					bad := 0
+					for j := i; j < n; j++ {
+						if back[j] != host[j] {
+							bad++
+						}
+					}
+					t.Errorf("round %d: %d of %d bytes stale, the first at %d (the copy had not landed when the stream read it)", r, bad, n, first)
+					break
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestMultiLinearTC checks one tensor-core launch over several projections

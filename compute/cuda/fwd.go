@@ -385,9 +385,7 @@ func (f *Fwd) RunExperts2(c *Ctx, r *ExpertRun, s Stream) error {
 
 // moeTile is the rows per expert tile for the CUDA-core multi-linear
 // kernels (at most maxNB), moeTileTC for the tensor-core ones (WidthTC),
-// which PrepareExpertTiles uses wherever they take the experts' shapes: a
-// tile's products are then one block row of 64x32 tensor-core tiles per 32
-// of its rows, and an expert of up to 64 routed rows is read once.
+// which PrepareExpertTiles uses wherever they take the experts' shapes.
 const (
 	moeTile   = 16
 	moeTileTC = 64
@@ -403,27 +401,61 @@ type ExpertTileBufs struct {
 	XE, G, U, H, Y           DevicePtr
 }
 
+// ExpertTileMode is one way of running a chunk's experts on the tensor
+// cores: records (tiles) of up to Rows routed rows of one expert, each
+// launched with tensor-core tile Tile (LinearVariant.Tile: 2 is 64x32, 1
+// 128x64, ...; 0 automatic for Rows rows per record). PlanExperts uses, of
+// the modes prepared, the last whose MinRows is at most the chunk's mean
+// routed rows per expert (T·K / E).
+type ExpertTileMode struct {
+	Rows, Tile, MinRows int
+}
+
+// autoExpertModes are the modes PrepareExpertTiles prepares where the
+// tensor-core kernels take the experts: 64-row records with the 64x32 tile
+// below multiBigRows routed rows per expert (chunks of 512 tokens over 192
+// or 256 experts: 12-16), with the 128x64 tile from there on (chunks of
+// 2048-4096 tokens: 48-128). Records longer than the tile's 64 batch rows
+// would only add empty blocks: an expert's rows cost the same blocks either
+// way, and the blocks that share its weights run side by side.
+var autoExpertModes = [...]ExpertTileMode{{moeTileTC, multiTCTile, 0}, {moeTileTC, multiBigTile, multiBigRows}}
+
+// expertMode is a prepared ExpertTileMode (Tile -1: the CUDA-core kernels).
+type expertMode struct {
+	ExpertTileMode
+	maxTiles    int
+	run13, run2 *MultiLinear
+}
+
 // ExpertTiles runs the routed experts of a chunk of tokens with the routing
 // on the device: PlanExperts lays the chunk's (token, k) entries out
 // expert-major in tiles of up to Tile() rows (64 with the tensor-core
 // kernels, else 16), RunExpertTiles13/2 launch every
 // tile's products as two multi-linear launches (tiles past the last have 0
-// rows), CombineExperts sums each token's K outputs.
+// rows), CombineExperts sums each token's K outputs. It holds one or more
+// modes (ExpertTileMode) and PlanExperts picks one per chunk.
 type ExpertTiles struct {
-	run13, run2 *MultiLinear
-	maxRows, K  int
-	maxTiles    int
-	tile        int // rows per tile
-	E           int
-	inter, dim  int
-	b           ExpertTileBufs
+	modes      []expertMode
+	cur        int // the mode of the last PlanExperts
+	maxRows, K int
+	E          int
+	inter, dim int
+	b          ExpertTileBufs
 }
 
-// Tile returns the rows per expert tile (tiles past an expert's last row
-// are not planned): 64 when the tensor-core kernels run the experts, else
-// 16. A chunk of n routed rows over E experts needs at most n/Tile + E
+// Tile returns the rows per expert tile of the last PlanExperts (before the
+// first: of the first mode); tiles past an expert's last row are not
+// planned: 64 when the tensor-core kernels run the experts automatically,
+// else 16. A chunk of n routed rows over E experts needs at most n/Tile + E
 // tiles (rounded up), never more than (n+15)/16 + E.
-func (et *ExpertTiles) Tile() int { return et.tile }
+func (et *ExpertTiles) Tile() int { return et.modes[et.cur].Rows }
+
+// Kernels returns the kernels of the w1/w3 and the w2 launches of the last
+// PlanExperts (before the first: of the first mode).
+func (et *ExpertTiles) Kernels() (w13, w2 string) {
+	m := et.modes[et.cur]
+	return m.run13.Kernel(), m.run2.Kernel()
+}
 
 // expertMaxTiles returns the tile count a chunk of n routed rows over E
 // experts can need with tiles of up to `tile` rows.
@@ -431,57 +463,107 @@ func expertMaxTiles(n, E, tile int) int { return (n+tile-1)/tile + E }
 
 // PrepareExpertTiles allocates in a the argument tables of a tiled launch for
 // chunks of up to maxTokens tokens with K experts each over experts shaped
-// like t's (every layer's table has the same shapes), with b the buffers.
+// like t's (every layer's table has the same shapes), with b the buffers
+// (b.Tiles holds (maxTokens·K+15)/16 + E tiles). Where the tensor-core
+// kernels take the experts it prepares the automatic modes (64-row records,
+// the 64x32 tile for chunks of fewer than 40 routed rows per expert on
+// average, the 128x64 tile for more; the arena then holds two sets of
+// 3·(maxTokens·K/64 + E) records), else 16-row records on the CUDA cores.
 func (c *Ctx) PrepareExpertTiles(a *Arena, t *ExpertTable, maxTokens, K int, b ExpertTileBufs) (*ExpertTiles, error) {
+	et, err := c.PrepareExpertTilesWith(a, t, maxTokens, K, b, autoExpertModes[:])
+	if err == nil {
+		return et, nil
+	}
+	// The CUDA-core kernels.
+	return c.prepareExpertTiles(a, t, maxTokens, K, b, []ExpertTileMode{{moeTile, -1, 0}})
+}
+
+// PrepareExpertTilesWith is PrepareExpertTiles with explicit tensor-core
+// modes: Rows 16..1024, a multiple of 16; MinRows 0 for the first and
+// ascending. It is an error when the tensor-core kernels do not take a
+// mode's launches; the arena then holds nothing more.
+func (c *Ctx) PrepareExpertTilesWith(a *Arena, t *ExpertTable, maxTokens, K int, b ExpertTileBufs, modes []ExpertTileMode) (*ExpertTiles, error) {
+	if len(modes) == 0 {
+		return nil, fmt.Errorf("cuda expert tiles: no modes")
+	}
+	for i, m := range modes {
+		if m.Rows < 16 || m.Rows > 1024 || m.Rows%16 != 0 || m.Tile < 0 || m.Tile > len(tcTileList()) ||
+			i == 0 && m.MinRows != 0 || i > 0 && m.MinRows < modes[i-1].MinRows {
+			return nil, fmt.Errorf("cuda expert tiles: mode %d %+v (want rows 16..1024 a multiple of 16, tile 0..%d, MinRows 0 first, then ascending)", i, m, len(tcTileList()))
+		}
+	}
+	return c.prepareExpertTiles(a, t, maxTokens, K, b, modes)
+}
+
+// prepareExpertTiles prepares the modes (Tile -1: the CUDA-core kernels
+// at Rows <= maxNB) or frees what it allocated and fails.
+func (c *Ctx) prepareExpertTiles(a *Arena, t *ExpertTable, maxTokens, K int, b ExpertTileBufs, modes []ExpertTileMode) (*ExpertTiles, error) {
 	if maxTokens <= 0 || K <= 0 {
 		return nil, fmt.Errorf("cuda expert tiles: %d tokens, K %d", maxTokens, K)
 	}
 	if 12*t.E > maxStaticShared-1024 {
 		return nil, fmt.Errorf("cuda expert tiles: %d experts exceed the planner's shared memory", t.E)
 	}
-	// Tiles of 64 rows where the tensor-core kernels take both launches,
-	// else of 16 for the CUDA-core ones.
-	for _, tile := range []int{moeTileTC, moeTile} {
-		et := &ExpertTiles{maxRows: maxTokens * K, K: K, E: t.E, inter: t.Inter, dim: t.Dim, b: b, tile: tile}
-		et.maxTiles = expertMaxTiles(et.maxRows, t.E, tile)
-		w13, w2 := make([]*DeviceWeight, 0, 2*et.maxTiles), make([]*DeviceWeight, 0, et.maxTiles)
-		for range et.maxTiles {
+	et := &ExpertTiles{maxRows: maxTokens * K, K: K, E: t.E, inter: t.Inter, dim: t.Dim, b: b}
+	fail := func(err error) (*ExpertTiles, error) {
+		for _, m := range et.modes {
+			a.Free(m.run13.args)
+			a.Free(m.run2.args)
+		}
+		return nil, err
+	}
+	for _, mode := range modes {
+		m := expertMode{ExpertTileMode: mode, maxTiles: expertMaxTiles(et.maxRows, t.E, mode.Rows)}
+		w13, w2 := make([]*DeviceWeight, 0, 2*m.maxTiles), make([]*DeviceWeight, 0, m.maxTiles)
+		for range m.maxTiles {
 			w13 = append(w13, t.w1, t.w3)
 			w2 = append(w2, t.w2)
 		}
-		tc := func(m *MultiLinear) bool { return strings.HasPrefix(m.Kernel(), "lintmulti_") }
+		v := LinearVariant{Width: WidthTC, Tile: mode.Tile}
+		if mode.Tile < 0 {
+			v = LinearVariant{}
+		}
 		var err error
-		if et.run13, err = c.PrepareMultiLinear(a, w13, make([]DevicePtr, len(w13)), make([]DevicePtr, len(w13)), tile, LinearVariant{}); err != nil {
-			if tile == moeTileTC {
-				continue
-			}
-			return nil, err
+		if m.run13, err = c.PrepareMultiLinear(a, w13, make([]DevicePtr, len(w13)), make([]DevicePtr, len(w13)), mode.Rows, v); err != nil {
+			return fail(err)
 		}
-		if et.run2, err = c.PrepareMultiLinear(a, w2, make([]DevicePtr, len(w2)), make([]DevicePtr, len(w2)), tile, LinearVariant{}); err != nil {
-			a.Free(et.run13.args)
-			if tile == moeTileTC {
-				continue
-			}
-			return nil, err
+		if m.run2, err = c.PrepareMultiLinear(a, w2, make([]DevicePtr, len(w2)), make([]DevicePtr, len(w2)), mode.Rows, v); err != nil {
+			a.Free(m.run13.args)
+			return fail(err)
 		}
-		if tile == moeTileTC && (!tc(et.run13) || !tc(et.run2)) {
-			a.Free(et.run13.args)
-			a.Free(et.run2.args)
-			continue
+		et.modes = append(et.modes, m)
+		tc := func(m *MultiLinear) bool { return strings.HasPrefix(m.Kernel(), "lintmulti_") }
+		if mode.Tile >= 0 && (!tc(m.run13) || !tc(m.run2)) {
+			return fail(fmt.Errorf("cuda expert tiles: mode %+v runs on %s and %s, not the tensor cores", mode, m.run13.Kernel(), m.run2.Kernel()))
 		}
-		return et, nil
 	}
-	return nil, fmt.Errorf("cuda expert tiles: no kernel takes the experts") // not reached: tile 16 returned above
+	return et, nil
+}
+
+// modeFor returns the index of the mode PlanExperts uses for n routed
+// rows: the last whose MinRows·E <= n.
+func (et *ExpertTiles) modeFor(n int) int {
+	cur := 0
+	for i, m := range et.modes {
+		if m.MinRows*et.E <= n {
+			cur = i
+		}
+	}
+	return cur
 }
 
 // PlanExperts enqueues the expert-major layout of T tokens' routing (ids
-// int32 [T, K], w [T, K]) into the tile buffers.
+// int32 [T, K], w [T, K]) into the tile buffers, in the records of the mode
+// for T·K routed rows (see ExpertTileMode), which the following
+// RunExpertTiles13/2 launch.
 func (f *Fwd) PlanExperts(c *Ctx, et *ExpertTiles, ids, w DevicePtr, T int, s Stream) error {
 	n := T * et.K
 	if T <= 0 || n > et.maxRows {
 		return fmt.Errorf("cuda fwd_moe_plan: %d tokens × %d experts, room for %d rows", T, et.K, et.maxRows)
 	}
-	n32, k32, e32, mt, tl := int32(n), int32(et.K), int32(et.E), int32(et.maxTiles), int32(et.tile)
+	et.cur = et.modeFor(n)
+	m := et.modes[et.cur]
+	n32, k32, e32, mt, tl := int32(n), int32(et.K), int32(et.E), int32(m.maxTiles), int32(m.Rows)
 	return c.Launch(f.moePlan, Dim3{X: 1}, Dim3{X: 1024}, 12*et.E, s, unsafe.Pointer(&et.b.RowTok), unsafe.Pointer(&et.b.RowW),
 		unsafe.Pointer(&et.b.Inv), unsafe.Pointer(&et.b.Tiles), unsafe.Pointer(&ids), unsafe.Pointer(&w), unsafe.Pointer(&n32),
 		unsafe.Pointer(&k32), unsafe.Pointer(&e32), unsafe.Pointer(&mt), unsafe.Pointer(&tl))
@@ -493,21 +575,22 @@ func (f *Fwd) RunExpertTiles13(c *Ctx, et *ExpertTiles, t *ExpertTable, s Stream
 	if t.E != et.E || t.Inter != et.inter || t.Dim != et.dim {
 		return fmt.Errorf("cuda expert tiles: table of %d experts [%d, %d], tiles prepared for %d [%d, %d]", t.E, t.Inter, t.Dim, et.E, et.inter, et.dim)
 	}
-	mt, in, d := int32(et.maxTiles), int32(et.inter), int32(et.dim)
+	m := et.modes[et.cur]
+	mt, in, d := int32(m.maxTiles), int32(et.inter), int32(et.dim)
 	b := et.b
-	if err := c.Launch(f.moeTiles, Dim3{X: uint32((et.maxTiles + 127) / 128)}, Dim3{X: 128}, 0, s,
-		unsafe.Pointer(&et.run13.args), unsafe.Pointer(&et.run2.args), unsafe.Pointer(&t.all13.args), unsafe.Pointer(&t.all2.args),
+	if err := c.Launch(f.moeTiles, Dim3{X: uint32((m.maxTiles + 127) / 128)}, Dim3{X: 128}, 0, s,
+		unsafe.Pointer(&m.run13.args), unsafe.Pointer(&m.run2.args), unsafe.Pointer(&t.all13.args), unsafe.Pointer(&t.all2.args),
 		unsafe.Pointer(&b.Tiles), unsafe.Pointer(&mt), unsafe.Pointer(&b.XE), unsafe.Pointer(&b.G), unsafe.Pointer(&b.U),
 		unsafe.Pointer(&b.H), unsafe.Pointer(&b.Y), unsafe.Pointer(&in), unsafe.Pointer(&d)); err != nil {
 		return err
 	}
-	return c.LaunchMultiLinear(et.run13, s)
+	return c.LaunchMultiLinear(m.run13, s)
 }
 
 // RunExpertTiles2 enqueues the w2 products (H → Y) of the tiles recorded by
 // the last RunExpertTiles13.
 func (f *Fwd) RunExpertTiles2(c *Ctx, et *ExpertTiles, s Stream) error {
-	return c.LaunchMultiLinear(et.run2, s)
+	return c.LaunchMultiLinear(et.modes[et.cur].run2, s)
 }
 
 // CombineExperts enqueues out[t] += Σ_k Y[Inv[t·K+k]] for t < T (out [T, dim]).

@@ -643,22 +643,35 @@ func TestFwdRingStore(t *testing.T) {
 // gather, tiled w1/w3 and w2 launches, combine) and checks the layout
 // against a host stable sort and every product against compute/ref: with
 // the CUDA-core kernels (16-row tiles; w2's 64 columns are not the
-// tensor-core kernels') and the tensor-core ones (64-row tiles).
+// tensor-core kernels'), the tensor-core ones in their automatic modes
+// (64-row records; the 64x32 tile below 40 routed rows per expert, 128x64
+// from there) and explicit modes (records of 128 and 256 rows, the 256x64
+// and 128x128 tiles, a small chunk planned with the first of two modes).
 func TestFwdExpertTiles(t *testing.T) {
 	for _, tc := range []struct {
 		name                    string
 		inter, dim, T, e0, tile int
+		modes                   []ExpertTileMode
+		kernel                  string // a part of the w1/w3 kernel's name
 	}{
-		{"cuda cores", 64, 128, 23, 20, moeTile},
-		{"tensor cores", 128, 256, 75, 70, moeTileTC},
+		{"cuda cores", 64, 128, 23, 20, moeTile, nil, "linmulti_"},
+		{"tensor cores", 128, 256, 75, 70, moeTileTC, nil, "_64x32_"},
+		{"tensor cores 128x64", 128, 256, 100, 90, moeTileTC, nil, "_128x64_"},
+		{"records of 128", 128, 256, 100, 90, 128, []ExpertTileMode{{64, 2, 0}, {128, 1, 20}}, "_128x64_"},
+		{"records of 256 tile 256x64", 256, 512, 100, 95, 256, []ExpertTileMode{{256, 16, 0}}, "_256x64_"},
+		{"records of 128 tile 128x128", 128, 256, 60, 50, 128, []ExpertTileMode{{128, 13, 0}}, "_128x128_"},
+		{"small chunk of two modes", 128, 256, 20, 15, 64, []ExpertTileMode{{64, 2, 0}, {128, 1, 20}}, "_64x32_"},
 	} {
-		t.Run(tc.name, func(t *testing.T) { testFwdExpertTiles(t, tc.inter, tc.dim, tc.T, tc.e0, tc.tile) })
+		t.Run(tc.name, func(t *testing.T) {
+			testFwdExpertTiles(t, tc.inter, tc.dim, tc.T, tc.e0, tc.tile, tc.modes, tc.kernel)
+		})
 	}
 }
 
 // testFwdExpertTiles: E experts, K per token, expert 0 chosen first by the
-// first e0 tokens, tiles of `tile` rows expected.
-func testFwdExpertTiles(t *testing.T, inter, dim, T, e0, tile int) {
+// first e0 tokens, tiles of `tile` rows and a w1/w3 kernel whose name holds
+// `kernel` expected, with the given modes (nil: PrepareExpertTiles).
+func testFwdExpertTiles(t *testing.T, inter, dim, T, e0, tile int, modes []ExpertTileMode, kernel string) {
 	withFwd(t, func(e *fwdEnv) {
 		const E, K = 6, 3
 		rng := rand.New(rand.NewPCG(4, 4))
@@ -700,16 +713,21 @@ func testFwdExpertTiles(t *testing.T, inter, dim, T, e0, tile int) {
 		bufs := ExpertTileBufs{RowTok: e.upInts(make([]int, n)), RowW: e.poisoned(n), Inv: e.upInts(make([]int, n)),
 			Tiles: e.upInts(make([]int, 3*expertMaxTiles(n, E, moeTile))), XE: e.poisoned(n * dim), G: e.poisoned(n * inter),
 			U: e.poisoned(n * inter), H: e.poisoned(n * inter), Y: e.poisoned(n * dim)}
-		et, err := e.c.PrepareExpertTiles(e.a, tab, T, K, bufs)
+		var et *ExpertTiles
+		if modes == nil {
+			et, err = e.c.PrepareExpertTiles(e.a, tab, T, K, bufs)
+		} else {
+			et, err = e.c.PrepareExpertTilesWith(e.a, tab, T, K, bufs, modes)
+		}
 		if err != nil {
 			t.Fatal(err)
-		}
-		if et.Tile() != tile {
-			t.Fatalf("tiles of %d rows (kernel %s), want %d", et.Tile(), et.run13.Kernel(), tile)
 		}
 		s := e.c.Stream()
 		if err := e.f.PlanExperts(e.c, et, e.upInts(ids), e.up(wts), T, s); err != nil {
 			t.Fatal(err)
+		}
+		if k13, k2 := et.Kernels(); et.Tile() != tile || !strings.Contains(k13, kernel) {
+			t.Fatalf("tiles of %d rows (kernels %s, %s), want %d and a %s kernel", et.Tile(), k13, k2, tile, kernel)
 		}
 		if err := e.f.GatherRows(e.c, bufs.XE, e.up(x), bufs.RowTok, n, dim, s); err != nil {
 			t.Fatal(err)

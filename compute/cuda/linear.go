@@ -330,6 +330,7 @@ func tcTileList() []tcTile {
 		{128, 128, 2, 4, 4, 1, 1},
 		{64, 16, 4, 1, 4, 1, 1}, // 14, 15: 16 batch rows (expert tiles of a dozen rows)
 		{64, 16, 4, 1, 4, 1, 0},
+		{256, 64, 8, 2, 3, 1, 0}, // 16: 16 warps of 32x32, half the x bytes per product of tile 1
 	}
 }
 
@@ -880,18 +881,57 @@ func planMulti(f compute.Format, shapes [][2]int, block, batch int, v LinearVari
 }
 
 // multiTCTile is the tile (LinearVariant.Tile) of automatic tensor-core
-// multi launches, i.e. of the expert tiles: 64x32 (their records hold up to
-// 64 routed rows of one expert, a dozen to a few hundred per expert and
-// chunk of 512 tokens). Tiles 14 and 15 (64x16) waste less on experts of
-// a dozen rows; BenchmarkPrefillGEMM's tiles_* rows compare them. Its
-// kernels must be in the default module for every format.
+// multi launches of few rows per record (multiAutoTile): 64x32, e.g. expert
+// tiles of a dozen to a few dozen routed rows. Tiles 14 and 15 (64x16)
+// waste less on experts of a dozen rows; BenchmarkPrefillGEMM's tiles_*
+// rows compare them. Its kernels must be in the default module for every
+// format.
 const multiTCTile = 2
+
+// multiBigTile is the tile of automatic multi launches of many rows per
+// record (multiAutoTile): 128x64, the dense GEMM's tile at large batches.
+// Its FP8 and MXFP4 multi kernels are in the default module.
+const multiBigTile = 1
+
+// multiTiles reports whether format f has multi kernels of tile ti
+// (LinearVariant.Tile): MXFP4 every tile, FP8 tiles 1 and 2, BF16 tile 2.
+func multiTiles(f compute.Format, ti int) bool {
+	switch f {
+	case compute.MXFP4:
+		return true
+	case compute.FP8Block:
+		return ti == multiTCTile || ti == multiBigTile
+	}
+	return ti == multiTCTile
+}
+
+// multiAutoTile picks the tile of an automatic tensor-core multi launch of
+// n records of format f, each of up to maxRows weight rows and `rows`
+// routed (batch) rows expected per record: multiBigTile when the records
+// carry at least multiBigRows rows and its blocks fill the chip (as
+// tcAutoTile), else multiTCTile.
+func multiAutoTile(f compute.Format, maxRows, rows, n, sms int) int {
+	t := tcTileList()[multiBigTile-1]
+	if multiTiles(f, multiBigTile) && rows >= multiBigRows &&
+		4*n*((maxRows+t.BM-1)/t.BM)*((rows+t.BN-1)/t.BN) >= 3*sms {
+		return multiBigTile
+	}
+	return multiTCTile
+}
+
+// multiBigRows is the fewest batch rows per record for which multiAutoTile
+// picks the 128x64 tile: at 40 routed rows a record fills 62% of a 64-row
+// tile and ~63% of two 32-row ones, and the 128x64 tile ran 1.25x the 64x32
+// one on dense shapes (H200, 2026-11-30: 84.2 against 67.7 TFLOP/s).
+const multiBigRows = 40
 
 // planMultiTC plans a tensor-core GEMM launch over several projections of
 // format f ([rows, cols] each, FP8 block edge block) at batch, or returns
-// ok false when the family does not take every shape. v.Tile applies to
-// MXFP4 sets; FP8 and BF16 sets always use multiTCTile. Blocks past a
-// projection's rows or batch exit at once, so the grid covers the largest.
+// ok false when the family does not take every shape. v.Tile picks the
+// tile where f has its multi kernels (multiTiles; others mean
+// multiTCTile); 0 is multiAutoTile with batch as the rows per record.
+// Blocks past a projection's rows or batch exit at once, so the grid
+// covers the largest.
 func planMultiTC(f compute.Format, shapes [][2]int, block, batch int, v LinearVariant, sms, optin int) (p linPlan, ok bool, err error) {
 	name, _, _ := fmtInfo(f)
 	tiles := tcTileList()
@@ -903,8 +943,10 @@ func planMultiTC(f compute.Format, shapes [][2]int, block, batch int, v LinearVa
 	for _, sh := range shapes {
 		maxRows = max(maxRows, sh[0])
 	}
-	if ti == 0 || f != compute.MXFP4 {
-		ti = multiTCTile // FP8 and BF16 have only this tile's multi kernel
+	if ti == 0 {
+		ti = multiAutoTile(f, maxRows, batch, len(shapes), sms)
+	} else if !multiTiles(f, ti) {
+		ti = multiTCTile // the format has no multi kernel of this tile
 	}
 	tl := tiles[ti-1]
 	shared := 0

@@ -26,9 +26,9 @@ func TestLinearModuleSources(t *testing.T) {
 		want      []string
 		notWant   []string
 	}{
-		{"default", def, []string{"struct LinArgs", "LIN_NB(fp8, FMT_FP8, 2, 4, 0, _d0)", "LINV_U(LINV, fp8, FMT_FP8, 1, 0, 0)", "void spin(", "void read_bw4(", "LINTC3(64, 32, 2, 2, 4, 1)"}, []string{"LINV_U(LINV, fp8, FMT_FP8, 2, 0, 0)", "LINTC1(128, 128, 2, 4, 3, 1)"}},
+		{"default", def, []string{"struct LinArgs", "LIN_NB(fp8, FMT_FP8, 2, 4, 0, _d0)", "LINV_U(LINV, fp8, FMT_FP8, 1, 0, 0)", "void spin(", "void read_bw4(", "LINTC3(64, 32, 2, 2, 4, 1)", "LINTM(mxfp4, FMT_MXFP4, 128, 64, 4, 2, 4, 1)", "LINTM(fp8, FMT_FP8, 128, 64, 4, 2, 4, 1)"}, []string{"LINV_U(LINV, fp8, FMT_FP8, 2, 0, 0)", "LINTC1(128, 128, 2, 4, 3, 1)", "LINTC1(256, 64, 8, 2, 3, 1)"}},
 		{"bench", bench, []string{"struct LinArgs", "LINV_U(LINV, fp8, FMT_FP8, 2, 0, 0)", "LINW_NB(fp8"}, []string{"void spin(", "LIN_NB(fp8, FMT_FP8, 2, 4, 0, _d0)", "LINV_U(LINV, fp8, FMT_FP8, 1, 0, 0)", "LINTC1(128, 128, 2, 4, 3, 1)"}},
-		{"tc", tcs, []string{"struct LinArgs", "tc_gemm", "LINTC1(128, 128, 2, 4, 3, 1)"}, []string{"void spin(", "LIN_NB(fp8, FMT_FP8", "LINV_U(LINV, fp8, FMT_FP8, 2", "LINTC3(64, 32, 2, 2, 4, 1)"}},
+		{"tc", tcs, []string{"struct LinArgs", "tc_gemm", "LINTC1(128, 128, 2, 4, 3, 1)", "LINTC1(256, 64, 8, 2, 3, 1)"}, []string{"void spin(", "LIN_NB(fp8, FMT_FP8", "LINV_U(LINV, fp8, FMT_FP8, 2", "LINTC3(64, 32, 2, 2, 4, 1)", "LINTM(mxfp4, FMT_MXFP4, 128, 64, 4, 2, 4, 1)"}},
 	} {
 		for _, w := range tc.want {
 			if !strings.Contains(tc.src, w) {
@@ -388,7 +388,7 @@ func TestPlanTC(t *testing.T) {
 			}
 		})
 	}
-	for _, bad := range []LinearVariant{{Width: WidthTC, Tile: 16}, {Tile: 3, SplitK: 2}, {Tile: 1, SplitK: 33}} {
+	for _, bad := range []LinearVariant{{Width: WidthTC, Tile: len(tcTileList()) + 1}, {Tile: 3, SplitK: 2}, {Tile: 1, SplitK: 33}} {
 		if _, _, err := planTC(compute.FP8Block, 256, 1024, 128, 1, 64, bad, sms, optin); err == nil {
 			t.Errorf("variant %+v accepted", bad)
 		}
@@ -417,5 +417,37 @@ func TestPlanTC(t *testing.T) {
 	}
 	if _, ok, _ := planMultiTC(compute.MXFP4, [][2]int{{2048, 4096}, {64, 2080}}, 128, 64, LinearVariant{}, sms, optin); ok {
 		t.Error("multi plan with a 2080-column MXFP4 weight accepted")
+	}
+	// The automatic multi tile: 128x64 from multiBigRows rows per record
+	// when its blocks fill the chip (FP8 and MXFP4), else 64x32; explicit
+	// tiles a format has no multi kernel of mean 64x32.
+	rep := func(sh [2]int, n int) [][2]int {
+		out := make([][2]int, n)
+		for i := range out {
+			out[i] = sh
+		}
+		return out
+	}
+	for _, mc := range []struct {
+		name       string
+		f          compute.Format
+		shapes     [][2]int
+		batch      int
+		v          LinearVariant
+		kernel     string
+		gx, gy, gz uint32
+	}{
+		{"expert records of 64 rows", compute.MXFP4, rep([2]int{2048, 4096}, 480), 64, LinearVariant{}, "lintmulti_mxfp4_128x64_w4x2_s4_o1", 16, 1, 480},
+		{"expert records of 39 rows", compute.MXFP4, rep([2]int{2048, 4096}, 480), 39, LinearVariant{}, "lintmulti_mxfp4_64x32_w2x2_s4_o1", 32, 2, 480},
+		{"expert records, tile 2", compute.MXFP4, rep([2]int{4096, 2048}, 240), 64, LinearVariant{Width: WidthTC, Tile: 2}, "lintmulti_mxfp4_64x32_w2x2_s4_o1", 64, 2, 240},
+		{"expert records, tile 16", compute.MXFP4, rep([2]int{4096, 2048}, 240), 256, LinearVariant{Width: WidthTC, Tile: 16}, "lintmulti_mxfp4_256x64_w8x2_s3_o1", 16, 4, 240},
+		{"fp8 shared expert w1, w3", compute.FP8Block, rep([2]int{2048, 4096}, 2), 2048, LinearVariant{}, "lintmulti_fp8_128x64_w4x2_s4_o1", 16, 32, 2},
+		{"fp8 tile 3 falls back", compute.FP8Block, rep([2]int{2048, 4096}, 2), 2048, LinearVariant{Width: WidthTC, Tile: 3}, "lintmulti_fp8_64x32_w2x2_s4_o1", 32, 64, 2},
+		{"bf16 set", compute.BF16, rep([2]int{2048, 4096}, 2), 2048, LinearVariant{}, "lintmulti_bf16_64x32_w2x2_s4_o1", 32, 64, 2},
+	} {
+		p, ok, err := planMultiTC(mc.f, mc.shapes, 128, mc.batch, mc.v, sms, optin)
+		if err != nil || !ok || p.name != mc.kernel || p.grid != (Dim3{X: mc.gx, Y: mc.gy, Z: mc.gz}) {
+			t.Errorf("%s: plan %+v ok %v err %v, want %s grid (%d, %d, %d)", mc.name, p, ok, err, mc.kernel, mc.gx, mc.gy, mc.gz)
+		}
 	}
 }

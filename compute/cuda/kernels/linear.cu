@@ -1311,10 +1311,12 @@ LINM_NB(bf16, FMT_BF16, 2, 4, 0, _d0)
 
 extern "C" __global__ void linear_generic(LinArgs a, int fmt) { linear_generic_body(a, fmt); }
 
-// Tensor-core GEMM family (batch >= tcMinBatch, see tcAutoTile and
-// planMultiTC in linear.go): the automatic tile shapes, single launches
-// 128x64 and 64x32, multi launches (expert tiles) 64x32.
+// Tensor-core GEMM family (batch >= tcMinBatch, see tcAutoTile,
+// multiAutoTile and planMultiTC in linear.go): the automatic tile shapes,
+// single launches 128x64 and 64x32, multi launches (expert tiles, shared
+// expert sets) 64x32 (every format) and 128x64 (FP8 and MXFP4).
 LINTS(fp8, FMT_FP8, 128, 64, 4, 2, 4, 1) LINTS(mxfp4, FMT_MXFP4, 128, 64, 4, 2, 4, 1) LINTS(bf16, FMT_BF16, 128, 64, 4, 2, 4, 1)
+LINTM(fp8, FMT_FP8, 128, 64, 4, 2, 4, 1) LINTM(mxfp4, FMT_MXFP4, 128, 64, 4, 2, 4, 1)
 LINTC3(64, 32, 2, 2, 4, 1)
 
 // Launch/graph overhead probe: adds v to p[threadIdx.x].
@@ -1388,9 +1390,8 @@ LINMMA(fp8, FMT_FP8, 1, 4) LINMMA(fp8, FMT_FP8, 2, 4) LINMMA(fp8, FMT_FP8, 4, 4)
 LINMMA(mxfp4, FMT_MXFP4, 1, 8) LINMMA(mxfp4, FMT_MXFP4, 2, 8) LINMMA(mxfp4, FMT_MXFP4, 4, 8)
 //@module tc
 // Tensor-core GEMM family: the tile shapes the automatic choice does not use
-// (LinearVariant.Tile 1 and 3..15; multi launches for MXFP4 only, FP8 and
-// BF16 multi launches always use tile 2).
-LINTM(mxfp4, FMT_MXFP4, 128, 64, 4, 2, 4, 1)
+// (LinearVariant.Tile 3..16; multi launches for MXFP4 only: FP8 multi
+// launches take tiles 1 and 2, BF16 ones tile 2, both in the default module).
 LINTC1(128, 128, 2, 4, 3, 1)
 LINTC1(128, 128, 4, 2, 3, 1)
 LINTC1(128, 64, 4, 2, 3, 1)
@@ -1407,6 +1408,9 @@ LINTX(fp8, FMT_FP8, 128, 128, 2, 4, 4, 1) LINTX(mxfp4, FMT_MXFP4, 128, 128, 2, 4
 // 16 batch rows (expert tiles of a dozen rows: tiles 14 and 15).
 LINTX(fp8, FMT_FP8, 64, 16, 4, 1, 4, 1) LINTX(mxfp4, FMT_MXFP4, 64, 16, 4, 1, 4, 1) LINTXM(mxfp4, FMT_MXFP4, 64, 16, 4, 1, 4, 1)
 LINTC1(64, 16, 4, 1, 4, 1)
+// 256 weight rows x 64 batch rows, 16 warps of 32x32 (tile 16): half the x
+// bytes per product of the 128x64 tile; registers capped at 128.
+LINTC1(256, 64, 8, 2, 3, 1)
 // Split-K versions of the two automatic tiles (LinearVariant.SplitK > 1).
 LINTK(fp8, FMT_FP8, 128, 64, 4, 2, 4, 1) LINTK(mxfp4, FMT_MXFP4, 128, 64, 4, 2, 4, 1) LINTK(bf16, FMT_BF16, 128, 64, 4, 2, 4, 1)
 LINTK(fp8, FMT_FP8, 64, 32, 2, 2, 4, 1) LINTK(mxfp4, FMT_MXFP4, 64, 32, 2, 2, 4, 1) LINTK(bf16, FMT_BF16, 64, 32, 2, 2, 4, 1)

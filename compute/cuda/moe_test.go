@@ -401,8 +401,8 @@ func TestMoEShapes(t *testing.T) {
 	if is, bs, err := moeShapes(good, 6, shared, 10, MoEDefault); err != nil || is != 2048 || bs != 7 {
 		t.Errorf("v4 with shared expert: Is %d, block shift %d, err %v; want 2048, 7, nil", is, bs, err)
 	}
-	if v, err := ParseMoEVariant(""); err != nil || v != MoEDefault {
-		t.Errorf(`ParseMoEVariant("") = %v, %v; want MoEDefault`, v, err)
+	if v, err := ParseMoEVariant(""); err != nil || v != MoEPreferred {
+		t.Errorf(`ParseMoEVariant("") = %v, %v; want MoEPreferred (%v)`, v, err, MoEPreferred)
 	}
 	if _, err := ParseMoEVariant("u9"); err == nil || !strings.Contains(err.Error(), `"u9"`) {
 		t.Errorf(`ParseMoEVariant("u9"): error %v, want one naming "u9"`, err)

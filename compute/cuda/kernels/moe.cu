@@ -926,9 +926,14 @@ __device__ __forceinline__ void moe_stage2w(const MoeArgs &a) {
         else c.template compute<DEC, true>(xb, bl, q, groups, t, accR);
       },
       [&] {
+        // h by asynchronous copies (all in flight at once, no registers).
         const int n = (a.K * 2 * a.I + 2 * a.Is) >> 3;  // uint4 of h
         const uint4 *src = reinterpret_cast<const uint4 *>(a.h);
-        for (int i = threadIdx.x; i < n; i += blockDim.x) moe_smem[i] = src[i];
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+          const u32 dst = (u32)__cvta_generic_to_shared(moe_smem + i);
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src + i) : "memory");
+        }
+        asm volatile("cp.async.wait_all;" ::: "memory");
         __syncthreads();
       });
   quad_sum<1>(accR);

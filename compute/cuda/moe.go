@@ -79,6 +79,11 @@ const (
 	// reads from L2 (the same idea as MoEPersistPF without the persistent
 	// blocks). Only the pair of stages gains: time it with both.
 	MoEWidePF
+	// MoEWideP: MoEPersist's stage 1 (persistent blocks taking tiles from
+	// a counter, x staged once per block, the next tile asked into L2) with
+	// the wide family's routed tiles (G 1, FP8 spans 1); stage 2 as
+	// MoEWide. Same model-dim limit as MoEPersist.
+	MoEWideP
 	moeVariantCount
 )
 
@@ -104,6 +109,7 @@ var moeVariants = [moeVariantCount]struct {
 	MoEWide:      {name: "wide", u1: 2, uf1: 2, u2: 4, uf2: 4, b: 2, wide: true},
 	MoEWide1:     {name: "wide1", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true},
 	MoEWidePF:    {name: "widepf", u1: 2, uf1: 2, u2: 4, uf2: 4, b: 2, wide: true, pf: true},
+	MoEWideP:     {name: "widep", u1: 1, uf1: 1, u2: 4, uf2: 4, b: 2, wide: true, persist: true},
 }
 
 func (v MoEVariant) String() string {
@@ -119,8 +125,8 @@ func (v MoEVariant) String() string {
 const MoEPreferred = MoEDefault
 
 // ParseMoEVariant returns the variant named s (its String form: u8, occ3,
-// u8cvt, persist, persistpf, wide, wide1, widepf; "" is MoEPreferred),
-// e.g. from an environment variable.
+// u8cvt, persist, persistpf, wide, wide1, widepf, widep; "" is
+// MoEPreferred), e.g. from an environment variable.
 func ParseMoEVariant(s string) (MoEVariant, error) {
 	if s == "" {
 		return MoEPreferred, nil
@@ -140,7 +146,10 @@ func moeKernelNames(v MoEVariant) (string, string) {
 	p := moeVariants[v]
 	if p.wide {
 		s1 := "moe1w"
-		if p.pf {
+		switch {
+		case p.persist:
+			s1 = "moe1wp"
+		case p.pf:
 			s1 = "moe1wpf"
 		}
 		return fmt.Sprintf("%s_g%d_f%d_d%d_b%d", s1, p.u1, p.uf1, p.dec, p.b), fmt.Sprintf("moe2w_g%d_f%d_d%d_b%d", p.u2, p.uf2, p.dec, p.b)

@@ -484,198 +484,6 @@ __device__ __forceinline__ void moe_stage1(const MoeArgs &a) {
   stage1_finish<DEC>(a, false, valid, k, r0, acc, red);
 }
 
-// Stage 1, persistent: gridDim.x blocks (those that fit at once) take tiles
-// (numbered as in moe_stage1) from the counter ctr[0] in order; x is staged
-// once per block in both layouts (dynamic shared memory 4·D, or 8·D with a
-// shared expert) and the K experts' records are read once into shared
-// memory. A block holds its next tile's number while it works on the
-// current one and asks L2 for that tile's weights first, so the next
-// tile's bytes stream in meanwhile. The last block to finish resets ctr
-// (two ints, zero before the first launch) for the next launch.
-//
-// PF: a block that finds no tile left asks L2 for its share (1/gridDim.x)
-// of stage 2's weights (the K experts' w2 and the shared w2), so HBM keeps
-// streaming through stage 1's tail and stage 2 starts on L2-resident bytes.
-template <int U, int UF, int DEC, bool PF>
-__device__ __forceinline__ void moe_stage1p(const MoeArgs &a, int *ctr) {
-  extern __shared__ uint4 moe_smem[];
-  u16 *xsR = reinterpret_cast<u16 *>(moe_smem), *xsN = xsR + 2 * a.D;
-  __shared__ float red[MOE_WARPS][8][4];
-  __shared__ const u8 *rec[MOE_MAXK][5];  // W1, S1, W3, S3, w2's W (null W1: id outside the table)
-  __shared__ int ring[3];
-  const int nsh = a.Is >> 4, tpe = a.I >> 4, total = nsh + a.K * tpe;
-  if (threadIdx.x == 0) {
-    ring[0] = atomicAdd(ctr, 1);
-    ring[1] = atomicAdd(ctr, 1);
-  }
-  for (int k = threadIdx.x; k < a.K; k += blockDim.x) {
-    const int id = __ldg(a.ids + k);
-    const bool ok = (unsigned)id < (unsigned)a.E;
-    const LinRec *r1 = a.t13 + 2 * (ok ? id : 0);
-    rec[k][0] = ok ? r1[0].W : nullptr;
-    rec[k][1] = r1[0].S;
-    rec[k][2] = r1[1].W;
-    rec[k][3] = r1[1].S;
-    rec[k][4] = ok ? a.t2[id].W : nullptr;
-  }
-  stage_hilo(a.x, xsR, a.D, true);
-  if (nsh > 0) stage_hilo(a.x, xsN, a.D, false);
-  const long long rb = a.D >> 1;
-  for (int i = 0;; i++) {
-    __syncthreads();  // ring, rec and x are visible; red is free
-    const int cur = ring[i % 3], nxt = ring[(i + 1) % 3];
-    if (cur >= total) break;
-    if (threadIdx.x == 0) ring[(i + 2) % 3] = atomicAdd(ctr, 1);
-    // L2 prefetch of the next tile: 16 rows x 2 matrices, 128-byte lines.
-    if (nxt < total) {
-      if (nxt < nsh) {
-        const int lines = a.D >> 7;
-        for (int l = threadIdx.x; l < 32 * lines; l += blockDim.x) {
-          const int row = l & 15, m = (l >> 4) & 1, line = l >> 5;
-          moe_prefetch((m ? a.s3 : a.s1) + (long long)(nxt * 16 + row) * a.D + line * 128);
-        }
-      } else {
-        const int tk = (nxt - nsh) / tpe, tr = ((nxt - nsh) - tk * tpe) * 16;
-        const u8 *W1 = rec[tk][0], *W3 = rec[tk][2];
-        const int lines = (a.D >> 1) >> 7;
-        if (W1)
-          for (int l = threadIdx.x; l < 32 * lines; l += blockDim.x) {
-            const int row = l & 15, m = (l >> 4) & 1, line = l >> 5;
-            moe_prefetch((m ? W3 : W1) + (tr + row) * rb + line * 128);
-          }
-      }
-    }
-    float acc[2][4];
-    if (cur < nsh) {
-      stage1_tile<U, UF, DEC>(a, true, cur * 16, nullptr, nullptr, nullptr, nullptr, true, xsR, xsN, acc, [] {});
-      stage1_finish<DEC>(a, true, true, 0, cur * 16, acc, red);
-    } else {
-      const int k = (cur - nsh) / tpe, r0 = ((cur - nsh) - k * tpe) * 16;
-      const bool valid = rec[k][0] != nullptr;
-      stage1_tile<U, UF, DEC>(a, false, r0, rec[k][0], rec[k][1], rec[k][2], rec[k][3], valid, xsR, xsN, acc, [] {});
-      stage1_finish<DEC>(a, false, valid, k, r0, acc, red);
-    }
-  }
-  if (PF) {
-    const int lr = a.I >> 8, ls = a.Is >> 7;  // 128-byte lines per routed and shared w2 row
-    const long long nr = (long long)a.K * a.D * lr, n = nr + (long long)a.D * ls;
-    for (long long l = (long long)blockIdx.x * blockDim.x + threadIdx.x; l < n; l += (long long)gridDim.x * blockDim.x) {
-      if (l < nr) {
-        const int k = (int)(l / ((long long)a.D * lr)), rem = (int)(l - (long long)k * a.D * lr);
-        const u8 *W = rec[k][4];
-        if (W) moe_prefetch(W + (long long)(rem / lr) * (a.I >> 1) + (rem % lr) * 128);
-      } else {
-        const int rem = (int)(l - nr);
-        moe_prefetch(a.s2 + (long long)(rem / ls) * a.Is + (rem % ls) * 128);
-      }
-    }
-  }
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(ctr + 1, 1) == (int)gridDim.x - 1) {
-      atomicExch(ctr, 0);
-      atomicExch(ctr + 1, 0);
-    }
-  }
-}
-
-// Stage 2: one block per 16 output rows. The routed work is K·ceil(I/32/U)
-// chunks (expert slot-major), the shared expert's ceil(Is/64/UF) chunks;
-// each warp takes a fixed share of each, adds them into its accumulators,
-// and the block adds the warps' sums in warp order.
-template <int U, int UF, int DEC>
-__device__ __forceinline__ void moe_stage2(const MoeArgs &a) {
-  __shared__ float red[MOE_WARPS][8][2];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int r0 = blockIdx.x * 16;
-  const bool bl = g < 2;
-  float accR[1][4] = {{0.f, 0.f, 0.f, 0.f}}, accS[1][4] = {{0.f, 0.f, 0.f, 0.f}};
-  const int spans = a.I >> 5, cpe = (spans + U - 1) / U;
-  const int total = a.K * cpe, per = (total + MOE_WARPS - 1) / MOE_WARPS;
-  // The K experts' w2 records (null for an id outside the table), read once.
-  __shared__ const u8 *recW[MOE_MAXK], *recS[MOE_MAXK];
-  for (int k = threadIdx.x; k < a.K; k += blockDim.x) {
-    const int id = __ldg(a.ids + k);
-    const bool ok = (unsigned)id < (unsigned)a.E;
-    recW[k] = ok ? a.t2[id].W : nullptr;
-    recS[k] = ok ? a.t2[id].S : nullptr;
-  }
-  __syncthreads();
-  const long long rb = a.I >> 1;
-  // Lane i asks L2 for a 128-byte line of a chunk: row i & 15, line i >> 4.
-  auto prefetch = [&](int c) {
-    const int k = c / cpe, s0 = (c - k * cpe) * U;
-    const u8 *W = recW[k];
-    const int off = s0 * 16 + (lane >> 4) * 128;
-    if (W && off < min(s0 + U, spans) * 16) moe_prefetch(W + (r0 + (lane & 15)) * rb + off);
-  };
-  if (a.Is > 0) {  // this warp's shared-expert chunks, wanted after the routed ones
-    const int sspans = a.Is >> 6, scs = (sspans + UF - 1) / UF;
-    for (int c = warp; c < scs; c += MOE_WARPS)
-      for (int off = (lane >> 4) * 128; off < min(UF, sspans - c * UF) * 64; off += 256)
-        moe_prefetch(a.s2 + (long long)(r0 + (lane & 15)) * a.Is + c * UF * 64 + off);
-  }
-  bool bad = false;
-  // Warp w takes chunks [w·per, (w+1)·per) of the expert-slot-major
-  // sequence (consecutive chunks of a row), asking L2 for chunk c+1 while
-  // loading chunk c.
-  const int cend = min(total, (warp + 1) * per);
-  for (int c = warp * per; c < cend; c++) {
-    if (c + 1 < cend) prefetch(c + 1);
-    const int k = c / cpe, s0 = (c - k * cpe) * U;
-    const u8 *W = recW[k], *S = recS[k];
-    if (!W) {
-      bad = true;
-      continue;
-    }
-    const long long sb = a.I >> 5;
-    const u32 *wr[1][2] = {{reinterpret_cast<const u32 *>(W + (r0 + g) * rb), reinterpret_cast<const u32 *>(W + (r0 + g + 8) * rb)}};
-    const u32 *sr[1][2] = {{reinterpret_cast<const u32 *>(S + (r0 + g) * sb), reinterpret_cast<const u32 *>(S + (r0 + g + 8) * sb)}};
-    const u16 *xb = a.h + (long long)k * 2 * a.I + (g & 1) * a.I;
-    Fp4Chunk<1, U, (U <= 8 ? 1 : 2)> ch;
-    if (s0 + U <= spans) {
-      ch.template load<false>(wr, sr, xb, bl, s0, spans, t);
-      ch.template compute<DEC, false>(xb, bl, s0, spans, t, accR);
-    } else {
-      ch.template load<true>(wr, sr, xb, bl, s0, spans, t);
-      ch.template compute<DEC, true>(xb, bl, s0, spans, t, accR);
-    }
-  }
-  if (a.Is > 0) {
-    const int sspans = a.Is >> 6, scs = (sspans + UF - 1) / UF;
-    const uint4 *wr[1][2] = {{reinterpret_cast<const uint4 *>(a.s2 + (long long)(r0 + g) * a.Is),
-                              reinterpret_cast<const uint4 *>(a.s2 + (long long)(r0 + g + 8) * a.Is)}};
-    const u8 *sr[1] = {a.c2 + (long long)(r0 >> a.bshift) * (a.Is >> a.bshift)};
-    const u16 *xb = a.h + (long long)a.K * 2 * a.I + (g & 1) * a.Is;
-    for (int c = warp; c < scs; c += MOE_WARPS) {
-      const int s0 = c * UF;
-      Fp8Chunk<1, UF, true> ch;
-      if (s0 + UF <= sspans) {
-        ch.template load<false>(wr, sr, a.bshift, xb, bl, s0, sspans, t);
-        ch.template compute<false>(xb, bl, s0, sspans, t, accS);
-      } else {
-        ch.template load<true>(wr, sr, a.bshift, xb, bl, s0, sspans, t);
-        ch.template compute<true>(xb, bl, s0, sspans, t, accS);
-      }
-    }
-  }
-  if (t == 0) {
-    const float post = MoeDec<DEC>::post();
-    const float nan = __int_as_float(0x7fc00000);
-    const float r0v = fmaf(accR[0][1], 1.f / 2048.f, accR[0][0]) * post + fmaf(accS[0][1], 1.f / 2048.f, accS[0][0]);
-    const float r8v = fmaf(accR[0][3], 1.f / 2048.f, accR[0][2]) * post + fmaf(accS[0][3], 1.f / 2048.f, accS[0][2]);
-    red[warp][g][0] = bad ? nan : r0v;
-    red[warp][g][1] = bad ? nan : r8v;
-  }
-  __syncthreads();
-  if (threadIdx.x < 16) {
-    const int i = threadIdx.x;
-    float s = 0.f;
-    for (int w = 0; w < MOE_WARPS; w++) s += red[w][i & 7][i >> 3];
-    a.out[r0 + i] = s;
-  }
-}
-
 // ---- The wide family (moe1w_*, moe2w_*) ----
 //
 // Same tensor-core arithmetic as above, a different fragment assignment for
@@ -815,31 +623,14 @@ __device__ __forceinline__ void moe_prefetch_w2(const MoeArgs &a) {
   }
 }
 
-// Stage 1, wide: one block per tile as moe_stage1 (the shared expert's FP8
-// tiles as there, UF spans a chunk); a routed tile's warps take contiguous
-// group ranges in chunks of G groups (Fp4Wide<2, G>: w1 and w3). PF: the
-// last wave asks L2 for stage 2's weights (moe_prefetch_w2) after its tile.
-template <int G, int UF, int DEC, bool PF>
-__device__ __forceinline__ void moe_stage1w(const MoeArgs &a) {
-  extern __shared__ uint4 moe_smem[];
-  u16 *xs = reinterpret_cast<u16 *>(moe_smem);
-  __shared__ float red[MOE_WARPS][8][4];
-  const int nsh = a.Is >> 4;
-  float acc[2][4];
-  if ((int)blockIdx.x < nsh) {  // block-uniform
-    stage1_tile<4, UF, DEC>(a, true, blockIdx.x * 16, nullptr, nullptr, nullptr, nullptr, true, xs, xs, acc,
-                            [&] { stage_hilo(a.x, xs, a.D, false); __syncthreads(); });
-    stage1_finish<DEC>(a, true, true, 0, blockIdx.x * 16, acc, red);
-    if (PF) moe_prefetch_w2(a);
-    return;
-  }
+// One routed stage-1 tile of the wide family: rows r0..r0+15 of w1 (W1,
+// S1) and w3 (W3, S3), valid false: no products; the warps take contiguous
+// group ranges in chunks of G groups (Fp4Wide<2, G>), mid() as in
+// stage1_tile; acc as the quads' sums (lanes t = 0 read).
+template <int G, int DEC, typename Mid>
+__device__ __forceinline__ void stage1w_routed(const MoeArgs &a, int r0, const u8 *W1, const u8 *S1, const u8 *W3, const u8 *S3,
+                                               bool valid, const u16 *xs, float (&acc)[2][4], Mid mid) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int tile = blockIdx.x - nsh, tpe = a.I >> 4;
-  const int k = tile / tpe, r0 = (tile - k * tpe) * 16;
-  const int id = __ldg(a.ids + k);
-  const bool valid = (unsigned)id < (unsigned)a.E;
-  const LinRec *r1 = a.t13 + 2 * (valid ? id : 0), *r3 = r1 + 1;
-  const u8 *W1 = r1->W, *S1 = r1->S, *W3 = r3->W, *S3 = r3->S;
 #pragma unroll
   for (int m = 0; m < 2; m++)
 #pragma unroll
@@ -863,8 +654,231 @@ __device__ __forceinline__ void moe_stage1w(const MoeArgs &a) {
         if (q + G <= end) c.template compute<DEC, false>(xb, bl, q, end, t, acc);
         else c.template compute<DEC, true>(xb, bl, q, end, t, acc);
       },
-      [&] { stage_hilo(a.x, xs, a.D, true); __syncthreads(); });
+      mid);
   quad_sum<2>(acc);
+}
+
+// Stage 1, persistent: gridDim.x blocks (those that fit at once) take tiles
+// (numbered as in moe_stage1) from the counter ctr[0] in order; x is staged
+// once per block in both layouts (dynamic shared memory 4·D, or 8·D with a
+// shared expert) and the K experts' records are read once into shared
+// memory. A block holds its next tile's number while it works on the
+// current one and asks L2 for that tile's weights first, so the next
+// tile's bytes stream in meanwhile. The last block to finish resets ctr
+// (two ints, zero before the first launch) for the next launch.
+//
+// PF: a block that finds no tile left asks L2 for its share (1/gridDim.x)
+// of stage 2's weights (the K experts' w2 and the shared w2), so HBM keeps
+// streaming through stage 1's tail and stage 2 starts on L2-resident bytes.
+//
+// WIDE: the routed tiles by the wide family's stage1w_routed (U is then its
+// G, groups per chunk).
+template <int U, int UF, int DEC, bool PF, bool WIDE = false>
+__device__ __forceinline__ void moe_stage1p(const MoeArgs &a, int *ctr) {
+  extern __shared__ uint4 moe_smem[];
+  u16 *xsR = reinterpret_cast<u16 *>(moe_smem), *xsN = xsR + 2 * a.D;
+  __shared__ float red[MOE_WARPS][8][4];
+  __shared__ const u8 *rec[MOE_MAXK][5];  // W1, S1, W3, S3, w2's W (null W1: id outside the table)
+  __shared__ int ring[3];
+  const int nsh = a.Is >> 4, tpe = a.I >> 4, total = nsh + a.K * tpe;
+  if (threadIdx.x == 0) {
+    ring[0] = atomicAdd(ctr, 1);
+    ring[1] = atomicAdd(ctr, 1);
+  }
+  for (int k = threadIdx.x; k < a.K; k += blockDim.x) {
+    const int id = __ldg(a.ids + k);
+    const bool ok = (unsigned)id < (unsigned)a.E;
+    const LinRec *r1 = a.t13 + 2 * (ok ? id : 0);
+    rec[k][0] = ok ? r1[0].W : nullptr;
+    rec[k][1] = r1[0].S;
+    rec[k][2] = r1[1].W;
+    rec[k][3] = r1[1].S;
+    rec[k][4] = ok ? a.t2[id].W : nullptr;
+  }
+  stage_hilo(a.x, xsR, a.D, true);
+  if (nsh > 0) stage_hilo(a.x, xsN, a.D, false);
+  const long long rb = a.D >> 1;
+  for (int i = 0;; i++) {
+    __syncthreads();  // ring, rec and x are visible; red is free
+    const int cur = ring[i % 3], nxt = ring[(i + 1) % 3];
+    if (cur >= total) break;
+    if (threadIdx.x == 0) ring[(i + 2) % 3] = atomicAdd(ctr, 1);
+    // L2 prefetch of the next tile: 16 rows x 2 matrices, 128-byte lines.
+    if (nxt < total) {
+      if (nxt < nsh) {
+        const int lines = a.D >> 7;
+        for (int l = threadIdx.x; l < 32 * lines; l += blockDim.x) {
+          const int row = l & 15, m = (l >> 4) & 1, line = l >> 5;
+          moe_prefetch((m ? a.s3 : a.s1) + (long long)(nxt * 16 + row) * a.D + line * 128);
+        }
+      } else {
+        const int tk = (nxt - nsh) / tpe, tr = ((nxt - nsh) - tk * tpe) * 16;
+        const u8 *W1 = rec[tk][0], *W3 = rec[tk][2];
+        const int lines = (a.D >> 1) >> 7;
+        if (W1)
+          for (int l = threadIdx.x; l < 32 * lines; l += blockDim.x) {
+            const int row = l & 15, m = (l >> 4) & 1, line = l >> 5;
+            moe_prefetch((m ? W3 : W1) + (tr + row) * rb + line * 128);
+          }
+      }
+    }
+    float acc[2][4];
+    constexpr int UT = WIDE ? 4 : U;  // stage1_tile's spans per chunk
+    if (cur < nsh) {
+      stage1_tile<UT, UF, DEC>(a, true, cur * 16, nullptr, nullptr, nullptr, nullptr, true, xsR, xsN, acc, [] {});
+      stage1_finish<DEC>(a, true, true, 0, cur * 16, acc, red);
+    } else {
+      const int k = (cur - nsh) / tpe, r0 = ((cur - nsh) - k * tpe) * 16;
+      const bool valid = rec[k][0] != nullptr;
+      if (WIDE) stage1w_routed<U, DEC>(a, r0, rec[k][0], rec[k][1], rec[k][2], rec[k][3], valid, xsR, acc, [] {});
+      else stage1_tile<UT, UF, DEC>(a, false, r0, rec[k][0], rec[k][1], rec[k][2], rec[k][3], valid, xsR, xsN, acc, [] {});
+      stage1_finish<DEC>(a, false, valid, k, r0, acc, red);
+    }
+  }
+  if (PF) {
+    const int lr = a.I >> 8, ls = a.Is >> 7;  // 128-byte lines per routed and shared w2 row
+    const long long nr = (long long)a.K * a.D * lr, n = nr + (long long)a.D * ls;
+    for (long long l = (long long)blockIdx.x * blockDim.x + threadIdx.x; l < n; l += (long long)gridDim.x * blockDim.x) {
+      if (l < nr) {
+        const int k = (int)(l / ((long long)a.D * lr)), rem = (int)(l - (long long)k * a.D * lr);
+        const u8 *W = rec[k][4];
+        if (W) moe_prefetch(W + (long long)(rem / lr) * (a.I >> 1) + (rem % lr) * 128);
+      } else {
+        const int rem = (int)(l - nr);
+        moe_prefetch(a.s2 + (long long)(rem / ls) * a.Is + (rem % ls) * 128);
+      }
+    }
+  }
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(ctr + 1, 1) == (int)gridDim.x - 1) {
+      atomicExch(ctr, 0);
+      atomicExch(ctr + 1, 0);
+    }
+  }
+}
+
+// Stage 2: one block per 16 output rows. The routed work is K·ceil(I/32/U)
+// chunks (expert slot-major), the shared expert's ceil(Is/64/UF) chunks;
+// each warp takes a fixed share of each, adds them into its accumulators,
+// and the block adds the warps' sums in warp order.
+template <int U, int UF, int DEC>
+__device__ __forceinline__ void moe_stage2(const MoeArgs &a) {
+  __shared__ float red[MOE_WARPS][8][2];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int r0 = blockIdx.x * 16;
+  const bool bl = g < 2;
+  float accR[1][4] = {{0.f, 0.f, 0.f, 0.f}}, accS[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+  const int spans = a.I >> 5, cpe = (spans + U - 1) / U;
+  const int total = a.K * cpe, per = (total + MOE_WARPS - 1) / MOE_WARPS;
+  // The K experts' w2 records (null for an id outside the table), read once.
+  __shared__ const u8 *recW[MOE_MAXK], *recS[MOE_MAXK];
+  for (int k = threadIdx.x; k < a.K; k += blockDim.x) {
+    const int id = __ldg(a.ids + k);
+    const bool ok = (unsigned)id < (unsigned)a.E;
+    recW[k] = ok ? a.t2[id].W : nullptr;
+    recS[k] = ok ? a.t2[id].S : nullptr;
+  }
+  __syncthreads();
+  const long long rb = a.I >> 1;
+  // Lane i asks L2 for a 128-byte line of a chunk: row i & 15, line i >> 4.
+  auto prefetch = [&](int c) {
+    const int k = c / cpe, s0 = (c - k * cpe) * U;
+    const u8 *W = recW[k];
+    const int off = s0 * 16 + (lane >> 4) * 128;
+    if (W && off < min(s0 + U, spans) * 16) moe_prefetch(W + (r0 + (lane & 15)) * rb + off);
+  };
+  if (a.Is > 0) {  // this warp's shared-expert chunks, wanted after the routed ones
+    const int sspans = a.Is >> 6, scs = (sspans + UF - 1) / UF;
+    for (int c = warp; c < scs; c += MOE_WARPS)
+      for (int off = (lane >> 4) * 128; off < min(UF, sspans - c * UF) * 64; off += 256)
+        moe_prefetch(a.s2 + (long long)(r0 + (lane & 15)) * a.Is + c * UF * 64 + off);
+  }
+  bool bad = false;
+  // Warp w takes chunks [w·per, (w+1)·per) of the expert-slot-major
+  // sequence (consecutive chunks of a row), asking L2 for chunk c+1 while
+  // loading chunk c.
+  const int cend = min(total, (warp + 1) * per);
+  for (int c = warp * per; c < cend; c++) {
+    if (c + 1 < cend) prefetch(c + 1);
+    const int k = c / cpe, s0 = (c - k * cpe) * U;
+    const u8 *W = recW[k], *S = recS[k];
+    if (!W) {
+      bad = true;
+      continue;
+    }
+    const long long sb = a.I >> 5;
+    const u32 *wr[1][2] = {{reinterpret_cast<const u32 *>(W + (r0 + g) * rb), reinterpret_cast<const u32 *>(W + (r0 + g + 8) * rb)}};
+    const u32 *sr[1][2] = {{reinterpret_cast<const u32 *>(S + (r0 + g) * sb), reinterpret_cast<const u32 *>(S + (r0 + g + 8) * sb)}};
+    const u16 *xb = a.h + (long long)k * 2 * a.I + (g & 1) * a.I;
+    Fp4Chunk<1, U, (U <= 8 ? 1 : 2)> ch;
+    if (s0 + U <= spans) {
+      ch.template load<false>(wr, sr, xb, bl, s0, spans, t);
+      ch.template compute<DEC, false>(xb, bl, s0, spans, t, accR);
+    } else {
+      ch.template load<true>(wr, sr, xb, bl, s0, spans, t);
+      ch.template compute<DEC, true>(xb, bl, s0, spans, t, accR);
+    }
+  }
+  if (a.Is > 0) {
+    const int sspans = a.Is >> 6, scs = (sspans + UF - 1) / UF;
+    const uint4 *wr[1][2] = {{reinterpret_cast<const uint4 *>(a.s2 + (long long)(r0 + g) * a.Is),
+                              reinterpret_cast<const uint4 *>(a.s2 + (long long)(r0 + g + 8) * a.Is)}};
+    const u8 *sr[1] = {a.c2 + (long long)(r0 >> a.bshift) * (a.Is >> a.bshift)};
+    const u16 *xb = a.h + (long long)a.K * 2 * a.I + (g & 1) * a.Is;
+    for (int c = warp; c < scs; c += MOE_WARPS) {
+      const int s0 = c * UF;
+      Fp8Chunk<1, UF, true> ch;
+      if (s0 + UF <= sspans) {
+        ch.template load<false>(wr, sr, a.bshift, xb, bl, s0, sspans, t);
+        ch.template compute<false>(xb, bl, s0, sspans, t, accS);
+      } else {
+        ch.template load<true>(wr, sr, a.bshift, xb, bl, s0, sspans, t);
+        ch.template compute<true>(xb, bl, s0, sspans, t, accS);
+      }
+    }
+  }
+  if (t == 0) {
+    const float post = MoeDec<DEC>::post();
+    const float nan = __int_as_float(0x7fc00000);
+    const float r0v = fmaf(accR[0][1], 1.f / 2048.f, accR[0][0]) * post + fmaf(accS[0][1], 1.f / 2048.f, accS[0][0]);
+    const float r8v = fmaf(accR[0][3], 1.f / 2048.f, accR[0][2]) * post + fmaf(accS[0][3], 1.f / 2048.f, accS[0][2]);
+    red[warp][g][0] = bad ? nan : r0v;
+    red[warp][g][1] = bad ? nan : r8v;
+  }
+  __syncthreads();
+  if (threadIdx.x < 16) {
+    const int i = threadIdx.x;
+    float s = 0.f;
+    for (int w = 0; w < MOE_WARPS; w++) s += red[w][i & 7][i >> 3];
+    a.out[r0 + i] = s;
+  }
+}
+
+// Stage 1, wide: one block per tile as moe_stage1 (the shared expert's FP8
+// tiles as there, UF spans a chunk); a routed tile's warps take contiguous
+// group ranges in chunks of G groups (Fp4Wide<2, G>: w1 and w3). PF: the
+// last wave asks L2 for stage 2's weights (moe_prefetch_w2) after its tile.
+template <int G, int UF, int DEC, bool PF>
+__device__ __forceinline__ void moe_stage1w(const MoeArgs &a) {
+  extern __shared__ uint4 moe_smem[];
+  u16 *xs = reinterpret_cast<u16 *>(moe_smem);
+  __shared__ float red[MOE_WARPS][8][4];
+  const int nsh = a.Is >> 4;
+  float acc[2][4];
+  if ((int)blockIdx.x < nsh) {  // block-uniform
+    stage1_tile<4, UF, DEC>(a, true, blockIdx.x * 16, nullptr, nullptr, nullptr, nullptr, true, xs, xs, acc,
+                            [&] { stage_hilo(a.x, xs, a.D, false); __syncthreads(); });
+    stage1_finish<DEC>(a, true, true, 0, blockIdx.x * 16, acc, red);
+    if (PF) moe_prefetch_w2(a);
+    return;
+  }
+  const int tile = blockIdx.x - nsh, tpe = a.I >> 4;
+  const int k = tile / tpe, r0 = (tile - k * tpe) * 16;
+  const int id = __ldg(a.ids + k);
+  const bool valid = (unsigned)id < (unsigned)a.E;
+  const LinRec *r1 = a.t13 + 2 * (valid ? id : 0), *r3 = r1 + 1;
+  stage1w_routed<G, DEC>(a, r0, r1->W, r1->S, r3->W, r3->S, valid, xs, acc, [&] { stage_hilo(a.x, xs, a.D, true); __syncthreads(); });
   stage1_finish<DEC>(a, false, valid, k, r0, acc, red);
   if (PF) moe_prefetch_w2(a);
 }
@@ -1003,3 +1017,10 @@ MOE1P(8, 1, 0, 2)
 MOE1W(2, 2, 0, 2) MOE2W(4, 4, 0, 2)
 MOE1W(1, 2, 0, 2) MOE2W(2, 4, 0, 2)
 MOE1WPF(2, 2, 0, 2)
+
+// The wide family's routed tiles in moe_stage1p's persistent blocks:
+// moe1wp_g<G>_f<UF>_d<DEC>_b<B>.
+#define MOE1WP(G, UF, DEC, B) \
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1wp_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a, int *ctr) { moe_stage1p<G, UF, DEC, false, true>(a, ctr); }
+
+MOE1WP(1, 1, 0, 2)

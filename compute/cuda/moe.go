@@ -311,12 +311,13 @@ func MoEDecodeScratch(t *ExpertTable, K int, sh *SharedExpert) int {
 // written, not accumulated; x and out must not overlap; the sum's order is
 // fixed, so results are bitwise reproducible). limit 0 means no clamp; sh
 // nil means no shared expert. The h scratch (MoEDecodeScratch bytes, plus 8
-// for MoEPersist's tile counter) is allocated in a and lives as long as
-// the arena allocation. The kernels
-// read t's records at run time, so SetTableExpert / CopyTableExpert
-// repointing works, provided every weight put into t is MXFP4 of t's shape
-// with its data 16-byte and its scales 4-byte aligned (arena allocations
-// are).
+// for a persistent variant's tile counter: MoEPersist, MoEPersistPF,
+// MoEWideP) is allocated in a and lives as long as the arena allocation.
+// The kernels read t's records at run time, so SetTableExpert /
+// CopyTableExpert repointing works, provided every weight put into t is
+// MXFP4 of t's shape with its data 16-byte and its scales 4-byte aligned
+// (arena allocations are). The wide variants (MoEWide, MoEWide1,
+// MoEWidePF, MoEWideP) take K·I + Is up to 40,960.
 // Activations x and h must stay below 65504 in magnitude (f16 hi parts).
 func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert, x, out DevicePtr, limit float32, v MoEVariant) (*MoEDecode, error) {
 	is, bshift, err := moeShapes(t, K, sh, limit, v)

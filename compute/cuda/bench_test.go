@@ -947,9 +947,9 @@ type expertBenchMode struct {
 }
 
 // expertBenchModes are the record sizes and tiles BenchmarkPrefillExperts
-// compares: the automatic choice, 64-row records with the 64x32, 64x16 and
-// 128x64 tiles, 256-row records with 128x64, 256x64 (16 warps) and 256x64
-// (8 warps), 128-row records with 128x128 (in-place x split).
+// compares: the automatic choice, 64-row records with the 64x32, 64x16,
+// 128x64 and 256x32 tiles, 256-row records with 128x64, 256x64 (16 warps)
+// and 256x64 (8 warps), 128-row records with 128x128 (in-place x split).
 func expertBenchModes() []expertBenchMode {
 	one := func(rows, tile int) []ExpertTileMode { return []ExpertTileMode{{rows, tile, 0}} }
 	return []expertBenchMode{
@@ -959,6 +959,7 @@ func expertBenchModes() []expertBenchMode {
 		{"r64_t15_64x16", one(64, 15), false},
 		{"r256_t1_128x64", one(256, 1), false},
 		{"r256_t16_256x64w8", one(256, 16), false},
+		{"r64_t17_256x32", one(64, 17), false},
 		{"r256_t8_256x64w4", one(256, 8), false},
 		{"r128_t13_128x128x", one(128, 13), false},
 	}

@@ -645,8 +645,9 @@ func TestFwdRingStore(t *testing.T) {
 // the CUDA-core kernels (16-row tiles; w2's 64 columns are not the
 // tensor-core kernels'), the tensor-core ones in their automatic modes
 // (64-row records; the 64x32 tile below 40 routed rows per expert, 128x64
-// from there) and explicit modes (records of 128 and 256 rows, the 256x64
-// and 128x128 tiles, a small chunk planned with the first of two modes).
+// from there) and explicit modes (records of 128 and 256 rows, the 256x64,
+// 128x128 and 256x32 tiles, a small chunk planned with the first of two
+// modes).
 func TestFwdExpertTiles(t *testing.T) {
 	for _, tc := range []struct {
 		name                    string
@@ -660,6 +661,7 @@ func TestFwdExpertTiles(t *testing.T) {
 		{"records of 128", 128, 256, 100, 90, 128, []ExpertTileMode{{64, 2, 0}, {128, 1, 20}}, "_128x64_"},
 		{"records of 256 tile 256x64", 256, 512, 100, 95, 256, []ExpertTileMode{{256, 16, 0}}, "_256x64_"},
 		{"records of 128 tile 128x128", 128, 256, 60, 50, 128, []ExpertTileMode{{128, 13, 0}}, "_128x128_"},
+		{"records of 64 tile 256x32", 256, 512, 60, 50, 64, []ExpertTileMode{{64, 17, 0}}, "_256x32_"},
 		{"small chunk of two modes", 128, 256, 20, 15, 64, []ExpertTileMode{{64, 2, 0}, {128, 1, 20}}, "_64x32_"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

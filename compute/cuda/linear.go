@@ -330,7 +330,8 @@ func tcTileList() []tcTile {
 		{128, 128, 2, 4, 4, 1, 1},
 		{64, 16, 4, 1, 4, 1, 1}, // 14, 15: 16 batch rows (expert tiles of a dozen rows)
 		{64, 16, 4, 1, 4, 1, 0},
-		{256, 64, 8, 2, 3, 1, 0}, // 16: 16 warps of 32x32, half the x bytes per product of tile 1
+		{256, 64, 8, 2, 4, 1, 0}, // 16, 17: tall tiles, warps of 32x32 as tile 1, fewer x bytes per product
+		{256, 32, 8, 1, 4, 1, 0},
 	}
 }
 

@@ -26,9 +26,9 @@ func TestLinearModuleSources(t *testing.T) {
 		want      []string
 		notWant   []string
 	}{
-		{"default", def, []string{"struct LinArgs", "LIN_NB(fp8, FMT_FP8, 2, 4, 0, _d0)", "LINV_U(LINV, fp8, FMT_FP8, 1, 0, 0)", "void spin(", "void read_bw4(", "LINTC3(64, 32, 2, 2, 4, 1)", "LINTM(mxfp4, FMT_MXFP4, 128, 64, 4, 2, 4, 1)", "LINTM(fp8, FMT_FP8, 128, 64, 4, 2, 4, 1)"}, []string{"LINV_U(LINV, fp8, FMT_FP8, 2, 0, 0)", "LINTC1(128, 128, 2, 4, 3, 1)", "LINTC1(256, 64, 8, 2, 3, 1)"}},
+		{"default", def, []string{"struct LinArgs", "LIN_NB(fp8, FMT_FP8, 2, 4, 0, _d0)", "LINV_U(LINV, fp8, FMT_FP8, 1, 0, 0)", "void spin(", "void read_bw4(", "LINTC3(64, 32, 2, 2, 4, 1)", "LINTM(mxfp4, FMT_MXFP4, 128, 64, 4, 2, 4, 1)", "LINTM(fp8, FMT_FP8, 128, 64, 4, 2, 4, 1)"}, []string{"LINV_U(LINV, fp8, FMT_FP8, 2, 0, 0)", "LINTC1(128, 128, 2, 4, 3, 1)", "LINTC1(256, 64, 8, 2, 4, 1)"}},
 		{"bench", bench, []string{"struct LinArgs", "LINV_U(LINV, fp8, FMT_FP8, 2, 0, 0)", "LINW_NB(fp8"}, []string{"void spin(", "LIN_NB(fp8, FMT_FP8, 2, 4, 0, _d0)", "LINV_U(LINV, fp8, FMT_FP8, 1, 0, 0)", "LINTC1(128, 128, 2, 4, 3, 1)"}},
-		{"tc", tcs, []string{"struct LinArgs", "tc_gemm", "LINTC1(128, 128, 2, 4, 3, 1)", "LINTC1(256, 64, 8, 2, 3, 1)"}, []string{"void spin(", "LIN_NB(fp8, FMT_FP8", "LINV_U(LINV, fp8, FMT_FP8, 2", "LINTC3(64, 32, 2, 2, 4, 1)", "LINTM(mxfp4, FMT_MXFP4, 128, 64, 4, 2, 4, 1)"}},
+		{"tc", tcs, []string{"struct LinArgs", "tc_gemm", "LINTC1(128, 128, 2, 4, 3, 1)", "LINTC1(256, 64, 8, 2, 4, 1)"}, []string{"void spin(", "LIN_NB(fp8, FMT_FP8", "LINV_U(LINV, fp8, FMT_FP8, 2", "LINTC3(64, 32, 2, 2, 4, 1)", "LINTM(mxfp4, FMT_MXFP4, 128, 64, 4, 2, 4, 1)"}},
 	} {
 		for _, w := range tc.want {
 			if !strings.Contains(tc.src, w) {
@@ -440,7 +440,8 @@ func TestPlanTC(t *testing.T) {
 		{"expert records of 64 rows", compute.MXFP4, rep([2]int{2048, 4096}, 480), 64, LinearVariant{}, "lintmulti_mxfp4_128x64_w4x2_s4_o1", 16, 1, 480},
 		{"expert records of 39 rows", compute.MXFP4, rep([2]int{2048, 4096}, 480), 39, LinearVariant{}, "lintmulti_mxfp4_64x32_w2x2_s4_o1", 32, 2, 480},
 		{"expert records, tile 2", compute.MXFP4, rep([2]int{4096, 2048}, 240), 64, LinearVariant{Width: WidthTC, Tile: 2}, "lintmulti_mxfp4_64x32_w2x2_s4_o1", 64, 2, 240},
-		{"expert records, tile 16", compute.MXFP4, rep([2]int{4096, 2048}, 240), 256, LinearVariant{Width: WidthTC, Tile: 16}, "lintmulti_mxfp4_256x64_w8x2_s3_o1", 16, 4, 240},
+		{"expert records, tile 16", compute.MXFP4, rep([2]int{4096, 2048}, 240), 256, LinearVariant{Width: WidthTC, Tile: 16}, "lintmulti_mxfp4_256x64_w8x2_s4_o1", 16, 4, 240},
+		{"expert records, tile 17", compute.MXFP4, rep([2]int{2048, 4096}, 480), 128, LinearVariant{Width: WidthTC, Tile: 17}, "lintmulti_mxfp4_256x32_w8x1_s4_o1", 8, 4, 480},
 		{"fp8 shared expert w1, w3", compute.FP8Block, rep([2]int{2048, 4096}, 2), 2048, LinearVariant{}, "lintmulti_fp8_128x64_w4x2_s4_o1", 16, 32, 2},
 		{"fp8 tile 3 falls back", compute.FP8Block, rep([2]int{2048, 4096}, 2), 2048, LinearVariant{Width: WidthTC, Tile: 3}, "lintmulti_fp8_64x32_w2x2_s4_o1", 32, 64, 2},
 		{"bf16 set", compute.BF16, rep([2]int{2048, 4096}, 2), 2048, LinearVariant{}, "lintmulti_bf16_64x32_w2x2_s4_o1", 32, 64, 2},

@@ -1390,7 +1390,7 @@ LINMMA(fp8, FMT_FP8, 1, 4) LINMMA(fp8, FMT_FP8, 2, 4) LINMMA(fp8, FMT_FP8, 4, 4)
 LINMMA(mxfp4, FMT_MXFP4, 1, 8) LINMMA(mxfp4, FMT_MXFP4, 2, 8) LINMMA(mxfp4, FMT_MXFP4, 4, 8)
 //@module tc
 // Tensor-core GEMM family: the tile shapes the automatic choice does not use
-// (LinearVariant.Tile 3..16; multi launches for MXFP4 only: FP8 multi
+// (LinearVariant.Tile 3..17; multi launches for MXFP4 only: FP8 multi
 // launches take tiles 1 and 2, BF16 ones tile 2, both in the default module).
 LINTC1(128, 128, 2, 4, 3, 1)
 LINTC1(128, 128, 4, 2, 3, 1)
@@ -1408,9 +1408,12 @@ LINTX(fp8, FMT_FP8, 128, 128, 2, 4, 4, 1) LINTX(mxfp4, FMT_MXFP4, 128, 128, 2, 4
 // 16 batch rows (expert tiles of a dozen rows: tiles 14 and 15).
 LINTX(fp8, FMT_FP8, 64, 16, 4, 1, 4, 1) LINTX(mxfp4, FMT_MXFP4, 64, 16, 4, 1, 4, 1) LINTXM(mxfp4, FMT_MXFP4, 64, 16, 4, 1, 4, 1)
 LINTC1(64, 16, 4, 1, 4, 1)
-// 256 weight rows x 64 batch rows, 16 warps of 32x32 (tile 16): half the x
-// bytes per product of the 128x64 tile; registers capped at 128.
-LINTC1(256, 64, 8, 2, 3, 1)
+// Tall tiles (16 and 17): warps of 32x32 as in 128x64, fewer x bytes per
+// product (x: 256 bytes a batch row and stage, MXFP4 weights 32 a row).
+// 256x64, 16 warps (registers capped at 128: ptxas 11.8 spills ~128 bytes);
+// 256x32, 8 warps (182 registers, no spills; batch tails of 32 rows).
+LINTC1(256, 64, 8, 2, 4, 1)
+LINTC1(256, 32, 8, 1, 4, 1)
 // Split-K versions of the two automatic tiles (LinearVariant.SplitK > 1).
 LINTK(fp8, FMT_FP8, 128, 64, 4, 2, 4, 1) LINTK(mxfp4, FMT_MXFP4, 128, 64, 4, 2, 4, 1) LINTK(bf16, FMT_BF16, 128, 64, 4, 2, 4, 1)
 LINTK(fp8, FMT_FP8, 64, 32, 2, 2, 4, 1) LINTK(mxfp4, FMT_MXFP4, 64, 32, 2, 2, 4, 1) LINTK(bf16, FMT_BF16, 64, 32, 2, 2, 4, 1)

@@ -37,6 +37,12 @@
 // E8M0 scales are read as 2^(s-127) through the bits s << 23 (s = 0 reads as
 // 0 and s = 255 as infinity rather than 2^-127 and NaN: no sane quantizer
 // emits either), applied per span to the mma result.
+//
+// Programmatic dependent launch: every kernel starts with MOXIE_PDL()
+// (waits for the previous kernel on the stream, then lets the next one
+// launch), so stage 2's blocks are resident and waiting while stage 1's
+// last wave runs, and stage 1's while the kernel before it finishes.
+//@pdl
 
 typedef unsigned char u8;
 typedef unsigned short u16;
@@ -993,12 +999,12 @@ __device__ __forceinline__ void moe_stage2w(const MoeArgs &a) {
 // of 256 threads per SM (B 3: at most 80 registers); the variants of
 // compute/cuda/moe.go's moeVariants.
 #define MOE1(U, UF, DEC, B) \
-  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1_u##U##_f##UF##_d##DEC##_b##B(MoeArgs a) { moe_stage1<U, UF, DEC>(a); }
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1_u##U##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL(); moe_stage1<U, UF, DEC>(a); }
 #define MOE1P(U, UF, DEC, B) \
-  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1p_u##U##_f##UF##_d##DEC##_b##B(MoeArgs a, int *ctr) { moe_stage1p<U, UF, DEC, false>(a, ctr); } \
-  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1pf_u##U##_f##UF##_d##DEC##_b##B(MoeArgs a, int *ctr) { moe_stage1p<U, UF, DEC, true>(a, ctr); }
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1p_u##U##_f##UF##_d##DEC##_b##B(MoeArgs a, int *ctr) { MOXIE_PDL(); moe_stage1p<U, UF, DEC, false>(a, ctr); } \
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1pf_u##U##_f##UF##_d##DEC##_b##B(MoeArgs a, int *ctr) { MOXIE_PDL(); moe_stage1p<U, UF, DEC, true>(a, ctr); }
 #define MOE2(U, UF, DEC, B) \
-  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe2_u##U##_f##UF##_d##DEC##_b##B(MoeArgs a) { moe_stage2<U, UF, DEC>(a); }
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe2_u##U##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL(); moe_stage2<U, UF, DEC>(a); }
 
 MOE1(8, 2, 0, 2) MOE2(8, 4, 0, 2)
 MOE1(4, 1, 0, 3) MOE2(16, 4, 0, 3)
@@ -1008,11 +1014,11 @@ MOE1P(8, 1, 0, 2)
 // The wide family: moe1w_g<G>_f<UF>_d<DEC>_b<B> (moe1wpf_...: with
 // moe_prefetch_w2), moe2w_g<G>_f<UF>_d<DEC>_b<B>.
 #define MOE1W(G, UF, DEC, B) \
-  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1w_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { moe_stage1w<G, UF, DEC, false>(a); }
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1w_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL(); moe_stage1w<G, UF, DEC, false>(a); }
 #define MOE1WPF(G, UF, DEC, B) \
-  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1wpf_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { moe_stage1w<G, UF, DEC, true>(a); }
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1wpf_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL(); moe_stage1w<G, UF, DEC, true>(a); }
 #define MOE2W(G, UF, DEC, B) \
-  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe2w_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { moe_stage2w<G, UF, DEC>(a); }
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe2w_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL(); moe_stage2w<G, UF, DEC>(a); }
 
 MOE1W(2, 2, 0, 2) MOE2W(4, 4, 0, 2)
 MOE1W(1, 2, 0, 2) MOE2W(2, 4, 0, 2)
@@ -1021,6 +1027,6 @@ MOE1WPF(2, 2, 0, 2)
 // The wide family's routed tiles in moe_stage1p's persistent blocks:
 // moe1wp_g<G>_f<UF>_d<DEC>_b<B>.
 #define MOE1WP(G, UF, DEC, B) \
-  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1wp_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a, int *ctr) { moe_stage1p<G, UF, DEC, false, true>(a, ctr); }
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1wp_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a, int *ctr) { MOXIE_PDL(); moe_stage1p<G, UF, DEC, false, true>(a, ctr); }
 
 MOE1WP(1, 1, 0, 2)

@@ -127,6 +127,19 @@ func plannedKernels(t *testing.T) (def, any map[string]string) {
 			}
 		}
 	}
+	// The expert tiles' automatic modes (PrepareExpertTiles) at the V4-Flash
+	// expert shapes: default module.
+	for _, f := range []compute.Format{compute.FP8Block, compute.MXFP4, compute.BF16} {
+		for _, shs := range [][][2]int{{{2048, 4096}, {2048, 4096}}, {{4096, 2048}}} {
+			for _, m := range autoExpertModes {
+				p, ok, err := planMultiTC(f, shs, 128, m.Rows, LinearVariant{Width: WidthTC, Tile: m.Tile}, 132, 232448)
+				if err != nil || !ok {
+					t.Fatalf("expert mode %+v, %v %v: ok %v, %v", m, f, shs, ok, err)
+				}
+				add(def, p.name, fmt.Sprintf("expert tiles, automatic mode %+v, %v %v", m, f, shs))
+			}
+		}
+	}
 	for _, set := range multiTestSets() {
 		for nb := 1; nb <= maxNB; nb++ {
 			why := fmt.Sprintf("multi %v %v batch %d", set.f, set.shape, nb)

@@ -24,7 +24,8 @@ import (
 // (data + scales) read, against read_bw4's ceiling measured first.
 // Sub-benchmarks: <variant>/stage1, <variant>/stage2, <variant>/both (with
 // the shared expert), <variant>/routed (both stages, no shared expert),
-// baseline/both, baseline/routed. MOXIE_BENCH_MOE=u8,persist,baseline limits the
+// <variant>/graph (both, with the shared expert, replayed as a captured
+// CUDA graph: the decode step's figure), baseline/both, baseline/routed. MOXIE_BENCH_MOE=u8,persist,baseline limits the
 // variants (names as MoEVariant.String, and baseline).
 func BenchmarkMoEDecode(b *testing.B) {
 	dev := testDevice(b)
@@ -172,6 +173,30 @@ func BenchmarkMoEDecode(b *testing.B) {
 			bench(v.String()+"/stage2", m.Bytes2, func(i int) error { return c.runMoEStage2(ms[i%nsh], idsAt(i), c.Stream()) })
 			bench(v.String()+"/both", m.Bytes1+m.Bytes2, func(i int) error { return c.RunMoEDecode(ms[i%nsh], idsAt(i), rw, c.Stream()) })
 			bench(v.String()+"/routed", routed.Bytes1+routed.Bytes2, func(i int) error { return c.RunMoEDecode(routed, idsAt(i), rw, c.Stream()) })
+			// Both stages as a captured graph (as the decode step runs them),
+			// one graph per ids rotation (and its shared copy).
+			s := c.Stream()
+			gr := make([]*Graph, 0, nrot)
+			for r := range nrot {
+				if err := c.BeginCapture(s); err != nil {
+					return err
+				}
+				if err := c.RunMoEDecode(ms[r%nsh], idsAt(r), rw, s); err != nil {
+					_, _ = c.EndCapture(s)
+					return err
+				}
+				graph, err := c.EndCapture(s)
+				if err != nil {
+					return fmt.Errorf("capturing %v: %w", v, err)
+				}
+				gr = append(gr, graph)
+			}
+			bench(v.String()+"/graph", m.Bytes1+m.Bytes2, func(i int) error { return c.LaunchGraph(gr[i%nrot], s) })
+			for _, graph := range gr {
+				if err := c.DestroyGraph(graph); err != nil {
+					return err
+				}
+			}
 			for _, mm := range append(ms, routed) {
 				if err := mm.Free(a); err != nil {
 					return err

@@ -685,55 +685,78 @@ func TestLinearTC(t *testing.T) {
 	logMaxErrs(t, maxErr)
 }
 
-// TestCopyToDeviceOrdered checks that a device-side read queued on the
-// compute stream right after CopyToDevice sees the copied bytes: 32 MB of
-// pageable memory, a new pattern each round, copied on the device at once
-// and read back. cuMemcpyHtoD from pageable memory may return before its
-// DMA has landed (CUDA's "API synchronization behavior"), and the legacy
-// stream it runs on does not order the non-blocking compute stream.
+// TestCopyToDeviceOrdered checks that work queued on the compute stream
+// right after CopyFloatsToDevice sees the copied values: 32 MB of pageable
+// memory, new values each round, then at once a kernel adding 1 to the
+// last 1024 floats (run before the copy lands, its sum is overwritten) and
+// a device copy of the whole buffer (run early, it copies stale bytes).
+// cuMemcpyHtoD from pageable memory may return before its DMA has landed
+// (CUDA's "API synchronization behavior"), and the legacy stream it runs
+// on does not order the non-blocking compute stream.
 func TestCopyToDeviceOrdered(t *testing.T) {
 	dev := testDevice(t)
-	const n, rounds = 32 << 20, 8
+	const n, rounds, tail = 8 << 20, 8, 1024 // floats
 	err := dev.Do(func(c *Ctx) error {
-		a, err := c.NewArena(2*n + 1<<20)
+		m, err := c.linearModule()
+		if err != nil {
+			return err
+		}
+		add, err := m.Kernel("tiny_add")
+		if err != nil {
+			return err
+		}
+		a, err := c.NewArena(8*n + 1<<20)
 		if err != nil {
 			return err
 		}
 		defer c.ReleaseArena(a)
-		src, err := a.Alloc(n)
+		src, err := a.Alloc(4 * n)
 		if err != nil {
 			return err
 		}
-		dst, err := a.Alloc(n)
+		dst, err := a.Alloc(4 * n)
 		if err != nil {
 			return err
 		}
-		host, back := make([]byte, n), make([]byte, n)
+		host, back, cp := make([]float32, n), make([]float32, n), make([]float32, n)
 		for r := range rounds {
 			for i := range host {
-				host[i] = byte(i*7 + r*31 + i>>12)
+				host[i] = float32((i*7 + r*131) % 4093)
 			}
-			if err := c.CopyToDevice(src, host); err != nil {
+			if err := c.CopyFloatsToDevice(src, host); err != nil {
 				return err
 			}
-			if err := c.CopyAsync(dst, src, n, c.Stream()); err != nil {
+			p, one := src+DevicePtr(4*(n-tail)), float32(1)
+			if err := c.Launch(add, Dim3{X: 1}, Dim3{X: tail}, 0, c.Stream(), unsafe.Pointer(&p), unsafe.Pointer(&one)); err != nil {
 				return err
 			}
-			if err := c.CopyFromDevice(back, dst); err != nil {
+			if err := c.CopyAsync(dst, src, 4*n, c.Stream()); err != nil {
 				return err
 			}
-			for i := range back {
-				if back[i] != host[i] {
-					first := i
-					bad := 0
-					for j := i; j < n; j++ {
-						if back[j] != host[j] {
-							bad++
-						}
-					}
-					t.Errorf("round %d: %d of %d bytes stale, the first at %d (the copy had not landed when the stream read it)", r, bad, n, first)
-					break
+			if err := c.CopyFloatsFromDevice(back, src); err != nil {
+				return err
+			}
+			if err := c.CopyFloatsFromDevice(cp, dst); err != nil {
+				return err
+			}
+			want := func(i int) float32 {
+				if i >= n-tail {
+					return host[i] + 1
 				}
+				return host[i]
+			}
+			bad, first := 0, -1
+			for i := range back {
+				if back[i] != want(i) || cp[i] != want(i) {
+					bad++
+					if first < 0 {
+						first = i
+					}
+				}
+			}
+			if bad > 0 {
+				t.Errorf("round %d: %d of %d floats wrong, the first at %d (%g, copied %g, want %g): the stream ran before the upload landed",
+					r, bad, n, first, back[first], cp[first], want(first))
 			}
 		}
 		return nil

@@ -84,12 +84,17 @@ const (
 	// the wide family's routed tiles (G 1, FP8 spans 1); stage 2 as
 	// MoEWide. Same model-dim limit as MoEPersist.
 	MoEWideP
+	// MoEWide3: MoEWide's stage 1 compiled for 3 blocks an SM (G 1, FP8
+	// spans 1, at most 80 registers: more warps and blocks to overlap each
+	// block's setup and latency, fewer loads each); stage 2 as MoEWide.
+	MoEWide3
 	moeVariantCount
 )
 
 // moeVariants: kernel parameters of each MoEVariant (U1, U2 routed spans
 // per chunk, UF1, UF2 the FP8 shared expert's 64-column spans per chunk,
-// DEC the decoder, B blocks per SM, persist: stage 1 persistent, pf: and
+// DEC the decoder, B blocks per SM (B2 stage 2's when not 0), persist:
+// stage 1 persistent, pf: and
 // prefetching stage 2's weights (wide: from stage 1's last wave); wide:
 // the wide family, U1 and U2 then its 4-span groups per chunk).
 var moeVariants = [moeVariantCount]struct {
@@ -97,6 +102,7 @@ var moeVariants = [moeVariantCount]struct {
 	u1, uf1 int
 	u2, uf2 int
 	dec, b  int
+	b2      int
 	persist bool
 	pf      bool
 	wide    bool
@@ -110,6 +116,7 @@ var moeVariants = [moeVariantCount]struct {
 	MoEWide1:     {name: "wide1", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true},
 	MoEWidePF:    {name: "widepf", u1: 2, uf1: 2, u2: 4, uf2: 4, b: 2, wide: true, pf: true},
 	MoEWideP:     {name: "widep", u1: 1, uf1: 1, u2: 4, uf2: 4, b: 2, wide: true, persist: true},
+	MoEWide3:     {name: "wide3", u1: 1, uf1: 1, u2: 4, uf2: 4, b: 3, b2: 2, wide: true},
 }
 
 func (v MoEVariant) String() string {
@@ -125,7 +132,7 @@ func (v MoEVariant) String() string {
 const MoEPreferred = MoEDefault
 
 // ParseMoEVariant returns the variant named s (its String form: u8, occ3,
-// u8cvt, persist, persistpf, wide, wide1, widepf, widep; "" is
+// u8cvt, persist, persistpf, wide, wide1, widepf, widep, wide3; "" is
 // MoEPreferred), e.g. from an environment variable.
 func ParseMoEVariant(s string) (MoEVariant, error) {
 	if s == "" {
@@ -144,6 +151,10 @@ func ParseMoEVariant(s string) (MoEVariant, error) {
 // moeKernelNames returns the stage 1 and stage 2 kernel names of v.
 func moeKernelNames(v MoEVariant) (string, string) {
 	p := moeVariants[v]
+	b2 := p.b
+	if p.b2 != 0 {
+		b2 = p.b2
+	}
 	if p.wide {
 		s1 := "moe1w"
 		switch {
@@ -152,7 +163,7 @@ func moeKernelNames(v MoEVariant) (string, string) {
 		case p.pf:
 			s1 = "moe1wpf"
 		}
-		return fmt.Sprintf("%s_g%d_f%d_d%d_b%d", s1, p.u1, p.uf1, p.dec, p.b), fmt.Sprintf("moe2w_g%d_f%d_d%d_b%d", p.u2, p.uf2, p.dec, p.b)
+		return fmt.Sprintf("%s_g%d_f%d_d%d_b%d", s1, p.u1, p.uf1, p.dec, p.b), fmt.Sprintf("moe2w_g%d_f%d_d%d_b%d", p.u2, p.uf2, p.dec, b2)
 	}
 	s1 := "moe1"
 	switch {
@@ -161,7 +172,7 @@ func moeKernelNames(v MoEVariant) (string, string) {
 	case p.persist:
 		s1 = "moe1p"
 	}
-	return fmt.Sprintf("%s_u%d_f%d_d%d_b%d", s1, p.u1, p.uf1, p.dec, p.b), fmt.Sprintf("moe2_u%d_f%d_d%d_b%d", p.u2, p.uf2, p.dec, p.b)
+	return fmt.Sprintf("%s_u%d_f%d_d%d_b%d", s1, p.u1, p.uf1, p.dec, p.b), fmt.Sprintf("moe2_u%d_f%d_d%d_b%d", p.u2, p.uf2, p.dec, b2)
 }
 
 // moeThreads is MOE_THREADS in kernels/moe.cu.
@@ -317,7 +328,7 @@ func MoEDecodeScratch(t *ExpertTable, K int, sh *SharedExpert) int {
 // CopyTableExpert repointing works, provided every weight put into t is
 // MXFP4 of t's shape with its data 16-byte and its scales 4-byte aligned
 // (arena allocations are). The wide variants (MoEWide, MoEWide1,
-// MoEWidePF, MoEWideP) take K·I + Is up to 40,960.
+// MoEWidePF, MoEWideP, MoEWide3) take K·I + Is up to 40,960.
 // Activations x and h must stay below 65504 in magnitude (f16 hi parts).
 func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert, x, out DevicePtr, limit float32, v MoEVariant) (*MoEDecode, error) {
 	is, bshift, err := moeShapes(t, K, sh, limit, v)

@@ -368,7 +368,7 @@ func TestMoEShapes(t *testing.T) {
 		{"inter 2000", table(4096, 2000), 6, nil, 0, 0, "expert width 2000"},
 		{"limit NaN", good, 6, nil, float32(math.NaN()), 0, "limit NaN"},
 		{"limit -1", good, 6, nil, -1, 0, "limit -1"},
-		{"variant 9", good, 6, nil, 0, 9, "unknown variant 9"},
+		{"variant 99", good, 6, nil, 0, 99, "unknown variant 99"},
 		{"persist dim 8192 shared", table(8192, 2048), 6, &SharedExpert{W1: f8(2048, 8192, 128), W3: f8(2048, 8192, 128), W2: f8(8192, 2048, 128)}, 0, MoEPersist, "variant persist with a shared expert takes a model dim up to 5632, not 8192"},
 		{"persist dim 8192", table(8192, 2048), 6, nil, 0, MoEPersist, ""},
 		{"default dim 8192 shared", table(8192, 2048), 6, &SharedExpert{W1: f8(2048, 8192, 128), W3: f8(2048, 8192, 128), W2: f8(8192, 2048, 128)}, 0, MoEDefault, ""},

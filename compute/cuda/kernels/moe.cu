@@ -1023,6 +1023,7 @@ MOE1P(8, 1, 0, 2)
 MOE1W(2, 2, 0, 2) MOE2W(4, 4, 0, 2)
 MOE1W(1, 2, 0, 2) MOE2W(2, 4, 0, 2)
 MOE1WPF(2, 2, 0, 2)
+MOE1W(1, 1, 0, 3)
 
 // The wide family's routed tiles in moe_stage1p's persistent blocks:
 // moe1wp_g<G>_f<UF>_d<DEC>_b<B>.

@@ -94,9 +94,9 @@ const (
 // moeVariants: kernel parameters of each MoEVariant (U1, U2 routed spans
 // per chunk, UF1, UF2 the FP8 shared expert's 64-column spans per chunk,
 // DEC the decoder, B blocks per SM (B2 stage 2's when not 0), persist:
-// stage 1 persistent, pf: and
-// prefetching stage 2's weights (wide: from stage 1's last wave); wide:
-// the wide family, U1 and U2 then its 4-span groups per chunk).
+// stage 1 persistent, pf: and prefetching stage 2's weights (wide: from
+// stage 1's last wave); wide: the wide family, U1 and U2 then its 4-span
+// groups per chunk).
 var moeVariants = [moeVariantCount]struct {
 	name    string
 	u1, uf1 int
@@ -186,8 +186,9 @@ const moeStatic = 4 << 10
 const moeMaxK = 64
 
 // moeWideH bounds the wide stage 2's copy of h in dynamic shared memory,
-// bytes (4·(K·I + Is); 57,344 at V4-Flash shapes): room for two blocks an
-// SM on sm_90 with the static shared memory beside it.
+// bytes (4·(K·I + Is); 57,344 at V4-Flash shapes): below sm_90's 227 KiB
+// opt-in with the static part beside it (two blocks an SM fit up to about
+// 110 KiB, one above).
 const moeWideH = 160 << 10
 
 // moeArgs mirrors struct MoeArgs in kernels/moe.cu (136 bytes; the .cu

@@ -57,12 +57,20 @@ func (c *Ctx) NewArena(n int) (*Arena, error) {
 // ReleaseArena frees an arena's block; every pointer from it becomes invalid.
 func (c *Ctx) ReleaseArena(a *Arena) error { return c.lib.MemFree(a.Base()) }
 
-// CopyToDevice copies src to dst synchronously (pageable source).
+// CopyToDevice copies src to dst after the work already queued on the
+// compute stream and returns when the bytes are on the device (pageable
+// source). A plain cuMemcpyHtoD from pageable memory may return before its
+// DMA has finished and is not ordered with the compute stream (a
+// non-blocking stream): a kernel queued right after it could read the old
+// bytes, and the copy could overwrite a buffer a queued kernel still reads.
 func (c *Ctx) CopyToDevice(dst DevicePtr, src []byte) error {
 	if len(src) == 0 {
 		return nil
 	}
-	err := c.lib.MemcpyHtoD(dst, unsafe.Pointer(&src[0]), uint64(len(src)))
+	err := c.lib.MemcpyHtoDAsync(dst, unsafe.Pointer(&src[0]), uint64(len(src)), c.stream.s)
+	if err == nil {
+		err = c.lib.StreamSynchronize(c.stream.s)
+	}
 	runtime.KeepAlive(src)
 	return err
 }

@@ -2,7 +2,9 @@ package cuda
 
 import (
 	_ "embed"
+	"fmt"
 	"math"
+	"os"
 	"structs"
 	"unsafe"
 )
@@ -51,13 +53,17 @@ func rmsThreads(dim int) int { return min(1024, max(32, (dim+3)/4/32*32)) }
 //	Pre, PostOut, CombOut = HCMix(x')  (HCHeadNorm: Pre = HCHeadPre(x'))
 //	A = RMS(Σ_j Pre_j·x'_j; Norm)      (HCCollapse, then RMSNorm)
 //
-// Two kernels run in stream order: the first reads X, O, Post and Comb and
-// writes XOut and the dot-product partials (Scratch); the second reads the
-// partials and x' and writes Pre, PostOut, CombOut and A. So PostOut and
-// CombOut may be the same buffers as Post and Comb (the previous
-// coefficients are consumed before the new ones are written); XOut must
-// not overlap X, O, Post or Comb, and A must not overlap X, XOut, Pre,
-// PostOut, CombOut or Scratch (it may be O).
+// With Counters set (and $MOXIE_CUDA_HCFUSE not "two") one kernel runs the
+// boundary: its blocks form the dot-product partials (Scratch) and x'
+// (XOut), and the last block to finish them writes Pre, PostOut, CombOut
+// and A. Otherwise two kernels run in stream order: the first reads X, O,
+// Post and Comb and writes XOut and the partials; the second reads the
+// partials and x' and writes Pre, PostOut, CombOut and A. Either way every
+// read of X, O, Post and Comb comes before the first write of the new
+// coefficients or A, so PostOut and CombOut may be the same buffers as Post
+// and Comb; XOut must not overlap X, O, Post or Comb, and A must not
+// overlap X, XOut, Pre, PostOut, CombOut or Scratch (it may be O). Both
+// paths give the same bits.
 type HCNorm struct {
 	// X [T, HC, D]: the streams entering the boundary (the previous
 	// sublayer's input when O != 0). 16-byte aligned.
@@ -81,8 +87,74 @@ type HCNorm struct {
 	// HCNormScratchBytes(HC, D, T) bytes, owned by the caller; fused
 	// boundaries on one stream may share it.
 	Scratch DevicePtr
+	// Counters (int32 [HCNormCounterBytes(T)/4], 4-byte aligned, owned by
+	// the caller) selects the one-kernel boundary: its blocks count their
+	// arrivals there. It must be zero before the first boundary that uses
+	// it (Ctx.Memset once after allocating); every boundary leaves it zero,
+	// so boundaries on one stream (and replays of a captured graph) may
+	// share it, but no two boundaries in flight at once. 0 selects the
+	// two-kernel boundary.
+	Counters DevicePtr
 	// T is the number of tokens (at least 1).
 	T int
+}
+
+// HCNormCounterBytes is the Counters size of a boundary of T tokens: one
+// int32 per group of 4 tokens (0 for T <= 0).
+func HCNormCounterBytes(T int) int {
+	if T <= 0 {
+		return 0
+	}
+	return 4 * ((T + hcSplitTB - 1) / hcSplitTB)
+}
+
+// HCFuseVariant is the sublayer-boundary implementation HCMixNorm and
+// HCHeadNorm run (ParseHCFuseVariant reads $MOXIE_CUDA_HCFUSE).
+type HCFuseVariant int
+
+const (
+	// HCFuseOne is the one-kernel boundary (fuse_hc_one), used when the
+	// call sets HCNorm.Counters; the default.
+	HCFuseOne HCFuseVariant = iota
+	// HCFuseTwo is the two-kernel boundary (fuse_hc_dots or hc_split_dots,
+	// then fuse_hc_finish), whatever Counters says.
+	HCFuseTwo
+)
+
+func (v HCFuseVariant) String() string {
+	if v == HCFuseTwo {
+		return "two"
+	}
+	return "one"
+}
+
+// ParseHCFuseVariant parses a $MOXIE_CUDA_HCFUSE value: "" or "one"
+// (HCFuseOne), "two" (HCFuseTwo); anything else is an error naming the
+// variable.
+func ParseHCFuseVariant(v string) (HCFuseVariant, error) {
+	switch v {
+	case "", "one":
+		return HCFuseOne, nil
+	case "two":
+		return HCFuseTwo, nil
+	}
+	return 0, fmt.Errorf("MOXIE_CUDA_HCFUSE=%q: want one or two (or unset for the default, one)", v)
+}
+
+// hcOneThreads is the number of dot-product threads per fuse_hc_one block
+// the launch aims at (HCO_MAXDOTS at most): that many threads of
+// hc_split_dots's virtual blocks, plus the Sinkhorn warp.
+const hcOneThreads = 256
+
+// hcOneMaxDots is HCO_MAXDOTS in kernels/fuse.cu.
+const hcOneMaxDots = 256
+
+// hcOneArgs mirrors struct HCOneArgs in kernels/fuse.cu.
+type hcOneArgs struct {
+	_                                                                           structs.HostLayout
+	Part, Ctr, X, O, Post0, Comb0, XOut, Fn, Pre, Post, Comb, A, W, Base, Scale uint64
+	Fmt, N, NM, CQ, RB, Batch, HC, Dim, S, Groups, V, VThreads, Iters, Head, VT int32
+	Eps, NormEps, RMSEps                                                        float32
 }
 
 // HCNormScratchBytes is the Scratch size HCMixNorm and HCHeadNorm need for
@@ -119,6 +191,20 @@ func (c *Ctx) HCHeadNorm(a *HCNorm, p *HC, s Stream) error {
 }
 
 func (c *Ctx) hcNorm(op string, a *HCNorm, p *HC, head int32, s Stream) error {
+	v := HCFuseOne
+	if a != nil && a.Counters != 0 {
+		var err error
+		if v, err = ParseHCFuseVariant(os.Getenv("MOXIE_CUDA_HCFUSE")); err != nil {
+			return opErr(op, "%v", err)
+		}
+	}
+	return c.hcNormVariant(op, a, p, head, v, hcOneThreads, s)
+}
+
+// hcNormVariant is hcNorm with the variant chosen (HCFuseOne runs only with
+// Counters set) and, for HCFuseOne, the dot-product threads per block the
+// launch aims at (32..hcOneMaxDots).
+func (c *Ctx) hcNormVariant(op string, a *HCNorm, p *HC, head int32, variant HCFuseVariant, oneThreads int, s Stream) error {
 	if a == nil || p == nil {
 		return opErr(op, "nil arguments or HC parameters")
 	}
@@ -148,8 +234,13 @@ func (c *Ctx) hcNorm(op string, a *HCNorm, p *HC, head int32, s Stream) error {
 		return opErr(op, "A %#x aliases X, XOut, Pre, PostOut, CombOut or Scratch", a.A)
 	case math.IsNaN(float64(a.Eps)) || a.Eps < 0:
 		return opErr(op, "Eps %g: want >= 0", a.Eps)
+	case a.Counters%4 != 0 || (a.Counters != 0 && (a.Counters == a.Scratch || a.Counters == a.A)):
+		return opErr(op, "Counters %#x: want 4-byte aligned, not Scratch or A", a.Counters)
 	}
 	rb, groups, splits, cq, threads := hcSplitShape(rows, n)
+	if variant == HCFuseOne && a.Counters != 0 {
+		return c.hcNormOne(a, p, head, code, rb, groups, splits, cq, threads, oneThreads, s)
+	}
 	fn, part := p.Fn.Data, a.Scratch
 	hc, n32, d32, nm, b32 := int32(p.HC), int32(n), int32(D), int32(rows), int32(T)
 	s32, cq32, rb32 := int32(splits), int32(cq), int32(rb)
@@ -176,6 +267,43 @@ func (c *Ctx) hcNorm(op string, a *HCNorm, p *HC, head int32, s Stream) error {
 	return c.launchFuse("fuse_hc_finish", Dim3{X: uint32(T), Y: roles}, Dim3{X: uint32(rmsThreads(D))}, 4*(rows+1)*splits, s,
 		ptr(&pre), ptr(&post), ptr(&comb), ptr(&out), ptr(&xs), ptr(&norm), ptr(&part), ptr(&base), ptr(&scale),
 		ptr(&hc), ptr(&d32), ptr(&nm), ptr(&s32), ptr(&iters), ptr(&eps), ptr(&neps), ptr(&head), ptr(&reps))
+}
+
+// hcOneShape returns fuse_hc_one's launch shape for hc_split_dots's shape
+// (groups × splits blocks of threads) and a target of oneThreads
+// dot-product threads per block: v virtual blocks per block, blocks per
+// token group, and the block size (v·threads plus the Sinkhorn warp).
+func hcOneShape(groups, splits, threads, oneThreads int) (v, blocks, blockDim int) {
+	v = max(1, min(oneThreads, hcOneMaxDots)/threads)
+	v = min(v, groups*splits)
+	blocks = (groups*splits + v - 1) / v
+	return v, blocks, v*threads + 32
+}
+
+// hcNormOne launches fuse_hc_one for a checked HCNorm (see hcNormVariant).
+func (c *Ctx) hcNormOne(a *HCNorm, p *HC, head, code int32, rb, groups, splits, cq, threads, oneThreads int, s Stream) error {
+	v, blocks, bd := hcOneShape(groups, splits, threads, oneThreads)
+	D := p.Fn.Cols / p.HC
+	args := hcOneArgs{
+		Part: uint64(a.Scratch), Ctr: uint64(a.Counters), X: uint64(a.X), Fn: uint64(p.Fn.Data),
+		Pre: uint64(a.Pre), A: uint64(a.A), W: uint64(a.Norm), Base: uint64(p.Base), Scale: uint64(p.Scale),
+		Fmt: code, N: int32(p.Fn.Cols), NM: int32(p.Fn.Rows), CQ: int32(cq), RB: int32(rb), Batch: int32(a.T),
+		HC: int32(p.HC), Dim: int32(D), S: int32(splits), Groups: int32(groups), V: int32(v), VThreads: int32(threads),
+		Iters: int32(p.Iters), Head: head, VT: int32(rmsThreads(D)),
+		Eps: p.Eps, NormEps: p.NormEps, RMSEps: a.Eps,
+	}
+	if a.O != 0 {
+		args.O, args.Post0, args.Comb0, args.XOut = uint64(a.O), uint64(a.Post), uint64(a.Comb), uint64(a.XOut)
+	}
+	if head == 0 {
+		args.Post, args.Comb = uint64(a.PostOut), uint64(a.CombOut)
+	}
+	grid := Dim3{X: uint32(blocks), Y: 1, Z: uint32((a.T + hcSplitTB - 1) / hcSplitTB)}
+	kernel := "fuse_hc_one"
+	if p.HC == 4 {
+		kernel = "fuse_hc_one4"
+	}
+	return c.launchFuse(kernel, grid, Dim3{X: uint32(bd)}, 0, s, ptr(&args))
 }
 
 // RowOp is one operation of a RowOps launch: each of Rows rows of Dim

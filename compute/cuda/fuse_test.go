@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -90,6 +91,19 @@ func TestFuseHCNorm(t *testing.T) {
 	})
 }
 
+// hcNormVariants are the boundary implementations TestFuseHCNorm checks:
+// the two-kernel one and the one-kernel one at the default block shape and
+// at one virtual block per block (two collapse warps: the generic collapse).
+var hcNormVariants = []struct {
+	name    string
+	variant HCFuseVariant
+	threads int
+}{
+	{"two", HCFuseTwo, 0},
+	{"one", HCFuseOne, hcOneThreads},
+	{"one64", HCFuseOne, 64},
+}
+
 func testHCNorm(t *testing.T, rng *rand.Rand, tc hcNormCase, T int, head, expand bool) {
 	hc, D := tc.hc, tc.D
 	n := hc * D
@@ -115,11 +129,14 @@ func testHCNorm(t *testing.T, rng *rand.Rand, tc hcNormCase, T int, head, expand
 	}
 	const eps = 1e-6
 	type out struct{ xs, pre, post, comb, a []float32 }
-	var fu, un out
+	var un out
+	fus := make([]out, len(hcNormVariants))
+	warm := make([]out, len(hcNormVariants)) // the one-kernel variants' first launch on the same counters
+	ctrs := make([][]int32, len(hcNormVariants))
+	nctr := HCNormCounterBytes(T) / 4
 	onDevice(t, func(c *Ctx, d *devBufs) {
 		p := &HC{Fn: d.weight(fd), Base: d.floats(base), Scale: d.floats(scale), HC: hc, Iters: 20, Eps: 1e-6, NormEps: 1e-6}
 		dx, do, dp0, dc0 := d.floats(x), d.floats(o), d.floats(post0), d.floats(comb0)
-		dp1, dc1 := d.floats(post0), d.floats(comb0) // the fused op's coefficients, updated in place
 		var dw DevicePtr
 		if w != nil {
 			dw = d.floats(w)
@@ -142,33 +159,88 @@ func testHCNorm(t *testing.T, rng *rand.Rand, tc hcNormCase, T int, head, expand
 		}
 		d.check(c.HCCollapse(aU, xsU, preU, hc, D, T, s))
 		d.check(c.RMSNorm(aU, aU, dw, T, D, eps, s))
-		// The fused op, Post/Comb and PostOut/CombOut the same buffers.
-		args := &HCNorm{X: dx, Pre: d.poisoned(T * hc), PostOut: dp1, CombOut: dc1, A: d.poisoned(T * D), Norm: dw, Eps: eps, Scratch: scratch, T: T}
+		un.a, un.pre = d.getFloats(aU, T*D), d.getFloats(preU, T*hc)
 		if expand {
-			args.O, args.Post, args.Comb, args.XOut = do, dp1, dc1, d.poisoned(T*n)
-		}
-		if d.err == nil {
-			if head {
-				d.check(c.HCHeadNorm(args, p, s))
-			} else {
-				d.check(c.HCMixNorm(args, p, s))
-			}
-		}
-		un.a, fu.a = d.getFloats(aU, T*D), d.getFloats(args.A, T*D)
-		un.pre, fu.pre = d.getFloats(preU, T*hc), d.getFloats(args.Pre, T*hc)
-		if expand {
-			un.xs, fu.xs = d.getFloats(xsU, T*n), d.getFloats(args.XOut, T*n)
+			un.xs = d.getFloats(xsU, T*n)
 		}
 		if !head {
-			un.post, fu.post = d.getFloats(postU, T*hc), d.getFloats(dp1, T*hc)
-			un.comb, fu.comb = d.getFloats(combU, T*hc*hc), d.getFloats(dc1, T*hc*hc)
-		} else {
-			fu.post, fu.comb = d.getFloats(dp1, T*hc), d.getFloats(dc1, T*hc*hc)
+			un.post, un.comb = d.getFloats(postU, T*hc), d.getFloats(combU, T*hc*hc)
+		}
+		// The fused op, Post/Comb and PostOut/CombOut the same buffers.
+		run := func(v int, ctr DevicePtr) out {
+			dp1, dc1 := d.floats(post0), d.floats(comb0) // the coefficients, updated in place
+			d.synced()
+			args := &HCNorm{X: dx, Pre: d.poisoned(T * hc), PostOut: dp1, CombOut: dc1, A: d.poisoned(T * D), Norm: dw, Eps: eps, Scratch: scratch, Counters: ctr, T: T}
+			if expand {
+				args.O, args.Post, args.Comb, args.XOut = do, dp1, dc1, d.poisoned(T*n)
+			}
+			if d.err == nil {
+				op, h := "HCMixNorm", int32(0)
+				if head {
+					op, h = "HCHeadNorm", 1
+				}
+				vr := hcNormVariants[v]
+				d.check(c.hcNormVariant(op, args, p, h, vr.variant, vr.threads, s))
+			}
+			var f out
+			f.a, f.pre = d.getFloats(args.A, T*D), d.getFloats(args.Pre, T*hc)
+			if expand {
+				f.xs = d.getFloats(args.XOut, T*n)
+			}
+			f.post, f.comb = d.getFloats(dp1, T*hc), d.getFloats(dc1, T*hc*hc)
+			return f
+		}
+		for v, vr := range hcNormVariants {
+			var ctr DevicePtr
+			if vr.variant == HCFuseOne {
+				ctr = d.alloc(4 * nctr)
+				if d.err == nil {
+					d.check(c.Memset(ctr, 0, 4*nctr, s))
+				}
+				warm[v] = run(v, ctr)
+			}
+			fus[v] = run(v, ctr)
+			if ctr != 0 {
+				ctrs[v] = d.getInt32s(ctr, nctr)
+			}
 		}
 	})
 	if t.Failed() {
 		return
 	}
+	for v, vr := range hcNormVariants {
+		t.Run(vr.name, func(t *testing.T) {
+			fu := fus[v]
+			if vr.variant == HCFuseOne {
+				for i, k := range ctrs[v] {
+					if k != 0 {
+						t.Errorf("counter %d is %d after the boundary, want 0", i, k)
+					}
+				}
+				// The second launch on the same counters repeats the first.
+				wu := warm[v]
+				for _, c := range []struct {
+					what string
+					f, w []float32
+				}{{"a", fu.a, wu.a}, {"pre", fu.pre, wu.pre}, {"post", fu.post, wu.post}, {"comb", fu.comb, wu.comb}, {"x'", fu.xs, wu.xs}} {
+					if !bitsEqual(c.f, c.w) {
+						t.Errorf("%s: second launch on the same counters differs from the first", c.what)
+					}
+				}
+			}
+			checkHCNorm(t, tc, T, head, expand, fd, base, scale, x, o, post0, comb0, w, fu.xs, fu.pre, fu.post, fu.comb, fu.a, un.xs, un.pre, un.post, un.comb, un.a)
+		})
+	}
+}
+
+// checkHCNorm compares one fused boundary's results (fu*) with the unfused
+// chain's (un*) and with the float64 composition.
+func checkHCNorm(t *testing.T, tc hcNormCase, T int, head, expand bool, fd compute.WeightData, base, scale, x, o, post0, comb0, w []float32,
+	fuXs, fuPre, fuPost, fuComb, fuA, unXs, unPre, unPost, unComb, unA []float32) {
+	t.Helper()
+	hc, D := tc.hc, tc.D
+	n := hc * D
+	const eps = 1e-6
 	// Against the unfused chain: the same operations while HCMix takes its
 	// split path (batches up to hcSmallBatch); beyond, HCMix sums its dots in
 	// another order and the bound is HCMix's own.
@@ -177,18 +249,18 @@ func testHCNorm(t *testing.T, rng *rand.Rand, tc hcNormCase, T int, head, expand
 		tol = computetest.TolHCMix
 	}
 	if expand {
-		fuseCmp(t, "x'", fu.xs, un.xs, fuseTol)
+		fuseCmp(t, "x'", fuXs, unXs, fuseTol)
 	}
-	fuseCmp(t, "pre", fu.pre, un.pre, tol)
+	fuseCmp(t, "pre", fuPre, unPre, tol)
 	if head {
-		if !bitsEqual(fu.post, post0) || !bitsEqual(fu.comb, comb0) {
+		if !bitsEqual(fuPost, post0) || !bitsEqual(fuComb, comb0) {
 			t.Errorf("HCHeadNorm changed Post or Comb")
 		}
 	} else {
-		fuseCmp(t, "post", fu.post, un.post, tol)
-		fuseCmp(t, "comb", fu.comb, un.comb, tol)
+		fuseCmp(t, "post", fuPost, unPost, tol)
+		fuseCmp(t, "comb", fuComb, unComb, tol)
 	}
-	fuseCmp(t, "a", fu.a, un.a, tol)
+	fuseCmp(t, "a", fuA, unA, tol)
 	// Against the float64 composition.
 	fn := ref.Dequant(fd)
 	var w64 []float64
@@ -199,7 +271,7 @@ func testHCNorm(t *testing.T, rng *rand.Rand, tc hcNormCase, T int, head, expand
 		xs := f64s(x[b*n : (b+1)*n])
 		if expand {
 			xs = ref.HCExpand(xs, f64s(o[b*D:(b+1)*D]), f64s(post0[b*hc:(b+1)*hc]), f64s(comb0[b*hc*hc:(b+1)*hc*hc]), hc, D)
-			expectRel(t, fmt.Sprint("ref x' ", b), fu.xs[b*n:(b+1)*n], xs, computetest.TolElemwise)
+			expectRel(t, fmt.Sprint("ref x' ", b), fuXs[b*n:(b+1)*n], xs, computetest.TolElemwise)
 		}
 		var pre []float64
 		if head {
@@ -207,12 +279,12 @@ func testHCNorm(t *testing.T, rng *rand.Rand, tc hcNormCase, T int, head, expand
 		} else {
 			var post, comb []float64
 			pre, post, comb = ref.HCMix(xs, fn, f64s(base), f64s(scale), hc, 20, 1e-6, 1e-6)
-			expectRel(t, fmt.Sprint("ref post ", b), fu.post[b*hc:(b+1)*hc], post, computetest.TolHCMix)
-			expectRel(t, fmt.Sprint("ref comb ", b), fu.comb[b*hc*hc:(b+1)*hc*hc], comb, computetest.TolHCMix)
+			expectRel(t, fmt.Sprint("ref post ", b), fuPost[b*hc:(b+1)*hc], post, computetest.TolHCMix)
+			expectRel(t, fmt.Sprint("ref comb ", b), fuComb[b*hc*hc:(b+1)*hc*hc], comb, computetest.TolHCMix)
 		}
-		expectRel(t, fmt.Sprint("ref pre ", b), fu.pre[b*hc:(b+1)*hc], pre, computetest.TolHCMix)
+		expectRel(t, fmt.Sprint("ref pre ", b), fuPre[b*hc:(b+1)*hc], pre, computetest.TolHCMix)
 		a := ref.RMSNorm(ref.HCCollapse(xs, pre, hc, D), w64, D, eps)
-		expectRel(t, fmt.Sprint("ref a ", b), fu.a[b*D:(b+1)*D], a, computetest.TolHCMix)
+		expectRel(t, fmt.Sprint("ref a ", b), fuA[b*D:(b+1)*D], a, computetest.TolHCMix)
 	}
 }
 
@@ -518,6 +590,9 @@ func TestFuseErrors(t *testing.T) {
 		{"HCMixNorm", func() error { return c.HCMixNorm(with(func(a *HCNorm) { a.A = PostOut }), mix, s) }},
 		{"HCMixNorm", func() error { return c.HCMixNorm(with(func(a *HCNorm) { a.Eps = float32(math.NaN()) }), mix, s) }},
 		{"HCHeadNorm", func() error { return c.HCHeadNorm(with(func(a *HCNorm) { a.Pre = 0 }), hd, s) }},
+		{"HCMixNorm", func() error { return c.HCMixNorm(with(func(a *HCNorm) { a.Counters = misaligned + 2 }), mix, s) }},
+		{"HCMixNorm", func() error { return c.HCMixNorm(with(func(a *HCNorm) { a.Counters = Scratch }), mix, s) }},
+		{"HCHeadNorm", func() error { return c.HCHeadNorm(with(func(a *HCNorm) { a.Counters = A }), hd, s) }},
 		{"QNormRoPE", func() error { return c.QNormRoPE(X, pos, freq, 1, 64, 16, 9, 1e-6, s) }}, // 2·9 > 16
 		{"QNormRoPE", func() error { return c.QNormRoPE(X, pos, freq, 0, 64, 16, 4, 1e-6, s) }},
 		{"QNormRoPE", func() error { return c.QNormRoPE(X, 0, freq, 1, 64, 16, 4, 1e-6, s) }},
@@ -538,6 +613,60 @@ func TestFuseErrors(t *testing.T) {
 		{"RoPEScale", func() error { return c.RoPEScale(X, pos, freq, 2, 64, 16, 4, ydst, 1, -1, s) }},
 	}
 	expectOpErrors(t, cases)
+}
+
+// TestHCFuseSwitch checks $MOXIE_CUDA_HCFUSE's values and that a bad one
+// is an error naming the variable when a boundary would read it (with
+// Counters set), before anything touches the device.
+func TestHCFuseSwitch(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want HCFuseVariant
+		ok   bool
+	}{{"", HCFuseOne, true}, {"one", HCFuseOne, true}, {"two", HCFuseTwo, true}, {"One", 0, false}, {"2", 0, false}} {
+		t.Run(fmt.Sprintf("%q", tc.in), func(t *testing.T) {
+			v, err := ParseHCFuseVariant(tc.in)
+			switch {
+			case tc.ok && (err != nil || v != tc.want):
+				t.Errorf("got %v, %v; want %v", v, err, tc.want)
+			case !tc.ok && (err == nil || !strings.Contains(err.Error(), "MOXIE_CUDA_HCFUSE")):
+				t.Errorf("got %v, %v; want an error naming MOXIE_CUDA_HCFUSE", v, err)
+			case tc.ok && v.String() != map[HCFuseVariant]string{HCFuseOne: "one", HCFuseTwo: "two"}[v]:
+				t.Errorf("String() = %q", v.String())
+			}
+		})
+	}
+	t.Setenv("MOXIE_CUDA_HCFUSE", "three")
+	const p = DevicePtr(1 << 20)
+	mix := &HC{Fn: &DeviceWeight{Format: compute.F32, Rows: 24, Cols: 4 * 64, Data: p}, Base: p, Scale: p, HC: 4, Iters: 20}
+	a := &HCNorm{X: p, Pre: p + 1<<16, PostOut: p + 2<<16, CombOut: p + 3<<16, A: p + 4<<16, Scratch: p + 5<<16, Counters: p + 6<<16, T: 1}
+	c := &Ctx{}
+	if err := c.HCMixNorm(a, mix, Stream{}); err == nil || !strings.Contains(err.Error(), "MOXIE_CUDA_HCFUSE") {
+		t.Errorf("HCMixNorm with MOXIE_CUDA_HCFUSE=three: %v, want an error naming the variable", err)
+	}
+}
+
+// TestHCOneShape checks fuse_hc_one's launch shape against hc_split_dots's
+// for V4's mix and head sites and small odd ones: every virtual block is
+// covered once, blocks stay within HCO_MAXTHREADS and leave room for the
+// Sinkhorn warp.
+func TestHCOneShape(t *testing.T) {
+	for _, sh := range [][3]int{{24, 16384, 256}, {4, 16384, 256}, {24, 16384, 64}, {48, 600, 256}, {8, 72, 256}, {15, 3084, 128}} {
+		rows, n, target := sh[0], sh[1], sh[2]
+		_, groups, splits, _, threads := hcSplitShape(rows, n)
+		v, blocks, bd := hcOneShape(groups, splits, threads, target)
+		t.Logf("rows %d, n %d, target %d: %d x %d virtual blocks of %d threads -> %d blocks of %d (%d virtual each)", rows, n, target, groups, splits, threads, blocks, bd, v)
+		switch {
+		case v < 1 || v*threads > hcOneMaxDots || bd != v*threads+32:
+			t.Errorf("rows %d, n %d: v %d, block %d for %d-thread virtual blocks", rows, n, v, bd, threads)
+		case blocks*v < groups*splits || (blocks-1)*v >= groups*splits:
+			t.Errorf("rows %d, n %d: %d blocks of %d do not cover %d virtual blocks exactly", rows, n, blocks, v, groups*splits)
+		}
+	}
+	if HCNormCounterBytes(1) != 4 || HCNormCounterBytes(4) != 4 || HCNormCounterBytes(5) != 8 || HCNormCounterBytes(0) != 0 {
+		t.Errorf("HCNormCounterBytes: 1 -> %d, 4 -> %d, 5 -> %d, 0 -> %d; want 4, 4, 8, 0",
+			HCNormCounterBytes(1), HCNormCounterBytes(4), HCNormCounterBytes(5), HCNormCounterBytes(0))
+	}
 }
 
 func TestHCNormScratchBytes(t *testing.T) {
@@ -635,7 +764,11 @@ func fuseBenchChain(c *Ctx, d *devBufs, chain string, T int, fused bool) func() 
 		pre, a, w := d.alloc(4*T*hc), d.alloc(4*T*D), d.floats(computetest.Normal(rng, D, 1))
 		expand := chain != "boundary0"
 		if fused {
-			args := &HCNorm{X: x, Pre: pre, PostOut: post, CombOut: comb, A: a, Norm: w, Eps: eps, Scratch: d.alloc(HCNormScratchBytes(hc, D, T)), T: T}
+			args := &HCNorm{X: x, Pre: pre, PostOut: post, CombOut: comb, A: a, Norm: w, Eps: eps, Scratch: d.alloc(HCNormScratchBytes(hc, D, T)),
+				Counters: d.alloc(HCNormCounterBytes(T)), T: T} // the default boundary ($MOXIE_CUDA_HCFUSE)
+			if d.err == nil {
+				d.check(c.Memset(args.Counters, 0, HCNormCounterBytes(T), s))
+			}
 			if expand {
 				args.O, args.Post, args.Comb, args.XOut = o, post, comb, xmid
 			}

@@ -30,6 +30,15 @@
 // token (the head: no Sinkhorn) it does both. xs is x' (or x without
 // expand); a must not overlap xs, pre, post or comb.
 
+// MOXIE_PDL() (programmatic dependent launch: wait for the previous kernel
+// on the stream) comes from the module preamble where there is one; every
+// kernel below starts with it, and without a preamble it does nothing.
+#ifndef MOXIE_PDL
+#define MOXIE_PDL() \
+  do {              \
+  } while (0)
+#endif
+
 // hc_x_expand is hc_split_dots_body's stream loader for the fused expand:
 // quad q (flat index over [hc, dim] / 4) of token b0 + t is
 // x'[k, i..i+3] with k = 4q / dim, i = 4q mod dim.
@@ -100,6 +109,7 @@ extern "C" __global__ void fuse_hc_dots(float *__restrict__ part, const float *_
                                         const float *__restrict__ comb, float *__restrict__ xout,
                                         const void *__restrict__ fn, int fmt, int n, int nm, int cq, int rb, int batch,
                                         int hc, int dim) {
+  MOXIE_PDL();
   __shared__ float red[HCS_RB * HCS_TB][32];
   if (hc == 4)
     fuse_hc_dots_hc<4>(part, x, o, post, comb, xout, fn, fmt, n, nm, cq, rb, batch, hc, dim, red);
@@ -166,6 +176,7 @@ extern "C" __global__ void __launch_bounds__(1024)
     fuse_hc_finish(float *pre, float *post, float *comb, float *__restrict__ a, const float *__restrict__ xs,
                    const float *__restrict__ w, const float *__restrict__ part, const float *base, const float *scale,
                    int hc, int dim, int nm, int S, int iters, float eps, float normEps, int head, float rmsEps) {
+  MOXIE_PDL();
   extern __shared__ float4 ps4[];  // [(nm+1)·S] floats: this token's partials
   float *ps = (float *)ps4;
   __shared__ float dot[HC_MAXNM + 1];
@@ -212,6 +223,413 @@ extern "C" __global__ void __launch_bounds__(1024)
 }
 
 // ---------------------------------------------------------------------------
+// fuse_hc_one: the whole sublayer boundary of fuse_hc_dots + fuse_hc_finish
+// (or hc_split_dots + fuse_hc_finish without the expand) in one kernel, with
+// the same float32 operations in the same order, so the same bits.
+//
+// Grid (ceil(groups·S / V), 1, ceil(batch / HCS_TB)), blockDim V·vthreads +
+// 32 (V·vthreads <= HCO_MAXDOTS). Each block runs V "virtual" blocks of
+// hc_split_dots (vthreads threads each, the launch shape of hcSplitShape):
+// virtual block vb = blockIdx.x·V + sub is hc_split_dots's block (g, s) =
+// (vb / S, vb mod S) of token group blockIdx.z, reducing its partials exactly
+// as hc_split_dots_body does (per thread over its quads, warp shuffles, the
+// virtual block's warps in order); the streams are x' (formed as
+// hc_x_expand forms them; virtual blocks of row group 0 store it in xout) or
+// x. The last warp idles through this phase. Each block then adds one to
+// ctr[blockIdx.z]; the block that brings it to gridDim.x (the last one to
+// finish its partials) resets it to zero (so the kernel replays in a CUDA
+// graph) and finishes the token group alone:
+//   - all threads sum the partials as hc_split_finish does (index order);
+//   - the last warp runs the Sinkhorn of every token of the group (hc = 4:
+//     two tokens per pass, 16 lanes each, hc_sinkhorn_warp's operations;
+//     other hc: one lane per token, hc_gates_sinkhorn's serial operations,
+//     which are the warp path's too);
+//   - meanwhile the other warps (the "collapse warps", C = V·vthreads / 32)
+//     form the gates (hc_pre_gate; post as hc_gates_sinkhorn), collapse
+//     (HCCollapse's order) and RMS-normalise each token in the rmsnorm
+//     kernel's order for its block of vt threads: collapse warp c plays the
+//     rmsnorm block's warps c, c + C, …, each lane its thread.
+// ctr must be zero before the first launch. Old post/comb are read before
+// any block arrives at the counter and the new ones written after all have,
+// so PostOut/CombOut may be Post/Comb; A may be O for the same reason.
+
+#define HCO_MAXDOTS 256  // V·vthreads at most (HCO_MAXTHREADS − the Sinkhorn warp)
+#define HCO_MAXTHREADS (HCO_MAXDOTS + 32)
+
+struct HCOneArgs {
+  float *part;  // [batch, nm+1, S]
+  int *ctr;     // [ceil(batch / HCS_TB)], zero between launches
+  const float *x, *o, *post0, *comb0;  // o null: no expand (post0, comb0, xout unused)
+  float *xout;
+  const void *fn;
+  float *pre, *post, *comb, *a;
+  const float *w, *base, *scale;
+  int fmt, n, nm, cq, rb, batch, hc, dim, S, groups, V, vthreads, iters, head, vt;
+  float eps, normEps, rmsEps;
+};
+static_assert(sizeof(HCOneArgs) == 192, "hcOneArgs in fuse.go mirrors this layout");
+
+// hco_x: quad q of token b's streams: x' = post·o + combᵀ·x (hc_x_expand's
+// operations) or x. Plain (coherent) loads: the last block writes post and
+// comb, which may be post0 and comb0.
+template <int HCC>
+__device__ __forceinline__ float4 hco_x(const HCOneArgs &p, size_t b, int q) {
+  if (!p.o) return __ldcg((const float4 *)(p.x + b * p.n) + q);
+  const int H = HCC > 0 ? HCC : p.hc;
+  const int dim = p.dim;
+  const int c = q << 2;
+  const int k = c / dim, i = c - k * dim;
+  const float4 ov = __ldcg((const float4 *)(p.o + b * dim + i));
+  const float pk = __ldcg(p.post0 + b * H + k);
+  const float *cb = p.comb0 + b * H * H + k;
+  const float *xb = p.x + b * H * dim + i;
+  float4 s = make_float4(__fmul_rn(pk, ov.x), __fmul_rn(pk, ov.y), __fmul_rn(pk, ov.z), __fmul_rn(pk, ov.w));
+  if (HCC > 0) {
+    float4 xj[HCC > 0 ? HCC : 1];
+    float cj[HCC > 0 ? HCC : 1];
+#pragma unroll
+    for (int j = 0; j < HCC; j++) {
+      xj[j] = __ldcg((const float4 *)(xb + (size_t)j * dim));
+      cj[j] = __ldcg(cb + j * H);
+    }
+#pragma unroll
+    for (int j = 0; j < HCC; j++) {
+      s.x = __fmaf_rn(cj[j], xj[j].x, s.x);
+      s.y = __fmaf_rn(cj[j], xj[j].y, s.y);
+      s.z = __fmaf_rn(cj[j], xj[j].z, s.z);
+      s.w = __fmaf_rn(cj[j], xj[j].w, s.w);
+    }
+  } else {
+    for (int j = 0; j < H; j++) {
+      const float4 xv = __ldcg((const float4 *)(xb + (size_t)j * dim));
+      const float cv = __ldcg(cb + j * H);
+      s.x = __fmaf_rn(cv, xv.x, s.x);
+      s.y = __fmaf_rn(cv, xv.y, s.y);
+      s.z = __fmaf_rn(cv, xv.z, s.z);
+      s.w = __fmaf_rn(cv, xv.w, s.w);
+    }
+  }
+  return s;
+}
+
+// hco_dots: the split-K partials of this block's virtual blocks (see
+// fuse_hc_one); red is the block's [HCO_MAXDOTS] shared scratch.
+template <int HCC, bool BF>
+__device__ __forceinline__ void hco_dots(const HCOneArgs &p, float *red) {
+  const int tid = threadIdx.x, vth = p.vthreads;
+  const int sub = tid / vth, lt = tid - sub * vth;
+  const int vb = blockIdx.x * p.V + sub;
+  const int S = p.S, nm = p.nm, n = p.n;
+  const bool act = sub < p.V && vb < p.groups * S;  // uniform over each warp
+  const int g = act ? vb / S : 0, s = act ? vb - g * S : 0;
+  const int r0 = g * p.rb, b0 = blockIdx.z * HCS_TB;
+  const int nr = min(p.rb, nm + 1 - r0), nt = min(HCS_TB, p.batch - b0);
+  const int nq = n >> 2, q0 = s * p.cq, q1 = act ? min(q0 + p.cq, nq) : q0;
+  const bool store = p.o && g == 0;
+  float acc[HCS_RB][HCS_TB];
+#pragma unroll
+  for (int j = 0; j < HCS_RB; j++)
+#pragma unroll
+    for (int t = 0; t < HCS_TB; t++) acc[j][t] = 0.f;
+  for (int q = q0 + lt; q < q1; q += vth) {
+    const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+    float4 xv[HCS_TB], f[HCS_RB];
+#pragma unroll
+    for (int t = 0; t < HCS_TB; t++) xv[t] = t < nt ? hco_x<HCC>(p, (size_t)b0 + t, q) : z;
+#pragma unroll
+    for (int j = 0; j < HCS_RB; j++) {
+      const int r = r0 + j;
+      f[j] = z;
+      if (j < nr && r < nm) {
+        if (BF) {
+          const uint2 w = __ldg((const uint2 *)((const u16 *)p.fn + (size_t)r * n) + q);
+          f[j] = make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u),
+                             __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
+        } else {
+          f[j] = __ldg((const float4 *)((const float *)p.fn + (size_t)r * n) + q);
+        }
+      }
+    }
+    if (store) {
+#pragma unroll
+      for (int t = 0; t < HCS_TB; t++)
+        if (t < nt) *((float4 *)(p.xout + ((size_t)b0 + t) * n) + q) = xv[t];
+    }
+#pragma unroll
+    for (int j = 0; j < HCS_RB; j++) {
+      if (j < nr) {
+        const bool sq = r0 + j == nm;  // the Σx² row
+#pragma unroll
+        for (int t = 0; t < HCS_TB; t++) acc[j][t] = dot4(sq ? xv[t] : f[j], xv[t], acc[j][t]);
+      }
+    }
+  }
+  const int lane = tid & 31, wl = lt >> 5, nwv = vth >> 5;
+  float *rs = red + sub * (HCS_RB * HCS_TB) * nwv;  // this virtual block's [HCS_RB·HCS_TB][nwv]
+  if (act) {
+#pragma unroll
+    for (int j = 0; j < HCS_RB; j++)
+#pragma unroll
+      for (int t = 0; t < HCS_TB; t++)
+        if (j < nr && t < nt) {
+          const float v = warp_sum(acc[j][t]);
+          if (lane == 0) rs[(j * HCS_TB + t) * nwv + wl] = v;
+        }
+  }
+  __syncthreads();
+  if (act && lt < HCS_RB * HCS_TB) {
+    const int j = lt / HCS_TB, t = lt % HCS_TB;
+    if (j < nr && t < nt) {
+      float v = 0.f;
+      for (int k = 0; k < nwv; k++) v += rs[lt * nwv + k];
+      p.part[((size_t)(b0 + t) * (nm + 1) + r0 + j) * S + s] = v;
+    }
+  }
+}
+
+// hco_sinkhorn4: the Sinkhorn of hc_sinkhorn_warp<4> for the tokens t0 and
+// t0 + 1 of the group (lanes 0–15 and 16–31; a lane whose token is past nt
+// computes on t0's values and stores nothing). The row and column sums add
+// the gathered values left to right as hc_sinkhorn_warp does after its 0
+// (every value is positive, so the 0 changes no bit).
+__device__ __forceinline__ void hco_sinkhorn4(const HCOneArgs &p, const float (*dot)[HC_MAXNM + 1], int b0, int t0,
+                                              int nt) {
+  const int lane = threadIdx.x & 31, hb = lane & 16, e = lane & 15;
+  const int j = e >> 2, k = e & 3;
+  const bool ok = t0 + (lane >> 4) < nt;
+  const int t = ok ? t0 + (lane >> 4) : t0;
+  const float rho = 1.0f / sqrtf(dot[t][p.nm] / (float)p.n + p.normEps);
+  const float L = __fadd_rn(__fmul_rn(dot[t][8 + e] * rho, p.scale[2]), p.base[8 + e]);
+  float g[4];
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++) g[kk] = __shfl_sync(FULL, L, hb + j * 4 + kk);
+  float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++) mx = fmaxf(mx, g[kk]);
+  const float ex = (float)exp((double)(L - mx));
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++) g[kk] = __shfl_sync(FULL, ex, hb + j * 4 + kk);
+  float v = ex / (((g[0] + g[1]) + g[2]) + g[3]) + p.eps;
+  const int its = p.iters < 1 ? 1 : p.iters;
+  const float eps = p.eps;
+  for (int it = 0; it < its; it++) {
+    if (it > 0) {
+#pragma unroll
+      for (int kk = 0; kk < 4; kk++) g[kk] = __shfl_sync(FULL, v, hb + j * 4 + kk);
+      v = v / ((((g[0] + g[1]) + g[2]) + g[3]) + eps);
+    }
+#pragma unroll
+    for (int jj = 0; jj < 4; jj++) g[jj] = __shfl_sync(FULL, v, hb + jj * 4 + k);
+    v = v / ((((g[0] + g[1]) + g[2]) + g[3]) + eps);
+  }
+  if (ok) p.comb[((size_t)b0 + t) * 16 + e] = v;
+}
+
+// hco_sinkhorn_serial: hc_gates_sinkhorn's serial Sinkhorn for token t of
+// the group on one thread (c: its [hc·hc] shared scratch).
+__device__ __forceinline__ void hco_sinkhorn_serial(const HCOneArgs &p, const float *d, float *c, size_t b) {
+  const int hc = p.hc, hh = hc * hc;
+  const float rho = 1.0f / sqrtf(d[p.nm] / (float)p.n + p.normEps);
+  const float eps = p.eps;
+  for (int jk = 0; jk < hh; jk++) c[jk] = __fadd_rn(__fmul_rn(d[2 * hc + jk] * rho, p.scale[2]), p.base[2 * hc + jk]);
+  for (int j = 0; j < hc; j++) {
+    float *row = c + j * hc;
+    float mx = -__int_as_float(0x7f800000);
+    for (int k = 0; k < hc; k++) mx = fmaxf(mx, row[k]);
+    float s = 0.f;
+    for (int k = 0; k < hc; k++) {
+      row[k] = (float)exp((double)(row[k] - mx));
+      s += row[k];
+    }
+    for (int k = 0; k < hc; k++) row[k] = row[k] / s + eps;
+  }
+  const int its = p.iters < 1 ? 1 : p.iters;
+  for (int it = 0; it < its; it++) {
+    if (it > 0) {
+      for (int j = 0; j < hc; j++) {
+        float s = 0.f;
+        for (int k = 0; k < hc; k++) s += c[j * hc + k];
+        for (int k = 0; k < hc; k++) c[j * hc + k] /= s + eps;
+      }
+    }
+    for (int k = 0; k < hc; k++) {
+      float s = 0.f;
+      for (int j = 0; j < hc; j++) s += c[j * hc + k];
+      for (int j = 0; j < hc; j++) c[j * hc + k] /= s + eps;
+    }
+  }
+  float *cb = p.comb + b * hh;
+  for (int jk = 0; jk < hh; jk++) cb[jk] = c[jk];
+}
+
+__device__ __forceinline__ void hco_bar(int threads) { asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory"); }
+
+// HCO_KV, HCO_KE: the register-resident collapse of hc = 4 covers up to
+// HCO_KV rmsnorm warps per collapse warp and HCO_KE elements per rmsnorm
+// thread (V4: 8 collapse warps, 32 rmsnorm warps, 4 elements each).
+#define HCO_KV 4
+#define HCO_KE 4
+
+// hco_collapse_norm: the collapse warps' part of the finish for token t of
+// the group (see fuse_hc_one). nred is the [32] shared scratch of the
+// rmsnorm warps' sums.
+template <int HCC>
+__device__ __forceinline__ void hco_collapse_norm(const HCOneArgs &p, const float *d, size_t b, float *nred) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int C = (p.V * p.vthreads) >> 5;
+  const int hc = HCC > 0 ? HCC : p.hc, dim = p.dim, VT = p.vt, NVW = VT >> 5;
+  const float rho = 1.0f / sqrtf(d[p.nm] / (float)p.n + p.normEps);
+  float gv = 0.f;
+  if (lane < hc) {
+    gv = hc_pre_gate(d[lane], rho, p.scale, p.base, lane, p.eps);
+  } else if (!p.head && lane < 2 * hc) {
+    const float m2 = d[lane] * rho;
+    gv = 2.0f * sigmoidf_(m2 * p.scale[1] + p.base[lane]);
+  }
+  if (warp == 0) {
+    if (lane < hc)
+      p.pre[b * hc + lane] = gv;
+    else if (!p.head && lane < 2 * hc)
+      p.post[b * hc + lane - hc] = gv;
+  }
+  const float *xb = (p.o ? p.xout : p.x) + b * hc * dim;
+  float *ab = p.a + b * dim;
+  const float *w = p.w;
+  if (HCC > 0 && C * HCO_KV >= NVW && dim <= HCO_KE * VT) {
+    float pw[HCC > 0 ? HCC : 1];
+#pragma unroll
+    for (int j = 0; j < (HCC > 0 ? HCC : 1); j++) pw[j] = __shfl_sync(FULL, gv, j);
+    float keep[HCO_KV][HCO_KE], ssw[HCO_KV];
+#pragma unroll
+    for (int k = 0; k < HCO_KV; k++) {
+      const int vw = warp + k * C;
+      float ss = 0.f;
+#pragma unroll
+      for (int u = 0; u < HCO_KE; u++) {
+        const int i = vw * 32 + lane + u * VT;
+        keep[k][u] = 0.f;
+        if (vw < NVW && i < dim) {
+          float v = 0.f;
+#pragma unroll
+          for (int j = 0; j < (HCC > 0 ? HCC : 1); j++) v = __fmaf_rn(pw[j], __ldcg(xb + (size_t)j * dim + i), v);
+          keep[k][u] = v;
+          ss += v * v;
+        }
+      }
+      ssw[k] = ss;
+    }
+#pragma unroll
+    for (int k = 0; k < HCO_KV; k++) {
+      const int vw = warp + k * C;
+      if (vw < NVW) {  // uniform over the warp
+        const float r = warp_sum(ssw[k]);
+        if (lane == 0) nred[vw] = r;
+      }
+    }
+    hco_bar(C * 32);
+    float ss = 0.f;
+    for (int i = 0; i < NVW; i++) ss += nred[i];  // block_sum's order
+    const float inv = 1.0f / sqrtf(ss / (float)dim + p.rmsEps);
+#pragma unroll
+    for (int k = 0; k < HCO_KV; k++) {
+      const int vw = warp + k * C;
+#pragma unroll
+      for (int u = 0; u < HCO_KE; u++) {
+        const int i = vw * 32 + lane + u * VT;
+        if (vw < NVW && i < dim) {
+          const float v = keep[k][u] * inv;
+          ab[i] = w ? w[i] * v : v;
+        }
+      }
+    }
+  } else {
+    float pw[HC_MAXNM / 8];  // hc <= 10 (OpsMaxHCRows)
+    for (int j = 0; j < hc && j < HC_MAXNM / 8; j++) pw[j] = __shfl_sync(FULL, gv, j);
+    for (int vw = warp; vw < NVW; vw += C) {
+      float ss = 0.f;
+      for (int i = vw * 32 + lane; i < dim; i += VT) {
+        float v = 0.f;
+        for (int j = 0; j < hc; j++) v = __fmaf_rn(pw[j], __ldcg(xb + (size_t)j * dim + i), v);
+        ab[i] = v;
+        ss += v * v;
+      }
+      const float r = warp_sum(ss);
+      if (lane == 0) nred[vw] = r;
+    }
+    hco_bar(C * 32);
+    float ss = 0.f;
+    for (int i = 0; i < NVW; i++) ss += nred[i];
+    const float inv = 1.0f / sqrtf(ss / (float)dim + p.rmsEps);
+    for (int vw = warp; vw < NVW; vw += C)
+      for (int i = vw * 32 + lane; i < dim; i += VT) {
+        const float v = ab[i] * inv;  // this thread's own store above
+        ab[i] = w ? w[i] * v : v;
+      }
+  }
+  hco_bar(C * 32);  // nred is free for the next token
+}
+
+template <int HCC>
+__device__ __forceinline__ void fuse_hc_one_hc(const HCOneArgs &p) {
+  __shared__ float red[HCO_MAXDOTS];
+  __shared__ float dot[HCS_TB][HC_MAXNM + 1];
+  __shared__ float cm[HCS_TB][HC_MAXNM];
+  __shared__ float nred[32];
+  __shared__ int last;
+  if (p.fmt == 3)
+    hco_dots<HCC, true>(p, red);
+  else
+    hco_dots<HCC, false>(p, red);
+  __threadfence();  // this thread's partials and x' quads, before the block's arrival
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(p.ctr + blockIdx.z, 1) == (int)gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  if (threadIdx.x == 0) atomicExch(p.ctr + blockIdx.z, 0);  // every block has arrived: ready for the next launch
+  __threadfence();
+  const int b0 = blockIdx.z * HCS_TB, nt = min(HCS_TB, p.batch - b0);
+  const int S = p.S, np1 = p.nm + 1;
+  for (int i = threadIdx.x; i < nt * np1; i += blockDim.x) {
+    const int t = i / np1, r = i - t * np1;
+    const float *pp = p.part + ((size_t)(b0 + t) * np1 + r) * S;
+    float v[HCS_MAXS];
+#pragma unroll
+    for (int k = 0; k < HCS_MAXS; k++) v[k] = k < S ? __ldcg(pp + k) : 0.f;  // every load in flight at once
+    float s = 0.f;  // hc_split_finish's order
+#pragma unroll
+    for (int k = 0; k < HCS_MAXS; k++)
+      if (k < S) s += v[k];
+    dot[t][r] = s;
+  }
+  __syncthreads();
+  const int C = (p.V * p.vthreads) >> 5;
+  if ((int)(threadIdx.x >> 5) >= C) {  // the Sinkhorn warp
+    if (p.head) return;
+    if (HCC == 4) {
+      for (int t0 = 0; t0 < nt; t0 += 2) hco_sinkhorn4(p, dot, b0, t0, nt);
+    } else {
+      const int t = threadIdx.x & 31;
+      if (t < nt) hco_sinkhorn_serial(p, dot[t], cm[t], (size_t)b0 + t);
+    }
+    return;
+  }
+  for (int t = 0; t < nt; t++) hco_collapse_norm<HCC>(p, dot[t], (size_t)b0 + t, nred);
+}
+
+// fuse_hc_one4: hc = 4 (DeepSeek-V4); fuse_hc_one: any hc.
+extern "C" __global__ void __launch_bounds__(HCO_MAXTHREADS) fuse_hc_one4(const HCOneArgs p) {
+  MOXIE_PDL();
+  fuse_hc_one_hc<4>(p);
+}
+extern "C" __global__ void __launch_bounds__(HCO_MAXTHREADS) fuse_hc_one(const HCOneArgs p) {
+  MOXIE_PDL();
+  fuse_hc_one_hc<0>(p);
+}
+
+// ---------------------------------------------------------------------------
 // fuse_rows: up to FUSE_MAXROWOPS independent row operations in one launch
 // (RowOps in fuse.go), one block per row; block r belongs to the first op
 // whose rows it falls in. For row r of op g (token t = r / heads, at
@@ -250,6 +668,7 @@ struct FuseRows {
 static_assert(sizeof(FuseRow) == 80 && sizeof(FuseRows) == 328, "fuseRow/fuseRows in fuse.go mirror these layouts");
 
 extern "C" __global__ void fuse_rows(const FuseRows p) {
+  MOXIE_PDL();
   __shared__ float red[32];
   int r = blockIdx.x, k = 0;
   while (k + 1 < p.n && r >= p.op[k].rows) r -= p.op[k++].rows;

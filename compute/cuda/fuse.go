@@ -171,14 +171,16 @@ func HCNormScratchBytes(hc, dim, T int) int {
 
 // HCMixNorm enqueues the sublayer boundary of HCNorm with p a mix site (Fn
 // [(2+HC)·HC, HC·D]): the optional expand of the previous sublayer, the
-// split-K HCMix, the collapse and the RMSNorm in two kernels (see HCNorm
-// for the aliasing rules). D must be a multiple of 4 and Fn 16-byte (F32)
-// or 8-byte (BF16) aligned. The results are those of HCExpand, HCMix (split
-// path, whatever $MOXIE_CUDA_HCMIX says), HCCollapse and RMSNorm run one
-// after another: the same float32 operations in the same order for batches
-// up to 16, where HCMix takes its split path. Positions are not involved;
-// nothing is allocated or synchronised, so the call can be captured in a
-// CUDA graph once the fuse module is loaded (LoadFuse).
+// split-K HCMix, the collapse and the RMSNorm in one kernel (a.Counters
+// set, unless $MOXIE_CUDA_HCFUSE=two) or two (see HCNorm for the aliasing
+// rules; a bad $MOXIE_CUDA_HCFUSE is an error when Counters is set). D must
+// be a multiple of 4 and Fn 16-byte (F32) or 8-byte (BF16) aligned. The
+// results are those of HCExpand, HCMix (split path, whatever
+// $MOXIE_CUDA_HCMIX says), HCCollapse and RMSNorm run one after another:
+// the same float32 operations in the same order for batches up to 16, where
+// HCMix takes its split path. Positions are not involved; nothing is
+// allocated or synchronised, so the call can be captured in a CUDA graph
+// once the fuse module is loaded (LoadFuse).
 func (c *Ctx) HCMixNorm(a *HCNorm, p *HC, s Stream) error {
 	return c.hcNorm("HCMixNorm", a, p, 0, s)
 }

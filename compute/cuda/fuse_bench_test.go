@@ -18,15 +18,15 @@ const hcBenchSites = 86
 // BenchmarkHCBoundary times one decode sublayer boundary (HCMixNorm with the
 // expand, V4-Flash shapes: hc 4, D 4096, F32 hc_fn) captured in a CUDA
 // graph, for each implementation: "two" (fuse_hc_dots + fuse_hc_finish),
-// "one" (fuse_hc_one at the default block shape) and "one64" (one virtual
-// block per block). "hot" replays fuseGraphCalls boundaries of one site (its
+// "one" (fuse_hc_one at the default block shape), "one128" and "one64"
+// (two and one virtual blocks per block; see hcBenchVariants). "hot" replays fuseGraphCalls boundaries of one site (its
 // hc_fn stays in L2); "cold" replays one boundary on each of hcBenchSites
 // sites in turn. It reports device microseconds per boundary.
 func BenchmarkHCBoundary(b *testing.B) {
 	dev := testDevice(b)
 	for _, cold := range []bool{false, true} {
 		for _, T := range []int{1, 4} {
-			for _, vr := range hcNormVariants {
+			for _, vr := range hcBenchVariants {
 				kind := "hot"
 				if cold {
 					kind = "cold"
@@ -62,6 +62,20 @@ func BenchmarkHCBoundary(b *testing.B) {
 			}
 		}
 	}
+}
+
+// hcBenchVariants are BenchmarkHCBoundary's implementations: the two-kernel
+// boundary and the one-kernel one at 256 (the default), 128 and 64
+// dot-product threads per block (80, 160 and 320 blocks at V4's shapes).
+var hcBenchVariants = []struct {
+	name    string
+	variant HCFuseVariant
+	threads int
+}{
+	{"two", HCFuseTwo, 0},
+	{"one", HCFuseOne, hcOneThreads},
+	{"one128", HCFuseOne, 128},
+	{"one64", HCFuseOne, 64},
 }
 
 // hcBenchBoundaries allocates the buffers of sites V4-Flash mix boundaries

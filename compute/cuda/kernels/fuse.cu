@@ -580,16 +580,21 @@ __device__ __forceinline__ void fuse_hc_one_hc(const HCOneArgs &p) {
     hco_dots<HCC, true>(p, red);
   else
     hco_dots<HCC, false>(p, red);
-  __threadfence();  // this thread's partials and x' quads, before the block's arrival
+  // The block's arrival, as a grid barrier arrives (cooperative groups):
+  // the block's partials and x' quads are ordered before thread 0's fence
+  // by the barrier, and the last block's reads after its own fence.
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    last = atomicAdd(p.ctr + blockIdx.z, 1) == (int)gridDim.x - 1;
+    const bool l = atomicAdd(p.ctr + blockIdx.z, 1) == (int)gridDim.x - 1;
+    if (l) {
+      __threadfence();
+      atomicExch(p.ctr + blockIdx.z, 0);  // every block has arrived: zero for the next launch
+    }
+    last = l;
   }
   __syncthreads();
   if (!last) return;
-  if (threadIdx.x == 0) atomicExch(p.ctr + blockIdx.z, 0);  // every block has arrived: ready for the next launch
-  __threadfence();
   const int b0 = blockIdx.z * HCS_TB, nt = min(HCS_TB, p.batch - b0);
   const int S = p.S, np1 = p.nm + 1;
   for (int i = threadIdx.x; i < nt * np1; i += blockDim.x) {

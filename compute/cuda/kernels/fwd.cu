@@ -8,6 +8,7 @@
 // launches can be captured once in a CUDA graph and replayed at every
 // position; grids are sized by the host for the largest case. No headers:
 // NVRTC needs none.
+//@pdl
 
 typedef unsigned char u8;
 typedef unsigned int u32;
@@ -73,7 +74,7 @@ struct AttnArgs {
 };
 static_assert(sizeof(AttnArgs) == 96, "AttnArgs must match attnArgs in fwd.go");
 
-extern "C" __global__ void __launch_bounds__(256) fwd_attention(AttnArgs a) {
+extern "C" __global__ void __launch_bounds__(256) fwd_attention(AttnArgs a) { MOXIE_PDL();
   extern __shared__ float sc[];
   __shared__ float red[32];
   const int h = blockIdx.x, i = blockIdx.y;
@@ -132,7 +133,7 @@ extern "C" __global__ void __launch_bounds__(256) fwd_attention(AttnArgs a) {
 #define ATT_MAXG 8
 #define ATT_MAXR 4  // dim <= 256 * ATT_MAXR
 
-extern "C" __global__ void __launch_bounds__(256) fwd_attention_hg(AttnArgs a, int G) {
+extern "C" __global__ void __launch_bounds__(256) fwd_attention_hg(AttnArgs a, int G) { MOXIE_PDL();
   extern __shared__ float sm[];
   float *qs = sm;                       // [G, dim]
   float *ks = qs + G * a.dim;           // [ATT_KT, dim]
@@ -230,7 +231,7 @@ extern "C" __global__ void __launch_bounds__(256) fwd_attention_hg(AttnArgs a, i
 
 // ---------------------------------------------------------------------------
 // Window ring store: ring[pos[i] mod ring_rows] = kv[i] (rows of dim). Grid T.
-extern "C" __global__ void fwd_ring_store(float *ring, const float *kv, const int *pos, int ring_rows, int dim) {
+extern "C" __global__ void fwd_ring_store(float *ring, const float *kv, const int *pos, int ring_rows, int dim) { MOXIE_PDL();
   const int i = blockIdx.x;
   const long long dst = (long long)(pos[i] % ring_rows) * dim;
   for (int c = threadIdx.x; c < dim; c += blockDim.x) ring[dst + c] = kv[(long long)i * dim + c];
@@ -240,7 +241,7 @@ extern "C" __global__ void fwd_ring_store(float *ring, const float *kv, const in
 // kv row and z row + ape[p mod ratio] into slot p mod ring_rows of the
 // compressor rings [ring_rows, width]. Grid T.
 extern "C" __global__ void fwd_comp_store(float *ring_kv, float *ring_z, const float *kv, const float *z,
-                                          const float *ape, const int *pos, int ratio, int ring_rows, int width) {
+                                          const float *ape, const int *pos, int ratio, int ring_rows, int width) { MOXIE_PDL();
   const int i = blockIdx.x;
   const int p = pos[i];
   const long long dst = (long long)(p % ring_rows) * width;
@@ -263,7 +264,7 @@ extern "C" __global__ void fwd_comp_store(float *ring_kv, float *ring_z, const f
 extern "C" __global__ void __launch_bounds__(256) fwd_comp_close(float *out, const float *ring_kv, const float *ring_z,
                                                                int ring_rows, int ratio, int width, int dw, int overlap,
                                                                const int *pos, int T, const float *norm, float eps,
-                                                               const float *freq, int nfreq) {
+                                                               const float *freq, int nfreq) { MOXIE_PDL();
   extern __shared__ float buf[];
   __shared__ float red[32];
   const int e0 = pos[0] / ratio, e1 = (pos[0] + T) / ratio;
@@ -327,7 +328,7 @@ extern "C" __global__ void __launch_bounds__(256) fwd_comp_close(float *out, con
 // one warp per (query, entry), striding over the entries.
 extern "C" __global__ void __launch_bounds__(256) fwd_index_scores(float *sc, const float *q, const float *w,
                                                                  const float *keys, const int *pos, int ratio, int heads,
-                                                                 int dim, int stride) {
+                                                                 int dim, int stride) { MOXIE_PDL();
   const int i = blockIdx.y;
   const int lane = threadIdx.x & 31;
   const int n = min((pos[i] + 1) / ratio, stride);
@@ -398,7 +399,7 @@ __device__ __forceinline__ void block_scan2(int a, int b, int &ea, int &eb, int 
 // compaction takes every larger key and the lowest-index ties, then each
 // selected entry's rank gives its place.
 extern "C" __global__ void __launch_bounds__(1024) fwd_topk(int *idx, const float *sc, const int *pos, int ratio,
-                                                          int topk, int stride) {
+                                                          int topk, int stride) { MOXIE_PDL();
   __shared__ u32 hist[256];
   __shared__ u32 s_prefix, s_need;
   __shared__ int sa[32], sb[32];
@@ -483,7 +484,7 @@ static_assert(sizeof(LinArgs) == 80, "LinArgs must match linArgs in linear.go");
 // (Route never produces them). One thread per k.
 extern "C" __global__ void fwd_moe_args(LinArgs *run13, LinArgs *run2, const LinArgs *all13, const LinArgs *all2,
                                         const int *ids, int K, int experts, const float *x, float *g, float *u,
-                                        const float *h, float *y, int inter, int dim) {
+                                        const float *h, float *y, int inter, int dim) { MOXIE_PDL();
   const int k = blockIdx.x * blockDim.x + threadIdx.x;
   if (k >= K) return;
   int e = ids[k];
@@ -515,7 +516,7 @@ extern "C" __global__ void fwd_moe_args(LinArgs *run13, LinArgs *run2, const Lin
 // Dynamic shared memory: 12 * experts bytes.
 extern "C" __global__ void __launch_bounds__(1024) fwd_moe_plan(int *row_tok, float *row_w, int *inv, int *tiles,
                                                               const int *ids, const float *w, int n, int K,
-                                                              int experts, int max_tiles, int tile) {
+                                                              int experts, int max_tiles, int tile) { MOXIE_PDL();
   extern __shared__ int sh[];
   int *cnt = sh, *off = sh + experts, *toff = sh + 2 * experts;
   __shared__ int s_total;
@@ -572,7 +573,7 @@ extern "C" __global__ void __launch_bounds__(1024) fwd_moe_plan(int *row_tok, fl
 // h into y; a tile with 0 rows gets records with 0 rows (its blocks exit).
 extern "C" __global__ void fwd_moe_tiles(LinArgs *run13, LinArgs *run2, const LinArgs *all13, const LinArgs *all2,
                                          const int *tiles, int max_tiles, const float *xe, float *g, float *u,
-                                         const float *h, float *y, int inter, int dim) {
+                                         const float *h, float *y, int inter, int dim) { MOXIE_PDL();
   for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < max_tiles; j += gridDim.x * blockDim.x) {
     const int e = tiles[3 * j], r0 = tiles[3 * j + 1], nb = tiles[3 * j + 2];
     LinArgs a = all13[2 * e];
@@ -597,7 +598,7 @@ extern "C" __global__ void fwd_moe_tiles(LinArgs *run13, LinArgs *run2, const Li
 }
 
 // fwd_moe_combine: out[t, :] += sum_k y[inv[t*K + k], :] (k in order). Grid T.
-extern "C" __global__ void fwd_moe_combine(float *out, const float *y, const int *inv, int K, int dim) {
+extern "C" __global__ void fwd_moe_combine(float *out, const float *y, const int *inv, int K, int dim) { MOXIE_PDL();
   const int t = blockIdx.x;
   for (int c = threadIdx.x; c < dim; c += blockDim.x) {
     float s = out[(long long)t * dim + c];
@@ -607,7 +608,7 @@ extern "C" __global__ void fwd_moe_combine(float *out, const float *y, const int
 }
 
 // out[d] += sum_k y[k, d] (k in order) for d < dim.
-extern "C" __global__ void fwd_add_rows(float *out, const float *y, int K, int dim) {
+extern "C" __global__ void fwd_add_rows(float *out, const float *y, int K, int dim) { MOXIE_PDL();
   const int d = blockIdx.x * blockDim.x + threadIdx.x;
   if (d >= dim) return;
   float s = out[d];
@@ -616,21 +617,21 @@ extern "C" __global__ void fwd_add_rows(float *out, const float *y, int K, int d
 }
 
 // dst[j, :] = src[rows[j], :] for j < n (width floats per row). Grid n.
-extern "C" __global__ void fwd_gather_rows(float *dst, const float *src, const int *rows, int width) {
+extern "C" __global__ void fwd_gather_rows(float *dst, const float *src, const int *rows, int width) { MOXIE_PDL();
   const int j = blockIdx.x;
   const long long r = rows[j];
   for (int c = threadIdx.x; c < width; c += blockDim.x) dst[(long long)j * width + c] = src[r * width + c];
 }
 
 // dst[rows[j], :] += src[j, :] for j < n; rows must be distinct. Grid n.
-extern "C" __global__ void fwd_scatter_add(float *dst, const float *src, const int *rows, int width) {
+extern "C" __global__ void fwd_scatter_add(float *dst, const float *src, const int *rows, int width) { MOXIE_PDL();
   const int j = blockIdx.x;
   const long long r = rows[j];
   for (int c = threadIdx.x; c < width; c += blockDim.x) dst[r * width + c] += src[(long long)j * width + c];
 }
 
 // dst[i, :] = table[tokens[i], :] for int32 rows of width k; grid T.
-extern "C" __global__ void fwd_gather_i32(int *dst, const int *table, const int *tokens, int k) {
+extern "C" __global__ void fwd_gather_i32(int *dst, const int *table, const int *tokens, int k) { MOXIE_PDL();
   const int i = blockIdx.x;
   const long long r = tokens[i];
   for (int c = threadIdx.x; c < k; c += blockDim.x) dst[(long long)i * k + c] = table[r * k + c];

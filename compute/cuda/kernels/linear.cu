@@ -19,6 +19,7 @@
 // and accumulates. Partial sums are reduced by shuffles and shared memory.
 
 //@module common
+//@pdl
 
 typedef unsigned char u8;
 typedef unsigned short u16;
@@ -231,7 +232,7 @@ __device__ __forceinline__ void linear_fast(const LinArgs &a) {
 }
 
 #define LIN(FMTN, FMT, NB, RB, U, DEC, SUF) \
-  extern "C" __global__ void __launch_bounds__(256) linear_##FMTN##_b##NB##_r##RB##_u##U##SUF(LinArgs a) { \
+  extern "C" __global__ void __launch_bounds__(256) linear_##FMTN##_b##NB##_r##RB##_u##U##SUF(LinArgs a) { MOXIE_PDL(); \
     linear_fast<FMT, NB, RB, U, DEC>(a); }
 
 #define LIN_NB(FMTN, FMT, RB, U, DEC, SUF) \
@@ -242,7 +243,7 @@ __device__ __forceinline__ void linear_fast(const LinArgs &a) {
 // LinArgs from a device array), e.g. the active experts' w1 and w3 of a token.
 // Blocks past a matrix's rows exit before any barrier.
 #define LINM(FMTN, FMT, NB, RB, U, DEC, SUF) \
-  extern "C" __global__ void __launch_bounds__(256) linmulti_##FMTN##_b##NB##_r##RB##_u##U##SUF(const LinArgs *__restrict__ all) { \
+  extern "C" __global__ void __launch_bounds__(256) linmulti_##FMTN##_b##NB##_r##RB##_u##U##SUF(const LinArgs *__restrict__ all) { MOXIE_PDL(); \
     const LinArgs a = all[blockIdx.y]; \
     if ((int)blockIdx.x * RB >= a.rows) return; \
     linear_fast<FMT, NB, RB, U, DEC>(a); }
@@ -370,7 +371,7 @@ __device__ __forceinline__ void linear_wide(const LinArgs &a) {
 }
 
 #define LINW(FMTN, FMT, NB, RB, U, DEC) \
-  extern "C" __global__ void __launch_bounds__(256) linw_##FMTN##_b##NB##_r##RB##_u##U##_d##DEC(LinArgs a) { \
+  extern "C" __global__ void __launch_bounds__(256) linw_##FMTN##_b##NB##_r##RB##_u##U##_d##DEC(LinArgs a) { MOXIE_PDL(); \
     linear_wide<FMT, NB, RB, U, DEC>(a); }
 #define LINW_NB(FMTN, FMT, RB, U, DEC) \
   LINW(FMTN, FMT, 1, RB, U, DEC) LINW(FMTN, FMT, 2, RB, U, DEC) LINW(FMTN, FMT, 4, RB, U, DEC) \
@@ -568,10 +569,10 @@ __device__ __forceinline__ void linear_vec_multi(const LinArgs *__restrict__ all
 // linvmulti_<fmt>_b<NB>_r<RB>_u<U>_d<DEC>_h<HINT>. Two blocks of 256 threads
 // per SM are guaranteed to fit (at most 128 registers a thread).
 #define LINV(FMTN, FMT, NB, RB, U, DEC, HINT) \
-  extern "C" __global__ void __launch_bounds__(256, 2) linv_##FMTN##_b##NB##_r##RB##_u##U##_d##DEC##_h##HINT(LinArgs a) { \
+  extern "C" __global__ void __launch_bounds__(256, 2) linv_##FMTN##_b##NB##_r##RB##_u##U##_d##DEC##_h##HINT(LinArgs a) { MOXIE_PDL(); \
     linear_vec<FMT, NB, RB, U, DEC, HINT>(a); }
 #define LINVM(FMTN, FMT, NB, RB, U, DEC, HINT) \
-  extern "C" __global__ void __launch_bounds__(256, 2) linvmulti_##FMTN##_b##NB##_r##RB##_u##U##_d##DEC##_h##HINT(const LinArgs *__restrict__ all, int n) { \
+  extern "C" __global__ void __launch_bounds__(256, 2) linvmulti_##FMTN##_b##NB##_r##RB##_u##U##_d##DEC##_h##HINT(const LinArgs *__restrict__ all, int n) { MOXIE_PDL(); \
     linear_vec_multi<FMT, NB, RB, U, DEC, HINT>(all, n); }
 // The three tile shapes: U 2, 4, 8 with RB 4, 2, 1 (eight 16-byte loads per lane in flight).
 #define LINV_U(M, FMTN, FMT, NB, DEC, HINT) \
@@ -807,14 +808,14 @@ __device__ __forceinline__ void mma_tiles(const LinArgs &a, const u16 *xs, int s
 // Dynamic shared memory: 2*NB rows of cols+8 halves (the 16-byte pad spreads
 // the rows over the banks). ks: see mma_tiles.
 #define LINMMA(FMTN, FMT, NB, U) \
-  extern "C" __global__ void __launch_bounds__(256, 2) linm_##FMTN##_b##NB##_u##U(LinArgs a, int ks) { \
+  extern "C" __global__ void __launch_bounds__(256, 2) linm_##FMTN##_b##NB##_u##U(LinArgs a, int ks) { MOXIE_PDL(); \
     extern __shared__ uint4 smem_m[]; \
     u16 *xs = reinterpret_cast<u16 *>(smem_m); \
     mma_prefetch<FMT, U>(a, ks); \
     mma_stage_x<NB>(a, xs, a.cols + 8); \
     __syncthreads(); \
     mma_tiles<FMT, NB, U>(a, xs, a.cols + 8, ks); } \
-  extern "C" __global__ void __launch_bounds__(256, 2) linmmulti_##FMTN##_b##NB##_u##U(const LinArgs *__restrict__ all, int ks) { \
+  extern "C" __global__ void __launch_bounds__(256, 2) linmmulti_##FMTN##_b##NB##_u##U(const LinArgs *__restrict__ all, int ks) { MOXIE_PDL(); \
     extern __shared__ uint4 smem_m[]; \
     u16 *xs = reinterpret_cast<u16 *>(smem_m); \
     const LinArgs &a = all[blockIdx.y]; \
@@ -1259,26 +1260,26 @@ __device__ __forceinline__ void tc_gemm(const LinArgs &a, u8 *smem) {
 // rows, MXFP4: BM rows, of a.sstride bytes).
 #define LINTC(FMTN, FMT, BM, BN, WM, WN, ST, OB) LINTS(FMTN, FMT, BM, BN, WM, WN, ST, OB) LINTM(FMTN, FMT, BM, BN, WM, WN, ST, OB)
 #define LINTS(FMTN, FMT, BM, BN, WM, WN, ST, OB) \
-  extern "C" __global__ void __launch_bounds__(WM * WN * 32, OB) lint_##FMTN##_##BM##x##BN##_w##WM##x##WN##_s##ST##_o##OB(LinArgs a) { \
+  extern "C" __global__ void __launch_bounds__(WM * WN * 32, OB) lint_##FMTN##_##BM##x##BN##_w##WM##x##WN##_s##ST##_o##OB(LinArgs a) { MOXIE_PDL(); \
     extern __shared__ uint4 smem_t[]; \
     tc_gemm<FMT, BM, BN, WM, WN, ST, 0, 0>(a, reinterpret_cast<u8 *>(smem_t)); }
 // The in-place x split (XC): lint_..._o<OB>_x (LINTX) and lintmulti_..._o<OB>_x (LINTXM).
 #define LINTX(FMTN, FMT, BM, BN, WM, WN, ST, OB) \
-  extern "C" __global__ void __launch_bounds__(WM * WN * 32, OB) lint_##FMTN##_##BM##x##BN##_w##WM##x##WN##_s##ST##_o##OB##_x(LinArgs a) { \
+  extern "C" __global__ void __launch_bounds__(WM * WN * 32, OB) lint_##FMTN##_##BM##x##BN##_w##WM##x##WN##_s##ST##_o##OB##_x(LinArgs a) { MOXIE_PDL(); \
     extern __shared__ uint4 smem_t[]; \
     tc_gemm<FMT, BM, BN, WM, WN, ST, 0, 1>(a, reinterpret_cast<u8 *>(smem_t)); }
 #define LINTXM(FMTN, FMT, BM, BN, WM, WN, ST, OB) \
-  extern "C" __global__ void __launch_bounds__(WM * WN * 32, OB) lintmulti_##FMTN##_##BM##x##BN##_w##WM##x##WN##_s##ST##_o##OB##_x(const LinArgs *__restrict__ all) { \
+  extern "C" __global__ void __launch_bounds__(WM * WN * 32, OB) lintmulti_##FMTN##_##BM##x##BN##_w##WM##x##WN##_s##ST##_o##OB##_x(const LinArgs *__restrict__ all) { MOXIE_PDL(); \
     extern __shared__ uint4 smem_t[]; \
     const LinArgs a = all[blockIdx.z]; \
     tc_gemm<FMT, BM, BN, WM, WN, ST, 0, 1>(a, reinterpret_cast<u8 *>(smem_t)); }
 // Split-K single launches: lint_..._o<OB>_k (grid z: the column ranges).
 #define LINTK(FMTN, FMT, BM, BN, WM, WN, ST, OB) \
-  extern "C" __global__ void __launch_bounds__(WM * WN * 32, OB) lint_##FMTN##_##BM##x##BN##_w##WM##x##WN##_s##ST##_o##OB##_k(LinArgs a) { \
+  extern "C" __global__ void __launch_bounds__(WM * WN * 32, OB) lint_##FMTN##_##BM##x##BN##_w##WM##x##WN##_s##ST##_o##OB##_k(LinArgs a) { MOXIE_PDL(); \
     extern __shared__ uint4 smem_t[]; \
     tc_gemm<FMT, BM, BN, WM, WN, ST, 1, 0>(a, reinterpret_cast<u8 *>(smem_t)); }
 #define LINTM(FMTN, FMT, BM, BN, WM, WN, ST, OB) \
-  extern "C" __global__ void __launch_bounds__(WM * WN * 32, OB) lintmulti_##FMTN##_##BM##x##BN##_w##WM##x##WN##_s##ST##_o##OB(const LinArgs *__restrict__ all) { \
+  extern "C" __global__ void __launch_bounds__(WM * WN * 32, OB) lintmulti_##FMTN##_##BM##x##BN##_w##WM##x##WN##_s##ST##_o##OB(const LinArgs *__restrict__ all) { MOXIE_PDL(); \
     extern __shared__ uint4 smem_t[]; \
     const LinArgs a = all[blockIdx.z]; \
     tc_gemm<FMT, BM, BN, WM, WN, ST, 0, 0>(a, reinterpret_cast<u8 *>(smem_t)); }
@@ -1309,7 +1310,7 @@ LINM_NB(fp8, FMT_FP8, 2, 4, 0, _d0)
 LINM_NB(mxfp4, FMT_MXFP4, 2, 4, 0, _d0)
 LINM_NB(bf16, FMT_BF16, 2, 4, 0, _d0)
 
-extern "C" __global__ void linear_generic(LinArgs a, int fmt) { linear_generic_body(a, fmt); }
+extern "C" __global__ void linear_generic(LinArgs a, int fmt) { MOXIE_PDL(); linear_generic_body(a, fmt); }
 
 // Tensor-core GEMM family (batch >= tcMinBatch, see tcAutoTile,
 // multiAutoTile and planMultiTC in linear.go): the automatic tile shapes,
@@ -1320,14 +1321,14 @@ LINTM(fp8, FMT_FP8, 128, 64, 4, 2, 4, 1) LINTM(mxfp4, FMT_MXFP4, 128, 64, 4, 2, 
 LINTC3(64, 32, 2, 2, 4, 1)
 
 // Launch/graph overhead probe: adds v to p[threadIdx.x].
-extern "C" __global__ void tiny_add(float *p, float v) {
+extern "C" __global__ void tiny_add(float *p, float v) { MOXIE_PDL();
   p[threadIdx.x] += v;
 }
 
 // Busy-waits ns nanoseconds (by the global timer) so that the host can queue
 // the launches to be timed behind it: the events then time back-to-back
 // kernels, not the host's launch rate.
-extern "C" __global__ void spin(long long ns) {
+extern "C" __global__ void spin(long long ns) { MOXIE_PDL();
   unsigned long long t0, t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   do {
@@ -1336,7 +1337,7 @@ extern "C" __global__ void spin(long long ns) {
 }
 
 // Reads n float4 once each (4 per thread, coalesced): the HBM read ceiling.
-extern "C" __global__ void read_bw4(const float4 *__restrict__ p, long long n, float *out) {
+extern "C" __global__ void read_bw4(const float4 *__restrict__ p, long long n, float *out) { MOXIE_PDL();
   float s = 0.f;
 #pragma unroll
   for (int k = 0; k < 4; k++) {

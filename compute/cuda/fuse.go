@@ -63,7 +63,7 @@ func rmsThreads(dim int) int { return min(1024, max(32, (dim+3)/4/32*32)) }
 // coefficients or A, so PostOut and CombOut may be the same buffers as Post
 // and Comb; XOut must not overlap X, O, Post or Comb, and A must not
 // overlap X, XOut, Pre, PostOut, CombOut or Scratch (it may be O). Both
-// paths give the same bits.
+// paths run the same float32 operations in the same order.
 type HCNorm struct {
 	// X [T, HC, D]: the streams entering the boundary (the previous
 	// sublayer's input when O != 0). 16-byte aligned.

@@ -8,7 +8,7 @@
 
 // ---------------------------------------------------------------------------
 // Sublayer boundary: HCExpand → HCMix (split-K) → HCCollapse → RMSNorm in two
-// kernels.
+// kernels (below) or in one (fuse_hc_one, further down).
 //
 // fuse_hc_dots: hc_split_dots over the expanded streams x' = post·o + combᵀ·x
 // (HCExpand's order: fma(comb[hc−1, k], x[hc−1], … fma(comb[0, k], x[0],

@@ -110,6 +110,9 @@ type DeviceSession struct {
 	// fuse.go); off with MOXIE_CUDA_FUSE=off and while a layer hook is set.
 	fused     bool
 	hcScratch cuda.DevicePtr // HCNormScratchBytes for a chunk
+	// hcCounters: the one-kernel boundaries' arrival counters
+	// (HCNormCounterBytes for a chunk; zeroed once, left zero by each).
+	hcCounters cuda.DevicePtr
 	// side: a decode step with merged projections runs the compressors'
 	// chain (their projections, stores and closes) on a second stream,
 	// forked after wq_a+wkv and joined before the indexer scores, so it
@@ -274,6 +277,7 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 	s.headRows = min(T, maxHeadRows)
 	pl.add(&s.logits, f*s.headRows*c.VocabSize)
 	pl.add(&s.hcScratch, cuda.HCNormScratchBytes(hc, D, T))
+	pl.add(&s.hcCounters, cuda.HCNormCounterBytes(T))
 	if s.attnDec {
 		// Keys per query are at most the window plus every entry (HCA) or
 		// the top-k (CSA); the split count, and so the scratch, is capped.
@@ -326,6 +330,9 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 		}
 		if err := pl.alloc(s.arena); err != nil {
 			return fmt.Errorf("dsv4: device session state: %w", err)
+		}
+		if err := cc.Memset(s.hcCounters, 0, cuda.HCNormCounterBytes(T), cc.Stream()); err != nil {
+			return err
 		}
 		if s.host, err = cc.NewHostBuffer(8 * T); err != nil {
 			return err
@@ -836,7 +843,7 @@ func (s *DeviceSession) stepFused(c *cuda.Ctx, T, p0, rows int, graph bool) erro
 	st := c.Stream()
 	bound := func(x, o, xout cuda.DevicePtr, hcp *cuda.HC, norm cuda.DevicePtr) error {
 		a := &cuda.HCNorm{X: x, O: o, Post: s.post, Comb: s.comb, XOut: xout, Pre: s.pre, PostOut: s.post, CombOut: s.comb,
-			A: s.a, Norm: norm, Eps: eps, Scratch: s.hcScratch, T: T}
+			A: s.a, Norm: norm, Eps: eps, Scratch: s.hcScratch, Counters: s.hcCounters, T: T}
 		return c.HCMixNorm(a, hcp, st)
 	}
 	for l, b := range d.layers {
@@ -873,7 +880,7 @@ func (s *DeviceSession) stepFused(c *cuda.Ctx, T, p0, rows int, graph bool) erro
 	first := T - rows
 	a := &cuda.HCNorm{X: off(s.xmid, first*hc*D), O: off(s.moeOut, first*D), Post: off(s.post, first*hc),
 		Comb: off(s.comb, first*hc*hc), XOut: off(s.x, first*hc*D), Pre: s.pre, A: s.a, Norm: d.norm, Eps: eps,
-		Scratch: s.hcScratch, T: rows}
+		Scratch: s.hcScratch, Counters: s.hcCounters, T: rows}
 	if err := c.HCHeadNorm(a, &d.hcHead, st); err != nil {
 		return err
 	}

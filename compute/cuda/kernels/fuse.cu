@@ -5,6 +5,7 @@
 // for the boundary without an expand. Every fused kernel computes what the
 // chain of unfused ops computes, in the same float32 order where the
 // comments say so.
+//@pdl
 
 // ---------------------------------------------------------------------------
 // Sublayer boundary: HCExpand → HCMix (split-K) → HCCollapse → RMSNorm in two

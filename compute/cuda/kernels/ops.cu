@@ -5,6 +5,7 @@
 // compute/compute.go and the host implementation in compute/cpu). No headers:
 // NVRTC needs none. All kernels are extern "C" so the host looks them up by
 // name (compute/cuda/ops.go).
+//@pdl
 
 typedef unsigned char u8;
 typedef unsigned short u16;

@@ -16,7 +16,7 @@ func TestMoEVariantFromEnv(t *testing.T) {
 		want   cuda.MoEVariant
 		on, ok bool
 	}{
-		{"", cuda.MoEDefault, true, true},
+		{"", cuda.MoEPreferred, true, true},
 		{"off", 0, false, true},
 		{cuda.MoEVariant(1).String(), cuda.MoEVariant(1), true, true},
 		{cuda.MoEVariant(2).String(), cuda.MoEVariant(2), true, true},

@@ -128,8 +128,10 @@ func (v MoEVariant) String() string {
 
 // MoEPreferred is the variant ParseMoEVariant("") picks, i.e. the one a
 // decode session runs unless told otherwise: the fastest variant measured
-// correct on the GPU (promoting another is this one line).
-const MoEPreferred = MoEDefault
+// correct on the GPU (promoting another is this one line). On the H200
+// (2026-11-30, BenchmarkMoEDecode, V4-Flash shapes, both stages replayed as
+// a graph) wide1 took 53.2 us against u8's 60.4 (43% of HBM against 38%).
+const MoEPreferred = MoEWide1
 
 // ParseMoEVariant returns the variant named s (its String form: u8, occ3,
 // u8cvt, persist, persistpf, wide, wide1, widepf, widep, wide3; "" is

@@ -3,6 +3,7 @@ package cuda
 import (
 	_ "embed"
 	"fmt"
+	"os"
 	"strings"
 	"structs"
 	"unsafe"
@@ -24,6 +25,7 @@ type Fwd struct {
 	attn, attnHG, ringStore, compStore, compClose, indexScores, topk *Kernel
 	moeArgs, addRows, gather, scatter, gatherI32                     *Kernel
 	moePlan, moeTiles, moeCombine                                    *Kernel
+	moeCount, moeOffsets, moeScatter                                 *Kernel
 }
 
 // FwdMaxTopK is the largest k TopKRows takes.
@@ -42,6 +44,7 @@ func (c *Ctx) Fwd() (*Fwd, error) {
 		{"fwd_moe_args", &f.moeArgs}, {"fwd_add_rows", &f.addRows},
 		{"fwd_gather_rows", &f.gather}, {"fwd_scatter_add", &f.scatter}, {"fwd_gather_i32", &f.gatherI32},
 		{"fwd_moe_plan", &f.moePlan}, {"fwd_moe_tiles", &f.moeTiles}, {"fwd_moe_combine", &f.moeCombine},
+		{"fwd_moe_count", &f.moeCount}, {"fwd_moe_offsets", &f.moeOffsets}, {"fwd_moe_scatter", &f.moeScatter},
 	}...)
 	if err != nil {
 		return nil, err
@@ -396,6 +399,8 @@ const (
 // route weight of each slot, Inv (int32 [N]) the slot of each (token, k),
 // Tiles (int32 [MaxTiles, 3]); XE [N, dim] the gathered inputs, G, U, H
 // [N, inter] the w1 and w3 outputs and the w2 input, Y [N, dim] the outputs.
+// PlanExperts uses the start of XE as scratch (the gather that follows
+// rewrites it).
 type ExpertTileBufs struct {
 	RowTok, RowW, Inv, Tiles DevicePtr
 	XE, G, U, H, Y           DevicePtr
@@ -555,8 +560,63 @@ func (et *ExpertTiles) modeFor(n int) int {
 // PlanExperts enqueues the expert-major layout of T tokens' routing (ids
 // int32 [T, K], w [T, K]) into the tile buffers, in the records of the mode
 // for T·K routed rows (see ExpertTileMode), which the following
-// RunExpertTiles13/2 launch.
+// RunExpertTiles13/2 launch. Entry j = t·K + k (token t's k-th expert e,
+// ids outside [0, E) count as expert 0) gets slot Inv[j] = the rows of the
+// experts before e plus the entries before j routed to e; RowTok[slot] = t,
+// RowW[slot] = w[j]; Tiles lists (expert, first slot, rows) of every
+// expert's rows in tiles of up to Tile() rows in expert order, then tiles
+// of 0 rows. It runs three kernels over the whole device (count, offsets,
+// scatter: for up to planMaxExperts experts whose counts fit in XE), else,
+// or with MOXIE_CUDA_MOEPLAN=old, the one-block planner.
 func (f *Fwd) PlanExperts(c *Ctx, et *ExpertTiles, ids, w DevicePtr, T int, s Stream) error {
+	v, err := moePlanFromEnv()
+	if err != nil {
+		return err
+	}
+	return f.planExperts(c, et, ids, w, T, v, s)
+}
+
+// planMaxExperts is the most experts the multi-block planner takes;
+// planChunk and planThreads mirror PLAN_CHUNK and PLAN_THREADS in
+// kernels/fwd.cu.
+const (
+	planMaxExperts = 1024
+	planChunk      = 1024
+	planThreads    = 256
+)
+
+// moePlanVariant picks PlanExperts' kernels.
+type moePlanVariant int
+
+const (
+	moePlanMulti moePlanVariant = iota // count, offsets, scatter over the device
+	moePlanOld                         // one block (fwd_moe_plan)
+)
+
+// moePlanFromEnv reads MOXIE_CUDA_MOEPLAN: unset or "multi" (the default),
+// or "old" (the one-block planner).
+func moePlanFromEnv() (moePlanVariant, error) {
+	switch v := os.Getenv("MOXIE_CUDA_MOEPLAN"); v {
+	case "", "multi":
+		return moePlanMulti, nil
+	case "old":
+		return moePlanOld, nil
+	default:
+		return 0, fmt.Errorf("cuda fwd_moe_plan: MOXIE_CUDA_MOEPLAN=%q: want multi or old (or unset for multi)", v)
+	}
+}
+
+// planMulti reports whether the multi-block planner takes n routed rows of
+// et: at most planMaxExperts experts, and the counts ([blocks, E] int32)
+// fit in XE.
+func (et *ExpertTiles) planMulti(n int) bool {
+	nb := (n + planChunk - 1) / planChunk
+	return et.E <= planMaxExperts && nb*et.E <= et.maxRows*et.dim
+}
+
+// planExperts is PlanExperts with the planner chosen (moePlanMulti falls
+// back to the one-block planner where it does not take the chunk).
+func (f *Fwd) planExperts(c *Ctx, et *ExpertTiles, ids, w DevicePtr, T int, v moePlanVariant, s Stream) error {
 	n := T * et.K
 	if T <= 0 || n > et.maxRows {
 		return fmt.Errorf("cuda fwd_moe_plan: %d tokens × %d experts, room for %d rows", T, et.K, et.maxRows)
@@ -564,9 +624,25 @@ func (f *Fwd) PlanExperts(c *Ctx, et *ExpertTiles, ids, w DevicePtr, T int, s St
 	et.cur = et.modeFor(n)
 	m := et.modes[et.cur]
 	n32, k32, e32, mt, tl := int32(n), int32(et.K), int32(et.E), int32(m.maxTiles), int32(m.Rows)
-	return c.Launch(f.moePlan, Dim3{X: 1}, Dim3{X: 1024}, 12*et.E, s, unsafe.Pointer(&et.b.RowTok), unsafe.Pointer(&et.b.RowW),
-		unsafe.Pointer(&et.b.Inv), unsafe.Pointer(&et.b.Tiles), unsafe.Pointer(&ids), unsafe.Pointer(&w), unsafe.Pointer(&n32),
-		unsafe.Pointer(&k32), unsafe.Pointer(&e32), unsafe.Pointer(&mt), unsafe.Pointer(&tl))
+	b := &et.b
+	if v == moePlanOld || !et.planMulti(n) {
+		return c.Launch(f.moePlan, Dim3{X: 1}, Dim3{X: 1024}, 12*et.E, s, unsafe.Pointer(&b.RowTok), unsafe.Pointer(&b.RowW),
+			unsafe.Pointer(&b.Inv), unsafe.Pointer(&b.Tiles), unsafe.Pointer(&ids), unsafe.Pointer(&w), unsafe.Pointer(&n32),
+			unsafe.Pointer(&k32), unsafe.Pointer(&e32), unsafe.Pointer(&mt), unsafe.Pointer(&tl))
+	}
+	nb := (n + planChunk - 1) / planChunk
+	cnt, nb32 := b.XE, int32(nb)
+	if err := c.Launch(f.moeCount, Dim3{X: uint32(nb)}, Dim3{X: planThreads}, 4*et.E, s, unsafe.Pointer(&cnt), unsafe.Pointer(&ids),
+		unsafe.Pointer(&n32), unsafe.Pointer(&e32)); err != nil {
+		return err
+	}
+	if err := c.Launch(f.moeOffsets, Dim3{X: 1}, Dim3{X: 1024}, 0, s, unsafe.Pointer(&cnt), unsafe.Pointer(&b.Tiles),
+		unsafe.Pointer(&nb32), unsafe.Pointer(&e32), unsafe.Pointer(&mt), unsafe.Pointer(&tl)); err != nil {
+		return err
+	}
+	return c.Launch(f.moeScatter, Dim3{X: uint32(nb)}, Dim3{X: planThreads}, 4*et.E*(1+planThreads/32), s,
+		unsafe.Pointer(&b.RowTok), unsafe.Pointer(&b.RowW), unsafe.Pointer(&b.Inv), unsafe.Pointer(&cnt), unsafe.Pointer(&ids),
+		unsafe.Pointer(&w), unsafe.Pointer(&n32), unsafe.Pointer(&k32), unsafe.Pointer(&e32))
 }
 
 // RunExpertTiles13 enqueues the tiles' records for layer table t and the w1
@@ -575,16 +651,23 @@ func (f *Fwd) RunExpertTiles13(c *Ctx, et *ExpertTiles, t *ExpertTable, s Stream
 	if t.E != et.E || t.Inter != et.inter || t.Dim != et.dim {
 		return fmt.Errorf("cuda expert tiles: table of %d experts [%d, %d], tiles prepared for %d [%d, %d]", t.E, t.Inter, t.Dim, et.E, et.inter, et.dim)
 	}
+	if err := f.expertRecords(c, et, t.all13.args, t.all2.args, s); err != nil {
+		return err
+	}
+	return c.LaunchMultiLinear(et.modes[et.cur].run13, s)
+}
+
+// expertRecords enqueues fwd_moe_tiles: the records of the last
+// PlanExperts' tiles from the table records all13 (w1, w3 of each expert)
+// and all2 (w2).
+func (f *Fwd) expertRecords(c *Ctx, et *ExpertTiles, all13, all2 DevicePtr, s Stream) error {
 	m := et.modes[et.cur]
 	mt, in, d := int32(m.maxTiles), int32(et.inter), int32(et.dim)
 	b := et.b
-	if err := c.Launch(f.moeTiles, Dim3{X: uint32((m.maxTiles + 127) / 128)}, Dim3{X: 128}, 0, s,
-		unsafe.Pointer(&m.run13.args), unsafe.Pointer(&m.run2.args), unsafe.Pointer(&t.all13.args), unsafe.Pointer(&t.all2.args),
+	return c.Launch(f.moeTiles, Dim3{X: uint32((m.maxTiles + 127) / 128)}, Dim3{X: 128}, 0, s,
+		unsafe.Pointer(&m.run13.args), unsafe.Pointer(&m.run2.args), unsafe.Pointer(&all13), unsafe.Pointer(&all2),
 		unsafe.Pointer(&b.Tiles), unsafe.Pointer(&mt), unsafe.Pointer(&b.XE), unsafe.Pointer(&b.G), unsafe.Pointer(&b.U),
-		unsafe.Pointer(&b.H), unsafe.Pointer(&b.Y), unsafe.Pointer(&in), unsafe.Pointer(&d)); err != nil {
-		return err
-	}
-	return c.LaunchMultiLinear(m.run13, s)
+		unsafe.Pointer(&b.H), unsafe.Pointer(&b.Y), unsafe.Pointer(&in), unsafe.Pointer(&d))
 }
 
 // RunExpertTiles2 enqueues the w2 products (H → Y) of the tiles recorded by

@@ -567,6 +567,155 @@ extern "C" __global__ void __launch_bounds__(1024) fwd_moe_plan(int *row_tok, fl
   }
 }
 
+// The multi-block planner (the default; fwd_moe_plan stays for A/B):
+// the same layout, tiles and entry order as fwd_moe_plan in three kernels.
+// Block b of fwd_moe_count and fwd_moe_scatter owns the entries
+// [b*PLAN_CHUNK, (b+1)*PLAN_CHUNK); cnt [nb, experts] (int32, nb =
+// ceil(n / PLAN_CHUNK)) holds block b's count of each expert, which
+// fwd_moe_offsets turns into block b's first slot of each expert.
+#define PLAN_CHUNK 1024
+#define PLAN_THREADS 256
+
+__device__ __forceinline__ int plan_expert(const int *ids, int j, int experts) {
+  const int e = ids[j];
+  return (e < 0 || e >= experts) ? 0 : e;
+}
+
+// fwd_moe_count: cnt[b, e] = the entries of block b's chunk routed to e.
+// Grid nb, PLAN_THREADS threads, dynamic shared memory 4 * experts bytes.
+extern "C" __global__ void __launch_bounds__(PLAN_THREADS) fwd_moe_count(int *cnt, const int *ids, int n, int experts) { MOXIE_PDL();
+  extern __shared__ int sh[];
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) sh[e] = 0;
+  __syncthreads();
+  const int j0 = blockIdx.x * PLAN_CHUNK, j1 = min(n, j0 + PLAN_CHUNK);
+  for (int j = j0 + threadIdx.x; j < j1; j += blockDim.x) atomicAdd(&sh[plan_expert(ids, j, experts)], 1);
+  __syncthreads();
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) cnt[(long long)blockIdx.x * experts + e] = sh[e];
+}
+
+// fwd_moe_offsets (one block of 1024 threads, experts <= 1024): from the
+// counts cnt [nb, experts], expert e's rows start at off[e] = the rows of
+// the experts before it; cnt[b, e] becomes off[e] + the rows of e in the
+// blocks before b. Writes the tiles as fwd_moe_plan does: (expert, first
+// slot, rows <= tile) of every expert's rows in expert order, tiles past
+// the last (up to max_tiles) with 0 rows; none at or past max_tiles.
+extern "C" __global__ void __launch_bounds__(1024) fwd_moe_offsets(int *cnt, int *tiles, int nb, int experts,
+                                                                 int max_tiles, int tile) { MOXIE_PDL();
+  __shared__ int s_off[1024], s_toff[1024], s_tot[1024], w_rows[32], w_tiles[32];
+  __shared__ int s_total;
+  const int e = threadIdx.x, lane = e & 31, w = e >> 5;
+  int tot = 0;
+  if (e < experts)
+    for (int b = 0; b < nb; b++) tot += cnt[(long long)b * experts + e];
+  const int nt = (tot + tile - 1) / tile;
+  // Exclusive scans of the rows and the tiles over the experts.
+  int r = tot, q = nt;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int r2 = __shfl_up_sync(0xffffffffu, r, o), q2 = __shfl_up_sync(0xffffffffu, q, o);
+    if (lane >= o) {
+      r += r2;
+      q += q2;
+    }
+  }
+  if (lane == 31) {
+    w_rows[w] = r;
+    w_tiles[w] = q;
+  }
+  __syncthreads();
+  if (w == 0) {
+    const int a0 = w_rows[lane], c0 = w_tiles[lane];
+    int a = a0, c = c0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int a2 = __shfl_up_sync(0xffffffffu, a, o), c2 = __shfl_up_sync(0xffffffffu, c, o);
+      if (lane >= o) {
+        a += a2;
+        c += c2;
+      }
+    }
+    w_rows[lane] = a - a0;
+    w_tiles[lane] = c - c0;
+    if (lane == 31) s_total = c;
+  }
+  __syncthreads();
+  const int off = w_rows[w] + r - tot, toff = w_tiles[w] + q - nt;
+  s_off[e] = off;
+  s_toff[e] = toff;
+  s_tot[e] = tot;
+  if (e < experts) {
+    int run = off;
+    for (int b = 0; b < nb; b++) {
+      const long long i = (long long)b * experts + e;
+      const int c = cnt[i];
+      cnt[i] = run;
+      run += c;
+    }
+  }
+  __syncthreads();
+  const int total = s_total;
+  for (int ti = e; ti < max_tiles; ti += blockDim.x) {
+    int ex = 0, r0 = 0, rows = 0;
+    if (ti < total) {
+      // The last expert whose tiles start at or before ti owns it (experts
+      // without rows start where the next one does).
+      int lo = 0, hi = experts - 1;
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (s_toff[mid] <= ti) lo = mid;
+        else hi = mid - 1;
+      }
+      const int qq = ti - s_toff[lo];
+      ex = lo;
+      r0 = s_off[lo] + qq * tile;
+      rows = min(tile, s_tot[lo] - qq * tile);
+    }
+    tiles[3 * ti] = ex;
+    tiles[3 * ti + 1] = r0;
+    tiles[3 * ti + 2] = rows;
+  }
+}
+
+// fwd_moe_scatter: the slots of block b's entries, in entry order within
+// each expert (base [nb, experts]: fwd_moe_offsets' first slots): writes
+// row_tok, row_w and inv as fwd_moe_plan does. Grid nb, PLAN_THREADS
+// threads, dynamic shared memory 4 * experts * (1 + PLAN_THREADS/32) bytes.
+extern "C" __global__ void __launch_bounds__(PLAN_THREADS) fwd_moe_scatter(int *row_tok, float *row_w, int *inv,
+                                                                         const int *base, const int *ids, const float *w,
+                                                                         int n, int K, int experts) { MOXIE_PDL();
+  extern __shared__ int sh[];
+  // run[e]: the next slot of expert e; wc[v, e]: the entries of warp v in
+  // this pass routed to e (0 where none).
+  int *run = sh, *wc = sh + experts;
+  const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
+  for (int e = threadIdx.x; e < experts; e += PLAN_THREADS) run[e] = base[(long long)blockIdx.x * experts + e];
+  for (int i = threadIdx.x; i < (PLAN_THREADS / 32) * experts; i += PLAN_THREADS) wc[i] = 0;
+  __syncthreads();
+  const int j0 = blockIdx.x * PLAN_CHUNK;
+  for (int p = 0; p < PLAN_CHUNK && j0 + p < n; p += PLAN_THREADS) {
+    const int j = j0 + p + threadIdx.x;
+    const bool ok = j < n;
+    const int e = ok ? plan_expert(ids, j, experts) : -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    const int rank = __popc(peers & ((1u << lane) - 1u)), cnt = __popc(peers);
+    if (ok && rank == 0) wc[wi * experts + e] = cnt;
+    __syncthreads();
+    if (ok) {
+      int slot = run[e] + rank;
+      for (int v = 0; v < wi; v++) slot += wc[v * experts + e];
+      row_tok[slot] = j / K;
+      row_w[slot] = w[j];
+      inv[j] = slot;
+    }
+    __syncthreads();
+    if (ok && rank == 0) {
+      atomicAdd(&run[e], cnt);
+      wc[wi * experts + e] = 0;
+    }
+    __syncthreads();
+  }
+}
+
 // fwd_moe_tiles: the multi-linear records of every tile (grid-stride over
 // max_tiles): run13[2j] / run13[2j+1] = the tile's expert w1 / w3 over rows
 // xe[first .. first+rows) into g / u at the same rows, run2[j] = its w2 over
@@ -598,8 +747,25 @@ extern "C" __global__ void fwd_moe_tiles(LinArgs *run13, LinArgs *run2, const Li
 }
 
 // fwd_moe_combine: out[t, :] += sum_k y[inv[t*K + k], :] (k in order). Grid T.
+// Rows of 4-float multiples at 16-byte aligned addresses go 4 floats per
+// access (the same additions in the same order).
 extern "C" __global__ void fwd_moe_combine(float *out, const float *y, const int *inv, int K, int dim) { MOXIE_PDL();
   const int t = blockIdx.x;
+  if ((dim & 3) == 0 && ((((unsigned long long)out) | ((unsigned long long)y)) & 15) == 0) {
+    float4 *o4 = (float4 *)(out + (long long)t * dim);
+    for (int c = threadIdx.x; c < dim / 4; c += blockDim.x) {
+      float4 s = o4[c];
+      for (int k = 0; k < K; k++) {
+        const float4 v = ((const float4 *)(y + (long long)inv[t * K + k] * dim))[c];
+        s.x += v.x;
+        s.y += v.y;
+        s.z += v.z;
+        s.w += v.w;
+      }
+      o4[c] = s;
+    }
+    return;
+  }
   for (int c = threadIdx.x; c < dim; c += blockDim.x) {
     float s = out[(long long)t * dim + c];
     for (int k = 0; k < K; k++) s += y[(long long)inv[t * K + k] * dim + c];
@@ -617,9 +783,17 @@ extern "C" __global__ void fwd_add_rows(float *out, const float *y, int K, int d
 }
 
 // dst[j, :] = src[rows[j], :] for j < n (width floats per row). Grid n.
+// Rows of 4-float multiples at 16-byte aligned addresses go 4 floats per
+// access.
 extern "C" __global__ void fwd_gather_rows(float *dst, const float *src, const int *rows, int width) { MOXIE_PDL();
   const int j = blockIdx.x;
   const long long r = rows[j];
+  if ((width & 3) == 0 && ((((unsigned long long)dst) | ((unsigned long long)src)) & 15) == 0) {
+    const float4 *s4 = (const float4 *)(src + r * width);
+    float4 *d4 = (float4 *)(dst + (long long)j * width);
+    for (int c = threadIdx.x; c < width / 4; c += blockDim.x) d4[c] = s4[c];
+    return;
+  }
   for (int c = threadIdx.x; c < width; c += blockDim.x) dst[(long long)j * width + c] = src[r * width + c];
 }
 

@@ -1206,3 +1206,193 @@ func BenchmarkPrefillExperts(b *testing.B) {
 		b.Log(l)
 	}
 }
+
+// BenchmarkMoEPlan measures the prefill MoE's bookkeeping kernels on the
+// V4-Flash shapes (K = 6 distinct experts per token chosen uniformly at
+// random, dim 4096): PlanExperts with the one-block planner (old) and the
+// multi-block one (multi) for 192 and 256 experts and chunks of 512, 2048
+// and 4096 tokens, alone (us-plan) and with the tiles' records
+// (fwd_moe_tiles, 64-row tiles: us-plan+tiles); and, per chunk size,
+// GatherRows of the chunk's T·6 rows and CombineExperts (us, GB/s of the
+// bytes each must move). Device time from CUDA events, median of 5 runs of
+// 10 launches each; run with -test.benchtime 1x (about 10 s).
+func BenchmarkMoEPlan(b *testing.B) {
+	dev := testDevice(b)
+	const K, dim, maxT, tile = 6, 4096, 4096, 64
+	Es, Ts := []int{192, 256}, []int{512, 2048, 4096}
+	n := maxT * K
+	rng := rand.New(rand.NewPCG(9, 2))
+	var (
+		a          *Arena
+		fw         *Fwd
+		spin       *Kernel
+		bufs       ExpertTileBufs
+		x, out     DevicePtr
+		rec13      DevicePtr
+		rec2       DevicePtr
+		all13      DevicePtr
+		all2       DevicePtr
+		ids, wts   = map[[2]int]DevicePtr{}, map[[2]int]DevicePtr{}
+		setupError error
+	)
+	maxTiles := expertMaxTiles(n, 256, tile)
+	setupError = dev.Do(func(c *Ctx) error {
+		var err error
+		if fw, err = c.Fwd(); err != nil {
+			return err
+		}
+		m, err := c.linearModule()
+		if err != nil {
+			return err
+		}
+		if spin, err = m.Kernel("spin"); err != nil {
+			return err
+		}
+		rec := int(unsafe.Sizeof(linArgs{}))
+		if a, err = c.NewArena(4*n*(2*dim+3) + 8*maxT*dim + 4*3*maxTiles + 3*rec*(maxTiles+256) + len(Es)*len(Ts)*8*n + 16<<20); err != nil {
+			return err
+		}
+		alloc := func(bytes int) DevicePtr {
+			if err != nil {
+				return 0
+			}
+			var p DevicePtr
+			p, err = a.Alloc(bytes)
+			return p
+		}
+		bufs = ExpertTileBufs{RowTok: alloc(4 * n), RowW: alloc(4 * n), Inv: alloc(4 * n), Tiles: alloc(4 * 3 * maxTiles),
+			XE: alloc(4 * n * dim), Y: alloc(4 * n * dim)}
+		x, out = alloc(4*maxT*dim), alloc(4*maxT*dim)
+		rec13, rec2, all13, all2 = alloc(2*rec*maxTiles), alloc(rec*maxTiles), alloc(2*rec*256), alloc(rec*256)
+		for _, E := range Es {
+			for _, T := range Ts {
+				ids[[2]int{E, T}], wts[[2]int{E, T}] = alloc(4*T*K), alloc(4*T*K)
+			}
+		}
+		if err != nil {
+			return err
+		}
+		for _, p := range []struct {
+			p DevicePtr
+			n int
+		}{{bufs.Y, 4 * n * dim}, {x, 4 * maxT * dim}, {out, 4 * maxT * dim}, {all13, 2 * rec * 256}, {all2, rec * 256}} {
+			if err := c.Memset(p.p, 0, p.n, c.Stream()); err != nil {
+				return err
+			}
+		}
+		for _, E := range Es {
+			for _, T := range Ts {
+				idb, wb := make([]byte, 4*T*K), make([]byte, 4*T*K)
+				for tk := range T {
+					for k, e := range rng.Perm(E)[:K] {
+						j := tk*K + k
+						binary.LittleEndian.PutUint32(idb[4*j:], uint32(e))
+						binary.LittleEndian.PutUint32(wb[4*j:], math.Float32bits(float32(rng.Float64())))
+					}
+				}
+				if err := c.CopyToDevice(ids[[2]int{E, T}], idb); err != nil {
+					return err
+				}
+				if err := c.CopyToDevice(wts[[2]int{E, T}], wb); err != nil {
+					return err
+				}
+			}
+		}
+		return c.lib.CtxSynchronize()
+	})
+	defer dev.Do(func(c *Ctx) error {
+		if a != nil {
+			c.ReleaseArena(a)
+		}
+		return nil
+	})
+	if setupError != nil {
+		b.Fatal(setupError)
+	}
+	const launches, reps = 10, 5
+	var logs []string
+	for _, E := range Es {
+		for _, T := range Ts {
+			for _, v := range []struct {
+				name string
+				v    moePlanVariant
+			}{{"old", moePlanOld}, {"multi", moePlanMulti}} {
+				b.Run(fmt.Sprintf("e%d_t%d_%s", E, T, v.name), func(b *testing.B) {
+					err := dev.Do(func(c *Ctx) error {
+						mt := expertMaxTiles(n, E, tile)
+						et := &ExpertTiles{modes: []expertMode{{ExpertTileMode: ExpertTileMode{Rows: tile}, maxTiles: mt,
+							run13: &MultiLinear{args: rec13}, run2: &MultiLinear{args: rec2}}}, maxRows: n, K: K, E: E, dim: dim, b: bufs}
+						plan := func(int) error {
+							return fw.planExperts(c, et, ids[[2]int{E, T}], wts[[2]int{E, T}], T, v.v, c.Stream())
+						}
+						both := func(i int) error {
+							if err := plan(i); err != nil {
+								return err
+							}
+							return fw.expertRecords(c, et, all13, all2, c.Stream())
+						}
+						var us [2]float64
+						for i, f := range []func(int) error{plan, both} {
+							if err := f(0); err != nil {
+								return err
+							}
+							ts, err := timed(c, spin, launches, reps, f)
+							if err != nil {
+								return err
+							}
+							us[i] = median(ts)
+						}
+						b.ReportMetric(us[0], "us-plan")
+						b.ReportMetric(us[1], "us-plan+tiles")
+						logs = append(logs, fmt.Sprintf("e%-3d t%-4d %-5s plan %8.1f us  plan+tiles %8.1f us", E, T, v.name, us[0], us[1]))
+						return nil
+					})
+					if err != nil {
+						b.Fatal(err)
+					}
+				})
+			}
+		}
+	}
+	// The gather of the chunk's routed rows and the combine: E does not
+	// matter (the layout of the last plan of 256 experts at T).
+	for _, T := range Ts {
+		nr := T * K
+		for _, op := range []struct {
+			name  string
+			bytes float64
+		}{{"gather", 4 * float64(nr*dim+nr*dim)}, {"combine", 4 * float64(nr*dim+2*T*dim)}} {
+			b.Run(fmt.Sprintf("%s_t%d", op.name, T), func(b *testing.B) {
+				err := dev.Do(func(c *Ctx) error {
+					et := &ExpertTiles{modes: []expertMode{{ExpertTileMode: ExpertTileMode{Rows: tile}, maxTiles: expertMaxTiles(n, 256, tile)}},
+						maxRows: n, K: K, E: 256, dim: dim, b: bufs}
+					if err := fw.planExperts(c, et, ids[[2]int{256, T}], wts[[2]int{256, T}], T, moePlanMulti, c.Stream()); err != nil {
+						return err
+					}
+					f := func(int) error { return fw.GatherRows(c, bufs.XE, x, bufs.RowTok, nr, dim, c.Stream()) }
+					if op.name == "combine" {
+						f = func(int) error { return fw.CombineExperts(c, out, et, T, c.Stream()) }
+					}
+					if err := f(0); err != nil {
+						return err
+					}
+					ts, err := timed(c, spin, launches, reps, f)
+					if err != nil {
+						return err
+					}
+					us := median(ts)
+					b.ReportMetric(us, "us/op")
+					b.ReportMetric(op.bytes/(us*1e3), "GB/s")
+					logs = append(logs, fmt.Sprintf("%-7s t%-4d %8.1f us %7.0f GB/s", op.name, T, us, op.bytes/(us*1e3)))
+					return nil
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+			})
+		}
+	}
+	for _, l := range logs {
+		b.Log(l)
+	}
+}

@@ -819,3 +819,162 @@ func testFwdExpertTiles(t *testing.T, inter, dim, T, e0, tile int, modes []Exper
 		}
 	})
 }
+
+// downInts copies n int32 values down from the device.
+func (e *fwdEnv) downInts(p DevicePtr, n int) []int {
+	e.t.Helper()
+	b := make([]byte, 4*n)
+	if err := e.c.CopyFromDevice(b, p); err != nil {
+		e.t.Fatal(err)
+	}
+	out := make([]int, n)
+	for i := range out {
+		out[i] = int(int32(binary.LittleEndian.Uint32(b[4*i:])))
+	}
+	return out
+}
+
+// planRouting returns T·K routing ids over E experts of the named kind:
+// "uniform" (K distinct experts per token), "skewed" (the first choice is
+// expert 3 for 90% of the tokens, the rest from the lower half of the
+// experts, repeats allowed: the upper half gets no rows), "single" (every
+// entry names expert E-1) or "hostile" (ids in [-2, E+2): outside [0, E)
+// counts as expert 0).
+func planRouting(rng *rand.Rand, kind string, T, K, E int) []int {
+	ids := make([]int, T*K)
+	for tk := range T {
+		var perm []int
+		if kind == "uniform" {
+			perm = rng.Perm(E)[:K]
+		}
+		for k := range K {
+			j := tk*K + k
+			switch kind {
+			case "uniform":
+				ids[j] = perm[k]
+			case "skewed":
+				if k == 0 && rng.IntN(10) != 0 {
+					ids[j] = 3
+				} else {
+					ids[j] = rng.IntN(max(1, E/2))
+				}
+			case "single":
+				ids[j] = E - 1
+			case "hostile":
+				ids[j] = rng.IntN(E+4) - 2
+			}
+		}
+	}
+	return ids
+}
+
+// TestFwdPlanExperts checks PlanExperts' layout with both planners (the
+// multi-block default and MOXIE_CUDA_MOEPLAN=old) against a host reference
+// written from the contract: slots expert-major, entries of one expert in
+// entry order, RowTok/RowW/Inv of every slot, the tile records (expert,
+// first slot, rows) of every expert then records of 0 rows up to the
+// mode's tile count and nothing past it; chunks of 1..2048 tokens (up to
+// 12288 routed rows), 6..1025 experts (past 1024 both run the one-block
+// planner), experts without rows, one expert taking most or all rows, and
+// ids out of range.
+func TestFwdPlanExperts(t *testing.T) {
+	type planCase struct {
+		name          string
+		T, K, E, tile int
+		kind          string
+	}
+	cases := []planCase{
+		{"t23_e6_uniform", 23, 3, 6, 16, "uniform"},
+		{"t1_e256_uniform", 1, 6, 256, 64, "uniform"},
+		{"t100_e6_hostile", 100, 3, 6, 16, "hostile"},
+		{"t512_e192_uniform", 512, 6, 192, 64, "uniform"},
+		{"t700_e1024_skewed", 700, 6, 1024, 64, "skewed"},
+		{"t300_e1025_uniform", 300, 6, 1025, 64, "uniform"},
+		{"t2048_e256_uniform", 2048, 6, 256, 64, "uniform"},
+		{"t2048_e256_skewed", 2048, 6, 256, 64, "skewed"},
+		{"t2048_e192_skewed_128", 2048, 6, 192, 128, "skewed"},
+		{"t2048_e256_single", 2048, 6, 256, 64, "single"},
+		{"t2047_e192_hostile_16", 2047, 6, 192, 16, "hostile"},
+	}
+	if testing.Short() {
+		cases = cases[:4]
+	}
+	for ci, tc := range cases {
+		for _, v := range []struct {
+			name string
+			v    moePlanVariant
+		}{{"multi", moePlanMulti}, {"old", moePlanOld}} {
+			t.Run(tc.name+"_"+v.name, func(t *testing.T) {
+				withFwd(t, func(e *fwdEnv) {
+					testPlanExperts(e, rand.New(rand.NewPCG(uint64(ci), 11)), tc.T, tc.K, tc.E, tc.tile, tc.kind, v.v)
+				})
+			})
+		}
+	}
+}
+
+func testPlanExperts(e *fwdEnv, rng *rand.Rand, T, K, E, tile int, kind string, v moePlanVariant) {
+	t := e.t
+	const dim, spare = 256, 8
+	n := T * K
+	ids := planRouting(rng, kind, T, K, E)
+	wts := computetest.Normal(rng, n, 1)
+	mt := expertMaxTiles(n, E, tile)
+	sentinel := make([]int, 3*(mt+spare))
+	for i := range sentinel {
+		sentinel[i] = -7
+	}
+	bufs := ExpertTileBufs{RowTok: e.upInts(sentinel[:n]), RowW: e.poisoned(n), Inv: e.upInts(sentinel[:n]),
+		Tiles: e.upInts(sentinel), XE: e.poisoned(n * dim)}
+	et := &ExpertTiles{modes: []expertMode{{ExpertTileMode: ExpertTileMode{Rows: tile}, maxTiles: mt}}, maxRows: n, K: K, E: E, dim: dim, b: bufs}
+	if multi := et.planMulti(n); multi != (E <= planMaxExperts) {
+		t.Fatalf("planMulti(%d) = %v with %d experts", n, multi, E)
+	}
+	s := e.c.Stream()
+	if err := e.f.planExperts(e.c, et, e.upInts(ids), e.up(wts), T, v, s); err != nil {
+		t.Fatal(err)
+	}
+	// Host reference, from the contract.
+	expertOf := func(id int) int {
+		if id < 0 || id >= E {
+			return 0
+		}
+		return id
+	}
+	var slotEntry []int
+	inv := make([]int, n)
+	var tiles []int
+	for ex := range E {
+		first := len(slotEntry)
+		for j, id := range ids {
+			if expertOf(id) == ex {
+				inv[j] = len(slotEntry)
+				slotEntry = append(slotEntry, j)
+			}
+		}
+		for r := first; r < len(slotEntry); r += tile {
+			tiles = append(tiles, ex, r, min(tile, len(slotEntry)-r))
+		}
+	}
+	for len(tiles) < 3*mt {
+		tiles = append(tiles, 0, 0, 0)
+	}
+	tiles = append(tiles[:3*mt], sentinel[3*mt:]...)
+	gotInv, gotTok := e.downInts(bufs.Inv, n), e.downInts(bufs.RowTok, n)
+	gotW, gotTiles := e.down(bufs.RowW, n), e.downInts(bufs.Tiles, 3*(mt+spare))
+	for j := range n {
+		if gotInv[j] != inv[j] {
+			t.Fatalf("entry %d (token %d, id %d): slot %d, want %d", j, j/K, ids[j], gotInv[j], inv[j])
+		}
+	}
+	for sl, j := range slotEntry {
+		if gotTok[sl] != j/K || math.Float32bits(gotW[sl]) != math.Float32bits(wts[j]) {
+			t.Fatalf("slot %d: token %d weight %g, want entry %d's: token %d weight %g", sl, gotTok[sl], gotW[sl], j, j/K, wts[j])
+		}
+	}
+	for i := range tiles {
+		if gotTiles[i] != tiles[i] {
+			t.Fatalf("tile %d of %d: (expert, first, rows) = %v, want %v", i/3, mt, gotTiles[i/3*3:i/3*3+3], tiles[i/3*3:i/3*3+3])
+		}
+	}
+}

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -978,3 +981,204 @@ func testPlanExperts(e *fwdEnv, rng *rand.Rand, T, K, E, tile int, kind string, 
 		}
 	}
 }
+
+// TestMoEPlanEmulated runs the multi-block planner (fwd_moe_count,
+// fwd_moe_offsets, fwd_moe_scatter of kernels/fwd.cu) on the CPU (no GPU
+// needed): moePlanEmuHarness turns every CUDA thread into a std::thread
+// with barriers for __syncthreads and the warp exchanges (__match_any_sync,
+// __shfl_up_sync), launches the three kernels as PlanExperts does and
+// compares Inv, RowTok, RowW and the tile records (and the spare records
+// past the last, which must stay untouched) with its own reference: slots
+// expert-major, each expert's entries in entry order. Skipped with -short
+// or without g++ (C++20).
+func TestMoEPlanEmulated(t *testing.T) {
+	if testing.Short() {
+		t.Skip("emulation takes several seconds")
+	}
+	gxx, err := exec.LookPath("g++")
+	if err != nil {
+		t.Skipf("no g++: %v", err)
+	}
+	src := FwdSource()
+	i, j := strings.Index(src, "#define PLAN_CHUNK"), strings.Index(src, "// fwd_moe_tiles:")
+	if i < 0 || j < i {
+		t.Fatal("fwd.cu: the multi-block planner's section not found; update the emulation")
+	}
+	sec := src[i:j]
+	const dyn = "extern __shared__ int sh[];"
+	if strings.Count(sec, dyn) != 2 {
+		t.Fatalf("fwd.cu: the planner's kernels no longer declare %q; update the emulation", dyn)
+	}
+	sec = strings.ReplaceAll(sec, dyn, "int *sh = g_dyn;")
+	for _, d := range []string{fmt.Sprintf("#define PLAN_CHUNK %d\n", planChunk), fmt.Sprintf("#define PLAN_THREADS %d\n", planThreads)} {
+		if !strings.Contains(sec, d) {
+			t.Fatalf("fwd.cu does not %q as fwd.go's planChunk / planThreads say", strings.TrimSpace(d))
+		}
+	}
+	dir := t.TempDir()
+	for name, body := range map[string]string{"kern.inc": sec, "emu.cpp": moePlanEmuHarness} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bin := filepath.Join(dir, "emu")
+	if out, err := exec.Command(gxx, "-std=c++20", "-O1", "-pthread", "-w", "-o", bin, filepath.Join(dir, "emu.cpp")).CombinedOutput(); err != nil {
+		t.Fatalf("compiling the emulation: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin).CombinedOutput()
+	if err != nil {
+		t.Fatalf("emulation: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != 9 {
+		t.Errorf("emulation printed %d lines, want 9 (one per case):\n%s", len(lines), out)
+	}
+	for _, l := range lines {
+		t.Log(l)
+		if !strings.HasPrefix(l, "ok ") {
+			t.Error(l)
+		}
+	}
+}
+
+// moePlanEmuHarness is TestMoEPlanEmulated's C++ program (it includes
+// kern.inc, the planner's section of fwd.cu).
+const moePlanEmuHarness = `// CPU emulation of the multi-block MoE planner of kernels/fwd.cu: every
+// CUDA thread of a block is a std::thread, __syncthreads a block barrier,
+// each warp exchange a write between two warp barriers, __shared__
+// variables statics and the dynamic shared memory one array (one block runs
+// at a time, in launch order). Prints "ok <case>" or "FAIL <case>: why".
+#include <barrier>
+#include <thread>
+#include <vector>
+#include <cmath>
+#include <cstdio>
+#include <cstdint>
+#include <random>
+#include <algorithm>
+using std::min; using std::max;
+struct U3 { unsigned x, y, z; };
+thread_local U3 threadIdx, blockIdx;
+U3 blockDim, gridDim;
+std::barrier<> *g_block_bar;
+std::barrier<> *g_warp_bar[32];
+int g_xch[32][32];
+int g_dyn[1 << 14];
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(x)
+#define __shared__ static
+#define MOXIE_PDL() do {} while (0)
+inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
+static int warp_xch(int v, int src) {
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  g_warp_bar[w]->arrive_and_wait();
+  g_xch[w][l] = v;
+  g_warp_bar[w]->arrive_and_wait();
+  return g_xch[w][src];
+}
+inline int __shfl_up_sync(unsigned, int v, unsigned o) {
+  const int l = threadIdx.x % 32;
+  return warp_xch(v, l >= (int)o ? l - (int)o : l);
+}
+inline unsigned __match_any_sync(unsigned, int v) {
+  const int w = threadIdx.x / 32;
+  warp_xch(v, threadIdx.x % 32);
+  unsigned m = 0;
+  for (int i = 0; i < 32; i++)
+    if (g_xch[w][i] == v) m |= 1u << i;
+  return m;
+}
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
+inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+#include "kern.inc"
+
+template <class F> void launch(unsigned grid, unsigned threads, F body) {
+  gridDim = {grid, 1, 1}; blockDim = {threads, 1, 1};
+  for (unsigned x = 0; x < grid; x++) {
+    std::barrier<> bb(threads);
+    g_block_bar = &bb;
+    for (unsigned w = 0; w < threads / 32; w++) g_warp_bar[w] = new std::barrier<>(32);
+    std::vector<std::thread> ts;
+    for (unsigned t = 0; t < threads; t++)
+      ts.emplace_back([=] { threadIdx = {t, 0, 0}; blockIdx = {x, 0, 0}; body(); });
+    for (auto &t : ts) t.join();
+    for (unsigned w = 0; w < threads / 32; w++) delete g_warp_bar[w];
+  }
+}
+
+struct Case { const char *name; int T, K, E, tile; char kind; };  // u uniform, s skewed, 1 single, h hostile
+
+int main() {
+  const Case cases[] = {
+    {"t23_k3_e6_tile16_uniform", 23, 3, 6, 16, 'u'},
+    {"t100_k3_e6_tile16_hostile", 100, 3, 6, 16, 'h'},
+    {"t1_k6_e256_tile64_uniform", 1, 6, 256, 64, 'u'},
+    {"t171_k6_e1024_tile64_skewed", 171, 6, 1024, 64, 's'},
+    {"t512_k6_e192_tile64_uniform", 512, 6, 192, 64, 'u'},
+    {"t2048_k6_e256_tile64_uniform", 2048, 6, 256, 64, 'u'},
+    {"t2048_k6_e256_tile64_skewed", 2048, 6, 256, 64, 's'},
+    {"t2047_k6_e192_tile128_single", 2047, 6, 192, 128, '1'},
+    {"t1000_k6_e192_tile16_hostile", 1000, 6, 192, 16, 'h'},
+  };
+  for (const Case &c : cases) {
+    std::mt19937 rng(c.T * 131 + c.E);
+    const int n = c.T * c.K, E = c.E, nb = (n + PLAN_CHUNK - 1) / PLAN_CHUNK, mt = (n + c.tile - 1) / c.tile + E, spare = 8;
+    std::vector<int> ids(n);
+    for (int t = 0; t < c.T; t++) {
+      std::vector<int> perm(E);
+      for (int e = 0; e < E; e++) perm[e] = e;
+      std::shuffle(perm.begin(), perm.end(), rng);
+      for (int k = 0; k < c.K; k++) {
+        const int j = t * c.K + k;
+        switch (c.kind) {
+          case 'u': ids[j] = perm[k]; break;
+          case 's': ids[j] = (k == 0 && rng() % 10) ? 3 : (int)(rng() % max(1, E / 2)); break;
+          case '1': ids[j] = E - 1; break;
+          default: ids[j] = (int)(rng() % (E + 4)) - 2;
+        }
+      }
+    }
+    std::vector<float> w(n), row_w(n, NAN);
+    for (int j = 0; j < n; j++) w[j] = (float)j * 0.25f - 3.f;
+    std::vector<int> cnt(nb * E, -5), tiles(3 * (mt + spare), -7), row_tok(n, -7), inv(n, -7);
+    int *pc = cnt.data(), *pt = tiles.data(), *prt = row_tok.data(), *pinv = inv.data(), *pids = ids.data();
+    float *prw = row_w.data(), *pw = w.data();
+    launch(nb, PLAN_THREADS, [=] { fwd_moe_count(pc, pids, n, E); });
+    launch(1, 1024, [=] { fwd_moe_offsets(pc, pt, nb, E, mt, c.tile); });
+    launch(nb, PLAN_THREADS, [=] { fwd_moe_scatter(prt, prw, pinv, pc, pids, pw, n, c.K, E); });
+    // Reference: slots expert-major, entries of an expert in entry order.
+    std::vector<int> want_inv(n), want_tok, want_entry, want_tiles;
+    for (int e = 0; e < E; e++) {
+      const int first = (int)want_tok.size();
+      for (int j = 0; j < n; j++) {
+        const int ej = (ids[j] < 0 || ids[j] >= E) ? 0 : ids[j];
+        if (ej != e) continue;
+        want_inv[j] = (int)want_tok.size();
+        want_tok.push_back(j / c.K);
+        want_entry.push_back(j);
+      }
+      for (int r = first; r < (int)want_tok.size(); r += c.tile) {
+        want_tiles.push_back(e); want_tiles.push_back(r); want_tiles.push_back(min(c.tile, (int)want_tok.size() - r));
+      }
+    }
+    while ((int)want_tiles.size() < 3 * mt) want_tiles.push_back(0);
+    want_tiles.resize(3 * mt);
+    for (int i = 0; i < 3 * spare; i++) want_tiles.push_back(-7);
+    char why[256] = "";
+    for (int j = 0; j < n && !why[0]; j++)
+      if (inv[j] != want_inv[j]) snprintf(why, sizeof why, "entry %d (id %d): slot %d, want %d", j, ids[j], inv[j], want_inv[j]);
+    for (int s = 0; s < n && !why[0]; s++)
+      if (row_tok[s] != want_tok[s] || row_w[s] != w[want_entry[s]])
+        snprintf(why, sizeof why, "slot %d: token %d weight %g, want %d %g", s, row_tok[s], row_w[s], want_tok[s], w[want_entry[s]]);
+    for (int i = 0; i < (int)want_tiles.size() && !why[0]; i++)
+      if (tiles[i] != want_tiles[i])
+        snprintf(why, sizeof why, "tile %d of %d: (%d, %d, %d), want (%d, %d, %d)", i / 3, mt, tiles[i / 3 * 3], tiles[i / 3 * 3 + 1],
+                 tiles[i / 3 * 3 + 2], want_tiles[i / 3 * 3], want_tiles[i / 3 * 3 + 1], want_tiles[i / 3 * 3 + 2]);
+    if (why[0]) printf("FAIL %s: %s\n", c.name, why);
+    else printf("ok %s (%d rows, %d blocks, %d tiles)\n", c.name, n, nb, mt);
+  }
+  return 0;
+}
+`

@@ -73,8 +73,9 @@ type Options struct {
 	Routes RouteRecorder
 	// MaxChunk bounds how many tokens one forward pass processes at once:
 	// longer prefills run as consecutive chunks (the same function, bounded
-	// activation memory). 0 means DefaultMaxChunk, or DefaultDeviceChunk
-	// with Device set.
+	// activation memory). 0 means DefaultMaxChunk; with Device set, each
+	// device session takes the largest chunk up to 4096 tokens whose state
+	// fits in the free GPU memory (see NewDeviceSession).
 	MaxChunk int
 	// Device, if set, makes the model GPU-resident: Load uploads the main
 	// stack (dense weights, embedding, head and every routed expert) to this
@@ -104,10 +105,11 @@ type Options struct {
 // DefaultMaxChunk is the prefill chunk size when Options.MaxChunk is 0.
 const DefaultMaxChunk = 512
 
-// DefaultDeviceChunk is the prefill chunk size of a GPU-resident model when
-// Options.MaxChunk is 0: larger chunks give each routed expert more rows per
-// tensor-core tile (at 512 tokens and 192-256 experts an expert sees about a
-// dozen rows, and the expert GEMMs ran at ~19 TFLOP/s on the H200).
+// DefaultDeviceChunk is a GPU-resident model's fallback prefill chunk when
+// Options.MaxChunk is 0 (NewDeviceSession tries 4096 first): larger chunks
+// give each routed expert more rows per tensor-core tile (at 512 tokens and
+// 192-256 experts an expert sees about a dozen rows, and the expert GEMMs
+// ran at ~19 TFLOP/s on the H200).
 const DefaultDeviceChunk = 2048
 
 // ExpertWeights are the three projections of one routed expert, bound to the
@@ -155,6 +157,7 @@ type Model struct {
 	// GPU only, and host Sessions refuse to run.
 	hostUnbound bool
 	maxChunk    int
+	autoChunk   bool // device sessions pick their chunk from free memory (MaxChunk 0)
 
 	freqPlain, freqCompress []float32
 
@@ -234,7 +237,7 @@ func Load(src checkpoint.Source, opts Options) (*Model, error) {
 	switch {
 	case m.maxChunk > 0:
 	case opts.Device != nil:
-		m.maxChunk = DefaultDeviceChunk
+		m.maxChunk, m.autoChunk = DefaultDeviceChunk, true
 	default:
 		m.maxChunk = DefaultMaxChunk
 	}

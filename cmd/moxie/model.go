@@ -74,7 +74,7 @@ func addMemFlags(fs *flag.FlagSet) *memFlags {
 	f := &memFlags{}
 	fs.StringVar(&f.mem, "mem", "", "memory budget, e.g. 24GiB: dense weights and state stay resident, routed experts fill the rest and are read from the checkpoint on a miss (default: a safe share of available memory)")
 	fs.IntVar(&f.ctx, "ctx", 0, "context length in tokens the memory plan reserves state for (default 32768, or the model's maximum if smaller)")
-	fs.IntVar(&f.chunk, "chunk", 0, "prefill chunk: the most prompt tokens one forward pass takes at once (default 512 on the CPU, 2048 on the GPU); larger chunks use more activation memory and give the GPU's expert matrix products more rows per tile")
+	fs.IntVar(&f.chunk, "chunk", 0, "prefill chunk: the most prompt tokens one forward pass takes at once (default 512 on the CPU; on the GPU the largest of 4096, 2048, 1024, 512 whose state fits in free GPU memory); larger chunks use more activation memory and give the GPU's expert matrix products more rows per tile")
 	fs.StringVar(&f.policy, "policy", "lru", "expert residency policy: lru, decay[:h=64,ratio=1.25,margin=4] or static:FREQFILE")
 	fs.StringVar(&f.routes, "record-routes", "", "write every routing decision to this trace file (see moxie residency)")
 	fs.StringVar(&f.gpuMem, "gpu-mem", "", "with --backend cuda: GPU memory the model may use, e.g. 80GiB (default: all that is free); when the routed experts do not fit, they are cached in GPU slots and copied from host memory on a miss")

@@ -30,6 +30,9 @@ type deviceModel struct {
 	idx    *cuda.IdxDec // the indexer's scores and top-k
 	maxCtx int
 	bytes  int // arena bytes in use after the upload
+	// budget is Options.DeviceMemory (0: none): sessions choosing their
+	// chunk count only what it leaves beside the upload as free.
+	budget int64
 	// tableErr is why some layer's experts cannot be selected on the device
 	// (nil when every layer's can).
 	tableErr error
@@ -162,7 +165,7 @@ func loadDevice(m *Model, src checkpoint.Source, opts Options) (*deviceModel, er
 		return nil, errors.New("device: Options.Experts (an expert store) cannot be combined with Options.Device yet: the device session uploads every routed expert from the source")
 	}
 	cfg := m.Cfg
-	d := &deviceModel{dev: opts.Device, maxCtx: opts.DeviceContext}
+	d := &deviceModel{dev: opts.Device, maxCtx: opts.DeviceContext, budget: opts.DeviceMemory}
 	if d.maxCtx <= 0 {
 		d.maxCtx = DefaultDeviceContext
 	}

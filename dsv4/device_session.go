@@ -249,6 +249,9 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 		if err != nil {
 			return nil, err
 		}
+		if d.budget > 0 { // what --gpu-mem leaves beside the weights
+			free = min(free, uint64(max(d.budget-int64(d.bytes), 0)))
+		}
 	}
 	for i, T := range chunks {
 		s, pl, size, err := m.planDeviceSession(T)

@@ -923,12 +923,12 @@ func testPlanExperts(e *fwdEnv, rng *rand.Rand, T, K, E, tile int, kind string, 
 	ids := planRouting(rng, kind, T, K, E)
 	wts := computetest.Normal(rng, n, 1)
 	mt := expertMaxTiles(n, E, tile)
-	sentinel := make([]int, 3*(mt+spare))
+	sentinel := make([]int, max(n, 3*(mt+spare)))
 	for i := range sentinel {
 		sentinel[i] = -7
 	}
 	bufs := ExpertTileBufs{RowTok: e.upInts(sentinel[:n]), RowW: e.poisoned(n), Inv: e.upInts(sentinel[:n]),
-		Tiles: e.upInts(sentinel), XE: e.poisoned(n * dim)}
+		Tiles: e.upInts(sentinel[:3*(mt+spare)]), XE: e.poisoned(n * dim)}
 	et := &ExpertTiles{modes: []expertMode{{ExpertTileMode: ExpertTileMode{Rows: tile}, maxTiles: mt}}, maxRows: n, K: K, E: E, dim: dim, b: bufs}
 	if multi := et.planMulti(n); multi != (E <= planMaxExperts) {
 		t.Fatalf("planMulti(%d) = %v with %d experts", n, multi, E)
@@ -962,7 +962,7 @@ func testPlanExperts(e *fwdEnv, rng *rand.Rand, T, K, E, tile int, kind string, 
 	for len(tiles) < 3*mt {
 		tiles = append(tiles, 0, 0, 0)
 	}
-	tiles = append(tiles[:3*mt], sentinel[3*mt:]...)
+	tiles = append(tiles[:3*mt], sentinel[3*mt:3*(mt+spare)]...)
 	gotInv, gotTok := e.downInts(bufs.Inv, n), e.downInts(bufs.RowTok, n)
 	gotW, gotTiles := e.down(bufs.RowW, n), e.downInts(bufs.Tiles, 3*(mt+spare))
 	for j := range n {

@@ -605,8 +605,10 @@ extern "C" __global__ void __launch_bounds__(1024) fwd_moe_offsets(int *cnt, int
   __shared__ int s_total;
   const int e = threadIdx.x, lane = e & 31, w = e >> 5;
   int tot = 0;
-  if (e < experts)
+  if (e < experts) {
+#pragma unroll 4
     for (int b = 0; b < nb; b++) tot += cnt[(long long)b * experts + e];
+  }
   const int nt = (tot + tile - 1) / tile;
   // Exclusive scans of the rows and the tiles over the experts.
   int r = tot, q = nt;
@@ -645,6 +647,7 @@ extern "C" __global__ void __launch_bounds__(1024) fwd_moe_offsets(int *cnt, int
   s_tot[e] = tot;
   if (e < experts) {
     int run = off;
+#pragma unroll 4
     for (int b = 0; b < nb; b++) {
       const long long i = (long long)b * experts + e;
       const int c = cnt[i];

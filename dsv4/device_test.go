@@ -657,3 +657,34 @@ func TestDeviceExpertTier(t *testing.T) {
 		})
 	}
 }
+
+// TestDeviceAutoChunk checks how a GPU session picks its prefill chunk when
+// Options.MaxChunk is 0: the largest candidate that fits (4096 for
+// synth:tiny's small state), never more than the context, the smallest when
+// --gpu-mem leaves nothing beside the weights, and an explicit MaxChunk as
+// given.
+func TestDeviceAutoChunk(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts Options
+		want int
+	}{
+		{"fits", Options{DeviceContext: 8192}, 4096},
+		{"context below the candidates", Options{DeviceContext: 700}, 700},
+		{"explicit", Options{DeviceContext: 8192, MaxChunk: 96}, 96},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := loadDeviceModel(t, "synth:tiny", tc.opts)
+			if s := newDeviceSession(t, m); s.chunk != tc.want {
+				t.Fatalf("chunk %d, want %d", s.chunk, tc.want)
+			}
+		})
+	}
+	t.Run("budget spent on the weights", func(t *testing.T) {
+		probe := loadDeviceModel(t, "synth:tiny", Options{DeviceContext: 8192})
+		m := loadDeviceModel(t, "synth:tiny", Options{DeviceContext: 8192, DeviceMemory: int64(probe.DeviceBytes()) + 1})
+		if s := newDeviceSession(t, m); s.chunk != DefaultMaxChunk {
+			t.Fatalf("chunk %d, want the smallest candidate %d", s.chunk, DefaultMaxChunk)
+		}
+	})
+}

@@ -660,9 +660,8 @@ func TestDeviceExpertTier(t *testing.T) {
 
 // TestDeviceAutoChunk checks how a GPU session picks its prefill chunk when
 // Options.MaxChunk is 0: the largest candidate that fits (4096 for
-// synth:tiny's small state), never more than the context, the smallest when
-// --gpu-mem leaves nothing beside the weights, and an explicit MaxChunk as
-// given.
+// synth:tiny's small state), never more than the context, and an explicit
+// MaxChunk as given.
 func TestDeviceAutoChunk(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -680,11 +679,4 @@ func TestDeviceAutoChunk(t *testing.T) {
 			}
 		})
 	}
-	t.Run("budget spent on the weights", func(t *testing.T) {
-		probe := loadDeviceModel(t, "synth:tiny", Options{DeviceContext: 8192})
-		m := loadDeviceModel(t, "synth:tiny", Options{DeviceContext: 8192, DeviceMemory: int64(probe.DeviceBytes()) + 1})
-		if s := newDeviceSession(t, m); s.chunk != DefaultMaxChunk {
-			t.Fatalf("chunk %d, want the smallest candidate %d", s.chunk, DefaultMaxChunk)
-		}
-	})
 }

@@ -378,20 +378,27 @@ func TestFwdGathers(t *testing.T) {
 	withFwd(t, func(e *fwdEnv) {
 		rng := rand.New(rand.NewPCG(5, 5))
 		const rowsN, width = 7, 33
-		src := computetest.Normal(rng, rowsN*width, 1)
 		sel := []int{4, 0, 6}
-		dst := e.poisoned(len(sel) * width)
-		if err := e.f.GatherRows(e.c, dst, e.up(src), e.upInts(sel), len(sel), width, e.c.Stream()); err != nil {
-			t.Fatal(err)
-		}
-		got := e.down(dst, len(sel)*width)
-		for j, r := range sel {
-			for c := range width {
-				if got[j*width+c] != src[r*width+c] {
-					t.Fatalf("GatherRows: row %d col %d = %g, want %g", j, c, got[j*width+c], src[r*width+c])
+		// GatherRows at widths of 4-float multiples (4 floats per access
+		// where the rows are 16-byte aligned: src shifted by 0 floats) and
+		// not (one at a time).
+		for _, g := range []struct{ width, shift int }{{33, 0}, {36, 0}, {36, 1}, {4096, 0}, {4096, 2}} {
+			src := computetest.Normal(rng, rowsN*g.width+g.shift, 1)
+			dst := e.poisoned(len(sel) * g.width)
+			if err := e.f.GatherRows(e.c, dst, e.up(src)+DevicePtr(4*g.shift), e.upInts(sel), len(sel), g.width, e.c.Stream()); err != nil {
+				t.Fatal(err)
+			}
+			got := e.down(dst, len(sel)*g.width)
+			for j, r := range sel {
+				for c := range g.width {
+					if want := src[g.shift+r*g.width+c]; got[j*g.width+c] != want {
+						t.Fatalf("GatherRows width %d shift %d: row %d col %d = %g, want %g", g.width, g.shift, j, c, got[j*g.width+c], want)
+					}
 				}
 			}
 		}
+		src := computetest.Normal(rng, rowsN*width, 1)
+		var got []float32
 		base := computetest.Normal(rng, rowsN*width, 1)
 		dBase := e.up(base)
 		if err := e.f.ScatterAdd(e.c, dBase, e.up(src[:len(sel)*width]), e.upInts(sel), len(sel), width, e.c.Stream()); err != nil {
@@ -1182,3 +1189,43 @@ int main() {
   return 0;
 }
 `
+
+// TestFwdCombine checks CombineExperts (out[t] += Σ_k Y[Inv[t·K+k]], k in
+// order, in float32) against the same float32 sums on the host, bit for
+// bit, at widths of 4-float multiples (4 floats per access on 16-byte
+// aligned rows: out shifted by 0 floats) and not.
+func TestFwdCombine(t *testing.T) {
+	for _, tc := range []struct{ T, K, dim, shift int }{{5, 3, 33, 0}, {5, 3, 36, 0}, {5, 3, 36, 1}, {9, 6, 4096, 0}, {9, 6, 4096, 3}} {
+		t.Run(fmt.Sprintf("t%d_k%d_dim%d_shift%d", tc.T, tc.K, tc.dim, tc.shift), func(t *testing.T) {
+			withFwd(t, func(e *fwdEnv) {
+				rng := rand.New(rand.NewPCG(uint64(tc.dim), 8))
+				n := tc.T * tc.K
+				inv := rng.Perm(n)
+				y := computetest.Normal(rng, n*tc.dim, 1)
+				base := computetest.Normal(rng, tc.T*tc.dim+tc.shift, 1)
+				et := &ExpertTiles{maxRows: n, K: tc.K, dim: tc.dim, b: ExpertTileBufs{Y: e.up(y), Inv: e.upInts(inv)}}
+				out := e.up(base)
+				if err := e.f.CombineExperts(e.c, out+DevicePtr(4*tc.shift), et, tc.T, e.c.Stream()); err != nil {
+					t.Fatal(err)
+				}
+				got := e.down(out, tc.T*tc.dim+tc.shift)
+				for i := range tc.shift {
+					if got[i] != base[i] {
+						t.Fatalf("element %d before out changed: %g, want %g", i, got[i], base[i])
+					}
+				}
+				for tk := range tc.T {
+					for c := range tc.dim {
+						w := base[tc.shift+tk*tc.dim+c]
+						for k := range tc.K {
+							w += y[inv[tk*tc.K+k]*tc.dim+c]
+						}
+						if g := got[tc.shift+tk*tc.dim+c]; math.Float32bits(g) != math.Float32bits(w) {
+							t.Fatalf("token %d col %d = %g, want %g", tk, c, g, w)
+						}
+					}
+				}
+			})
+		})
+	}
+}

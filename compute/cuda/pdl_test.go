@@ -3,6 +3,7 @@ package cuda
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"unsafe"
@@ -14,7 +15,7 @@ func kernelSources(t *testing.T) map[string]string {
 	return map[string]string{
 		"attn.cu": AttnSource(), "attndec.cu": AttnDecSource(), "fuse.cu": FuseSource(), "fwd.cu": FwdSource(),
 		"gemv.cu": GemvSource(), "idxdec.cu": IdxDecSource(), "linear.cu": LinearSource(), "moe.cu": MoESource(),
-		"ops.cu": OpsSource(), "prefetch.cu": PrefetchSource(),
+		"ops.cu": OpsSource(), "prefetch.cu": PrefetchSource(), "route.cu": RouteSource(),
 	}
 }
 
@@ -24,12 +25,14 @@ var (
 )
 
 // pdlViolations returns the __global__ functions of src whose body does not
-// start with MOXIE_PDL(); (line continuations and blanks skipped).
+// start with MOXIE_PDL(); or MOXIE_PDL_PF(...); (line continuations and
+// blanks skipped; the parentheses of MOXIE_PDL_PF balanced, its arguments
+// free of reads through pointers: no ->, __ldg or asm).
 func pdlViolations(src string) []string {
 	var bad []string
 	for _, m := range globalFn.FindAllStringIndex(src, -1) {
 		body := strings.TrimLeft(src[m[1]:], " \t\r\n\\")
-		if strings.HasPrefix(body, "MOXIE_PDL();") {
+		if strings.HasPrefix(body, "MOXIE_PDL();") || pdlPFStatement(body) {
 			continue
 		}
 		name := "?"
@@ -43,6 +46,38 @@ func pdlViolations(src string) []string {
 	return bad
 }
 
+// pdlPFStatement reports whether body starts with a whole MOXIE_PDL_PF(...);
+// statement whose arguments read no memory through a pointer as far as a
+// text check can tell (no ->, __ldg or asm: the contract in module.go
+// allows only arithmetic on the kernel's arguments before the wait).
+func pdlPFStatement(body string) bool {
+	const pre = "MOXIE_PDL_PF("
+	if !strings.HasPrefix(body, pre) {
+		return false
+	}
+	depth := 1
+	for i := len(pre); i < len(body); i++ {
+		switch body[i] {
+		case '(':
+			depth++
+		case ')':
+			depth--
+			if depth == 0 {
+				args := body[len(pre):i]
+				for _, bad := range []string{"->", "__ldg", "asm", "{"} {
+					if strings.Contains(args, bad) && !(bad == "{" && strings.HasPrefix(strings.TrimSpace(args), "MoxiePF{")) {
+						return false
+					}
+				}
+				return strings.HasPrefix(strings.TrimLeft(body[i+1:], " \t\r\n\\"), ";")
+			}
+		case ';':
+			return false
+		}
+	}
+	return false
+}
+
 // TestPDLMarkers checks the contract of pdlMarker: a source that opts in to
 // programmatic dependent launch starts every kernel with MOXIE_PDL(); (a
 // kernel that read its inputs before it would race with the kernel before
@@ -51,9 +86,16 @@ func TestPDLMarkers(t *testing.T) {
 	t.Run("checker", func(t *testing.T) {
 		src := "extern \"C\" __global__ void __launch_bounds__(256) a(int *x) { MOXIE_PDL(); x[0] = 1; }\n" +
 			"#define K(N) extern \"C\" __global__ void N(int *x) { \\\n  MOXIE_PDL(); x[0] = 2; }\n" +
-			"template <int U> __global__ void b(const float *x,\n  int n) {\n  x += n;\n}\n"
-		if got := pdlViolations(src); len(got) != 1 || got[0] != "b" {
-			t.Fatalf("violations %q, want [b]", got)
+			"template <int U> __global__ void b(const float *x,\n  int n) {\n  x += n;\n}\n" +
+			"extern \"C\" __global__ void c(const float *w, int n) { MOXIE_PDL_PF(w + 2 * (n + 1), n * 4); }\n" +
+			"#define L(N) extern \"C\" __global__ void N(A a) { \\\n  MOXIE_PDL_PF(pf<1, 2>(a)) ; f(a); }\n" +
+			"extern \"C\" __global__ void e(A a) { MOXIE_PDL_PF(MoxiePF{a.w, a.v, 128, 0, 1}); }\n" +
+			"extern \"C\" __global__ void d(const A *a) { MOXIE_PDL_PF(a->w, 64); }\n" +
+			"extern \"C\" __global__ void f(const float *w, const int *ids) { MOXIE_PDL_PF(w + __ldg(ids), 64); }\n" +
+			"extern \"C\" __global__ void g(const float *w, int n) { MOXIE_PDL_PF(w, n) x = 1; }\n" +
+			"extern \"C\" __global__ void h(const float *w, int n) { MOXIE_PDL_PF(w, n; }\n"
+		if got := pdlViolations(src); !slices.Equal(got, []string{"b", "d", "f", "g", "h"}) {
+			t.Fatalf("violations %q, want [b d f g h]", got)
 		}
 	})
 	opted := 0
@@ -64,7 +106,7 @@ func TestPDLMarkers(t *testing.T) {
 		}
 		opted++
 		if bad := pdlViolations(src); len(bad) > 0 {
-			t.Errorf("%s carries %s but these kernels do not start with MOXIE_PDL();: %v", name, pdlMarker, bad)
+			t.Errorf("%s carries %s but these kernels do not start with MOXIE_PDL(); or MOXIE_PDL_PF(...);: %v", name, pdlMarker, bad)
 		}
 	}
 	if opted == 0 {

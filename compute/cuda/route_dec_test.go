@@ -1,0 +1,307 @@
+package cuda
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"moxie/compute"
+	"moxie/compute/computetest"
+	"moxie/compute/ref"
+)
+
+// TestRouteCompiles compiles kernels/route.cu for sm_90 (compileModuleForTest:
+// no GPU needed, skipped without NVRTC) and checks that gate_route is in it.
+func TestRouteCompiles(t *testing.T) {
+	requireKernels(t, compileModuleForTest(t, "route", RouteSource()), "gate_route")
+}
+
+// TestGateRouteWarps checks that gate_route repeats the default Linear
+// launch of V4-Flash's gate (BF16 256x4096 at batch 1: 8 warps per block)
+// and of smaller gates, and refuses a shape Linear runs otherwise.
+func TestGateRouteWarps(t *testing.T) {
+	for _, tc := range []struct{ experts, cols, want int }{
+		{256, 4096, 8}, {64, 1024, 2}, {256, 512, 1}, {8, 64, 1},
+	} {
+		t.Run(fmt.Sprintf("E%d_C%d", tc.experts, tc.cols), func(t *testing.T) {
+			got, err := gateRouteWarps(tc.experts, tc.cols, 132, 232448)
+			if err != nil || got != tc.want {
+				t.Fatalf("gateRouteWarps = %d, %v; want %d", got, err, tc.want)
+			}
+		})
+	}
+	if _, err := gateRouteWarps(256, 4098, 132, 232448); err == nil {
+		t.Errorf("gateRouteWarps(256, 4098) took a shape Linear runs with linear_generic")
+	}
+}
+
+// TestGateRouteArgs checks GateRoute's argument errors (no device needed:
+// they come before any device call).
+func TestGateRouteArgs(t *testing.T) {
+	w := func(f compute.Format, rows, cols int) *DeviceWeight {
+		return &DeviceWeight{Format: f, Rows: rows, Cols: cols, Data: 4096, Scale: 4096}
+	}
+	const p = DevicePtr(1 << 20)
+	for _, tc := range []struct {
+		name          string
+		gate          *DeviceWeight
+		x             DevicePtr
+		experts, k    int
+		ids, wts, lgt DevicePtr
+	}{
+		{"nil gate", nil, p, 256, 6, p, p, p},
+		{"fp8 gate", w(compute.FP8Block, 256, 4096), p, 256, 6, p, p, p},
+		{"rows", w(compute.BF16, 128, 4096), p, 256, 6, p, p, p},
+		{"experts", w(compute.BF16, 512, 4096), p, 512, 6, p, p, p},
+		{"k zero", w(compute.BF16, 256, 4096), p, 256, 0, p, p, p},
+		{"k", w(compute.BF16, 8, 4096), p, 8, 9, p, p, p},
+		{"cols", w(compute.BF16, 256, 4098), p, 256, 6, p, p, p},
+		{"null ids", w(compute.BF16, 256, 4096), p, 256, 6, 0, p, p},
+		{"null logits", w(compute.BF16, 256, 4096), p, 256, 6, p, p, 0},
+		{"null x", w(compute.BF16, 256, 4096), 0, 256, 6, p, p, p},
+		{"x align", w(compute.BF16, 256, 4096), p + 4, 256, 6, p, p, p},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var c Ctx
+			err := c.GateRoute(tc.ids, tc.wts, tc.lgt, tc.gate, tc.x, 0, 0, tc.experts, tc.k, 1, Stream{})
+			if err == nil {
+				t.Fatalf("GateRoute accepted bad arguments")
+			}
+			t.Log(err)
+		})
+	}
+}
+
+// bf16Floats decodes BF16 weight bytes (little-endian) to float64.
+func bf16Floats(b []byte) []float64 {
+	out := make([]float64, len(b)/2)
+	for i := range out {
+		out[i] = float64(math.Float32frombits(uint32(binary.LittleEndian.Uint16(b[2*i:])) << 16))
+	}
+	return out
+}
+
+// TestGateRoute checks GateRoute at V4-Flash's router shapes (256 experts,
+// 4096 columns, top 6, route scale 1.5; score layers with and without bias,
+// hash layers) and smaller ones against the two-kernel path (Linear, then
+// Route: the same logits, ids and weights bit for bit) and against float64
+// references: the logits against the exact dot products of the BF16 gate
+// and x (error at most 1e-5 of Σ|w·x|), the ids and weights against
+// ref.Route of the device's logits. Each case launches three tokens in
+// turn on the same buffers (the arrival counter must come back to 0), and
+// a hash row with an id out of range must give NaN weights.
+func TestGateRoute(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		experts, cols, k int
+		bias, hash, ties bool
+		badHash          bool
+		scale            float32
+	}{
+		{name: "v4_bias", experts: 256, cols: 4096, k: 6, bias: true, scale: 1.5},
+		{name: "v4_nobias", experts: 256, cols: 4096, k: 6, scale: 1.5},
+		{name: "v4_hash", experts: 256, cols: 4096, k: 6, hash: true, scale: 1.5},
+		{name: "v4_hash_bad", experts: 256, cols: 4096, k: 6, hash: true, badHash: true, scale: 1.5},
+		{name: "v4_ties", experts: 256, cols: 4096, k: 6, ties: true, scale: 1.5},
+		{name: "odd_rows", experts: 255, cols: 4096, k: 8, bias: true, scale: 2.5},
+		{name: "long_rows", experts: 64, cols: 7168, k: 6, bias: true, scale: 1},
+		{name: "tiny", experts: 8, cols: 64, k: 2, bias: true, scale: 1},
+		{name: "all", experts: 16, cols: 512, k: 16, scale: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			E, C, K := tc.experts, tc.cols, tc.k
+			const tokens = 3
+			rng := rand.New(rand.NewPCG(uint64(E), uint64(C+K)))
+			wd := computetest.RandomWeight(rng, compute.BF16, E, C, 0.02)
+			if tc.ties { // rows 2i and 2i+1 equal: every logit tied with a neighbour
+				rb := 2 * C
+				for r := 1; r < E; r += 2 {
+					copy(wd.Data[r*rb:(r+1)*rb], wd.Data[(r-1)*rb:r*rb])
+				}
+			}
+			wf := bf16Floats(wd.Data)
+			xs := computetest.Normal(rng, tokens*C, 1)
+			bias := computetest.Normal(rng, E, 0.1)
+			hash := make([]int32, tokens*K)
+			for i := range hash {
+				hash[i] = int32(rng.IntN(E))
+			}
+			if tc.badHash {
+				hash[K+1] = int32(E) // token 1
+			}
+			type out struct {
+				ids     []int32
+				w, lgts []float32
+			}
+			var fused, two [tokens]out
+			onDevice(t, func(c *Ctx, d *devBufs) {
+				gate := d.weight(wd)
+				x := d.floats(xs)
+				var pb, ph DevicePtr
+				if tc.bias {
+					pb = d.floats(bias)
+				}
+				if tc.hash {
+					ph = d.int32s(hash)
+				}
+				ids, w, lg := d.poisoned(K), d.poisoned(K), d.poisoned(E)
+				ids2, w2, lg2 := d.poisoned(K), d.poisoned(K), d.poisoned(E)
+				d.synced()
+				s := c.Stream()
+				for i := range tokens {
+					xi := x + DevicePtr(4*i*C)
+					var hi DevicePtr
+					if ph != 0 {
+						hi = ph + DevicePtr(4*i*K)
+					}
+					d.check(c.GateRoute(ids, w, lg, gate, xi, pb, hi, E, K, tc.scale, s))
+					d.check(c.Linear(gate, lg2, xi, 1, s))
+					d.check(c.Route(ids2, w2, lg2, pb, hi, 1, E, K, tc.scale, s))
+					fused[i] = out{d.getInt32s(ids, K), d.getFloats(w, K), d.getFloats(lg, E)}
+					two[i] = out{d.getInt32s(ids2, K), d.getFloats(w2, K), d.getFloats(lg2, E)}
+				}
+			})
+			for i := range tokens {
+				f, o := fused[i], two[i]
+				for e := range E {
+					if math.Float32bits(f.lgts[e]) != math.Float32bits(o.lgts[e]) {
+						t.Fatalf("token %d logit %d: %g, Linear gives %g", i, e, f.lgts[e], o.lgts[e])
+					}
+					want, mag := 0.0, 0.0
+					for c := range C {
+						v := wf[e*C+c] * float64(xs[i*C+c])
+						want += v
+						mag += math.Abs(v)
+					}
+					if d := math.Abs(float64(f.lgts[e]) - want); !(d <= 1e-5*mag) {
+						t.Fatalf("token %d logit %d: %g, float64 %g (error %.3g of Σ|w·x| %.3g)", i, e, f.lgts[e], want, d, mag)
+					}
+				}
+				for j := range K {
+					if f.ids[j] != o.ids[j] || math.Float32bits(f.w[j]) != math.Float32bits(o.w[j]) {
+						t.Fatalf("token %d: ids %v weights %v; Route gives %v %v", i, f.ids, f.w, o.ids, o.w)
+					}
+				}
+				if tc.badHash && i == 1 {
+					for j := range K {
+						if !math.IsNaN(float64(f.w[j])) {
+							t.Fatalf("token 1 has hash id %d out of range but weights %v", E, f.w)
+						}
+					}
+					continue
+				}
+				var b64 []float64
+				if tc.bias {
+					b64 = f64s(bias)
+				}
+				var h []int
+				if tc.hash {
+					for _, v := range hash[i*K : (i+1)*K] {
+						h = append(h, int(v))
+					}
+				}
+				wantIDs, wantW := ref.Route(f64s(f.lgts), b64, h, K, float64(tc.scale))
+				for j := range K {
+					if int(f.ids[j]) != wantIDs[j] {
+						t.Fatalf("token %d: ids %v, float64 reference %v", i, f.ids, wantIDs)
+					}
+				}
+				expectRel(t, fmt.Sprint("token ", i, " weights"), f.w, wantW, 1e-5)
+			}
+		})
+	}
+}
+
+// gateBenchSites is how many distinct gates BenchmarkGateRoute's cold case
+// cycles through: V4-Flash's 43 layers (2 MiB each, 86 MiB in all, more
+// than the H200's L2), so each router reads its gate from HBM.
+const gateBenchSites = 43
+
+// BenchmarkGateRoute times one token's router at V4-Flash's shapes (BF16
+// gate 256x4096, top 6 of 256 with bias, scale 1.5; "hash": a hash layer)
+// captured in a CUDA graph: "two" is Linear then Route, "fused" GateRoute.
+// "hot" replays fuseGraphCalls routers over one gate (in L2); "cold" one
+// router on each of gateBenchSites gates in turn. It reports device
+// microseconds per router.
+func BenchmarkGateRoute(b *testing.B) {
+	dev := testDevice(b)
+	const E, C, K = 256, 4096, 6
+	for _, cold := range []bool{false, true} {
+		for _, hash := range []bool{false, true} {
+			for _, fusedPath := range []bool{false, true} {
+				kind, layer, path := "hot", "score", "two"
+				if cold {
+					kind = "cold"
+				}
+				if hash {
+					layer = "hash"
+				}
+				if fusedPath {
+					path = "fused"
+				}
+				b.Run(kind+"/"+layer+"/"+path, func(b *testing.B) {
+					var us float64
+					err := dev.Do(func(c *Ctx) error {
+						d := &devBufs{c: c}
+						defer d.free()
+						rng := rand.New(rand.NewPCG(5, 6))
+						sites := 1
+						if cold {
+							sites = gateBenchSites
+						}
+						wd := computetest.RandomWeight(rng, compute.BF16, E, C, 0.02)
+						gates := make([]*DeviceWeight, sites)
+						for i := range gates {
+							gates[i] = d.weight(wd)
+						}
+						x := d.floats(computetest.Normal(rng, C, 1))
+						bias := d.floats(computetest.Normal(rng, E, 0.1))
+						var ph DevicePtr
+						if hash {
+							ph = d.int32s([]int32{3, 77, 140, 9, 255, 31})
+						}
+						ids, w, lg := d.alloc(4*K), d.alloc(4*K), d.alloc(4*E)
+						d.check(c.LoadOps())
+						d.check(c.LoadRoute())
+						d.synced()
+						if d.err != nil {
+							return d.err
+						}
+						s := c.Stream()
+						one := func() error {
+							for _, g := range gates {
+								if fusedPath {
+									if err := c.GateRoute(ids, w, lg, g, x, bias, ph, E, K, 1.5, s); err != nil {
+										return err
+									}
+									continue
+								}
+								if err := c.Linear(g, lg, x, 1, s); err != nil {
+									return err
+								}
+								if err := c.Route(ids, w, lg, bias, ph, 1, E, K, 1.5, s); err != nil {
+									return err
+								}
+							}
+							return nil
+						}
+						calls := fuseGraphCalls
+						if cold {
+							calls = 1
+						}
+						var err error
+						us, err = graphTime(b, c, calls, one)
+						us /= float64(sites)
+						return err
+					})
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.ReportMetric(us, "device-us/op")
+				})
+			}
+		}
+	}
+}

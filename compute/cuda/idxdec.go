@@ -3,6 +3,7 @@ package cuda
 import (
 	_ "embed"
 	"fmt"
+	"os"
 	"unsafe"
 )
 
@@ -23,6 +24,10 @@ func IdxDecSource() string { return idxdecSrc }
 type IdxDec struct {
 	scores        [4]*Kernel // idx_scores_h1, h2, h4, h8
 	generic, topk *Kernel
+	sel           *Kernel // idx_topk_sel
+	// oldTopK: TopKRows launches idx_topk instead of idx_topk_sel
+	// ($MOXIE_CUDA_IDXTOPK=old; A/B comparisons).
+	oldTopK bool
 }
 
 // IdxDecMaxTopK is the largest k IdxDec.TopKRows takes (FwdMaxTopK).
@@ -34,17 +39,37 @@ const (
 	idxMaxDim   = 128 // 32·IDX_DPL
 	idxMaxHeads = 64  // IDX_MAXH = IDX_WARPS·8
 	idxMaxGrid  = 4096
+	// idxTopKCache is TK_CACHE: the most keys of a row idx_topk_sel keeps
+	// in shared memory (4 bytes each) when a launch has at most
+	// idxTopKWave rows; more rows keep at most idxTopKCacheMany, so that
+	// two blocks fit on a multiprocessor.
+	idxTopKCache     = 32768
+	idxTopKCacheMany = 8192
+	idxTopKWave      = 132
 )
 
-// IdxDec compiles (or loads from the kernel cache) the idxdec module.
+// IdxDec compiles (or loads from the kernel cache) the idxdec module. The
+// top-k kernel is idx_topk_sel unless $MOXIE_CUDA_IDXTOPK is "old"
+// (idx_topk; both give the same results); another value is an error.
 func (c *Ctx) IdxDec() (*IdxDec, error) {
 	x := &IdxDec{}
+	switch v := os.Getenv("MOXIE_CUDA_IDXTOPK"); v {
+	case "", "sel":
+	case "old":
+		x.oldTopK = true
+	default:
+		return nil, fmt.Errorf("MOXIE_CUDA_IDXTOPK=%q: want sel or old (or unset for the default, sel)", v)
+	}
 	err := c.loadKernels("idxdec", idxdecSrc,
 		kernelRef{"idx_scores_h1", &x.scores[0]}, kernelRef{"idx_scores_h2", &x.scores[1]},
 		kernelRef{"idx_scores_h4", &x.scores[2]}, kernelRef{"idx_scores_h8", &x.scores[3]},
-		kernelRef{"idx_scores_generic", &x.generic}, kernelRef{"idx_topk", &x.topk})
+		kernelRef{"idx_scores_generic", &x.generic}, kernelRef{"idx_topk", &x.topk},
+		kernelRef{"idx_topk_sel", &x.sel})
 	if err != nil {
 		return nil, err
+	}
+	if err := c.raiseDynamicShared(x.sel, 4*idxTopKCache); err != nil {
+		return nil, fmt.Errorf("cuda idxdec module: %w", err)
 	}
 	return x, nil
 }
@@ -97,7 +122,22 @@ func (x *IdxDec) TopKRows(c *Ctx, idx, sc, pos DevicePtr, T, ratio, topk, stride
 	if T <= 0 || T > 1<<31-1 || ratio <= 0 || topk <= 0 || topk > IdxDecMaxTopK || stride <= 0 || idx == 0 || sc == 0 || pos == 0 {
 		return fmt.Errorf("cuda idx_topk: T %d, ratio %d, topk %d (at most %d), stride %d", T, ratio, topk, IdxDecMaxTopK, stride)
 	}
+	return x.topKRows(c, x.oldTopK, idx, sc, pos, T, ratio, topk, stride, s)
+}
+
+// topKRows is TopKRows with the kernel chosen by old (idx_topk) rather
+// than by $MOXIE_CUDA_IDXTOPK; arguments already checked.
+func (x *IdxDec) topKRows(c *Ctx, old bool, idx, sc, pos DevicePtr, T, ratio, topk, stride int, s Stream) error {
 	r, k, st := int32(ratio), int32(topk), int32(stride)
-	return c.Launch(x.topk, Dim3{X: uint32(T)}, Dim3{X: 1024}, 0, s, unsafe.Pointer(&idx), unsafe.Pointer(&sc),
-		unsafe.Pointer(&pos), unsafe.Pointer(&r), unsafe.Pointer(&k), unsafe.Pointer(&st))
+	if old {
+		return c.Launch(x.topk, Dim3{X: uint32(T)}, Dim3{X: 1024}, 0, s, unsafe.Pointer(&idx), unsafe.Pointer(&sc),
+			unsafe.Pointer(&pos), unsafe.Pointer(&r), unsafe.Pointer(&k), unsafe.Pointer(&st))
+	}
+	cache := min(stride, idxTopKCache)
+	if T > idxTopKWave {
+		cache = min(stride, idxTopKCacheMany)
+	}
+	c32 := int32(cache)
+	return c.Launch(x.sel, Dim3{X: uint32(T)}, Dim3{X: 1024}, 4*cache, s, unsafe.Pointer(&idx), unsafe.Pointer(&sc),
+		unsafe.Pointer(&pos), unsafe.Pointer(&r), unsafe.Pointer(&k), unsafe.Pointer(&st), unsafe.Pointer(&c32))
 }

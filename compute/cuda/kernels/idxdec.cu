@@ -323,3 +323,185 @@ extern "C" __global__ void __launch_bounds__(TK_THREADS) idx_topk(int *idx, cons
   tk_bitonic(s, P);
   for (int j = tid; j < k; j += blockDim.x) out[j] = (int)(u32)s[j];
 }
+
+// ---------------------------------------------------------------------------
+// idx_topk_sel: idx_topk's results (the same indices in the same slots)
+// with less sorting. One block of TK_THREADS per row; the row's first
+// min(n, cache) keys are kept in dynamic shared memory (4·cache bytes), the
+// rest read again from sc. A radix select over 8-bit digits (idx_topk's
+// passes) narrows the candidates to the keys whose leading digits are at
+// least the k-th largest key's, and stops as soon as their count M rounds up
+// to the same power of two as k (or a bin is taken whole, or the key is
+// resolved). Then every candidate becomes its word and the M words are
+// sorted (ascending word order is compute.TopK's order, so the first k are
+// the answer whatever the candidates past them are). Only when more than
+// TK_SORT keys tie with the k-th largest are the survivors taken exactly as
+// idx_topk takes them (ties in index order). Sizes up to TK_SMALL sort in
+// registers (one word per thread, shuffles inside a warp, shared memory
+// across warps); larger ones with tk_bitonic.
+#define TK_SMALL 1024
+
+__device__ __forceinline__ u32 tk_get(const u32 *kc, const float *row, int j, int cached) {
+  return j < cached ? kc[j] : tk_key(row[j]);
+}
+
+__device__ __forceinline__ int tk_pow2(int x) {
+  int p = 32;
+  while (p < x) p <<= 1;
+  return p;
+}
+
+// tk_sort_small sorts s[0 .. P) ascending (P a power of two, 32 <= P <=
+// min(blockDim, TK_SMALL)), using buf [TK_SMALL] as a second exchange
+// buffer. Called by every thread of the block; ends with a block barrier.
+__device__ __forceinline__ void tk_sort_small(u64 *s, u64 *buf, int P) {
+  const int t = threadIdx.x;
+  const bool act = t < P;  // whole warps
+  __syncthreads();         // the caller's stores to s
+  u64 v = act ? s[t] : ~0ull;
+  bool par = false;
+  for (int size = 2; size <= P; size <<= 1) {
+    for (int st = size >> 1; st > 0; st >>= 1) {
+      u64 o = 0ull;
+      if (st >= 32) {
+        // Alternate buffers: a buffer is rewritten only two exchanges
+        // later, after a barrier that every read of it precedes.
+        u64 *b = par ? buf : s;
+        par = !par;
+        if (act) b[t] = v;
+        __syncthreads();
+        if (act) o = b[t ^ st];
+      } else if (act) {
+        o = __shfl_xor_sync(FULL, v, st);
+      }
+      if (act) {
+        const bool asc = (t & size) == 0, lower = (t & st) == 0;
+        const bool takeMin = lower == asc;
+        v = takeMin ? (o < v ? o : v) : (o > v ? o : v);
+      }
+    }
+  }
+  __syncthreads();  // every read of s is done
+  if (act) s[t] = v;
+  __syncthreads();
+}
+
+extern "C" __global__ void __launch_bounds__(TK_THREADS) idx_topk_sel(int *idx, const float *sc, const int *pos,
+                                                                      int ratio, int topk, int stride, int cache) { MOXIE_PDL();
+  extern __shared__ u32 kc[];
+  __shared__ u64 s[TK_SORT];
+  __shared__ u64 sb[TK_SMALL];
+  __shared__ u32 hist[256];
+  __shared__ u32 wsum[32];
+  __shared__ u32 s_prefix, s_need, s_whole, s_ngt, s_cnt;
+  const int i = blockIdx.x;
+  const int n = min((pos[i] + 1) / ratio, stride);
+  const int k = min(topk, n);
+  if (k <= 0) return;
+  const float *row = sc + (size_t)i * stride;
+  int *out = idx + (size_t)i * topk;
+  const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, nw = blockDim.x >> 5;
+  const int cached = min(n, cache);
+  for (int j = tid; j < cached; j += blockDim.x) kc[j] = tk_key(row[j]);
+  // prefix (under mask) is the k-th largest key's leading digits; cnt keys
+  // match it, of which need are among the k largest.
+  u32 prefix = 0u, mask = 0u, need = (u32)k, cnt = (u32)n;
+  const int Pk = tk_pow2(k);
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    if (tk_pow2((int)((u32)k - need + cnt)) <= Pk) break;  // uniform
+    if (tid < 256) hist[tid] = 0u;
+    __syncthreads();
+    for (int j0 = tid - lane; j0 < n; j0 += blockDim.x) {  // warp-uniform trips
+      const int j = j0 + lane;
+      const u32 key = j < n ? tk_get(kc, row, j, cached) : 0u;
+      const bool in = j < n && (key & mask) == prefix;
+      const u32 bin = in ? (key >> shift) & 255u : 0xffffffffu;
+      const u32 peers = __match_any_sync(FULL, bin);
+      if (in && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (u32)__popc(peers));
+    }
+    __syncthreads();
+    if (tid < 256) {
+      const u32 c = hist[255 - tid];  // thread t holds bin 255 − t
+      u32 x = c;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const u32 y = __shfl_up_sync(FULL, x, o);
+        if (lane >= o) x += y;
+      }
+      if (lane == 31) wsum[wp] = x;
+      __syncwarp();
+      asm volatile("bar.sync 1, 256;");  // the 8 scanning warps only
+      u32 before = 0u;
+      for (int q = 0; q < wp; q++) before += wsum[q];
+      const u32 incl = before + x, excl = incl - c;
+      if (excl < need && need <= incl) {
+        s_prefix = prefix | ((u32)(255 - tid) << shift);
+        s_need = need - excl;
+        s_whole = c == need - excl;
+        s_cnt = c;
+      }
+    }
+    __syncthreads();
+    prefix = s_prefix;
+    need = s_need;
+    cnt = s_cnt;
+    mask |= 255u << shift;
+    const bool whole = s_whole;
+    __syncthreads();  // s_* and hist are rewritten by the next pass
+    if (whole) break;
+  }
+  const int M = (int)((u32)k - need + cnt);
+  if (tid == 0) s_ngt = 0u;
+  __syncthreads();
+  int P;
+  if (M <= TK_SORT) {
+    // Every candidate (masked key >= prefix), in any order.
+    for (int j0 = tid - lane; j0 < n; j0 += blockDim.x) {
+      const int j = j0 + lane;
+      const u32 key = j < n ? tk_get(kc, row, j, cached) : 0u;
+      const bool c = j < n && (key & mask) >= prefix;
+      const u32 b = __ballot_sync(FULL, c);
+      u32 base = 0u;
+      if (lane == 0 && b) base = atomicAdd(&s_ngt, (u32)__popc(b));
+      base = __shfl_sync(FULL, base, 0);
+      if (c) s[base + __popc(b & tk_lanemask_lt())] = tk_word(key, j);
+    }
+    P = tk_pow2(M);
+  } else {
+    // More than TK_SORT keys tie with the k-th: idx_topk's exact survivors
+    // (the larger keys in any order, the first `need` equal ones by index).
+    const u32 below = tk_lanemask_lt();
+    u32 eqBase = 0u;
+    for (int j0 = 0; j0 < n; j0 += blockDim.x) {
+      const int j = j0 + tid;
+      const u32 key = j < n ? tk_get(kc, row, j, cached) : 0u;
+      const u32 km = key & mask;
+      const bool gt = j < n && km > prefix, eq = j < n && km == prefix;
+      if (gt) s[atomicAdd(&s_ngt, 1u)] = tk_word(key, j);
+      const u32 be = __ballot_sync(FULL, eq);
+      if (lane == 0) wsum[wp] = __popc(be);
+      __syncthreads();
+      u32 pre = 0u, tot = 0u;
+      for (int q = 0; q < nw; q++) {
+        const u32 c = wsum[q];
+        pre += q < wp ? c : 0u;
+        tot += c;
+      }
+      if (eq) {
+        const u32 e = eqBase + pre + __popc(be & below);
+        if (e < need) s[(u32)k - need + e] = tk_word(key, j);
+      }
+      eqBase += tot;
+      __syncthreads();  // wsum is rewritten next round
+    }
+    P = Pk;
+  }
+  const int filled = M <= TK_SORT ? M : k;
+  __syncthreads();
+  for (int j = filled + tid; j < P; j += blockDim.x) s[j] = ~0ull;
+  if (P <= TK_SMALL)
+    tk_sort_small(s, sb, P);
+  else
+    tk_bitonic(s, P);
+  for (int j = tid; j < k; j += blockDim.x) out[j] = (int)(u32)s[j];
+}

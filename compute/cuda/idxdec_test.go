@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -184,4 +185,143 @@ func TestIdxDecTopKRows(t *testing.T) {
 			t.Error("a null position buffer was accepted")
 		}
 	})
+}
+
+// TestIdxDecTopKSel checks idx_topk_sel (the default TopKRows kernel)
+// against idx_topk (the same indices in the same slots) and compute.TopK at
+// the long rows of decode (up to 65536 entries: keys cached in shared
+// memory up to idxTopKCache, the rest read again), with many rows (the
+// smaller cache), few distinct values, ties at the cut beyond the sort
+// size, zeros, NaN and k from 1 to 2048.
+func TestIdxDecTopKSel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long rows")
+	}
+	normal := func(rng *rand.Rand, i int) float32 { return float32(rng.NormFloat64()) }
+	withFwd(t, func(e *fwdEnv) {
+		x, err := e.c.IdxDec()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for ci, tc := range []topKRowsCase{
+			{"decode 8k..256k context", []int{2048}, 512, 4, normal},
+			{"n 8192", []int{8192}, 512, 1, normal},
+			{"n 32768", []int{32768}, 512, 1, normal},
+			{"n 32769 past the cache", []int{32769}, 512, 1, normal},
+			{"n 65536", []int{65536}, 512, 1, normal},
+			{"rows of mixed length", []int{65536, 100, 0, 513, 40000, 2048}, 512, 1, normal},
+			{"many rows", func() []int {
+				ns := make([]int, 200)
+				for i := range ns {
+					ns[i] = 300 + 97*i
+				}
+				return ns
+			}(), 512, 1, normal},
+			{"k 1", []int{8192, 3}, 1, 1, normal},
+			{"k 2048", []int{65536, 2100}, 2048, 1, normal},
+			{"quantised", []int{65536, 8192}, 512, 1, func(rng *rand.Rand, i int) float32 { return float32(rng.IntN(5000)) / 7 }},
+			{"ties past the sort size", []int{65536, 9000}, 512, 1, func(rng *rand.Rand, i int) float32 { return float32(rng.IntN(3)) }},
+			{"mostly zero", []int{50000, 4000}, 512, 1, func(rng *rand.Rand, i int) float32 {
+				if rng.IntN(10) < 8 {
+					return 0
+				}
+				return float32(math.Abs(rng.NormFloat64()))
+			}},
+			{"narrow range", []int{65536}, 512, 1, func(rng *rand.Rand, i int) float32 { return 1 + float32(rng.Float64())*1e-6 }},
+			{"NaN and inf", []int{30000}, 512, 1, func(rng *rand.Rand, i int) float32 {
+				return []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1)), float32(rng.NormFloat64())}[rng.IntN(4)]
+			}},
+		} {
+			T := len(tc.ns)
+			sc, pos, stride := topKRowsInput(rand.New(rand.NewPCG(uint64(ci), 91)), tc.ns, tc.ratio, tc.gen)
+			if tc.name == "decode 8k..256k context" {
+				// Row length 65536 (a 256k-token context), 2048 entries live.
+				stride = 65536
+				sc = append(sc, make([]float32, stride-len(sc))...)
+			}
+			dsc, dpos := e.up(sc), e.upInts(pos)
+			run := func(old bool) []int {
+				idx := e.poisoned(T * tc.topk)
+				if err := x.topKRows(e.c, old, idx, dsc, dpos, T, tc.ratio, tc.topk, stride, e.c.Stream()); err != nil {
+					t.Fatalf("%s: %v", tc.name, err)
+				}
+				return e.downInts(idx, T*tc.topk)
+			}
+			got, old := run(false), run(true)
+			for i, n := range tc.ns {
+				want := compute.TopK(nil, sc[i*stride:i*stride+n], min(tc.topk, n))
+				row, orow := got[i*tc.topk:(i+1)*tc.topk], old[i*tc.topk:(i+1)*tc.topk]
+				for j := range row {
+					if row[j] != orow[j] {
+						t.Errorf("%s: row %d (n %d): slot %d is %d, idx_topk gives %d", tc.name, i, n, j, row[j], orow[j])
+						break
+					}
+				}
+				for j, w := range want {
+					if row[j] != w {
+						t.Errorf("%s: row %d (n %d): slot %d is %d, compute.TopK gives %d", tc.name, i, n, j, row[j], w)
+						break
+					}
+				}
+				for j := len(want); j < tc.topk; j++ {
+					if row[j] != -1 {
+						t.Errorf("%s: row %d: slot %d past k = %d was written (%d)", tc.name, i, j, len(want), row[j])
+						break
+					}
+				}
+			}
+		}
+	})
+}
+
+// BenchmarkIdxTopK times the indexer's top 512 of one query row of n
+// normal scores (row length 65536) captured in a CUDA graph, idx_topk
+// ("old") against idx_topk_sel ("sel"), reporting device microseconds per
+// row; "quant" rows hold 5000 distinct values (more ties near the cut).
+func BenchmarkIdxTopK(b *testing.B) {
+	dev := testDevice(b)
+	const k, stride = 512, 65536
+	for _, gen := range []string{"normal", "quant"} {
+		for _, n := range []int{2048, 8192, 32768, 65536} {
+			for _, old := range []bool{true, false} {
+				name := "sel"
+				if old {
+					name = "old"
+				}
+				b.Run(fmt.Sprintf("%s/n%d/%s", gen, n, name), func(b *testing.B) {
+					var us float64
+					err := dev.Do(func(c *Ctx) error {
+						d := &devBufs{c: c}
+						defer d.free()
+						x, err := c.IdxDec()
+						if err != nil {
+							return err
+						}
+						rng := rand.New(rand.NewPCG(uint64(n), 3))
+						sc := make([]float32, stride)
+						for i := range n {
+							if gen == "quant" {
+								sc[i] = float32(rng.IntN(5000)) / 7
+							} else {
+								sc[i] = float32(rng.NormFloat64())
+							}
+						}
+						dsc, dpos, idx := d.floats(sc), d.int32s([]int32{int32(n - 1)}), d.alloc(4*k)
+						d.synced()
+						if d.err != nil {
+							return d.err
+						}
+						us, err = graphTime(b, c, fuseGraphCalls, func() error {
+							return x.topKRows(c, old, idx, dsc, dpos, 1, 1, k, stride, c.Stream())
+						})
+						return err
+					})
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.ReportMetric(us, "device-us/op")
+				})
+			}
+		}
+	}
 }

@@ -119,11 +119,21 @@ const (
 	// HCFuseTwo is the two-kernel boundary (fuse_hc_dots or hc_split_dots,
 	// then fuse_hc_finish), whatever Counters says.
 	HCFuseTwo
+	// HCFusePrefill is the prefill boundary (fuse_hcp_dots, then
+	// fuse_hcp_finish4 or fuse_hcp_finish), whatever Counters says, where
+	// the site's shapes fit it (hcPrefillFits; else the two-kernel one):
+	// HCMixNorm and HCHeadNorm take it for hcPrefillMinT tokens or more
+	// unless $MOXIE_CUDA_HCPREFILL=old. It computes the same float32
+	// operations in the same order as the other two.
+	HCFusePrefill
 )
 
 func (v HCFuseVariant) String() string {
-	if v == HCFuseTwo {
+	switch v {
+	case HCFuseTwo:
 		return "two"
+	case HCFusePrefill:
+		return "prefill"
 	}
 	return "one"
 }
@@ -200,7 +210,78 @@ func (c *Ctx) hcNorm(op string, a *HCNorm, p *HC, head int32, s Stream) error {
 			return opErr(op, "%v", err)
 		}
 	}
+	if a != nil && a.T >= hcPrefillMinT && hcPrefillFits(p) {
+		on, err := ParseHCPrefill(os.Getenv("MOXIE_CUDA_HCPREFILL"))
+		if err != nil {
+			return opErr(op, "%v", err)
+		}
+		if on {
+			v = HCFusePrefill
+		}
+	}
 	return c.hcNormVariant(op, a, p, head, v, hcOneThreads, s)
+}
+
+// hcPrefillMinT is the smallest token count HCMixNorm and HCHeadNorm run on
+// the prefill kernels (fuse_hcp_dots + fuse_hcp_finish4) by default.
+const hcPrefillMinT = 16
+
+// ParseHCPrefill parses a $MOXIE_CUDA_HCPREFILL value: "" or "new" (chunks
+// of hcPrefillMinT tokens or more take the prefill boundary kernels),
+// "old" (they take the decode boundary's kernels, as before); anything
+// else is an error naming the variable.
+func ParseHCPrefill(v string) (bool, error) {
+	switch v {
+	case "", "new":
+		return true, nil
+	case "old":
+		return false, nil
+	}
+	return false, fmt.Errorf("MOXIE_CUDA_HCPREFILL=%q: want new or old (or unset for the default, new)", v)
+}
+
+// The prefill boundary's launch constants (HCP_TM, HCP_RPW, HCP_MAXNM in
+// kernels/fuse.cu) and its grid target.
+const (
+	hcpTM      = 64 // tokens per fuse_hcp_dots block
+	hcpRPW     = 5  // rows (with the Σx² row) per warp at most
+	hcpMaxRows = 24 // Fn rows at most
+	// hcpTargetBlocks is the fuse_hcp_dots grid size the splits per block
+	// aim at (about four blocks per SM of an H200).
+	hcpTargetBlocks = 528
+	// hcpFinishDots is the collapse threads per fuse_hcp_finish block (plus
+	// the Sinkhorn warp).
+	hcpFinishDots = 256
+)
+
+// hcPrefillShape returns fuse_hcp_dots's block shape for Fn rows of n
+// columns (hc_split_dots's cq and threads): nw warps of at most rpw rows
+// each, the fewest idle row slots over 4..8 warps (ties: more warps); ok is
+// false where the prefill kernels do not apply (more than hcpMaxRows rows,
+// or splits of more than 256 quads).
+func hcPrefillShape(rows, cq, threads int) (nw, rpw int, ok bool) {
+	r1 := rows + 1
+	if rows < 1 || rows > hcpMaxRows || cq < 1 || cq > threads || threads > 256 {
+		return 0, 0, false
+	}
+	best := 0
+	for w := 8; w >= 4; w-- {
+		if k := w * ((r1 + w - 1) / w); best == 0 || k < best {
+			best, nw = k, w
+		}
+	}
+	rpw = (r1 + nw - 1) / nw
+	return nw, rpw, rpw <= hcpRPW
+}
+
+// hcPrefillFits reports whether HC site p's shapes fit the prefill kernels.
+func hcPrefillFits(p *HC) bool {
+	if p == nil || p.Fn == nil || p.HC <= 0 || p.Fn.Cols <= 0 || p.Fn.Cols%4 != 0 {
+		return false
+	}
+	_, _, _, cq, threads := hcSplitShape(p.Fn.Rows, p.Fn.Cols)
+	_, _, ok := hcPrefillShape(p.Fn.Rows, cq, threads)
+	return ok
 }
 
 // hcNormVariant is hcNorm with the variant chosen (HCFuseOne runs only with
@@ -240,6 +321,11 @@ func (c *Ctx) hcNormVariant(op string, a *HCNorm, p *HC, head int32, variant HCF
 		return opErr(op, "Counters %#x: want 4-byte aligned, not Scratch or A", a.Counters)
 	}
 	rb, groups, splits, cq, threads := hcSplitShape(rows, n)
+	if variant == HCFusePrefill {
+		if nw, rpw, ok := hcPrefillShape(rows, cq, threads); ok {
+			return c.hcNormPrefill(a, p, head, code, splits, cq, threads, nw, rpw, s)
+		}
+	}
 	if variant == HCFuseOne && a.Counters != 0 {
 		return c.hcNormOne(a, p, head, code, rb, groups, splits, cq, threads, oneThreads, s)
 	}
@@ -306,6 +392,40 @@ func (c *Ctx) hcNormOne(a *HCNorm, p *HC, head, code int32, rb, groups, splits, 
 		kernel = "fuse_hc_one4"
 	}
 	return c.launchFuse(kernel, grid, Dim3{X: uint32(bd)}, 0, s, ptr(&args))
+}
+
+// hcNormPrefill launches fuse_hcp_dots and fuse_hcp_finish4 (or
+// fuse_hcp_finish) for a checked HCNorm (see hcNormVariant) whose shape
+// hcPrefillShape accepts (nw warps of rpw rows).
+func (c *Ctx) hcNormPrefill(a *HCNorm, p *HC, head, code int32, splits, cq, threads, nw, rpw int, s Stream) error {
+	D := p.Fn.Cols / p.HC
+	tiles := (a.T + hcpTM - 1) / hcpTM
+	spb := max(1, splits*tiles/hcpTargetBlocks)
+	args := hcOneArgs{
+		Part: uint64(a.Scratch), X: uint64(a.X), Fn: uint64(p.Fn.Data),
+		Pre: uint64(a.Pre), A: uint64(a.A), W: uint64(a.Norm), Base: uint64(p.Base), Scale: uint64(p.Scale),
+		Fmt: code, N: int32(p.Fn.Cols), NM: int32(p.Fn.Rows), CQ: int32(cq), RB: int32(rpw), Batch: int32(a.T),
+		HC: int32(p.HC), Dim: int32(D), S: int32(splits), Groups: int32(spb), V: 1, VThreads: int32(threads),
+		Iters: int32(p.Iters), Head: head, VT: int32(rmsThreads(D)),
+		Eps: p.Eps, NormEps: p.NormEps, RMSEps: a.Eps,
+	}
+	if a.O != 0 {
+		args.O, args.Post0, args.Comb0, args.XOut = uint64(a.O), uint64(a.Post), uint64(a.Comb), uint64(a.XOut)
+	}
+	if head == 0 {
+		args.Post, args.Comb = uint64(a.PostOut), uint64(a.CombOut)
+	}
+	grid := Dim3{X: uint32((splits + spb - 1) / spb), Y: uint32(tiles), Z: 1}
+	if err := c.launchFuse("fuse_hcp_dots", grid, Dim3{X: uint32(32 * nw)}, 0, s, ptr(&args)); err != nil {
+		return err
+	}
+	fin := args
+	fin.V, fin.VThreads = 1, hcpFinishDots
+	kernel := "fuse_hcp_finish"
+	if p.HC == 4 {
+		kernel = "fuse_hcp_finish4"
+	}
+	return c.launchFuse(kernel, Dim3{X: 1, Y: 1, Z: uint32((a.T + hcSplitTB - 1) / hcSplitTB)}, Dim3{X: hcpFinishDots + 32}, 0, s, ptr(&fin))
 }
 
 // RowOp is one operation of a RowOps launch: each of Rows rows of Dim

@@ -1106,7 +1106,7 @@ float g_shfl[32][32];
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __shared__ static
 #define FULL 0xffffffffu
 inline void __syncthreads() { g_block_bar->arrive_and_wait(); }

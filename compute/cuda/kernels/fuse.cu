@@ -570,32 +570,12 @@ __device__ __forceinline__ void hco_collapse_norm(const HCOneArgs &p, const floa
   hco_bar(C * 32);  // nred is free for the next token
 }
 
+// hco_finish: the finish of token group blockIdx.z from its partials (see
+// fuse_hc_one; also fuse_hcp_finish's whole work): every thread of the
+// block calls it; dot, cm and nred are the block's shared scratch.
 template <int HCC>
-__device__ __forceinline__ void fuse_hc_one_hc(const HCOneArgs &p) {
-  __shared__ float red[HCO_MAXDOTS];
-  __shared__ float dot[HCS_TB][HC_MAXNM + 1];
-  __shared__ float cm[HCS_TB][HC_MAXNM];
-  __shared__ float nred[32];
-  __shared__ int last;
-  if (p.fmt == 3)
-    hco_dots<HCC, true>(p, red);
-  else
-    hco_dots<HCC, false>(p, red);
-  // The block's arrival, as a grid barrier arrives (cooperative groups):
-  // the block's partials and x' quads are ordered before thread 0's fence
-  // by the barrier, and the last block's reads after its own fence.
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    const bool l = atomicAdd(p.ctr + blockIdx.z, 1) == (int)gridDim.x - 1;
-    if (l) {
-      __threadfence();
-      atomicExch(p.ctr + blockIdx.z, 0);  // every block has arrived: zero for the next launch
-    }
-    last = l;
-  }
-  __syncthreads();
-  if (!last) return;
+__device__ __forceinline__ void hco_finish(const HCOneArgs &p, float (*dot)[HC_MAXNM + 1], float (*cm)[HC_MAXNM],
+                                           float *nred) {
   const int b0 = blockIdx.z * HCS_TB, nt = min(HCS_TB, p.batch - b0);
   const int S = p.S, np1 = p.nm + 1;
   for (int i = threadIdx.x; i < nt * np1; i += blockDim.x) {
@@ -625,6 +605,35 @@ __device__ __forceinline__ void fuse_hc_one_hc(const HCOneArgs &p) {
   for (int t = 0; t < nt; t++) hco_collapse_norm<HCC>(p, dot[t], (size_t)b0 + t, nred);
 }
 
+template <int HCC>
+__device__ __forceinline__ void fuse_hc_one_hc(const HCOneArgs &p) {
+  __shared__ float red[HCO_MAXDOTS];
+  __shared__ float dot[HCS_TB][HC_MAXNM + 1];
+  __shared__ float cm[HCS_TB][HC_MAXNM];
+  __shared__ float nred[32];
+  __shared__ int last;
+  if (p.fmt == 3)
+    hco_dots<HCC, true>(p, red);
+  else
+    hco_dots<HCC, false>(p, red);
+  // The block's arrival, as a grid barrier arrives (cooperative groups):
+  // the block's partials and x' quads are ordered before thread 0's fence
+  // by the barrier, and the last block's reads after its own fence.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const bool l = atomicAdd(p.ctr + blockIdx.z, 1) == (int)gridDim.x - 1;
+    if (l) {
+      __threadfence();
+      atomicExch(p.ctr + blockIdx.z, 0);  // every block has arrived: zero for the next launch
+    }
+    last = l;
+  }
+  __syncthreads();
+  if (!last) return;
+  hco_finish<HCC>(p, dot, cm, nred);
+}
+
 // fuse_hc_one4: hc = 4 (DeepSeek-V4); fuse_hc_one: any hc.
 extern "C" __global__ void __launch_bounds__(HCO_MAXTHREADS) fuse_hc_one4(const HCOneArgs p) {
   MOXIE_PDL();
@@ -633,6 +642,184 @@ extern "C" __global__ void __launch_bounds__(HCO_MAXTHREADS) fuse_hc_one4(const 
 extern "C" __global__ void __launch_bounds__(HCO_MAXTHREADS) fuse_hc_one(const HCOneArgs p) {
   MOXIE_PDL();
   fuse_hc_one_hc<0>(p);
+}
+
+// ---------------------------------------------------------------------------
+// Prefill boundary (many tokens): fuse_hcp_dots writes the partials that
+// fuse_hc_dots (or hc_split_dots without the expand) writes, bit for bit,
+// with far fewer re-reads; fuse_hcp_finish4 / fuse_hcp_finish then run
+// fuse_hc_one's finish (hco_finish) once per token group.
+//
+// The partial of (token b, row r, split s) is, in hc_split_dots's launch
+// shape (splits of cq quads, vthreads = max(32, cq rounded up to 32) <= 256
+// threads, so one quad per thread): per quad a leaf dot4(f, x', 0) (0 past
+// the split's end), the butterfly sum of warp_sum over the 32 leaves of each
+// warp chunk (lane l: quad 32·w + l of the split), then (0 + W_0) + W_1 + …
+// over the chunks. fuse_hcp_dots computes exactly that tree on one thread
+// per (token, row): the leaves in bit-reversed lane order make warp_sum's
+// xor steps (16, 8, 4, 2, 1) an ordinary binary tree over consecutive
+// leaves, summed with a 5-level stack (float addition commutes bit for
+// bit, so a + b = b + a).
+//
+// Grid (ceil(S / spb), ceil(batch / HCP_TM)); blockDim nw·32 with nw warps
+// each owning rows warp, warp + nw, … (at most HCP_RPW; rpw = p.rb, spb =
+// p.groups). Block (g, z) covers tokens [z·HCP_TM, …) and the splits
+// [g·spb, min(S, (g+1)·spb)); per warp chunk it stages x' [HCP_TM tokens][32
+// quads] (formed as hc_x_expand forms it and stored to xout: each (token,
+// quad) by one block; hco_x's operations, which are hc_x_expand's) and Fn [nm][32 quads] in shared memory, then each
+// lane reduces tokens lane and lane + 32 against its warp's rows. Needs nm
+// <= HCP_MAXNM, cq <= 256, n % 4 == 0, 16-byte aligned x, o, xout, Fn
+// (8-byte BF16).
+
+#define HCP_TM 64     // tokens per block
+#define HCP_RPW 5     // rows per warp at most
+#define HCP_MAXNM 24  // Fn rows at most (the Σx² row is extra)
+#define HCP_XS 33     // staged x' row stride in quads (conflict-free LDS.128 per quarter warp)
+
+// hcp_chunk: the 32 leaves of one warp chunk for rpw rows and the two
+// tokens of this lane, folded into the chunk sums w[j][t] (bit-reversed
+// lane order, stack st).
+__device__ __forceinline__ void hcp_chunk(float4 (*xs)[HCP_XS], float4 (*fs)[32], int lane, int warp,
+                                          int nw, int rpw, int nm, float (&w)[HCP_RPW][2]) {
+  float st[HCP_RPW][2][5];
+#pragma unroll
+  for (int m = 0; m < 32; m++) {
+    const int l = ((m & 1) << 4) | ((m & 2) << 2) | (m & 4) | ((m & 8) >> 2) | ((m & 16) >> 4);
+    const float4 xa = xs[lane][l], xb = xs[lane + 32][l];
+#pragma unroll
+    for (int j = 0; j < HCP_RPW; j++) {
+      const int r = warp + j * nw;
+      if (j < rpw && r <= nm) {  // uniform over the warp
+        float v[2];
+        if (r == nm) {  // the Σx² row
+          v[0] = dot4(xa, xa, 0.f);
+          v[1] = dot4(xb, xb, 0.f);
+        } else {
+          const float4 f = fs[r][l];
+          v[0] = dot4(f, xa, 0.f);
+          v[1] = dot4(f, xb, 0.f);
+        }
+#pragma unroll
+        for (int t = 0; t < 2; t++) {
+          float a = v[t];
+#pragma unroll
+          for (int k = 0; k < 5; k++) {
+            if (m & (1 << k)) {
+              a = st[j][t][k] + a;
+            } else {
+              st[j][t][k] = a;
+              break;
+            }
+          }
+          if (m == 31) w[j][t] = a;
+        }
+      }
+    }
+  }
+}
+
+template <int HCC, bool BF>
+__device__ __forceinline__ void hcp_dots(const HCOneArgs &p, float4 (*xs)[HCP_XS], float4 (*fs)[32]) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int bs = blockDim.x, nw = bs >> 5;
+  const int nm = p.nm, n = p.n, nq = n >> 2, cq = p.cq, S = p.S, rpw = p.rb;
+  const int cw = (p.vthreads + 31) >> 5;  // warp chunks per split
+  const int b0 = blockIdx.y * HCP_TM;
+  const int s0 = blockIdx.x * p.groups, s1 = min(S, s0 + p.groups);
+  const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s = s0; s < s1; s++) {
+    const int q1 = min(s * cq + cq, nq);
+    float P[HCP_RPW][2];
+#pragma unroll
+    for (int j = 0; j < HCP_RPW; j++) P[j][0] = P[j][1] = 0.f;
+    for (int c = 0; c < cw; c++) {
+      const int qc = s * cq + 32 * c;                    // the chunk's first quad
+      const int lim = min(min(32, cq - 32 * c), q1 - qc);  // its quads (<= 0: none)
+      // Stage x' (or x) of HCP_TM tokens and the Fn rows; zeros past lim
+      // and past the batch.
+#pragma unroll 4
+      for (int i = tid; i < HCP_TM * 32; i += bs) {
+        const int t = i >> 5, l = i & 31;
+        float4 v = z;
+        if (l < lim && b0 + t < p.batch) {
+          const size_t b = (size_t)b0 + t;
+          v = hco_x<HCC>(p, b, qc + l);
+          if (p.o) *((float4 *)(p.xout + b * n) + qc + l) = v;
+        }
+        xs[t][l] = v;
+      }
+#pragma unroll 2
+      for (int i = tid; i < nm * 32; i += bs) {
+        const int r = i >> 5, l = i & 31;
+        float4 f = z;
+        if (l < lim) {
+          if (BF) {
+            const uint2 w = __ldg((const uint2 *)((const u16 *)p.fn + (size_t)r * n) + qc + l);
+            f = make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u),
+                            __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
+          } else {
+            f = __ldg((const float4 *)((const float *)p.fn + (size_t)r * n) + qc + l);
+          }
+        }
+        fs[r][l] = f;
+      }
+      __syncthreads();
+      float w[HCP_RPW][2];
+      hcp_chunk(xs, fs, lane, warp, nw, rpw, nm, w);
+#pragma unroll
+      for (int j = 0; j < HCP_RPW; j++) {
+        P[j][0] += w[j][0];  // hc_split_dots_body's order over the warps: 0 + W_0 + W_1 + …
+        P[j][1] += w[j][1];
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < HCP_RPW; j++) {
+      const int r = warp + j * nw;
+      if (j < rpw && r <= nm) {
+#pragma unroll
+        for (int t = 0; t < 2; t++) {
+          const int b = b0 + lane + 32 * t;
+          if (b < p.batch) p.part[((size_t)b * (nm + 1) + r) * S + s] = P[j][t];
+        }
+      }
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) fuse_hcp_dots(const HCOneArgs p) {
+  MOXIE_PDL();
+  __shared__ float4 xs[HCP_TM][HCP_XS];  // 33 KiB
+  __shared__ float4 fs[HCP_MAXNM][32];   // 12 KiB
+  if (p.hc == 4) {
+    if (p.fmt == 3)
+      hcp_dots<4, true>(p, xs, fs);
+    else
+      hcp_dots<4, false>(p, xs, fs);
+  } else if (p.fmt == 3) {
+    hcp_dots<0, true>(p, xs, fs);
+  } else {
+    hcp_dots<0, false>(p, xs, fs);
+  }
+}
+
+// fuse_hcp_finish4 (hc = 4) / fuse_hcp_finish: fuse_hc_one's finish
+// (hco_finish) of token group blockIdx.z from fuse_hcp_dots's partials;
+// grid (1, 1, ceil(batch / HCS_TB)), blockDim V·vthreads + 32.
+template <int HCC>
+__device__ __forceinline__ void fuse_hcp_finish_hc(const HCOneArgs &p) {
+  __shared__ float dot[HCS_TB][HC_MAXNM + 1];
+  __shared__ float cm[HCS_TB][HC_MAXNM];
+  __shared__ float nred[32];
+  hco_finish<HCC>(p, dot, cm, nred);
+}
+extern "C" __global__ void __launch_bounds__(HCO_MAXTHREADS, 3) fuse_hcp_finish4(const HCOneArgs p) {
+  MOXIE_PDL();
+  fuse_hcp_finish_hc<4>(p);
+}
+extern "C" __global__ void __launch_bounds__(HCO_MAXTHREADS, 3) fuse_hcp_finish(const HCOneArgs p) {
+  MOXIE_PDL();
+  fuse_hcp_finish_hc<0>(p);
 }
 
 // ---------------------------------------------------------------------------

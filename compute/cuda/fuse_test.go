@@ -1253,3 +1253,280 @@ int main() {
   printf("worst %.3g\n", worst);
 }
 `
+
+// TestHCPrefillEmulated runs the prefill boundary (fuse_hcp_dots, then
+// fuse_hcp_finish4 / fuse_hcp_finish) of kernels/fuse.cu on the CPU with
+// hcOneEmuHarness's machinery (a std::thread per CUDA thread) at the launch
+// shapes fuse.go computes. hcpEmuHarness checks fuse_hcp_dots's partials
+// bit for bit against its own serial evaluation of hc_split_dots's
+// documented summation tree (per quad a dot4 from 0, warp_sum's xor
+// butterfly over each warp's 32 quads, the warps in order), and x' bit for
+// bit against hc_x_expand's operations; on the small cases it also runs the
+// finish, compares x', pre, post, comb and a with a float64 evaluation
+// (FAIL above 1e-4) and with fuse_hc_one's results on the same inputs (bit
+// for bit: the decode boundary's kernel). Skipped with -short or without
+// g++ (C++20).
+func TestHCPrefillEmulated(t *testing.T) {
+	if testing.Short() {
+		t.Skip("emulation takes several seconds")
+	}
+	gxx, err := exec.LookPath("g++")
+	if err != nil {
+		t.Skipf("no g++: %v", err)
+	}
+	inc, err := hcOneEmuSource()
+	if err != nil {
+		t.Fatal(err)
+	}
+	type emuCase struct {
+		name                         string
+		hc, D, T                     int
+		head, expand, bf16, weighted bool
+		full                         bool // run the finish and fuse_hc_one too
+	}
+	cases := []emuCase{
+		{"v4 mix T70", 4, 4096, 70, false, true, false, true, false},
+		{"v4 head T33 bf16", 4, 4096, 33, true, true, true, true, false},
+		{"v4 mix T5", 4, 4096, 5, false, true, false, true, true},
+		{"hc4 D1024 mix T66 no expand", 4, 1024, 66, false, false, false, false, false},
+		{"hc4 D1024 mix T5 bf16", 4, 1024, 5, false, true, true, true, true},
+		{"hc3 D100 mix T6 no expand", 3, 100, 6, false, false, false, true, true},
+		{"hc2 D36 head T6 bf16", 2, 36, 6, true, true, true, true, true},
+		{"hc2 D36 mix T130", 2, 36, 130, false, true, false, false, false},
+	}
+	b2i := func(b bool) int {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	var gen strings.Builder
+	gen.WriteString("static std::vector<Case> cases = {\n")
+	for _, c := range cases {
+		rows := (2 + c.hc) * c.hc
+		if c.head {
+			rows = c.hc
+		}
+		rb, groups, splits, cq, threads := hcSplitShape(rows, c.hc*c.D)
+		nw, rpw, ok := hcPrefillShape(rows, cq, threads)
+		if !ok {
+			t.Fatalf("%s: the prefill kernels do not fit rows %d, cq %d", c.name, rows, cq)
+		}
+		tiles := (c.T + hcpTM - 1) / hcpTM
+		spb := max(1, splits*tiles/hcpTargetBlocks)
+		if c.T > 64 {
+			spb = 3 // several splits per block, one short
+		}
+		v, blocks, _ := hcOneShape(groups, splits, threads, hcOneThreads)
+		fmt.Fprintf(&gen, "  {%q, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d},\n", c.name, c.hc, c.D, c.T,
+			b2i(c.head), b2i(c.expand), b2i(c.bf16), b2i(c.weighted), rb, groups, splits, cq, threads, v, blocks, rmsThreads(c.D),
+			nw, rpw, spb, b2i(c.full))
+	}
+	gen.WriteString("};\n")
+	dir := t.TempDir()
+	for name, body := range map[string]string{"kern.inc": inc, "gen.inc": gen.String(), "emu.cpp": hcpEmuHarness()} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bin := filepath.Join(dir, "emu")
+	if out, err := exec.Command(gxx, "-std=c++20", "-O1", "-pthread", "-w", "-o", bin, filepath.Join(dir, "emu.cpp")).CombinedOutput(); err != nil {
+		t.Fatalf("compiling the emulation: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin).CombinedOutput()
+	if err != nil {
+		t.Fatalf("emulation: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != len(cases)+1 {
+		t.Fatalf("emulation printed %d lines, want one per case and a last one:\n%s", len(lines), out)
+	}
+	for _, l := range lines {
+		t.Log(l)
+		if strings.Contains(l, "FAIL") {
+			t.Error(l)
+		}
+	}
+	last := lines[len(lines)-1]
+	worst, err := strconv.ParseFloat(strings.TrimPrefix(last, "worst "), 64)
+	if err != nil || !(worst <= 1e-4) {
+		t.Errorf("emulation's last line %q: want worst <= 1e-4", last)
+	}
+}
+
+// hcpEmuHarness returns TestHCPrefillEmulated's C++ program: hcOneEmuHarness's
+// emulation machinery (everything before its case list) and its own cases
+// and checks.
+func hcpEmuHarness() string {
+	i := strings.Index(hcOneEmuHarness, "struct Case {")
+	return hcOneEmuHarness[:i] + hcpEmuMain
+}
+
+const hcpEmuMain = `struct Case { const char *name; int hc, D, T, head, expand, bf16, weighted, rb, groups, S, cq, vthreads, V, blocks, vt, nw, rpw, spb, full; };
+#include "gen.inc"
+
+static double maxrel(const std::vector<float> &got, const std::vector<double> &want) {
+  double e = 0, m = 0;
+  for (size_t i = 0; i < got.size(); i++) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    e = max(e, std::fabs(got[i] - want[i])); m = max(m, std::fabs(want[i]));
+  }
+  return m > 0 ? e / m : e;
+}
+static bool same(const std::vector<float> &a, const std::vector<float> &b) {
+  return a.size() == b.size() && !memcmp(a.data(), b.data(), 4 * a.size());
+}
+
+int main() {
+  double worst = 0;
+  for (size_t ci = 0; ci < cases.size(); ci++) {
+    const Case c = cases[ci];
+    std::mt19937 rng(ci + 11);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::uniform_real_distribution<float> ud(0.f, 1.f);
+    const int hc = c.hc, D = c.D, T = c.T, n = hc * D, nq = n / 4, nm = c.head ? hc : (2 + hc) * hc;
+    std::vector<float> fn(nm * n), base((2 + hc) * hc), scale(3), x(T * n), o(T * D), post0(T * hc), comb0(T * hc * hc), w(D);
+    std::vector<u16> fnb(nm * n);
+    for (size_t i = 0; i < fn.size(); i++) {
+      float v = nd(rng) * 0.3f / std::sqrt((float)n);
+      if (c.bf16) { unsigned u; memcpy(&u, &v, 4); fnb[i] = (u16)(u >> 16); u &= 0xffff0000u; memcpy(&v, &u, 4); }
+      fn[i] = v;
+    }
+    for (auto &v : base) v = nd(rng);
+    for (auto &v : scale) v = nd(rng);
+    scale[2] = 4;
+    for (auto &v : x) v = nd(rng);
+    for (auto &v : o) v = nd(rng);
+    for (auto &v : post0) v = 2 * ud(rng);
+    for (auto &v : comb0) v = ud(rng) / hc;
+    for (auto &v : w) v = nd(rng);
+    // x' in hc_x_expand's float32 operations, and hc_split_dots's partials
+    // in its documented order (serially).
+    std::vector<float> xs(T * n), wpart(T * (nm + 1) * c.S);
+    for (int b = 0; b < T; b++)
+      for (int k = 0; k < hc; k++)
+        for (int i = 0; i < D; i++) {
+          float s = x[(b * hc + k) * D + i];
+          if (c.expand) {
+            s = post0[b * hc + k] * o[b * D + i];
+            for (int j = 0; j < hc; j++) s = std::fma(comb0[(b * hc + j) * hc + k], x[(b * hc + j) * D + i], s);
+          }
+          xs[b * n + k * D + i] = s;
+        }
+    for (int b = 0; b < T; b++)
+      for (int r = 0; r <= nm; r++)
+        for (int s = 0; s < c.S; s++) {
+          const int q0 = s * c.cq, q1 = min(q0 + c.cq, nq);
+          float P = 0.f;
+          for (int wi = 0; wi < c.vthreads / 32; wi++) {
+            float v[32];
+            for (int l = 0; l < 32; l++) {
+              float acc = 0.f;
+              for (int q = q0 + wi * 32 + l; q < q1; q += c.vthreads)
+                for (int e = 0; e < 4; e++) {
+                  const float xv = xs[b * n + 4 * q + e];
+                  acc = std::fma(r == nm ? xv : fn[r * n + 4 * q + e], xv, acc);
+                }
+              v[l] = acc;
+            }
+            for (int of = 16; of > 0; of >>= 1) {
+              float u[32];
+              for (int l = 0; l < 32; l++) u[l] = v[l] + v[l ^ of];
+              memcpy(v, u, sizeof v);
+            }
+            P += v[0];
+          }
+          wpart[(b * (nm + 1) + r) * c.S + s] = P;
+        }
+    // float64 reference (dsv4-flash.md section 4.3)
+    std::vector<double> wx(T * n), wpre(T * hc), wpost(T * hc), wcomb(T * hc * hc), wa(T * D);
+    for (int b = 0; b < T; b++) {
+      double *xd = &wx[b * n];
+      for (int k = 0; k < hc; k++)
+        for (int i = 0; i < D; i++) {
+          double s = x[(b * hc + k) * D + i];
+          if (c.expand) {
+            s = (double)post0[b * hc + k] * o[b * D + i];
+            for (int j = 0; j < hc; j++) s += (double)comb0[(b * hc + j) * hc + k] * x[(b * hc + j) * D + i];
+          }
+          xd[k * D + i] = s;
+        }
+      double ss = 0; for (int i = 0; i < n; i++) ss += xd[i] * xd[i];
+      const double rho = 1 / std::sqrt(ss / n + 1e-6);
+      std::vector<double> m(nm);
+      for (int r = 0; r < nm; r++) { double d = 0; for (int i = 0; i < n; i++) d += (double)fn[r * n + i] * xd[i]; m[r] = d * rho; }
+      auto sig = [](double v) { return 1 / (1 + std::exp(-v)); };
+      for (int j = 0; j < hc; j++) wpre[b * hc + j] = sig(m[j] * scale[0] + base[j]) + 1e-6;
+      if (!c.head) {
+        for (int j = 0; j < hc; j++) wpost[b * hc + j] = 2 * sig(m[hc + j] * scale[1] + base[hc + j]);
+        std::vector<double> C(hc * hc);
+        for (int j = 0; j < hc; j++) {
+          double mx = -INFINITY; for (int k = 0; k < hc; k++) mx = max(mx, m[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k]);
+          double s = 0; for (int k = 0; k < hc; k++) { C[j * hc + k] = std::exp(m[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k] - mx); s += C[j * hc + k]; }
+          for (int k = 0; k < hc; k++) C[j * hc + k] = C[j * hc + k] / s + 1e-6;
+        }
+        for (int it = 0; it < 20; it++) {
+          if (it > 0) for (int j = 0; j < hc; j++) { double s = 0; for (int k = 0; k < hc; k++) s += C[j * hc + k]; for (int k = 0; k < hc; k++) C[j * hc + k] /= s + 1e-6; }
+          for (int k = 0; k < hc; k++) { double s = 0; for (int j = 0; j < hc; j++) s += C[j * hc + k]; for (int j = 0; j < hc; j++) C[j * hc + k] /= s + 1e-6; }
+        }
+        for (int i = 0; i < hc * hc; i++) wcomb[b * hc * hc + i] = C[i];
+      }
+      std::vector<double> a(D); double sa = 0;
+      for (int i = 0; i < D; i++) { double v = 0; for (int j = 0; j < hc; j++) v += wpre[b * hc + j] * xd[j * D + i]; a[i] = v; sa += v * v; }
+      const double inv = 1 / std::sqrt(sa / D + 1e-6);
+      for (int i = 0; i < D; i++) wa[b * D + i] = a[i] * inv * (c.weighted ? w[i] : 1.0);
+    }
+    const int groupsT = (T + 3) / 4, tiles = (T + HCP_TM - 1) / HCP_TM;
+    // res[0]: the prefill kernels, res[1]: fuse_hc_one (full cases).
+    std::vector<float> res[2][5], part(T * (nm + 1) * c.S, NAN);
+    bool ok = true;
+    for (int run = 0; run < (c.full ? 2 : 1); run++) {
+      std::vector<float> post(post0), comb(comb0), xout(T * n, NAN), pre(T * hc, NAN), a(T * D, NAN);
+      std::vector<int> ctr(groupsT, 0);
+      HCOneArgs p{};
+      p.part = part.data(); p.ctr = ctr.data(); p.x = x.data();
+      if (c.expand) { p.o = o.data(); p.post0 = post.data(); p.comb0 = comb.data(); p.xout = xout.data(); }
+      p.fn = c.bf16 ? (const void *)fnb.data() : (const void *)fn.data();
+      p.pre = pre.data(); p.post = c.head ? nullptr : post.data(); p.comb = c.head ? nullptr : comb.data(); p.a = a.data();
+      p.w = c.weighted ? w.data() : nullptr; p.base = base.data(); p.scale = scale.data();
+      p.fmt = c.bf16 ? 3 : 4; p.n = n; p.nm = nm; p.cq = c.cq; p.batch = T; p.hc = hc; p.dim = D; p.S = c.S;
+      p.iters = 20; p.head = c.head; p.vt = c.vt; p.eps = 1e-6f; p.normEps = 1e-6f; p.rmsEps = 1e-6f;
+      if (run == 0) {
+        HCOneArgs d = p;
+        d.rb = c.rpw; d.groups = c.spb; d.V = 1; d.vthreads = c.vthreads;
+        launch(fuse_hcp_dots, {(unsigned)((c.S + c.spb - 1) / c.spb), (unsigned)tiles, 1}, c.nw * 32, d, 32);
+        if (!same(part, wpart)) {
+          size_t bad = 0; while (bad < part.size() && !memcmp(&part[bad], &wpart[bad], 4)) bad++;
+          printf("%-28s FAIL partials differ from hc_split_dots's order (first at %zu: %.9g, want %.9g)\n", c.name, bad, part[bad], wpart[bad]);
+          ok = false;
+          break;
+        }
+        if (c.expand && !same(xout, xs)) { printf("%-28s FAIL x' differs from hc_x_expand's bits\n", c.name); ok = false; break; }
+        if (!c.full) { res[0][0] = xout; break; }
+        HCOneArgs f = p;
+        f.V = 1; f.vthreads = 256;
+        launch(hc == 4 ? fuse_hcp_finish4 : fuse_hcp_finish, {1, 1, (unsigned)groupsT}, 256 + 32, f, 256);
+      } else {
+        p.rb = c.rb; p.groups = c.groups; p.V = c.V; p.vthreads = c.vthreads;
+        launch(hc == 4 ? fuse_hc_one4 : fuse_hc_one, {(unsigned)c.blocks, 1, (unsigned)groupsT}, c.V * c.vthreads + 32, p, c.V * c.vthreads);
+      }
+      res[run][0] = xout; res[run][1] = pre; res[run][2] = post; res[run][3] = comb; res[run][4] = a;
+    }
+    if (!ok) continue;
+    if (!c.full) {
+      printf("%-28s partials and x' bit-identical (T %d, %d x %d blocks of %d, %d splits each)\n", c.name, T,
+             (c.S + c.spb - 1) / c.spb, tiles, c.nw * 32, c.spb);
+      continue;
+    }
+    bool bits = true;
+    for (int k = 0; k < 5; k++) bits = bits && same(res[0][k], res[1][k]);
+    double e[5] = {c.expand ? maxrel(res[0][0], wx) : 0, maxrel(res[0][1], wpre), c.head ? 0 : maxrel(res[0][2], wpost),
+                   c.head ? 0 : maxrel(res[0][3], wcomb), maxrel(res[0][4], wa)};
+    double r = 0; for (double v : e) r = max(r, v);
+    worst = max(worst, r);
+    printf("%-28s x' %.3g pre %.3g post %.3g comb %.3g a %.3g%s%s\n", c.name, e[0], e[1], e[2], e[3], e[4],
+           r > 1e-4 ? "  FAIL" : "", bits ? " (fuse_hc_one's bits)" : "  FAIL (differs from fuse_hc_one)");
+  }
+  printf("worst %.3g\n", worst);
+}
+`

@@ -330,9 +330,10 @@ extern "C" __global__ void __launch_bounds__(TK_THREADS) idx_topk(int *idx, cons
 // min(n, cache) keys are kept in dynamic shared memory (4·cache bytes), the
 // rest read again from sc. A radix select over 8-bit digits (idx_topk's
 // passes) narrows the candidates to the keys whose leading digits are at
-// least the k-th largest key's, and stops as soon as their count M rounds up
-// to the same power of two as k (or a bin is taken whole, or the key is
-// resolved). Then every candidate becomes its word and the M words are
+// least the k-th largest key's, and stops as soon as their count M is at
+// most max(TK_SMALL, k rounded up to a power of two) (or a bin is taken
+// whole, or the key is resolved): one pass at n = 2048, two at 32768 for
+// typical scores. Then every candidate becomes its word and the M words are
 // sorted (ascending word order is compute.TopK's order, so the first k are
 // the answer whatever the candidates past them are). Only when more than
 // TK_SORT keys tie with the k-th largest are the survivors taken exactly as
@@ -406,9 +407,9 @@ extern "C" __global__ void __launch_bounds__(TK_THREADS) idx_topk_sel(int *idx, 
   // prefix (under mask) is the k-th largest key's leading digits; cnt keys
   // match it, of which need are among the k largest.
   u32 prefix = 0u, mask = 0u, need = (u32)k, cnt = (u32)n;
-  const int Pk = tk_pow2(k);
+  const int Pk = tk_pow2(k), enough = max(Pk, TK_SMALL);
   for (int shift = 24; shift >= 0; shift -= 8) {
-    if (tk_pow2((int)((u32)k - need + cnt)) <= Pk) break;  // uniform
+    if ((int)((u32)k - need + cnt) <= enough) break;  // uniform
     if (tid < 256) hist[tid] = 0u;
     __syncthreads();
     for (int j0 = tid - lane; j0 < n; j0 += blockDim.x) {  // warp-uniform trips

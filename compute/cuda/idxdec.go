@@ -39,11 +39,12 @@ const (
 	idxMaxDim   = 128 // 32·IDX_DPL
 	idxMaxHeads = 64  // IDX_MAXH = IDX_WARPS·8
 	idxMaxGrid  = 4096
-	// idxTopKCache is TK_CACHE: the most keys of a row idx_topk_sel keeps
-	// in shared memory (4 bytes each) when a launch has at most
+	// idxTopKCache is the most keys of a row idx_topk_sel keeps
+	// in shared memory (4 bytes each; with its 25,748 bytes of static shared
+	// memory 222 KB, within the H200 opt-in) when a launch has at most
 	// idxTopKWave rows; more rows keep at most idxTopKCacheMany, so that
 	// two blocks fit on a multiprocessor.
-	idxTopKCache     = 32768
+	idxTopKCache     = 49152
 	idxTopKCacheMany = 8192
 	idxTopKWave      = 132
 )

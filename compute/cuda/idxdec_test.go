@@ -207,7 +207,7 @@ func TestIdxDecTopKSel(t *testing.T) {
 			{"decode 8k..256k context", []int{2048}, 512, 4, normal},
 			{"n 8192", []int{8192}, 512, 1, normal},
 			{"n 32768", []int{32768}, 512, 1, normal},
-			{"n 32769 past the cache", []int{32769}, 512, 1, normal},
+			{"n 49153 past the cache", []int{49153}, 512, 1, normal},
 			{"n 65536", []int{65536}, 512, 1, normal},
 			{"rows of mixed length", []int{65536, 100, 0, 513, 40000, 2048}, 512, 1, normal},
 			{"many rows", func() []int {

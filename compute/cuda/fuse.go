@@ -53,8 +53,12 @@ func rmsThreads(dim int) int { return min(1024, max(32, (dim+3)/4/32*32)) }
 //	Pre, PostOut, CombOut = HCMix(x')  (HCHeadNorm: Pre = HCHeadPre(x'))
 //	A = RMS(Σ_j Pre_j·x'_j; Norm)      (HCCollapse, then RMSNorm)
 //
-// With Counters set (and $MOXIE_CUDA_HCFUSE not "two") one kernel runs the
-// boundary: its blocks form the dot-product partials (Scratch) and x'
+// From hcPrefillMinT (16) tokens, where the site fits (hc_fn of at most 24
+// rows; V4's mix and head sites do) and $MOXIE_CUDA_HCPREFILL is not "old",
+// the prefill kernels run it: the first reads X, O, Post and Comb and writes
+// XOut and the partials, many tokens per block; the second writes Pre,
+// PostOut, CombOut and A (Counters unused). Otherwise, with Counters set (and
+// $MOXIE_CUDA_HCFUSE not "two") one kernel runs the boundary: its blocks form the dot-product partials (Scratch) and x'
 // (XOut), and the last block to finish them writes Pre, PostOut, CombOut
 // and A. Otherwise two kernels run in stream order: the first reads X, O,
 // Post and Comb and writes XOut and the partials; the second reads the
@@ -62,8 +66,8 @@ func rmsThreads(dim int) int { return min(1024, max(32, (dim+3)/4/32*32)) }
 // read of X, O, Post and Comb comes before the first write of the new
 // coefficients or A, so PostOut and CombOut may be the same buffers as Post
 // and Comb; XOut must not overlap X, O, Post or Comb, and A must not
-// overlap X, XOut, Pre, PostOut, CombOut or Scratch (it may be O). Both
-// paths run the same float32 operations in the same order.
+// overlap X, XOut, Pre, PostOut, CombOut or Scratch (it may be O). All
+// paths run the same float32 operations in the same order, whatever T.
 type HCNorm struct {
 	// X [T, HC, D]: the streams entering the boundary (the previous
 	// sublayer's input when O != 0). 16-byte aligned.
@@ -183,7 +187,8 @@ func HCNormScratchBytes(hc, dim, T int) int {
 // [(2+HC)·HC, HC·D]): the optional expand of the previous sublayer, the
 // split-K HCMix, the collapse and the RMSNorm in one kernel (a.Counters
 // set, unless $MOXIE_CUDA_HCFUSE=two) or two (see HCNorm for the aliasing
-// rules; a bad $MOXIE_CUDA_HCFUSE is an error when Counters is set). D must
+// rules; a bad $MOXIE_CUDA_HCFUSE is an error when Counters is set, a bad
+// $MOXIE_CUDA_HCPREFILL one from hcPrefillMinT tokens). D must
 // be a multiple of 4 and Fn 16-byte (F32) or 8-byte (BF16) aligned. The
 // results are those of HCExpand, HCMix (split path, whatever
 // $MOXIE_CUDA_HCMIX says), HCCollapse and RMSNorm run one after another:

@@ -122,3 +122,42 @@ func hcBenchBoundaries(c *Ctx, d *devBufs, T, sites int, variant HCFuseVariant, 
 		return nil
 	}
 }
+
+// BenchmarkHCPrefill times one sublayer boundary (HCMixNorm with the
+// expand, V4-Flash shapes: hc 4, D 4096, F32 hc_fn) of T tokens, a prefill
+// chunk's, captured in a CUDA graph and timed with CUDA events, for each
+// implementation: "two" (fuse_hc_dots + fuse_hc_finish: what a prefill
+// chunk ran before, and with MOXIE_CUDA_HCPREFILL=old), "one" (fuse_hc_one)
+// and "prefill" (fuse_hcp_dots + fuse_hcp_finish4, the default from
+// hcPrefillMinT tokens). It reports device microseconds per boundary.
+func BenchmarkHCPrefill(b *testing.B) {
+	dev := testDevice(b)
+	for _, T := range []int{16, 512, 2048} {
+		for _, vr := range []struct {
+			name    string
+			variant HCFuseVariant
+			threads int
+		}{{"two", HCFuseTwo, 0}, {"one", HCFuseOne, hcOneThreads}, {"prefill", HCFusePrefill, 0}} {
+			b.Run(fmt.Sprintf("b%d/%s", T, vr.name), func(b *testing.B) {
+				var us float64
+				err := dev.Do(func(c *Ctx) error {
+					d := &devBufs{c: c}
+					defer d.free()
+					one := hcBenchBoundaries(c, d, T, 1, vr.variant, vr.threads)
+					d.synced()
+					if d.err != nil {
+						return d.err
+					}
+					var err error
+					us, err = graphTime(b, c, max(1, fuseGraphCalls*16/T), one)
+					return err
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(us, "device-us/op")
+				b.ReportMetric(us*1000/float64(T), "device-ns/token")
+			})
+		}
+	}
+}

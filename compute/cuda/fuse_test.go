@@ -76,7 +76,7 @@ type hcNormCase struct {
 func TestFuseHCNorm(t *testing.T) {
 	rng := rand.New(rand.NewPCG(41, 3))
 	cases := []hcNormCase{
-		{compute.F32, 4, 4096, []int{1, 3, 16, 37}, true}, // V4 decode shapes; 37: past the split path of HCMix
+		{compute.F32, 4, 4096, []int{1, 3, 16, 37, 130}, true}, // V4 decode shapes; 37: past the split path of HCMix; 130: three prefill tiles
 		{compute.BF16, 4, 4096, []int{1, 3, 16}, true},
 		{compute.F32, 6, 100, []int{1, 3, 16}, false}, // hc 6: comb on one thread, generic stream count
 		{compute.BF16, 2, 36, []int{1, 3, 16}, true},  // 72 columns: fewer quads than splits
@@ -107,6 +107,7 @@ var hcNormVariants = []struct {
 	{"two", HCFuseTwo, 0},
 	{"one", HCFuseOne, hcOneThreads},
 	{"one64", HCFuseOne, 64},
+	{"prefill", HCFusePrefill, 0},
 }
 
 func testHCNorm(t *testing.T, rng *rand.Rand, tc hcNormCase, T int, head, expand bool) {
@@ -212,6 +213,43 @@ func testHCNorm(t *testing.T, rng *rand.Rand, tc hcNormCase, T int, head, expand
 	})
 	if t.Failed() {
 		return
+	}
+	// Every variant runs the same float32 operations in the same order, at
+	// any T (the split shape does not depend on T): each one's results are
+	// within fuseTol of the two-kernel boundary's (bit-identity logged), and
+	// the prefill kernels' are the one-kernel boundary's bits (the same
+	// finish code, hco_finish, on bit-identical partials).
+	rows := (2 + hc) * hc
+	if head {
+		rows = hc
+	}
+	_, _, _, cq, threads := hcSplitShape(rows, n)
+	_, _, fits := hcPrefillShape(rows, cq, threads)
+	for v, vr := range hcNormVariants {
+		if vr.variant == HCFuseTwo {
+			continue
+		}
+		if vr.variant == HCFusePrefill {
+			t.Logf("prefill kernels fit this site: %v", fits)
+		}
+		for ref, rv := range hcNormVariants[:2] { // "two", "one"
+			if ref == v {
+				continue
+			}
+			fu, w := fus[v], fus[ref]
+			for _, c := range []struct {
+				what string
+				f, w []float32
+			}{{"a", fu.a, w.a}, {"pre", fu.pre, w.pre}, {"post", fu.post, w.post}, {"comb", fu.comb, w.comb}, {"x'", fu.xs, w.xs}} {
+				r, same := computetest.MaxRel(c.f, f64s(c.w)), bitsEqual(c.f, c.w)
+				if rv.variant == HCFuseTwo {
+					t.Logf("%s vs %s: %s max rel. %.3g (bit-identical %v)", vr.name, rv.name, c.what, r, same)
+				}
+				if !(r <= fuseTol) || (fits && vr.variant == HCFusePrefill && rv.variant == HCFuseOne && !same) {
+					t.Errorf("%s vs %s: %s max rel. %.3g, bit-identical %v", vr.name, rv.name, c.what, r, same)
+				}
+			}
+		}
 	}
 	for v, vr := range hcNormVariants {
 		t.Run(vr.name, func(t *testing.T) {
@@ -648,6 +686,48 @@ func TestHCFuseSwitch(t *testing.T) {
 	c := &Ctx{}
 	if err := c.HCMixNorm(a, mix, Stream{}); err == nil || !strings.Contains(err.Error(), "MOXIE_CUDA_HCFUSE") {
 		t.Errorf("HCMixNorm with MOXIE_CUDA_HCFUSE=three: %v, want an error naming the variable", err)
+	}
+}
+
+// TestHCPrefillShape checks the prefill boundary's block shape: every row
+// (with the Σx² row) has a warp slot, at most hcpRPW rows per warp, 4..8
+// warps, V4's mix site on 5 warps of 5 rows and its head on 5 of 1; sites
+// past hcpMaxRows rows or with splits of more than 256 quads do not fit.
+func TestHCPrefillShape(t *testing.T) {
+	for _, tc := range []struct {
+		rows, n int
+		fits    bool
+		nw, rpw int // 0: only the invariants
+	}{
+		{24, 16384, true, 5, 5}, {4, 16384, true, 5, 1}, {24, 4096, true, 5, 5}, {15, 300, true, 8, 2}, {2, 72, true, 4, 1},
+		{8, 72, true, 5, 2}, {35, 20000, false, 0, 0}, {24, 4 * 64 * 300, false, 0, 0},
+	} {
+		_, _, _, cq, threads := hcSplitShape(tc.rows, tc.n)
+		nw, rpw, ok := hcPrefillShape(tc.rows, cq, threads)
+		t.Logf("rows %d, n %d (cq %d): %d warps of %d rows, fits %v", tc.rows, tc.n, cq, nw, rpw, ok)
+		switch {
+		case ok != tc.fits:
+			t.Errorf("rows %d, n %d: fits %v, want %v", tc.rows, tc.n, ok, tc.fits)
+		case ok && (nw < 4 || nw > 8 || rpw < 1 || rpw > hcpRPW || nw*rpw < tc.rows+1):
+			t.Errorf("rows %d, n %d: %d warps of %d rows do not cover %d rows", tc.rows, tc.n, nw, rpw, tc.rows+1)
+		case tc.nw != 0 && (nw != tc.nw || rpw != tc.rpw):
+			t.Errorf("rows %d, n %d: %d warps of %d rows, want %d of %d", tc.rows, tc.n, nw, rpw, tc.nw, tc.rpw)
+		}
+	}
+	for _, tc := range []struct {
+		in     string
+		on, ok bool
+	}{{"", true, true}, {"new", true, true}, {"old", false, true}, {"Old", false, false}, {"1", false, false}} {
+		on, err := ParseHCPrefill(tc.in)
+		switch {
+		case tc.ok && (err != nil || on != tc.on):
+			t.Errorf("ParseHCPrefill(%q) = %v, %v; want %v", tc.in, on, err, tc.on)
+		case !tc.ok && (err == nil || !strings.Contains(err.Error(), "MOXIE_CUDA_HCPREFILL")):
+			t.Errorf("ParseHCPrefill(%q) = %v, %v; want an error naming MOXIE_CUDA_HCPREFILL", tc.in, on, err)
+		}
+	}
+	if HCFusePrefill.String() != "prefill" {
+		t.Errorf("HCFusePrefill.String() = %q", HCFusePrefill.String())
 	}
 }
 

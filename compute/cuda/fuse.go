@@ -251,8 +251,9 @@ const (
 	hcpTM      = 64 // tokens per fuse_hcp_dots block
 	hcpRPW     = 5  // rows (with the Σx² row) per warp at most
 	hcpMaxRows = 24 // Fn rows at most
-	// hcpTargetBlocks is the fuse_hcp_dots grid size the splits per block
-	// aim at (about four blocks per SM of an H200).
+	// hcpTargetBlocks is the largest fuse_hcp_dots grid the splits per
+	// block aim at: two waves of two blocks per SM of an H200 (the kernel's
+	// 183 registers a thread and 45 KiB of shared memory allow two).
 	hcpTargetBlocks = 528
 	// hcpFinishDots is the collapse threads per fuse_hcp_finish block (plus
 	// the Sinkhorn warp).
@@ -277,6 +278,17 @@ func hcPrefillShape(rows, cq, threads int) (nw, rpw int, ok bool) {
 	}
 	rpw = (r1 + nw - 1) / nw
 	return nw, rpw, rpw <= hcpRPW
+}
+
+// hcpSplitsPerBlock is the number of splits each fuse_hcp_dots block
+// reduces for tiles token tiles: the smallest power of two that keeps the
+// grid within hcpTargetBlocks blocks (or covers all splits).
+func hcpSplitsPerBlock(splits, tiles int) int {
+	spb := 1
+	for spb < splits && (splits+spb-1)/spb*tiles > hcpTargetBlocks {
+		spb *= 2
+	}
+	return spb
 }
 
 // hcPrefillFits reports whether HC site p's shapes fit the prefill kernels.
@@ -405,7 +417,7 @@ func (c *Ctx) hcNormOne(a *HCNorm, p *HC, head, code int32, rb, groups, splits, 
 func (c *Ctx) hcNormPrefill(a *HCNorm, p *HC, head, code int32, splits, cq, threads, nw, rpw int, s Stream) error {
 	D := p.Fn.Cols / p.HC
 	tiles := (a.T + hcpTM - 1) / hcpTM
-	spb := max(1, splits*tiles/hcpTargetBlocks)
+	spb := hcpSplitsPerBlock(splits, tiles)
 	args := hcOneArgs{
 		Part: uint64(a.Scratch), X: uint64(a.X), Fn: uint64(p.Fn.Data),
 		Pre: uint64(a.Pre), A: uint64(a.A), W: uint64(a.Norm), Base: uint64(p.Base), Scale: uint64(p.Scale),

@@ -726,6 +726,12 @@ func TestHCPrefillShape(t *testing.T) {
 			t.Errorf("ParseHCPrefill(%q) = %v, %v; want an error naming MOXIE_CUDA_HCPREFILL", tc.in, on, err)
 		}
 	}
+	for _, tc := range [][3]int{{64, 1, 1}, {64, 8, 1}, {64, 16, 2}, {64, 32, 4}, {64, 64, 8}, {64, 4096, 64}, {18, 100, 4}} {
+		splits, tiles, want := tc[0], tc[1], tc[2]
+		if got := hcpSplitsPerBlock(splits, tiles); got != want {
+			t.Errorf("hcpSplitsPerBlock(%d splits, %d tiles) = %d, want %d", splits, tiles, got, want)
+		}
+	}
 	if HCFusePrefill.String() != "prefill" {
 		t.Errorf("HCFusePrefill.String() = %q", HCFusePrefill.String())
 	}
@@ -1393,9 +1399,9 @@ func TestHCPrefillEmulated(t *testing.T) {
 			t.Fatalf("%s: the prefill kernels do not fit rows %d, cq %d", c.name, rows, cq)
 		}
 		tiles := (c.T + hcpTM - 1) / hcpTM
-		spb := max(1, splits*tiles/hcpTargetBlocks)
+		spb := hcpSplitsPerBlock(splits, tiles)
 		if c.T > 64 {
-			spb = 3 // several splits per block, one short
+			spb = 3 // several splits per block, the last block's short
 		}
 		v, blocks, _ := hcOneShape(groups, splits, threads, hcOneThreads)
 		fmt.Fprintf(&gen, "  {%q, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d},\n", c.name, c.hc, c.D, c.T,

@@ -252,9 +252,11 @@ const (
 	hcpRPW     = 5  // rows (with the Σx² row) per warp at most
 	hcpMaxRows = 24 // Fn rows at most
 	// hcpTargetBlocks is the largest fuse_hcp_dots grid the splits per
-	// block aim at: two waves of two blocks per SM of an H200 (the kernel's
-	// 183 registers a thread and 45 KiB of shared memory allow two).
-	hcpTargetBlocks = 528
+	// block aim at: one wave of two blocks per SM of an H200 (the kernel's
+	// 183 registers a thread and 45 KiB of shared memory allow two), so
+	// that the finish's blocks, launched early under programmatic dependent
+	// launch, take no dots block's place.
+	hcpTargetBlocks = 264
 	// hcpFinishDots is the collapse threads per fuse_hcp_finish block (plus
 	// the Sinkhorn warp).
 	hcpFinishDots = 256

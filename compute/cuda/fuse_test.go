@@ -726,7 +726,7 @@ func TestHCPrefillShape(t *testing.T) {
 			t.Errorf("ParseHCPrefill(%q) = %v, %v; want an error naming MOXIE_CUDA_HCPREFILL", tc.in, on, err)
 		}
 	}
-	for _, tc := range [][3]int{{64, 1, 1}, {64, 8, 1}, {64, 16, 2}, {64, 32, 4}, {64, 64, 8}, {64, 4096, 64}, {18, 100, 4}} {
+	for _, tc := range [][3]int{{64, 1, 1}, {64, 4, 1}, {64, 8, 2}, {64, 32, 8}, {64, 64, 16}, {64, 4096, 64}, {18, 100, 16}} {
 		splits, tiles, want := tc[0], tc[1], tc[2]
 		if got := hcpSplitsPerBlock(splits, tiles); got != want {
 			t.Errorf("hcpSplitsPerBlock(%d splits, %d tiles) = %d, want %d", splits, tiles, got, want)

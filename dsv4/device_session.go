@@ -99,6 +99,11 @@ type DeviceSession struct {
 	moeErr error
 	moeVar cuda.MoEVariant // $MOXIE_CUDA_MOE (moeOn false: off)
 	moeOn  bool
+	// gateRoute: a one-token step with the fused MoE computes the gate
+	// projection and the expert choice in one kernel (Ctx.GateRoute, the
+	// same bits); off with MOXIE_CUDA_GATEROUTE=off or a gate it does not
+	// take (not BF16, too many experts).
+	gateRoute bool
 	// multi: decode steps merge the projections that share an input into
 	// one launch per format (see decodeSets); multiErr says why not.
 	multi    bool
@@ -362,6 +367,10 @@ func (m *Model) planDeviceSession(T int) (*DeviceSession, *allocPlan, int, error
 	}
 	if s.pf, err = prefetchFromEnv(); err != nil {
 		return nil, nil, 0, err
+	}
+	s.gateRoute = os.Getenv("MOXIE_CUDA_GATEROUTE") != "off" && c.NRoutedExperts <= cuda.GateRouteMaxExperts
+	for _, b := range d.layers {
+		s.gateRoute = s.gateRoute && b.gate != nil && b.gate.Format == compute.BF16
 	}
 	// Beyond the buffers: the expert runs' argument tables (PrepareExpertRun:
 	// 3K records of 80 bytes per layer; PrepareExpertTiles: 3 per tile), the
@@ -1312,9 +1321,20 @@ func (s *DeviceSession) moe(c *cuda.Ctx, b *devBlock, l, T, p0 int) error {
 	if T == 1 && m.routes == nil && s.moeDec != nil {
 		dec = s.moeDec[l]
 	}
+	gateRoute := dec != nil && s.gateRoute
 	if err := errs(
-		func() error { return c.Linear(b.gate, s.glog, s.a, T, st) },
-		func() error { return c.Route(s.ids, s.rw, s.glog, b.bias, hash, T, E, K, float32(cfg.RouteScale), st) },
+		func() error {
+			if gateRoute { // gate and route in one kernel
+				return c.GateRoute(s.ids, s.rw, s.glog, b.gate, s.a, b.bias, hash, E, K, float32(cfg.RouteScale), st)
+			}
+			return c.Linear(b.gate, s.glog, s.a, T, st)
+		},
+		func() error {
+			if gateRoute {
+				return nil
+			}
+			return c.Route(s.ids, s.rw, s.glog, b.bias, hash, T, E, K, float32(cfg.RouteScale), st)
+		},
 		func() error {
 			if dec != nil {
 				return nil // the fused MoE writes moeOut

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"time"
 	"unsafe"
@@ -39,11 +40,64 @@ const pdlMarker = "//@pdl"
 // launch had no programmatic dependency) and then lets the next one launch,
 // so that at most one kernel waits ahead of the running one. #line keeps
 // compiler messages on the source's own line numbers.
+//
+// MOXIE_PDL_PF(...) first asks L2 for weight bytes the block will read
+// early (prefetch.global.L2, one hint per 128-byte line, the lines spread
+// over the block's threads) and then does MOXIE_PDL(), so that with a
+// programmatic launch those bytes stream in while the previous kernel
+// still runs. Its arguments name the ranges, in one of three forms:
+//
+//	MOXIE_PDL_PF(ptr, bytes)               [ptr, ptr+bytes)
+//	MOXIE_PDL_PF(ptr, bytes, stride, count) count such ranges, stride bytes apart
+//	MOXIE_PDL_PF(MoxiePF{p, q, bytes, stride, count}) those of p, and the same of q (q may be null)
+//
+// The contract (the arguments run before the wait, while the previous
+// kernel may still be writing): they are computed from the kernel's
+// arguments (by value), blockIdx, blockDim and constants alone, never by
+// reading device memory (another kernel may be writing it); every range
+// lies inside one allocation the kernel reads and no kernel writes while
+// it runs (weights); bytes or count 0 asks for nothing (null pointers are
+// then allowed). Every hint address lies inside its range. A hint cannot
+// change results (L2 is the point of coherence and a prefetch of a valid
+// address never faults), only timing. MOXIE_PF_BYTES (default 1024) is the
+// most bytes of one row, or of one warp's share of a row, a kernel asks
+// for this way. Compiled with -DMOXIE_NO_PDLPF (CompileOptions adds it
+// when $MOXIE_CUDA_PDLPF is "off") the hints are left out and MOXIE_PDL_PF
+// is MOXIE_PDL().
 const pdlPreamble = `#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define MOXIE_PDL() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
 #else
 #define MOXIE_PDL() do {} while (0)
 #endif
+#ifndef MOXIE_PF_BYTES
+#define MOXIE_PF_BYTES 1024
+#endif
+#ifndef MOXIE_PF_HINT
+#define MOXIE_PF_HINT(a) asm volatile("prefetch.global.L2 [%0];" ::"l"(a))
+#endif
+struct MoxiePF {
+  const void *p, *q;
+  long long bytes, stride;
+  int count;
+};
+__device__ __forceinline__ void moxie_pdl_pf(const MoxiePF f) {
+#ifndef MOXIE_NO_PDLPF
+  if (f.bytes <= 0 || f.count <= 0 || !f.p) return;
+  const unsigned long long p = (unsigned long long)f.p, q = (unsigned long long)f.q, st = (unsigned long long)f.stride;
+  const int lpp = (int)((f.bytes + 127) >> 7) + (((p | q | st) & 127ull) ? 1 : 0), per = lpp * f.count, n = q ? 2 * per : per;
+  const int nt = blockDim.x * blockDim.y * blockDim.z;
+  for (int l = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); l < n; l += nt) {
+    const int li = l < per ? l : l - per, pc = li / lpp, j = li - pc * lpp;
+    const unsigned long long base = (l < per ? p : q) + (unsigned long long)pc * st, a = (base & ~127ull) + ((unsigned long long)j << 7);
+    if (a < base + (unsigned long long)f.bytes) MOXIE_PF_HINT(a > base ? a : base);
+  }
+#endif
+}
+__device__ __forceinline__ void moxie_pdl_pf(const void *p, long long bytes, long long stride, int count) {
+  moxie_pdl_pf(MoxiePF{p, nullptr, bytes, stride, count});
+}
+__device__ __forceinline__ void moxie_pdl_pf(const void *p, long long bytes) { moxie_pdl_pf(MoxiePF{p, nullptr, bytes, 0, 1}); }
+#define MOXIE_PDL_PF(...) do { moxie_pdl_pf(__VA_ARGS__); MOXIE_PDL(); } while (0)
 #line 1
 `
 
@@ -59,18 +113,29 @@ func hasPDLMarker(src string) bool {
 func (k *Kernel) Name() string { return k.name }
 
 // CompileOptions returns the NVRTC options used for this device (no -O3:
-// NVRTC rejects it and optimises by default).
+// NVRTC rejects it and optimises by default), with -DMOXIE_NO_PDLPF when
+// $MOXIE_CUDA_PDLPF is "off" (MOXIE_PDL_PF then asks L2 for nothing: an
+// A/B switch; the cache key includes the options).
 func (c *Ctx) CompileOptions() []string {
 	in := c.d.info
-	return []string{fmt.Sprintf("--gpu-architecture=sm_%d%d", in.Major, in.Minor), "--std=c++17"}
+	opts := []string{fmt.Sprintf("--gpu-architecture=sm_%d%d", in.Major, in.Minor), "--std=c++17"}
+	if os.Getenv("MOXIE_CUDA_PDLPF") == "off" {
+		opts = append(opts, "-DMOXIE_NO_PDLPF")
+	}
+	return opts
 }
 
 // Module compiles (or loads from the disk cache) a CUDA C++ source for this
 // device and loads it; the result is memoised per device by cache key.
 // Compile errors carry NVRTC's log.
-func (c *Ctx) Module(name, src string) (*Module, error) {
+func (c *Ctx) Module(name, src string) (*Module, error) { return c.moduleWith(name, src, nil) }
+
+// moduleWith is Module compiled with extra NVRTC options after
+// CompileOptions' (e.g. -D definitions; a module of other options is
+// another module: give it its own name).
+func (c *Ctx) moduleWith(name, src string, extra []string) (*Module, error) {
 	d := c.d
-	opts := c.CompileOptions()
+	opts := append(c.CompileOptions(), extra...)
 	key := CacheKey(ModuleSource(src), opts, d.nvrtc.Major, d.nvrtc.Minor, d.info.Major, d.info.Minor)
 	if m, ok := d.modules[key]; ok {
 		return m, nil

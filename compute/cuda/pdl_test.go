@@ -2,11 +2,20 @@ package cuda
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"unsafe"
+
+	"moxie/compute"
+	"moxie/compute/computetest"
+	"moxie/compute/ref"
 )
 
 // kernelSources is every embedded kernel source, by module file name.
@@ -225,5 +234,488 @@ func TestPDLChain(t *testing.T) {
 	}
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// pfEmuHarness runs pdlPreamble's moxie_pdl_pf on the CPU: every thread of
+// a block of NT threads in turn, MOXIE_PF_HINT recording the hint
+// addresses. Input: lines "p q bytes stride count nt"; output: per case the
+// addresses, one a line, then "end".
+const pfEmuHarness = `#include <cstdio>
+#include <vector>
+struct MoxieDim3 { unsigned x, y, z; };
+static MoxieDim3 threadIdx, blockDim;
+static std::vector<unsigned long long> hits;
+#define __device__
+#define __forceinline__ inline
+#define MOXIE_PF_HINT(a) hits.push_back(a)
+#include "preamble.inc"
+int main() {
+  unsigned long long p, q;
+  long long bytes, stride;
+  int count, nt;
+  while (scanf("%llu %llu %lld %lld %d %d", &p, &q, &bytes, &stride, &count, &nt) == 6) {
+    hits.clear();
+    blockDim = MoxieDim3{(unsigned)nt, 1, 1};
+    for (int t = 0; t < nt; t++) {
+      threadIdx = MoxieDim3{(unsigned)t, 0, 0};
+      moxie_pdl_pf(MoxiePF{(const void *)p, (const void *)q, bytes, stride, count});
+    }
+    for (unsigned long long a : hits) printf("%llu\n", a);
+    printf("end\n");
+  }
+  return 0;
+}
+`
+
+// TestPDLPrefetchLines runs moxie_pdl_pf (pdlPreamble) on the CPU (g++,
+// see pfEmuHarness) over aligned and unaligned ranges, strides, one and two
+// arrays, and block sizes, and checks its hints against the ranges worked
+// out here: every hint address lies inside a range, every 128-byte line
+// that meets a range gets a hint, no (range, line) gets two; empty
+// descriptors and -DMOXIE_NO_PDLPF give none. The pieces of a case do not
+// overlap (as in every kernel's use). Skipped without g++.
+func TestPDLPrefetchLines(t *testing.T) {
+	gxx, err := exec.LookPath("g++")
+	if err != nil {
+		t.Skipf("no g++: %v", err)
+	}
+	type pfCase struct {
+		p, q          uint64
+		bytes, stride int64
+		count, nt     int
+	}
+	const base = uint64(1) << 40
+	cases := []pfCase{
+		{base, 0, 1024, 0, 1, 256},                   // one aligned range
+		{base, 0, 1024, 4096, 16, 256},               // gemv wo_b: 16 pieces of 1 KB
+		{base + 64, 0, 1000, 0, 1, 32},               // unaligned start and end
+		{base, 0, 100, 8192 + 40, 7, 64},             // unaligned stride
+		{base, base + (1 << 30), 512, 512, 128, 256}, // moe stage 1: two arrays, contiguous pieces
+		{base + 3, base + 1<<30 + 77, 300, 1000, 5, 96},
+		{base, 0, 1, 0, 1, 256},          // one byte
+		{base, 0, 128 * 1000, 0, 1, 256}, // more lines than threads
+		{base, 0, 0, 0, 1, 256},          // nothing asked
+		{base, 0, 4096, 4096, 0, 256},
+		{0, 0, 4096, 4096, 4, 256}, // null pointer: nothing
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for range 40 {
+		// Pieces do not overlap (stride >= bytes), nor do the arrays.
+		c := pfCase{p: base + uint64(rng.IntN(4096)), bytes: int64(1 + rng.IntN(3000)), count: 1 + rng.IntN(20), nt: 32 * (1 + rng.IntN(8))}
+		c.stride = c.bytes + int64(rng.IntN(5000))
+		if rng.IntN(2) == 0 {
+			c.q = base + 1<<32 + uint64(rng.IntN(4096))
+		}
+		if rng.IntN(3) == 0 {
+			c.p &^= 127
+			c.stride &^= 127
+		}
+		cases = append(cases, c)
+	}
+	var in strings.Builder
+	for _, c := range cases {
+		fmt.Fprintf(&in, "%d %d %d %d %d %d\n", c.p, c.q, c.bytes, c.stride, c.count, c.nt)
+	}
+	dir := t.TempDir()
+	for name, body := range map[string]string{"preamble.inc": pdlPreamble, "emu.cpp": pfEmuHarness} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run := func(def string) [][]uint64 {
+		bin := filepath.Join(dir, "emu"+def)
+		args := []string{"-std=c++17", "-O1", "-w", "-o", bin, filepath.Join(dir, "emu.cpp")}
+		if def != "" {
+			args = append(args, "-D"+def)
+		}
+		if out, err := exec.Command(gxx, args...).CombinedOutput(); err != nil {
+			t.Fatalf("compiling the emulation: %v\n%s", err, out)
+		}
+		cmd := exec.Command(bin)
+		cmd.Stdin = strings.NewReader(in.String())
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("emulation: %v", err)
+		}
+		var res [][]uint64
+		var cur []uint64
+		for _, l := range strings.Fields(string(out)) {
+			if l == "end" {
+				res = append(res, cur)
+				cur = nil
+				continue
+			}
+			v, err := strconv.ParseUint(l, 10, 64)
+			if err != nil {
+				t.Fatalf("emulation printed %q", l)
+			}
+			cur = append(cur, v)
+		}
+		if len(res) != len(cases) {
+			t.Fatalf("emulation answered %d cases, want %d", len(res), len(cases))
+		}
+		return res
+	}
+	for i, hits := range run("") {
+		c := cases[i]
+		t.Run(fmt.Sprintf("case%d", i), func(t *testing.T) {
+			type rl struct {
+				r    int
+				line uint64
+			}
+			want := map[rl]bool{} // (range, line) pairs that must get one hint
+			var ranges [][2]uint64
+			if c.p != 0 && c.bytes > 0 {
+				for _, arr := range []uint64{c.p, c.q} {
+					if arr == 0 {
+						continue
+					}
+					for k := range c.count {
+						lo := arr + uint64(int64(k)*c.stride)
+						ranges = append(ranges, [2]uint64{lo, lo + uint64(c.bytes)})
+					}
+				}
+			}
+			for r, rg := range ranges {
+				for l := rg[0] / 128; l <= (rg[1]-1)/128; l++ {
+					want[rl{r, l}] = false
+				}
+			}
+			for _, a := range hits {
+				// The hint serves the first range (in the order above) that holds it
+				// and is not yet served on that line.
+				served := false
+				for r, rg := range ranges {
+					if a >= rg[0] && a < rg[1] {
+						if done, ok := want[rl{r, a / 128}]; ok && !done {
+							want[rl{r, a / 128}] = true
+							served = true
+							break
+						}
+					}
+				}
+				if !served {
+					t.Fatalf("%+v: hint %#x outside every range or a second one for its line (ranges %d)", c, a, len(ranges))
+				}
+			}
+			for k, done := range want {
+				if !done {
+					t.Fatalf("%+v: no hint for line %#x of range %d %#x", c, k.line*128, k.r, ranges[k.r])
+				}
+			}
+		})
+	}
+	for i, hits := range run("MOXIE_NO_PDLPF") {
+		if len(hits) != 0 {
+			t.Errorf("-DMOXIE_NO_PDLPF: case %d (%+v) still issued %d hints", i, cases[i], len(hits))
+		}
+	}
+}
+
+// pdlPFTestSrc: pdl_fill spins, then writes x[i] = ((7i + seed) mod 13) - 6
+// (small integers, exact), so a consumer that read x before waiting would
+// see the previous round's values; pdl_rms is a one-block, latency-bound
+// step (x[i] = y[i mod ny]·rsqrt(mean(y²) + 1e-6)), the benchmark's stand-in
+// for a decode layer's small kernels between weight-bound ones.
+const pdlPFTestSrc = pdlMarker + `
+extern "C" __global__ void pdl_fill(float *x, int n, int seed, long long spin) {
+    MOXIE_PDL();
+    long long t0 = clock64();
+    while (clock64() - t0 < spin) {}
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) x[i] = (float)((i * 7 + seed) % 13) - 6.f;
+}
+extern "C" __global__ void pdl_rms(float *x, const float *y, int nx, int ny) {
+    MOXIE_PDL();
+    __shared__ float part[32];
+    float s = 0.f;
+    for (int i = threadIdx.x; i < ny; i += blockDim.x) s = fmaf(y[i], y[i], s);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    float tot = 0.f;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) tot += part[w];
+    const float r = rsqrtf(tot / ny + 1e-6f);
+    for (int i = threadIdx.x; i < nx; i += blockDim.x) x[i] = y[i % ny] * r;
+}
+`
+
+// pdlFillX is pdl_fill's x on the host.
+func pdlFillX(n, seed int) []float64 {
+	x := make([]float64, n)
+	for i := range x {
+		x[i] = float64((i*7+seed)%13) - 6
+	}
+	return x
+}
+
+// TestPDLPrefetchChain runs the kernels that start with MOXIE_PDL_PF
+// (Gemv at U 2 and 4, FP8 and BF16; the vec linear kernel of wq_b) right
+// after a producer of their input (pdl_fill, spinning first) on one
+// stream, as plain launches and replayed as a captured graph, and checks
+// every round's output against the float64 reference of that round's
+// input: the prefetch before the wait must not let a consumer read x
+// early, nor change its result.
+func TestPDLPrefetchChain(t *testing.T) {
+	dev := testDevice(t)
+	type consumer struct {
+		name       string
+		f          compute.Format
+		rows, cols int
+		gemvU      int // 0: Linear (the automatic choice: vec at one token)
+	}
+	cons := []consumer{
+		{"gemv wo_b fp8 u2", compute.FP8Block, 4096, 8192, 2},
+		{"gemv bf16 u4", compute.BF16, 256, 4096, 4},
+		{"linear wq_b fp8", compute.FP8Block, 32768, 1024, 0},
+	}
+	const rounds = 3
+	wants := make([][][]float64, len(cons)) // [consumer][round]
+	datas := make([]compute.WeightData, len(cons))
+	for j, cs := range cons {
+		datas[j] = randomWeightPar(uint64(40+j), cs.f, cs.rows, cs.cols, 0.05)
+		w := ref.ParallelDequant(datas[j])
+		for r := range rounds {
+			wants[j] = append(wants[j], ref.ParallelGroupedLinear(w, cs.rows, cs.cols, pdlFillX(cs.cols, r), 1, 1))
+		}
+	}
+	var errs []string
+	err := dev.Do(func(c *Ctx) error {
+		d := &devBufs{c: c}
+		defer d.free()
+		m, err := c.Module("pdl_pf_test", pdlPFTestSrc)
+		if err != nil {
+			return err
+		}
+		fill, err := m.Kernel("pdl_fill")
+		if err != nil {
+			return err
+		}
+		var launches []func(y DevicePtr) error
+		var xs []DevicePtr
+		for j, cs := range cons {
+			w := d.weight(datas[j])
+			x := d.alloc(4 * cs.cols)
+			xs = append(xs, x)
+			if d.err != nil {
+				return d.err
+			}
+			if cs.gemvU == 0 {
+				launches = append(launches, func(y DevicePtr) error { return c.Linear(w, y, x, 1, c.Stream()) })
+				continue
+			}
+			u := cs.gemvU
+			launches = append(launches, func(y DevicePtr) error {
+				g, err := c.PrepareGemv([]GemvProj{{W: w, Y: y, X: x}}, GemvVariant{U: u})
+				if err != nil {
+					return err
+				}
+				return c.LaunchGemv(g, c.Stream())
+			})
+		}
+		ys := make([][]DevicePtr, len(cons))
+		for j, cs := range cons {
+			for range rounds {
+				ys[j] = append(ys[j], d.alloc(4*cs.rows))
+			}
+		}
+		if d.err != nil {
+			return d.err
+		}
+		st := c.Stream()
+		enqueue := func() error {
+			for r := range rounds {
+				for j, cs := range cons {
+					n, seed, spin := int32(cs.cols), int32(r), int64(20000)
+					if err := c.Launch(fill, Dim3{X: 8}, Dim3{X: 256}, 0, st, unsafe.Pointer(&xs[j]), unsafe.Pointer(&n), unsafe.Pointer(&seed), unsafe.Pointer(&spin)); err != nil {
+						return err
+					}
+					if err := launches[j](ys[j][r]); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		}
+		poison := func() error {
+			for j, cs := range cons {
+				for r := range rounds {
+					if err := c.Memset(ys[j][r], 0xff, 4*cs.rows, st); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		}
+		check := func(what string) error {
+			for j, cs := range cons {
+				for r := range rounds {
+					got := make([]float32, cs.rows)
+					if err := c.CopyFloatsFromDevice(got, ys[j][r]); err != nil {
+						return err
+					}
+					if e := computetest.MaxRel(got, wants[j][r]); !(e <= computetest.TolLinear) {
+						errs = append(errs, fmt.Sprintf("%s, %s, round %d: max relative error %.3g > %.3g (x read before its producer finished?)", what, cs.name, r, e, computetest.TolLinear))
+					}
+				}
+			}
+			return nil
+		}
+		if err := poison(); err != nil {
+			return err
+		}
+		if err := enqueue(); err != nil {
+			return err
+		}
+		if err := check("plain launches"); err != nil {
+			return err
+		}
+		if err := poison(); err != nil {
+			return err
+		}
+		if err := c.BeginCapture(st); err != nil {
+			return err
+		}
+		if err := enqueue(); err != nil {
+			_, _ = c.EndCapture(st)
+			return err
+		}
+		g, err := c.EndCapture(st)
+		if err != nil {
+			return err
+		}
+		defer c.DestroyGraph(g)
+		for range 2 {
+			if err := c.LaunchGraph(g, st); err != nil {
+				return err
+			}
+		}
+		return check("graph replays")
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range errs {
+		t.Error(e)
+	}
+}
+
+// BenchmarkPDLChain times decode-like pairs [pdl_rms, Gemv wo_b FP8
+// 4096x8192 at U 2] in a captured graph of 32 pairs, each Gemv reading the
+// next of 8 copies of the weight (256 MB: cold L2), so every Gemv starts on
+// HBM: with programmatic dependent launch off and on, and the Gemv's
+// MOXIE_PDL_PF hints left out (-DMOXIE_NO_PDLPF) or asking for the first
+// 512..4096 bytes (MOXIE_PF_BYTES; 1024 is the default) of each warp's
+// share of its rows. Also the pdl_rms chain alone and the Gemv chain alone
+// (PDL on, default hints). Reports device µs per pair (per kernel for the
+// chains alone). Environment: MOXIE_CUDA_PDLPF=off turns the default
+// module's hints off too.
+func BenchmarkPDLChain(b *testing.B) {
+	dev := testDevice(b)
+	const copies, calls, rows, cols = 8, 32, 4096, 8192
+	type result struct {
+		name string
+		us   float64
+		err  error
+	}
+	var results []result
+	err := dev.Do(func(c *Ctx) error {
+		if !c.d.pdl {
+			b.Logf("programmatic dependent launch is off on this device (sm_%d%d, or MOXIE_CUDA_PDL=off): the pdl_on rows launch plainly", c.d.info.Major, c.d.info.Minor)
+		}
+		d := &devBufs{c: c}
+		defer d.free()
+		data := computetest.RandomWeight(rand.New(rand.NewPCG(7, 8)), compute.FP8Block, rows, cols, 0.05)
+		ws := make([]*DeviceWeight, copies)
+		for k := range ws {
+			ws[k] = d.weight(data)
+		}
+		x, y := d.alloc(4*cols), d.floats(make([]float32, rows))
+		d.synced()
+		if d.err != nil {
+			return d.err
+		}
+		m, err := c.Module("pdl_pf_test", pdlPFTestSrc)
+		if err != nil {
+			return err
+		}
+		rms, err := m.Kernel("pdl_rms")
+		if err != nil {
+			return err
+		}
+		gs := make([]*Gemv, copies)
+		for k, w := range ws {
+			if gs[k], err = c.PrepareGemv([]GemvProj{{W: w, Y: y, X: x}}, GemvVariant{U: 2}); err != nil {
+				return err
+			}
+		}
+		plain := func(k *Kernel) *Kernel { p := *k; p.pdl = false; return &p }
+		st := c.Stream()
+		runRMS := func(k *Kernel) error {
+			nx, ny := int32(cols), int32(rows)
+			return c.Launch(k, Dim3{X: 1}, Dim3{X: 1024}, 0, st, unsafe.Pointer(&x), unsafe.Pointer(&y), unsafe.Pointer(&nx), unsafe.Pointer(&ny))
+		}
+		runGemv := func(k *Kernel, i int) error {
+			g := *gs[i%copies]
+			g.kernel = k
+			return c.LaunchGemv(&g, st)
+		}
+		gemvKernel := func(pf string) (*Kernel, error) {
+			var extra []string
+			switch pf {
+			case "off":
+				extra = []string{"-DMOXIE_NO_PDLPF"}
+			case "1024":
+			default:
+				extra = []string{"-DMOXIE_PF_BYTES=" + pf}
+			}
+			m, err := c.moduleWith("gemv_pf"+pf, gemvSrc, extra)
+			if err != nil {
+				return nil, err
+			}
+			return m.Kernel("gemv_u2")
+		}
+		for _, cfg := range []struct{ pdl, pf string }{
+			{"off", "off"}, {"off", "1024"}, {"on", "off"}, {"on", "512"}, {"on", "1024"}, {"on", "2048"}, {"on", "4096"},
+		} {
+			gk, err := gemvKernel(cfg.pf)
+			if err != nil {
+				return err
+			}
+			rk := rms
+			if cfg.pdl == "off" {
+				gk, rk = plain(gk), plain(rms)
+			}
+			i := 0
+			us, err := graphTime(b, c, calls, func() error {
+				i++
+				if err := runRMS(rk); err != nil {
+					return err
+				}
+				return runGemv(gk, i)
+			})
+			results = append(results, result{fmt.Sprintf("pair/pdl_%s/pf_%s", cfg.pdl, cfg.pf), us, err})
+		}
+		us, err := graphTime(b, c, calls, func() error { return runRMS(rms) })
+		results = append(results, result{"rms_alone", us, err})
+		gk, err := gemvKernel("1024")
+		if err != nil {
+			return err
+		}
+		i := 0
+		us, err = graphTime(b, c, calls, func() error { i++; return runGemv(gk, i) })
+		results = append(results, result{"gemv_alone", us, err})
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, r := range results {
+		b.Run(r.name, func(b *testing.B) {
+			if r.err != nil {
+				b.Fatal(r.err)
+			}
+			b.ReportMetric(r.us, "device-us/op")
+		})
 	}
 }

@@ -10,6 +10,10 @@
 // shared by the R rows. A row's sum is the lanes' partial sums reduced by
 // shuffles, then the WPR warps' in a fixed order: results do not depend on
 // timing.
+//
+// Each kernel starts with MOXIE_PDL_PF (gemv_pf): before waiting for the
+// previous kernel it asks L2 for the first chunk of each warp's rows, so a
+// programmatic launch overlaps those fetches with the previous kernel.
 //@pdl
 
 typedef unsigned char u8;
@@ -178,13 +182,18 @@ __device__ __forceinline__ void gemv_body(const GemvMat &m, int blk) {
   }
 }
 
-template <int U>
-__device__ __forceinline__ void gemv_dispatch(const GemvArgs &a) {
+// The matrix of a's products that this block works on.
+__device__ __forceinline__ const GemvMat &gemv_mat(const GemvArgs &a) {
   int i = 0;
 #pragma unroll
   for (int k = 1; k < GEMV_MAX; k++)
     if (k < a.n && (int)blockIdx.x >= a.m[k].blk0) i = k;
-  const GemvMat &m = a.m[i];
+  return a.m[i];
+}
+
+template <int U>
+__device__ __forceinline__ void gemv_dispatch(const GemvArgs &a) {
+  const GemvMat &m = gemv_mat(a);
   const int blk = blockIdx.x - m.blk0;
   if (m.fmt == 1)
     gemv_body<1, U>(m, blk);
@@ -192,6 +201,20 @@ __device__ __forceinline__ void gemv_dispatch(const GemvArgs &a) {
     gemv_body<3, U>(m, blk);
 }
 
-extern "C" __global__ void __launch_bounds__(256) gemv_u4(const GemvArgs a) { MOXIE_PDL(); gemv_dispatch<4>(a); }
-extern "C" __global__ void __launch_bounds__(256) gemv_u2(const GemvArgs a) { MOXIE_PDL(); gemv_dispatch<2>(a); }
-extern "C" __global__ void __launch_bounds__(256) gemv_u8(const GemvArgs a) { MOXIE_PDL(); gemv_dispatch<8>(a); }
+// The weight bytes this block's warps load first, for MOXIE_PDL_PF (from
+// the arguments alone): each warp's first chunk of each of its rows (U
+// steps of 16 bytes a lane, at most MOXIE_PF_BYTES), for the block's rows.
+// A row's wpr warp shares are seg bytes apart, and a row is wpr shares, so
+// the pieces are one strided sequence.
+template <int U>
+__device__ __forceinline__ MoxiePF gemv_pf(const GemvArgs &a) {
+  const GemvMat &m = gemv_mat(a);
+  const int perBlock = (GEMV_WARPS / m.wpr) * GEMV_R, row0 = (blockIdx.x - m.blk0) * perBlock;
+  const long long seg = (long long)(m.cols / m.wpr) * (m.fmt == 1 ? 1 : 2);
+  const long long first = min(seg, (long long)min(32 * 16 * U, MOXIE_PF_BYTES));
+  return MoxiePF{m.w + (long long)row0 * m.wpr * seg, nullptr, first, seg, max(0, min(perBlock, m.rows - row0)) * m.wpr};
+}
+
+extern "C" __global__ void __launch_bounds__(256) gemv_u4(const GemvArgs a) { MOXIE_PDL_PF(gemv_pf<4>(a)); gemv_dispatch<4>(a); }
+extern "C" __global__ void __launch_bounds__(256) gemv_u2(const GemvArgs a) { MOXIE_PDL_PF(gemv_pf<2>(a)); gemv_dispatch<2>(a); }
+extern "C" __global__ void __launch_bounds__(256) gemv_u8(const GemvArgs a) { MOXIE_PDL_PF(gemv_pf<8>(a)); gemv_dispatch<8>(a); }

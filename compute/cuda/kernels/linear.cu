@@ -565,11 +565,27 @@ __device__ __forceinline__ void linear_vec_multi(const LinArgs *__restrict__ all
   }
 }
 
+// The weight bytes a linv block loads first, for MOXIE_PDL_PF (from the
+// arguments alone): the first chunk (U words a lane, at most
+// MOXIE_PF_BYTES) of each row of the block's first tiles (warp w's first
+// tile is blockIdx.x·warps + w, so they are consecutive rows).
+template <int FMT, int RB, int U, int DEC>
+__device__ __forceinline__ MoxiePF vec_pf(const LinArgs &a) {
+  const int per = (blockDim.x >> 5) * RB, row0 = blockIdx.x * per;
+  const long long rowBytes = (long long)(a.cols / VecDec<FMT, DEC>::CPW) * 16;
+  const long long first = min(rowBytes, (long long)min(32 * 16 * U, MOXIE_PF_BYTES));
+  return MoxiePF{a.W + (long long)row0 * rowBytes, nullptr, first, rowBytes, max(0, min(per, a.rows - row0))};
+}
+
 // Kernel names: linv_<fmt>_b<NB>_r<RB>_u<U>_d<DEC>_h<HINT> and
 // linvmulti_<fmt>_b<NB>_r<RB>_u<U>_d<DEC>_h<HINT>. Two blocks of 256 threads
-// per SM are guaranteed to fit (at most 128 registers a thread).
+// per SM are guaranteed to fit (at most 128 registers a thread). linv asks
+// L2 for its first tiles' first chunks before the wait (vec_pf); linvmulti
+// does not: its weight pointers are in device records (some written by
+// kernels, e.g. fwd_moe_args), which nothing may read before the wait.
 #define LINV(FMTN, FMT, NB, RB, U, DEC, HINT) \
-  extern "C" __global__ void __launch_bounds__(256, 2) linv_##FMTN##_b##NB##_r##RB##_u##U##_d##DEC##_h##HINT(LinArgs a) { MOXIE_PDL(); \
+  extern "C" __global__ void __launch_bounds__(256, 2) linv_##FMTN##_b##NB##_r##RB##_u##U##_d##DEC##_h##HINT(LinArgs a) { \
+    MOXIE_PDL_PF(vec_pf<FMT, RB, U, DEC>(a)); \
     linear_vec<FMT, NB, RB, U, DEC, HINT>(a); }
 #define LINVM(FMTN, FMT, NB, RB, U, DEC, HINT) \
   extern "C" __global__ void __launch_bounds__(256, 2) linvmulti_##FMTN##_b##NB##_r##RB##_u##U##_d##DEC##_h##HINT(const LinArgs *__restrict__ all, int n) { MOXIE_PDL(); \

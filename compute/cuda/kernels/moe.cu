@@ -41,7 +41,9 @@
 // Programmatic dependent launch: every kernel starts with MOXIE_PDL()
 // (waits for the previous kernel on the stream, then lets the next one
 // launch), so stage 2's blocks are resident and waiting while stage 1's
-// last wave runs, and stage 1's while the kernel before it finishes.
+// last wave runs, and stage 1's while the kernel before it finishes; the
+// one-tile-a-block kernels with MOXIE_PDL_PF (moe1_pf, moe2_pf: the shared
+// expert's weights asked into L2 while they wait).
 //@pdl
 
 typedef unsigned char u8;
@@ -993,18 +995,41 @@ __device__ __forceinline__ void moe_stage2w(const MoeArgs &a) {
   }
 }
 
+// What a stage's block asks L2 for before the wait (MOXIE_PDL_PF), from the
+// arguments alone: the routed experts' weights depend on ids, which the
+// route kernel writes, so only the shared expert's. Stage 1: a shared
+// tile's 16 rows of w1 and w3, as its warps' shares of each row (at most
+// MOXIE_PF_BYTES of each; the whole tile at V4 shapes, where the tile then
+// asks for it all again right after the wait); routed tiles nothing.
+// Stage 2: the block's 16 rows of the shared w2 (each warp's share of a
+// row is Is/8 bytes: whole rows at V4 shapes), which it reads last.
+__device__ __forceinline__ MoxiePF moe1_pf(const MoeArgs &a) {
+  const int spans = a.D >> 6, per = max(1, (spans + MOE_WARPS - 1) / MOE_WARPS);
+  const int share = spans % per == 0 ? per * 64 : a.D;
+  const long long r0 = (long long)blockIdx.x * 16;
+  const bool sh = (int)blockIdx.x < (a.Is >> 4) && share > 0;
+  return MoxiePF{sh ? a.s1 + r0 * a.D : nullptr, sh ? a.s3 + r0 * a.D : nullptr, min(share, MOXIE_PF_BYTES), share,
+                 sh ? 16 * (a.D / share) : 0};
+}
+__device__ __forceinline__ MoxiePF moe2_pf(const MoeArgs &a) {
+  const int share = a.Is / MOE_WARPS;
+  const bool sh = a.Is > 0 && a.Is % MOE_WARPS == 0;
+  return MoxiePF{sh ? a.s2 + (long long)blockIdx.x * 16 * a.Is : nullptr, nullptr, min(share, MOXIE_PF_BYTES), share,
+                 sh ? 16 * MOE_WARPS : 0};
+}
+
 // Kernel names: moe1_u<U>_f<UF>_d<DEC>_b<B> (stage 1), moe1p_... (stage 1,
 // persistent), moe1pf_... (persistent, w2 asked into L2 at the end),
 // moe2_u<U>_f<UF>_d<DEC>_b<B> (stage 2), compiled for B blocks
 // of 256 threads per SM (B 3: at most 80 registers); the variants of
 // compute/cuda/moe.go's moeVariants.
 #define MOE1(U, UF, DEC, B) \
-  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1_u##U##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL(); moe_stage1<U, UF, DEC>(a); }
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1_u##U##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe1_pf(a)); moe_stage1<U, UF, DEC>(a); }
 #define MOE1P(U, UF, DEC, B) \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1p_u##U##_f##UF##_d##DEC##_b##B(MoeArgs a, int *ctr) { MOXIE_PDL(); moe_stage1p<U, UF, DEC, false>(a, ctr); } \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1pf_u##U##_f##UF##_d##DEC##_b##B(MoeArgs a, int *ctr) { MOXIE_PDL(); moe_stage1p<U, UF, DEC, true>(a, ctr); }
 #define MOE2(U, UF, DEC, B) \
-  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe2_u##U##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL(); moe_stage2<U, UF, DEC>(a); }
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe2_u##U##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2_pf(a)); moe_stage2<U, UF, DEC>(a); }
 
 MOE1(8, 2, 0, 2) MOE2(8, 4, 0, 2)
 MOE1(4, 1, 0, 3) MOE2(16, 4, 0, 3)
@@ -1014,11 +1039,11 @@ MOE1P(8, 1, 0, 2)
 // The wide family: moe1w_g<G>_f<UF>_d<DEC>_b<B> (moe1wpf_...: with
 // moe_prefetch_w2), moe2w_g<G>_f<UF>_d<DEC>_b<B>.
 #define MOE1W(G, UF, DEC, B) \
-  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1w_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL(); moe_stage1w<G, UF, DEC, false>(a); }
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1w_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe1_pf(a)); moe_stage1w<G, UF, DEC, false>(a); }
 #define MOE1WPF(G, UF, DEC, B) \
-  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1wpf_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL(); moe_stage1w<G, UF, DEC, true>(a); }
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1wpf_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe1_pf(a)); moe_stage1w<G, UF, DEC, true>(a); }
 #define MOE2W(G, UF, DEC, B) \
-  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe2w_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL(); moe_stage2w<G, UF, DEC>(a); }
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe2w_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2_pf(a)); moe_stage2w<G, UF, DEC>(a); }
 
 MOE1W(2, 2, 0, 2) MOE2W(4, 4, 0, 2)
 MOE1W(1, 2, 0, 2) MOE2W(2, 4, 0, 2)

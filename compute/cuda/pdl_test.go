@@ -623,6 +623,9 @@ func BenchmarkPDLChain(b *testing.B) {
 		if !c.d.pdl {
 			b.Logf("programmatic dependent launch is off on this device (sm_%d%d, or MOXIE_CUDA_PDL=off): the pdl_on rows launch plainly", c.d.info.Major, c.d.info.Minor)
 		}
+		if os.Getenv("MOXIE_CUDA_PDLPF") == "off" {
+			b.Logf("MOXIE_CUDA_PDLPF=off: every row's Gemv is compiled without hints")
+		}
 		d := &devBufs{c: c}
 		defer d.free()
 		data := computetest.RandomWeight(rand.New(rand.NewPCG(7, 8)), compute.FP8Block, rows, cols, 0.05)

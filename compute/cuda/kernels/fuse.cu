@@ -666,10 +666,14 @@ extern "C" __global__ void __launch_bounds__(HCO_MAXTHREADS) fuse_hc_one(const H
 // p.groups). Block (g, z) covers tokens [z·HCP_TM, …) and the splits
 // [g·spb, min(S, (g+1)·spb)); per warp chunk it stages x' [HCP_TM tokens][32
 // quads] (formed as hc_x_expand forms it and stored to xout: each (token,
-// quad) by one block; hco_x's operations, which are hc_x_expand's) and Fn [nm][32 quads] in shared memory, then each
-// lane reduces tokens lane and lane + 32 against its warp's rows. Needs nm
-// <= HCP_MAXNM, cq <= 256, n % 4 == 0, 16-byte aligned x, o, xout, Fn
-// (8-byte BF16).
+// quad) by one block; hco_x's operations, which are hc_x_expand's) and Fn
+// [nm][32 quads] in shared memory, then each lane reduces tokens lane and
+// lane + 32 against its warp's rows. Needs nm <= HCP_MAXNM, cq <= 256,
+// n % 4 == 0, 16-byte aligned x, o, xout, Fn (8-byte BF16). Known cost: x'
+// at any column reads all hc streams of x there, and a block forms one
+// stream's x' per split: x and o pass through L2 hc times (once from HBM
+// when one token tile's blocks, which run side by side as the grid orders
+// them, keep them in L2).
 
 #define HCP_TM 64     // tokens per block
 #define HCP_RPW 5     // rows per warp at most

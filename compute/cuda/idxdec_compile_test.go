@@ -1,6 +1,12 @@
 package cuda
 
-import "testing"
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
 
 // idxTopKSelStatic is idx_topk_sel's static shared memory in bytes: s
 // (TK_SORT words), sb (TK_SMALL words), hist (256), wsum (32) and five
@@ -16,3 +22,216 @@ func TestIdxDecCompiles(t *testing.T) {
 		"idx_scores_h1", "idx_scores_h2", "idx_scores_h4", "idx_scores_h8", "idx_scores_generic", "idx_topk", "idx_topk_sel")
 	requireSharedFits(t, "idx_topk_sel", 4*idxTopKCache+idxTopKSelStatic)
 }
+
+// emuHarness is the C++ prelude of the host-thread emulations of
+// TestIdxTopKSelEmulated and TestGateRouteEmulated: every CUDA thread of a
+// block is a std::thread, __syncthreads and named barriers are
+// std::barriers, and each warp primitive (shuffles, ballot, match_any,
+// redux) exchanges the lanes' values through a per-warp slot array between
+// two warp barriers. Blocks of a grid run one after another. g_dyn and
+// g_rsm stand for dynamic shared memory.
+const emuHarness = `#include <atomic>
+#include <barrier>
+#include <thread>
+#include <vector>
+#include <cstring>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <algorithm>
+#include <random>
+#include <cstdint>
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef unsigned short u16;
+typedef unsigned char u8;
+struct U3 { unsigned x, y, z; };
+thread_local U3 threadIdx, blockIdx;
+U3 blockDim, gridDim;
+std::barrier<> *g_block_bar, *g_named_bar;
+std::barrier<> *g_warp_bar[32];
+u64 g_x[32][32];
+u32 *g_dyn;
+u64 *g_rsm;
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(x)
+#define __shared__ static
+#define MOXIE_PDL() do {} while (0)
+#define FULL 0xffffffffu
+inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
+inline void __syncwarp() { g_warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
+inline void emu_named_bar() { g_named_bar->arrive_and_wait(); }
+inline void wput(u64 v) { int w = threadIdx.x / 32; g_warp_bar[w]->arrive_and_wait(); g_x[w][threadIdx.x % 32] = v; g_warp_bar[w]->arrive_and_wait(); }
+inline void wdone() { g_warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
+template <class T> inline T __shfl_sync(unsigned, T v, int src) { u64 b = 0; memcpy(&b, &v, sizeof(T)); wput(b); u64 r = g_x[threadIdx.x / 32][src & 31]; wdone(); T o; memcpy(&o, &r, sizeof(T)); return o; }
+template <class T> inline T __shfl_xor_sync(unsigned m, T v, int o) { return __shfl_sync(m, v, (threadIdx.x % 32) ^ o); }
+template <class T> inline T __shfl_up_sync(unsigned m, T v, int o) { int l = threadIdx.x % 32; return __shfl_sync(m, v, l >= o ? l - o : l); }
+inline u32 __ballot_sync(unsigned, bool p) { wput(p); u32 m = 0; for (int l = 0; l < 32; l++) if (g_x[threadIdx.x / 32][l]) m |= 1u << l; wdone(); return m; }
+inline u32 __match_any_sync(unsigned, u32 v) { wput(v); u32 m = 0; for (int l = 0; l < 32; l++) if (g_x[threadIdx.x / 32][l] == v) m |= 1u << l; wdone(); return m; }
+inline u32 __reduce_max_sync(unsigned, u32 v) { wput(v); u32 m = 0; for (int l = 0; l < 32; l++) m = std::max(m, (u32)g_x[threadIdx.x / 32][l]); wdone(); return m; }
+inline int __popc(u32 x) { return __builtin_popcount(x); }
+inline int __ffs(u32 x) { return __builtin_ffs(x); }
+inline float __int_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+inline float fmaf(float a, float b, float c) { return std::fma(a, b, c); }
+template <class T> inline T __ldg(const T *p) { return *p; }
+template <class T> inline T __ldcg(const T *p) { return *p; }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline u32 atomicAdd(u32 *p, u32 v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline u32 atomicInc(u32 *p, u32 lim) { u32 o = __atomic_load_n(p, __ATOMIC_SEQ_CST); for (;;) { u32 n = o >= lim ? 0 : o + 1; if (__atomic_compare_exchange_n(p, &o, n, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) return o; } }
+using std::min; using std::max; using std::log1p; using std::exp; using std::sqrt;
+struct float4 { float x, y, z, w; };
+struct uint2 { unsigned x, y; };
+struct uint4 { unsigned x, y, z, w; };
+template <class F>
+void launch(unsigned grid, unsigned threads, F k) {
+  gridDim = {grid, 1, 1}; blockDim = {threads, 1, 1};
+  for (unsigned x = 0; x < grid; x++) {
+    std::barrier<> bb(threads), nb(256);
+    g_block_bar = &bb; g_named_bar = &nb;
+    for (unsigned w = 0; w < threads / 32; w++) g_warp_bar[w] = new std::barrier<>(32);
+    std::vector<std::thread> ts;
+    for (unsigned t = 0; t < threads; t++) ts.emplace_back([=] { threadIdx = {t, 0, 0}; blockIdx = {x, 0, 0}; k(); });
+    for (auto &t : ts) t.join();
+    for (unsigned w = 0; w < threads / 32; w++) delete g_warp_bar[w];
+  }
+}
+`
+
+// runEmulation writes emuHarness, kern (as kern.inc) and main (the test's
+// C++ driver, which includes both) to a temporary directory, compiles them
+// with g++ (C++20) and returns the program's output lines; it skips t with
+// -short or without g++ and fails it when a line contains FAIL.
+func runEmulation(t *testing.T, kern, main string) []string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("the emulation takes tens of seconds")
+	}
+	gxx, err := exec.LookPath("g++")
+	if err != nil {
+		t.Skipf("no g++: %v", err)
+	}
+	dir := t.TempDir()
+	for name, body := range map[string]string{"harness.h": emuHarness, "kern.inc": kern, "emu.cpp": main} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bin := filepath.Join(dir, "emu")
+	if out, err := exec.Command(gxx, "-std=c++20", "-O1", "-pthread", "-w", "-o", bin, filepath.Join(dir, "emu.cpp")).CombinedOutput(); err != nil {
+		t.Fatalf("compiling the emulation: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin).CombinedOutput()
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	for _, l := range lines {
+		if strings.Contains(l, "FAIL") {
+			t.Error(l)
+		}
+	}
+	if err != nil {
+		t.Fatalf("emulation: %v\n%s", err, out)
+	}
+	return lines
+}
+
+// cutSource returns src from the first occurrence of from up to (not
+// including) the first occurrence of to after it (to "" means the end),
+// with each pair of edits applied; a marker or edit that is missing fails
+// t, naming it (the kernel source changed: update the emulation).
+func cutSource(t *testing.T, file, src, from, to string, edits ...string) string {
+	t.Helper()
+	i := strings.Index(src, from)
+	if i < 0 {
+		t.Fatalf("%s no longer contains %q; update the emulation", file, from)
+	}
+	s := src[i:]
+	if to != "" {
+		j := strings.Index(s, to)
+		if j < 0 {
+			t.Fatalf("%s no longer contains %q after %q; update the emulation", file, to, from)
+		}
+		s = s[:j]
+	}
+	for k := 0; k+1 < len(edits); k += 2 {
+		if !strings.Contains(s, edits[k]) {
+			t.Fatalf("%s no longer contains %q; update the emulation", file, edits[k])
+		}
+		s = strings.ReplaceAll(s, edits[k], edits[k+1])
+	}
+	return strings.ReplaceAll(s, `extern "C" __global__`, "__global__")
+}
+
+// TestIdxTopKSelEmulated runs idx_topk and idx_topk_sel of
+// kernels/idxdec.cu on the CPU (emuHarness; no GPU needed) on one row per
+// case, drawn by the C++ driver below, and compares both with a stable sort
+// by compute.TopK's key (descending, ties to the lower index, NaN last,
+// −0 == +0): rows around k and the sort sizes, ties, all equal, specials,
+// mostly NaN, mostly zero, k 7 and 2048, rows longer than the key cache and
+// no cache. Skipped with -short or without g++.
+func TestIdxTopKSelEmulated(t *testing.T) {
+	kern := cutSource(t, "idxdec.cu", IdxDecSource(), "#define TK_THREADS", "",
+		`asm volatile("bar.sync 1, 256;");`, "emu_named_bar();",
+		`asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));`, "m = (1u << (threadIdx.x % 32)) - 1u;",
+		"extern __shared__ u32 kc[];", "u32 *kc = g_dyn;")
+	lines := runEmulation(t, kern, idxTopKEmuMain)
+	if len(lines) != 18 {
+		t.Fatalf("emulation printed %d lines, want 18:\n%s", len(lines), strings.Join(lines, "\n"))
+	}
+}
+
+const idxTopKEmuMain = `#include "harness.h"
+#include "kern.inc"
+static u32 okey(float f) { if (f != f) return 0; if (f == 0.f) return 0x80000000u; u32 u; memcpy(&u, &f, 4); return (u & 0x80000000u) ? ~u : (u | 0x80000000u); }
+int main() {
+  struct C { const char *name; int n, k, gen, cache; };
+  std::vector<C> cs = {
+    {"n2048", 2048, 512, 0, 49152}, {"n600", 600, 512, 0, 49152}, {"n512", 512, 512, 0, 49152}, {"n511", 511, 512, 0, 49152},
+    {"n1", 1, 512, 0, 49152}, {"k7ties", 3000, 7, 1, 49152}, {"ties3", 6000, 512, 2, 49152}, {"allequal", 3000, 16, 3, 49152},
+    {"specials", 2500, 20, 4, 49152}, {"mostlynan", 2600, 512, 5, 49152}, {"k2048", 5000, 2048, 0, 49152},
+    {"n8192", 8192, 512, 0, 49152}, {"n40000part", 40000, 512, 0, 32768}, {"nocache", 9000, 512, 0, 0},
+    {"long5000", 20000, 2048, 6, 8192}, {"zeros", 10000, 512, 7, 49152}, {"n2049", 2049, 512, 0, 49152},
+  };
+  int bad = 0;
+  for (int ci = 0; ci < (int)cs.size(); ci++) {
+    C c = cs[ci];
+    std::mt19937 rng(ci + 1);
+    std::normal_distribution<float> nd;
+    std::vector<float> sc(c.n);
+    for (int j = 0; j < c.n; j++) {
+      switch (c.gen) {
+      case 0: sc[j] = nd(rng); break;
+      case 1: sc[j] = (float)(rng() % 4); break;
+      case 2: sc[j] = (float)(rng() % 3); break;
+      case 3: sc[j] = 0.5f; break;
+      case 4: { float v[] = {NAN, INFINITY, -INFINITY, 0.f, -0.f, 1.f, -1.f, nd(rng)}; sc[j] = v[rng() % 8]; } break;
+      case 5: sc[j] = rng() % 10 < 9 ? NAN : nd(rng); break;
+      case 6: sc[j] = (float)(rng() % 5000) / 7; break;
+      case 7: sc[j] = rng() % 10 < 8 ? 0.f : std::fabs(nd(rng)); break;
+      }
+    }
+    int pos = c.n - 1, ratio = 1, stride = c.n;
+    std::vector<int> want(c.n);
+    for (int j = 0; j < c.n; j++) want[j] = j;
+    std::stable_sort(want.begin(), want.end(), [&](int a, int b) { return okey(sc[a]) > okey(sc[b]); });
+    int k = std::min(c.k, c.n);
+    std::vector<int> a(c.k, -1), b(c.k, -1);
+    std::vector<u32> dyn(std::max(c.cache, 1));
+    g_dyn = dyn.data();
+    int *pa = a.data(), *pb = b.data(); const float *ps = sc.data(); int *pp = &pos; int topk = c.k, cache = c.cache;
+    launch(1, 1024, [=] { idx_topk(pa, ps, pp, ratio, topk, stride); });
+    launch(1, 1024, [=] { idx_topk_sel(pb, ps, pp, ratio, topk, stride, cache); });
+    bool ok = true;
+    for (int j = 0; j < c.k; j++) {
+      int w = j < k ? want[j] : -1;
+      if (a[j] != w || b[j] != w) { printf("%s: slot %d: idx_topk %d, idx_topk_sel %d, sort %d FAIL\n", c.name, j, a[j], b[j], w); ok = false; break; }
+    }
+    printf("%s (n %d, k %d): %s\n", c.name, c.n, c.k, ok ? "ok" : "FAIL");
+    bad += !ok;
+  }
+  printf("done\n");
+  return bad;
+}
+`

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"moxie/compute"
@@ -305,3 +306,76 @@ func BenchmarkGateRoute(b *testing.B) {
 		}
 	}
 }
+
+// TestGateRouteEmulated runs gate_route on the CPU (emuHarness; no GPU
+// needed) beside linear.cu's linear_fast<BF16, 1, 2, 4> (the kernel Linear
+// launches for the gate, 8 warps per block) and ops.cu's route, compiled
+// from their own sources, and requires the same logits, ids and weights bit
+// for bit: V4-Flash's gate (256x4096, top 6, scale 1.5) with bias (launched
+// twice: the arrival counter must be back at 0), hash routing, 255 experts
+// without bias, and tied logits (duplicated gate rows, top 8). Skipped with
+// -short or without g++.
+func TestGateRouteEmulated(t *testing.T) {
+	lin := cutSource(t, "linear.cu", LinearSource(), "template <int FMT> struct Fmt;", "#define LIN(FMTN")
+	ops := OpsSource()
+	rank := cutSource(t, "ops.cu", ops, "__device__ __forceinline__ u32 rank_key(float f)", "\n}\n") + "\n}\n"
+	route := cutSource(t, "ops.cu", ops, "#define ROUTE_EPL 8", "// SwiGLU: h = silu",
+		"extern __shared__ u64 rsm[];", "u64 *rsm = g_rsm;")
+	gr := cutSource(t, "route.cu", RouteSource(), "#define GR_RB", "")
+	kern := "#define FMT_FP8 1\n#define FMT_MXFP4 2\n#define FMT_BF16 3\n#define FMT_F32 4\n#define FMT_MXFP8 5\n" +
+		"void e4m3x4_bits(u32, float *); void e4m3x4(u32, float *); void e2m1x8_bits(u32, float *); void e2m1x8(u32, float *); float e8m0(u8);\n" +
+		lin + rank + route + gr
+	lines := runEmulation(t, kern, gateRouteEmuMain)
+	if len(lines) != 6 {
+		t.Fatalf("emulation printed %d lines, want 6:\n%s", len(lines), strings.Join(lines, "\n"))
+	}
+	for _, l := range lines {
+		t.Log(l)
+	}
+}
+
+const gateRouteEmuMain = `#include "harness.h"
+#include "kern.inc"
+int main() {
+  const int C = 4096;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  int bad = 0;
+  struct Case { const char *name; int E, K, bias, hash, ties, reps; };
+  Case cs[] = {{"v4 bias", 256, 6, 1, 0, 0, 2}, {"v4 hash", 256, 6, 0, 1, 0, 1}, {"255 experts", 255, 6, 0, 0, 0, 1}, {"ties top 8", 256, 8, 0, 0, 1, 1}};
+  for (const Case &c : cs) {
+    const int E = c.E, K = c.K;
+    std::vector<u16> W(E * C);
+    for (auto &w : W) { float v = nd(rng) * 0.02f; u32 u; memcpy(&u, &v, 4); w = (u16)(u >> 16); }
+    if (c.ties) for (int r = 1; r < E; r += 2) memcpy(&W[r * C], &W[(r - 1) * C], 2 * C);
+    std::vector<float> x(C), bias(E); std::vector<int> hash(K);
+    for (auto &v : x) v = nd(rng);
+    for (auto &v : bias) v = nd(rng) * 0.1f;
+    for (auto &h : hash) h = rng() % E;
+    std::vector<float> lg1(E), lg2(E), w1(K), w2(K); std::vector<int> id1(K), id2(K);
+    LinArgs a{}; a.W = (const u8 *)W.data(); a.S = (const u8 *)W.data(); a.x = x.data(); a.y = lg2.data(); a.rows = E; a.cols = C;
+    a.sdivr = 1; a.sdivc = 1; a.rpg = E; a.xstride = C; a.ystride = E; a.batch = 1;
+    launch((E + 1) / 2, 256, [=] { linear_fast<FMT_BF16, 1, 2, 4, 0>(a); });
+    const float *pb = c.bias ? bias.data() : nullptr; const int *ph = c.hash ? hash.data() : nullptr;
+    int *pi2 = id2.data(); float *pw2 = w2.data(); const float *pl2 = lg2.data();
+    std::vector<u64> shm(2 * E + 64);
+    g_rsm = shm.data();
+    launch(1, 32, [=] { route(pi2, pw2, pl2, pb, ph, E, K, 1.5f); });
+    for (int rep = 0; rep < c.reps; rep++) {
+      std::fill(lg1.begin(), lg1.end(), NAN); std::fill(w1.begin(), w1.end(), NAN); std::fill(id1.begin(), id1.end(), -7);
+      int *pi1 = id1.data(); float *pw1 = w1.data(); float *pl1 = lg1.data(); const uint2 *pW = (const uint2 *)W.data(); const float *px = x.data();
+      launch((E + 1) / 2, 256, [=] { gate_route(pi1, pw1, pl1, pW, px, pb, ph, E, C, K, 1.5f); });
+      bool ok = gr_arrivals == 0;
+      if (!ok) printf("%s: arrival counter %u after the launch FAIL\n", c.name, gr_arrivals);
+      for (int e = 0; e < E; e++) if (memcmp(&lg1[e], &lg2[e], 4)) { ok = false; printf("%s: logit %d %g, linear_fast %g FAIL\n", c.name, e, lg1[e], lg2[e]); break; }
+      for (int j = 0; j < K; j++) if (id1[j] != id2[j] || memcmp(&w1[j], &w2[j], 4)) { ok = false; printf("%s: slot %d: %d %g, route %d %g FAIL\n", c.name, j, id1[j], w1[j], id2[j], w2[j]); }
+      printf("%s launch %d: %s, ids", c.name, rep, ok ? "ok" : "FAIL");
+      for (int j = 0; j < K; j++) printf(" %d:%g", id1[j], w1[j]);
+      printf("\n");
+      bad += !ok;
+    }
+  }
+  printf("done\n");
+  return bad;
+}
+`

@@ -118,7 +118,10 @@ func (x *IdxDec) IndexScores(c *Ctx, sc, q, w, keys, pos DevicePtr, T, maxN, rat
 // idx[i, 0 .. min(topk, n)) (int32 [T, topk]) receives the indices of the
 // min(topk, n) largest in compute.TopK's order (descending, ties to the
 // lower index, NaN last, −0 == +0). Rows with n <= 0 and the slots past
-// min(topk, n) are not written. Fwd.TopKRows' results.
+// min(topk, n) are not written. Fwd.TopKRows' results, from idx_topk_sel
+// (or idx_topk with $MOXIE_CUDA_IDXTOPK=old; the same results). The launch
+// takes up to 196,608 bytes of dynamic shared memory per row (IdxDec
+// allows it).
 func (x *IdxDec) TopKRows(c *Ctx, idx, sc, pos DevicePtr, T, ratio, topk, stride int, s Stream) error {
 	if T <= 0 || T > 1<<31-1 || ratio <= 0 || topk <= 0 || topk > IdxDecMaxTopK || stride <= 0 || idx == 0 || sc == 0 || pos == 0 {
 		return fmt.Errorf("cuda idx_topk: T %d, ratio %d, topk %d (at most %d), stride %d", T, ratio, topk, IdxDecMaxTopK, stride)

@@ -59,6 +59,7 @@ u64 *g_rsm;
 #define __launch_bounds__(x)
 #define __shared__ static
 #define MOXIE_PDL() do {} while (0)
+#define MOXIE_PDL_PF(...) do {} while (0)
 #define FULL 0xffffffffu
 inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
 inline void __syncwarp() { g_warp_bar[threadIdx.x / 32]->arrive_and_wait(); }

@@ -51,10 +51,14 @@ __device__ __forceinline__ float gr_p(float g) {
 // sums meet in the xor tree 16, 8, 4, 2, 1 and the warps' in order 0..KW-1
 // from 0. So they are Linear's bits. The last block to store its logits
 // computes p_e = sqrt(softplus(logit_e)) for every expert (one per thread),
-// and warp 0 picks the experts as route's register path does.
+// and warp 0 picks the experts as route's register path does. Before the
+// PDL wait each block asks L2 for its own gate rows (MOXIE_PDL_PF: the
+// gate is a weight, no kernel writes it), so that they stream in while the
+// kernel before it still runs.
 extern "C" __global__ void __launch_bounds__(256) gate_route(int *ids, float *weights, float *logits, const uint2 *W,
                                                              const float *x, const float *bias, const int *hash,
-                                                             int experts, int cols, int k, float scale) { MOXIE_PDL();
+                                                             int experts, int cols, int k, float scale) {
+  MOXIE_PDL_PF(W + (long long)blockIdx.x * GR_RB * (cols >> 2), (long long)min(GR_RB, experts - (int)blockIdx.x * GR_RB) * cols * 2);
   __shared__ float red[GR_MAXW][GR_RB];
   __shared__ float p[GR_MAXE];
   __shared__ u64 wsm[GR_MAXE];

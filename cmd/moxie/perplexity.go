@@ -35,7 +35,6 @@ exp(mean NLL), and tokens per second.`, stderr)
 	model := fs.String("model", defaultModel(), "model: a checkpoint directory or synth:PRESET")
 	file := fs.String("file", "", "text file to score")
 	window := fs.Int("window", 1024, "tokens per window, BOS included (capped at the model's context)")
-	chunk := fs.Int("chunk", 256, "tokens per prefill call within a window")
 	jsonOut := fs.String("json", "", "also write the report as JSON to this file")
 	mf := addMemFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -44,8 +43,14 @@ exp(mean NLL), and tokens per second.`, stderr)
 	if fs.NArg() != 0 || *file == "" {
 		return usagef("want --file F (and no positional arguments)")
 	}
-	if *window < 2 || *chunk < 1 {
-		return usagef("--window must be at least 2 and --chunk at least 1")
+	if *window < 2 {
+		return usagef("--window must be at least 2")
+	}
+	// --chunk (shared with run/serve/bench) also sets the tokens per
+	// prefill call within a window; 0 means 256.
+	chunk := 256
+	if mf.chunk > 0 {
+		chunk = mf.chunk
 	}
 	text, err := os.ReadFile(*file)
 	if err != nil {
@@ -75,7 +80,7 @@ exp(mean NLL), and tokens per second.`, stderr)
 	var nll float64
 	for lo := 0; lo < len(ids); lo += w - 1 {
 		seg := append([]int{bos}, ids[lo:min(lo+w-1, len(ids))]...)
-		segNLL, err := windowNLL(lm.m, seg, *chunk)
+		segNLL, err := windowNLL(lm.m, seg, chunk)
 		if err != nil {
 			return err
 		}

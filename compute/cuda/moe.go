@@ -88,6 +88,14 @@ const (
 	// spans 1, at most 80 registers: more warps and blocks to overlap each
 	// block's setup and latency, fewer loads each); stage 2 as MoEWide.
 	MoEWide3
+	// MoEWide1S: MoEWide1 whose routed stage-1 tiles stage their E8M0
+	// scales (16 rows of w1 and w3: D bytes) in shared memory once per
+	// block, coalesced and transposed so that a lane reads the four scale
+	// bytes it needs for a group (w1 and w3, rows g and g+8) with one 4-byte
+	// shared load, instead of four 1-byte global loads per group (as many
+	// as its 16-byte weight loads); stage 2 as MoEWide1. Dynamic shared
+	// memory 5·D bytes: D up to 8,960.
+	MoEWide1S
 	moeVariantCount
 )
 
@@ -96,7 +104,7 @@ const (
 // DEC the decoder, B blocks per SM (B2 stage 2's when not 0), persist:
 // stage 1 persistent, pf: and prefetching stage 2's weights (wide: from
 // stage 1's last wave); wide: the wide family, U1 and U2 then its 4-span
-// groups per chunk).
+// groups per chunk; ss: stage 1's routed scales staged in shared memory).
 var moeVariants = [moeVariantCount]struct {
 	name    string
 	u1, uf1 int
@@ -106,6 +114,7 @@ var moeVariants = [moeVariantCount]struct {
 	persist bool
 	pf      bool
 	wide    bool
+	ss      bool
 }{
 	MoEDefault:   {name: "u8", u1: 8, uf1: 2, u2: 8, uf2: 4, b: 2},
 	MoEOcc3:      {name: "occ3", u1: 4, uf1: 1, u2: 16, uf2: 4, b: 3},
@@ -117,6 +126,7 @@ var moeVariants = [moeVariantCount]struct {
 	MoEWidePF:    {name: "widepf", u1: 2, uf1: 2, u2: 4, uf2: 4, b: 2, wide: true, pf: true},
 	MoEWideP:     {name: "widep", u1: 1, uf1: 1, u2: 4, uf2: 4, b: 2, wide: true, persist: true},
 	MoEWide3:     {name: "wide3", u1: 1, uf1: 1, u2: 4, uf2: 4, b: 3, b2: 2, wide: true},
+	MoEWide1S:    {name: "wide1s", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true},
 }
 
 func (v MoEVariant) String() string {
@@ -134,7 +144,7 @@ func (v MoEVariant) String() string {
 const MoEPreferred = MoEWide1
 
 // ParseMoEVariant returns the variant named s (its String form: u8, occ3,
-// u8cvt, persist, persistpf, wide, wide1, widepf, widep, wide3; "" is
+// u8cvt, persist, persistpf, wide, wide1, widepf, widep, wide3, wide1s; "" is
 // MoEPreferred), e.g. from an environment variable.
 func ParseMoEVariant(s string) (MoEVariant, error) {
 	if s == "" {
@@ -164,6 +174,8 @@ func moeKernelNames(v MoEVariant) (string, string) {
 			s1 = "moe1wp"
 		case p.pf:
 			s1 = "moe1wpf"
+		case p.ss:
+			s1 = "moe1ws"
 		}
 		return fmt.Sprintf("%s_g%d_f%d_d%d_b%d", s1, p.u1, p.uf1, p.dec, p.b), fmt.Sprintf("moe2w_g%d_f%d_d%d_b%d", p.u2, p.uf2, p.dec, b2)
 	}
@@ -239,6 +251,9 @@ func moeShapes(t *ExpertTable, K int, sh *SharedExpert, limit float32, v MoEVari
 		return 0, 0, fmt.Errorf("cuda moe decode: expert width %d, want a positive multiple of 128", t.Inter)
 	case !(limit >= 0) || limit > 3.4e38:
 		return 0, 0, fmt.Errorf("cuda moe decode: limit %g, want a finite value >= 0 (0: no clamp)", limit)
+	}
+	if moeVariants[v].ss && 5*t.Dim+moeStatic > maxStaticShared {
+		return 0, 0, fmt.Errorf("cuda moe decode: variant %v stages x and the scales (5·D bytes): model dim up to %d, not %d", v, (maxStaticShared-moeStatic)/5/128*128, t.Dim)
 	}
 	if sh == nil {
 		return 0, 0, moeWideFits(v, K, t.Inter, 0)
@@ -331,7 +346,8 @@ func MoEDecodeScratch(t *ExpertTable, K int, sh *SharedExpert) int {
 // CopyTableExpert repointing works, provided every weight put into t is
 // MXFP4 of t's shape with its data 16-byte and its scales 4-byte aligned
 // (arena allocations are). The wide variants (MoEWide, MoEWide1,
-// MoEWidePF, MoEWideP, MoEWide3) take K·I + Is up to 40,960.
+// MoEWidePF, MoEWideP, MoEWide3, MoEWide1S) take K·I + Is up to 40,960;
+// MoEWide1S takes D up to 8,960.
 // Activations x and h must stay below 65504 in magnitude (f16 hi parts).
 func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert, x, out DevicePtr, limit float32, v MoEVariant) (*MoEDecode, error) {
 	is, bshift, err := moeShapes(t, K, sh, limit, v)
@@ -367,6 +383,9 @@ func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert
 	m.grid1 = Dim3{X: uint32(tiles)}
 	m.grid2 = Dim3{X: uint32(D / 16)}
 	m.smem1 = 4 * D
+	if moeVariants[v].ss {
+		m.smem1 = 5 * D
+	}
 	if moeVariants[v].wide {
 		// All the opt-in shared memory the kernel's static part leaves, so
 		// decodes of any K prepared later launch too (moeWideH is below it).

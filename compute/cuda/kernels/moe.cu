@@ -517,10 +517,16 @@ __device__ __forceinline__ void moe_stage1(const MoeArgs &a) {
 // compute() uses them with B (routed layout, hi/lo rows; xb this lane's,
 // bl whether it supplies B) from shared memory. GUARD: the chunk may pass
 // the last group.
-template <int NM, int G>
+//
+// SS (stage 1's wide1s, NM 2): the scales come from the block's transposed
+// copy in shared memory (ss, see stage_scales_t) instead: load() issues
+// the weight loads only, and compute() reads one word per group with the
+// four scale bytes this lane needs (w1 row g, w1 row g+8, w3 row g, w3 row
+// g+8).
+template <int NM, int G, bool SS = false>
 struct Fp4Wide {
   uint4 w[G][NM][2];
-  u32 sc[G][NM][2];
+  u32 sc[SS ? 1 : G][NM][2];
 
   template <bool GUARD>
   __device__ __forceinline__ void load(const uint4 *const (&wr)[NM][2], const u8 *const (&sr)[NM][2], int q0, int groups, int t) {
@@ -533,17 +539,21 @@ struct Fp4Wide {
 #pragma unroll
         for (int r = 0; r < 2; r++) {
           w[i][m][r] = ok ? ldw(wr[m][r] + 4 * q + t) : make_uint4(0u, 0u, 0u, 0u);
-          sc[i][m][r] = ok ? (u32)__ldg(sr[m][r] + 4 * q + t) : 0u;
+          if (!SS) sc[i][m][r] = ok ? (u32)__ldg(sr[m][r] + 4 * q + t) : 0u;
         }
     }
   }
 
   template <int DEC, bool GUARD>
-  __device__ __forceinline__ void compute(const u16 *xb, bool bl, int q0, int groups, int t, float (&acc)[NM][4]) const {
+  __device__ __forceinline__ void compute(const u16 *xb, bool bl, int q0, int groups, int t, float (&acc)[NM][4],
+                                          const u32 *ss = nullptr) const {
+    static_assert(!SS || NM == 2, "staged scales hold w1 and w3 bytes");
+    const int g = (threadIdx.x & 31) >> 2;
 #pragma unroll
     for (int i = 0; i < G; i++) {
       const int q = q0 + i;
       if (GUARD && q >= groups) break;
+      const u32 sw = SS ? ss[q * 32 + (((t ^ (q & 3)) << 3) | g)] : 0u;
       const u16 *xq = xb + (4 * q + t) * 32;
       uint4 bq[4];
 #pragma unroll
@@ -559,7 +569,14 @@ struct Fp4Wide {
           mma16816(d, a0, b0, a1, b1, bq[j].x, bq[j].y);
           mma16816(d, a2, b2, a3, b3, bq[j].z, bq[j].w);
         }
-        const float fa = __int_as_float(sc[i][m][0] << 23), fb = __int_as_float(sc[i][m][1] << 23);
+        float fa, fb;
+        if (SS) {
+          fa = m == 0 ? e8m0_byte<0>(sw) : e8m0_byte<2>(sw);
+          fb = m == 0 ? e8m0_byte<1>(sw) : e8m0_byte<3>(sw);
+        } else {
+          fa = __int_as_float(sc[i][m][0] << 23);
+          fb = __int_as_float(sc[i][m][1] << 23);
+        }
         acc[m][0] = fmaf(d[0], fa, acc[m][0]);
         acc[m][1] = fmaf(d[1], fa, acc[m][1]);
         acc[m][2] = fmaf(d[2], fb, acc[m][2]);
@@ -631,13 +648,45 @@ __device__ __forceinline__ void moe_prefetch_w2(const MoeArgs &a) {
   }
 }
 
+// Stages the E8M0 scales of a routed stage-1 tile (rows r0..r0+15 of w1's
+// S1 and w3's S3, D/32 bytes a row) into ss (D bytes, all threads of the
+// block), transposed for Fp4Wide<2, G, true>: the word of group q that lane
+// (g, t) reads, ss[32q + ((t ^ (q & 3)) << 3 | g)], holds the scale bytes
+// of span 4q+t of w1 row g, w1 row g+8, w3 row g, w3 row g+8 (bytes 0..3).
+// The XOR by q & 3 keeps both the stores (a warp's lanes take 4 groups x 8
+// rows) and the loads (32 lanes of one group) free of bank conflicts. Each
+// thread loads four 4-byte words (one group's scales of its four rows) and
+// transposes them with six PRMTs.
+__device__ __forceinline__ void stage_scales_t(const MoeArgs &a, int r0, const u8 *S1, const u8 *S3, u32 *ss) {
+  const int groups = a.D >> 7;
+  const long long sb = a.D >> 5;
+  for (int i = threadIdx.x; i < 8 * groups; i += blockDim.x) {
+    const int g = i & 7, q = i >> 3;
+    const u32 w0 = __ldg(reinterpret_cast<const u32 *>(S1 + (r0 + g) * sb) + q);
+    const u32 w1 = __ldg(reinterpret_cast<const u32 *>(S1 + (r0 + g + 8) * sb) + q);
+    const u32 w2 = __ldg(reinterpret_cast<const u32 *>(S3 + (r0 + g) * sb) + q);
+    const u32 w3 = __ldg(reinterpret_cast<const u32 *>(S3 + (r0 + g + 8) * sb) + q);
+    const u32 lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);  // (w0.b0, w1.b0, w0.b1, w1.b1), (.b2, .b3)
+    const u32 lo23 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
+    u32 *d = ss + 32 * q + g;
+    const int x = q & 3;
+    d[(0 ^ x) << 3] = __byte_perm(lo01, lo23, 0x5410);  // byte t = 0 of each word
+    d[(1 ^ x) << 3] = __byte_perm(lo01, lo23, 0x7632);
+    d[(2 ^ x) << 3] = __byte_perm(hi01, hi23, 0x5410);
+    d[(3 ^ x) << 3] = __byte_perm(hi01, hi23, 0x7632);
+  }
+}
+
 // One routed stage-1 tile of the wide family: rows r0..r0+15 of w1 (W1,
 // S1) and w3 (W3, S3), valid false: no products; the warps take contiguous
 // group ranges in chunks of G groups (Fp4Wide<2, G>), mid() as in
 // stage1_tile; acc as the quads' sums (lanes t = 0 read).
-template <int G, int DEC, typename Mid>
+//
+// SS: the scales from ss (the tile's, staged by mid() with stage_scales_t)
+// instead of per-lane byte loads.
+template <int G, int DEC, bool SS = false, typename Mid>
 __device__ __forceinline__ void stage1w_routed(const MoeArgs &a, int r0, const u8 *W1, const u8 *S1, const u8 *W3, const u8 *S3,
-                                               bool valid, const u16 *xs, float (&acc)[2][4], Mid mid) {
+                                               bool valid, const u16 *xs, float (&acc)[2][4], Mid mid, const u32 *ss = nullptr) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int m = 0; m < 2; m++)
@@ -651,7 +700,7 @@ __device__ __forceinline__ void stage1w_routed(const MoeArgs &a, int r0, const u
   const uint4 *wr[2][2] = {{reinterpret_cast<const uint4 *>(W1 + (r0 + g) * rb), reinterpret_cast<const uint4 *>(W1 + (r0 + g + 8) * rb)},
                            {reinterpret_cast<const uint4 *>(W3 + (r0 + g) * rb), reinterpret_cast<const uint4 *>(W3 + (r0 + g + 8) * rb)}};
   const u8 *sr[2][2] = {{S1 + (r0 + g) * sb, S1 + (r0 + g + 8) * sb}, {S3 + (r0 + g) * sb, S3 + (r0 + g + 8) * sb}};
-  using Ch = Fp4Wide<2, G>;
+  using Ch = Fp4Wide<2, G, SS>;
   wide_walk<Ch>(
       q0, end, G,
       [&](Ch &c, int q) {
@@ -659,8 +708,8 @@ __device__ __forceinline__ void stage1w_routed(const MoeArgs &a, int r0, const u
         else c.template load<true>(wr, sr, q, end, t);
       },
       [&](const Ch &c, int q) {
-        if (q + G <= end) c.template compute<DEC, false>(xb, bl, q, end, t, acc);
-        else c.template compute<DEC, true>(xb, bl, q, end, t, acc);
+        if (q + G <= end) c.template compute<DEC, false>(xb, bl, q, end, t, acc, ss);
+        else c.template compute<DEC, true>(xb, bl, q, end, t, acc, ss);
       },
       mid);
   quad_sum<2>(acc);
@@ -867,10 +916,11 @@ __device__ __forceinline__ void moe_stage2(const MoeArgs &a) {
 // tiles as there, UF spans a chunk); a routed tile's warps take contiguous
 // group ranges in chunks of G groups (Fp4Wide<2, G>: w1 and w3). PF: the
 // last wave asks L2 for stage 2's weights (moe_prefetch_w2) after its tile.
-template <int G, int UF, int DEC, bool PF>
+template <int G, int UF, int DEC, bool PF, bool SS = false>
 __device__ __forceinline__ void moe_stage1w(const MoeArgs &a) {
   extern __shared__ uint4 moe_smem[];
   u16 *xs = reinterpret_cast<u16 *>(moe_smem);
+  u32 *ss = reinterpret_cast<u32 *>(xs + 2 * a.D);  // SS: the routed tile's scales (D bytes)
   __shared__ float red[MOE_WARPS][8][4];
   const int nsh = a.Is >> 4;
   float acc[2][4];
@@ -886,7 +936,19 @@ __device__ __forceinline__ void moe_stage1w(const MoeArgs &a) {
   const int id = __ldg(a.ids + k);
   const bool valid = (unsigned)id < (unsigned)a.E;
   const LinRec *r1 = a.t13 + 2 * (valid ? id : 0), *r3 = r1 + 1;
-  stage1w_routed<G, DEC>(a, r0, r1->W, r1->S, r3->W, r3->S, valid, xs, acc, [&] { stage_hilo(a.x, xs, a.D, true); __syncthreads(); });
+  if (SS) {
+    const u8 *S1 = r1->S, *S3 = r3->S;
+    stage1w_routed<G, DEC, true>(
+        a, r0, r1->W, S1, r3->W, S3, valid, xs, acc,
+        [&] {
+          if (valid) stage_scales_t(a, r0, S1, S3, ss);
+          stage_hilo(a.x, xs, a.D, true);
+          __syncthreads();
+        },
+        ss);
+  } else {
+    stage1w_routed<G, DEC>(a, r0, r1->W, r1->S, r3->W, r3->S, valid, xs, acc, [&] { stage_hilo(a.x, xs, a.D, true); __syncthreads(); });
+  }
   stage1_finish<DEC>(a, false, valid, k, r0, acc, red);
   if (PF) moe_prefetch_w2(a);
 }
@@ -1045,10 +1107,16 @@ MOE1P(8, 1, 0, 2)
 #define MOE2W(G, UF, DEC, B) \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe2w_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2_pf(a)); moe_stage2w<G, UF, DEC>(a); }
 
+// moe1ws_g<G>_f<UF>_d<DEC>_b<B>: the routed tiles' scales staged in shared
+// memory (stage_scales_t).
+#define MOE1WS(G, UF, DEC, B) \
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1ws_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe1_pf(a)); moe_stage1w<G, UF, DEC, false, true>(a); }
+
 MOE1W(2, 2, 0, 2) MOE2W(4, 4, 0, 2)
 MOE1W(1, 2, 0, 2) MOE2W(2, 4, 0, 2)
 MOE1WPF(2, 2, 0, 2)
 MOE1W(1, 1, 0, 3)
+MOE1WS(1, 2, 0, 2)
 
 // The wide family's routed tiles in moe_stage1p's persistent blocks:
 // moe1wp_g<G>_f<UF>_d<DEC>_b<B>.

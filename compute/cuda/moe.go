@@ -96,6 +96,11 @@ const (
 	// as its 16-byte weight loads); stage 2 as MoEWide1. Dynamic shared
 	// memory 5·D bytes: D up to 8,960.
 	MoEWide1S
+	// MoEWide1SS: MoEWide1S whose stage 2 stages the K experts' w2 scales
+	// of its 16 rows in shared memory too (K·ceil(I/256)·128 bytes beside
+	// h, transposed: one 4-byte shared load per lane and pair of groups
+	// instead of four 1-byte global loads).
+	MoEWide1SS
 	moeVariantCount
 )
 
@@ -104,7 +109,8 @@ const (
 // DEC the decoder, B blocks per SM (B2 stage 2's when not 0), persist:
 // stage 1 persistent, pf: and prefetching stage 2's weights (wide: from
 // stage 1's last wave); wide: the wide family, U1 and U2 then its 4-span
-// groups per chunk; ss: stage 1's routed scales staged in shared memory).
+// groups per chunk; ss, ss2: stage 1's routed scales, stage 2's, staged in
+// shared memory).
 var moeVariants = [moeVariantCount]struct {
 	name    string
 	u1, uf1 int
@@ -114,7 +120,7 @@ var moeVariants = [moeVariantCount]struct {
 	persist bool
 	pf      bool
 	wide    bool
-	ss      bool
+	ss, ss2 bool
 }{
 	MoEDefault:   {name: "u8", u1: 8, uf1: 2, u2: 8, uf2: 4, b: 2},
 	MoEOcc3:      {name: "occ3", u1: 4, uf1: 1, u2: 16, uf2: 4, b: 3},
@@ -127,6 +133,7 @@ var moeVariants = [moeVariantCount]struct {
 	MoEWideP:     {name: "widep", u1: 1, uf1: 1, u2: 4, uf2: 4, b: 2, wide: true, persist: true},
 	MoEWide3:     {name: "wide3", u1: 1, uf1: 1, u2: 4, uf2: 4, b: 3, b2: 2, wide: true},
 	MoEWide1S:    {name: "wide1s", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true},
+	MoEWide1SS:   {name: "wide1ss", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true, ss2: true},
 }
 
 func (v MoEVariant) String() string {
@@ -144,7 +151,8 @@ func (v MoEVariant) String() string {
 const MoEPreferred = MoEWide1
 
 // ParseMoEVariant returns the variant named s (its String form: u8, occ3,
-// u8cvt, persist, persistpf, wide, wide1, widepf, widep, wide3, wide1s; "" is
+// u8cvt, persist, persistpf, wide, wide1, widepf, widep, wide3, wide1s,
+// wide1ss; "" is
 // MoEPreferred), e.g. from an environment variable.
 func ParseMoEVariant(s string) (MoEVariant, error) {
 	if s == "" {
@@ -177,7 +185,11 @@ func moeKernelNames(v MoEVariant) (string, string) {
 		case p.ss:
 			s1 = "moe1ws"
 		}
-		return fmt.Sprintf("%s_g%d_f%d_d%d_b%d", s1, p.u1, p.uf1, p.dec, p.b), fmt.Sprintf("moe2w_g%d_f%d_d%d_b%d", p.u2, p.uf2, p.dec, b2)
+		s2 := "moe2w"
+		if p.ss2 {
+			s2 = "moe2ws"
+		}
+		return fmt.Sprintf("%s_g%d_f%d_d%d_b%d", s1, p.u1, p.uf1, p.dec, p.b), fmt.Sprintf("%s_g%d_f%d_d%d_b%d", s2, p.u2, p.uf2, p.dec, b2)
 	}
 	s1 := "moe1"
 	switch {
@@ -295,12 +307,24 @@ func moeShapes(t *ExpertTable, K int, sh *SharedExpert, limit float32, v MoEVari
 }
 
 // moeWideFits checks that the wide stage 2's copy of h (K routed rows of
-// width I, the shared row of width is) fits moeWideH; other variants fit.
+// width I, the shared row of width is), and with ss2 the staged scales,
+// fits moeWideH; other variants fit.
 func moeWideFits(v MoEVariant, K, I, is int) error {
-	if n := 4 * (K*I + is); moeVariants[v].wide && n > moeWideH {
+	if n := moeWideSmem2(v, K, I, is); moeVariants[v].wide && n > moeWideH {
 		return fmt.Errorf("cuda moe decode: variant %v keeps h in shared memory, %d bytes for K %d x width %d + shared %d, over %d", v, n, K, I, is, moeWideH)
 	}
 	return nil
+}
+
+// moeWideSmem2 is the wide stage 2's dynamic shared memory, bytes: h
+// (4·(K·I + is)) and with ss2 the K experts' staged scales (K·ceil(I/256)
+// pairs of groups, 128 bytes each).
+func moeWideSmem2(v MoEVariant, K, I, is int) int {
+	n := 4 * (K*I + is)
+	if moeVariants[v].ss2 {
+		n += K * ((I + 255) / 256) * 128
+	}
+	return n
 }
 
 // moeAligned checks the alignment the kernels' wide loads need: weight data
@@ -346,8 +370,9 @@ func MoEDecodeScratch(t *ExpertTable, K int, sh *SharedExpert) int {
 // CopyTableExpert repointing works, provided every weight put into t is
 // MXFP4 of t's shape with its data 16-byte and its scales 4-byte aligned
 // (arena allocations are). The wide variants (MoEWide, MoEWide1,
-// MoEWidePF, MoEWideP, MoEWide3, MoEWide1S) take K·I + Is up to 40,960;
-// MoEWide1S takes D up to 8,960.
+// MoEWidePF, MoEWideP, MoEWide3, MoEWide1S) take K·I + Is up to 40,960
+// (MoEWide1SS a little less: 4·(K·I + Is) + K·ceil(I/256)·128 bytes up to
+// 160 KiB); MoEWide1S and MoEWide1SS take D up to 8,960.
 // Activations x and h must stay below 65504 in magnitude (f16 hi parts).
 func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert, x, out DevicePtr, limit float32, v MoEVariant) (*MoEDecode, error) {
 	is, bshift, err := moeShapes(t, K, sh, limit, v)
@@ -389,7 +414,7 @@ func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert
 	if moeVariants[v].wide {
 		// All the opt-in shared memory the kernel's static part leaves, so
 		// decodes of any K prepared later launch too (moeWideH is below it).
-		m.smem2 = m.hBytes
+		m.smem2 = moeWideSmem2(v, K, I, is)
 		if err := c.raiseDynamicShared(m.k2, -1); err != nil {
 			_ = a.Free(m.h)
 			return nil, fmt.Errorf("cuda moe decode: %w", err)

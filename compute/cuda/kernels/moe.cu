@@ -518,11 +518,13 @@ __device__ __forceinline__ void moe_stage1(const MoeArgs &a) {
 // bl whether it supplies B) from shared memory. GUARD: the chunk may pass
 // the last group.
 //
-// SS (stage 1's wide1s, NM 2): the scales come from the block's transposed
-// copy in shared memory (ss, see stage_scales_t) instead: load() issues
-// the weight loads only, and compute() reads one word per group with the
-// four scale bytes this lane needs (w1 row g, w1 row g+8, w3 row g, w3 row
-// g+8).
+// SS: the scales come from the block's transposed copy in shared memory
+// (ss) instead: load() issues the weight loads only, and compute() reads
+// one 4-byte word with the four scale bytes this lane needs: with NM 2
+// (stage 1, stage_scales_t) one word per group (w1 row g, w1 row g+8, w3
+// row g, w3 row g+8), with NM 1 (stage 2, stage_scales2_t; G even and q0
+// a multiple of G) one word per pair of groups (row g, row g+8 of the
+// even group, then of the odd one).
 template <int NM, int G, bool SS = false>
 struct Fp4Wide {
   uint4 w[G][NM][2];
@@ -547,13 +549,15 @@ struct Fp4Wide {
   template <int DEC, bool GUARD>
   __device__ __forceinline__ void compute(const u16 *xb, bool bl, int q0, int groups, int t, float (&acc)[NM][4],
                                           const u32 *ss = nullptr) const {
-    static_assert(!SS || NM == 2, "staged scales hold w1 and w3 bytes");
+    static_assert(!SS || NM == 2 || G % 2 == 0, "staged stage-2 scales come in pairs of groups");
     const int g = (threadIdx.x & 31) >> 2;
+    u32 sw = 0u;
 #pragma unroll
     for (int i = 0; i < G; i++) {
       const int q = q0 + i;
       if (GUARD && q >= groups) break;
-      const u32 sw = SS ? ss[q * 32 + (((t ^ (q & 3)) << 3) | g)] : 0u;
+      if (SS && NM == 2) sw = ss[q * 32 + (((t ^ (q & 3)) << 3) | g)];
+      if (SS && NM == 1 && (i & 1) == 0) sw = ss[(q >> 1) * 32 + (((t ^ ((q >> 1) & 3)) << 3) | g)];
       const u16 *xq = xb + (4 * q + t) * 32;
       uint4 bq[4];
 #pragma unroll
@@ -570,9 +574,12 @@ struct Fp4Wide {
           mma16816(d, a2, b2, a3, b3, bq[j].z, bq[j].w);
         }
         float fa, fb;
-        if (SS) {
+        if (SS && NM == 2) {
           fa = m == 0 ? e8m0_byte<0>(sw) : e8m0_byte<2>(sw);
           fb = m == 0 ? e8m0_byte<1>(sw) : e8m0_byte<3>(sw);
+        } else if (SS) {  // the pair's group i & 1 (q0 even)
+          fa = (i & 1) == 0 ? e8m0_byte<0>(sw) : e8m0_byte<2>(sw);
+          fb = (i & 1) == 0 ? e8m0_byte<1>(sw) : e8m0_byte<3>(sw);
         } else {
           fa = __int_as_float(sc[i][m][0] << 23);
           fb = __int_as_float(sc[i][m][1] << 23);
@@ -953,16 +960,48 @@ __device__ __forceinline__ void moe_stage1w(const MoeArgs &a) {
   if (PF) moe_prefetch_w2(a);
 }
 
+// Stages the E8M0 scales of stage 2's K experts' w2 rows r0..r0+15 (I/32
+// bytes a row; records recS, null W: skipped) into ss (K·ceil(I/256)·128
+// bytes), transposed for Fp4Wide<1, G, true>: expert k's word of group pair
+// p that lane (g, t) reads, ss[k·P·32 + 32p + ((t ^ (p & 3)) << 3 | g)]
+// with P = ceil(groups/2), holds the scale bytes of span 4q+t (q = 2p, then
+// 2p+1: zeros past the last group) of rows g and g+8. All threads of the
+// block; the same transposition as stage_scales_t.
+__device__ __forceinline__ void stage_scales2_t(const MoeArgs &a, int r0, const u8 *const *recW, const u8 *const *recS, u32 *ss) {
+  const int groups = a.I >> 7, P = (groups + 1) >> 1;
+  const long long sb = a.I >> 5;
+  for (int i = threadIdx.x; i < 8 * P * a.K; i += blockDim.x) {
+    const int g = i & 7, kp = i >> 3, k = kp / P, p = kp - k * P;
+    if (!recW[k]) continue;
+    const u32 *ra = reinterpret_cast<const u32 *>(recS[k] + (r0 + g) * sb) + 2 * p;
+    const u32 *rb = reinterpret_cast<const u32 *>(recS[k] + (r0 + g + 8) * sb) + 2 * p;
+    const bool two = 2 * p + 1 < groups;
+    const u32 w0 = __ldg(ra), w1 = __ldg(rb), w2 = two ? __ldg(ra + 1) : 0u, w3 = two ? __ldg(rb + 1) : 0u;
+    const u32 lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
+    const u32 lo23 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
+    u32 *d = ss + 32 * kp + g;
+    const int x = p & 3;
+    d[(0 ^ x) << 3] = __byte_perm(lo01, lo23, 0x5410);
+    d[(1 ^ x) << 3] = __byte_perm(lo01, lo23, 0x7632);
+    d[(2 ^ x) << 3] = __byte_perm(hi01, hi23, 0x5410);
+    d[(3 ^ x) << 3] = __byte_perm(hi01, hi23, 0x7632);
+  }
+}
+
 // Stage 2, wide: one block per 16 output rows as moe_stage2, h (all K rows
 // and the shared row, 4·(K·I + Is) bytes) copied into dynamic shared
 // memory once per block while the warps' first chunks load. The routed
 // work is K·ceil(I/128/G) chunks of G groups (expert slot-major), warp w
 // taking a contiguous share; the shared expert's FP8 chunks as in
 // moe_stage2 (asked into L2 first, B from shared memory).
-template <int G, int UF, int DEC>
+//
+// SS: the experts' scales staged too (stage_scales2_t, after h in dynamic
+// shared memory: K·ceil(I/256)·128 bytes more), while h's copies fly.
+template <int G, int UF, int DEC, bool SS = false>
 __device__ __forceinline__ void moe_stage2w(const MoeArgs &a) {
   extern __shared__ uint4 moe_smem[];
   u16 *hs = reinterpret_cast<u16 *>(moe_smem);
+  u32 *ss = reinterpret_cast<u32 *>(hs + 2 * (a.K * a.I + a.Is));
   __shared__ float red[MOE_WARPS][8][2];
   __shared__ const u8 *recW[MOE_MAXK], *recS[MOE_MAXK];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -986,7 +1025,8 @@ __device__ __forceinline__ void moe_stage2w(const MoeArgs &a) {
   const long long rb = a.I >> 1, sb = a.I >> 5;
   const bool bl = (g >> 1) == t;
   bool bad = false;
-  using Ch = Fp4Wide<1, G>;
+  using Ch = Fp4Wide<1, G, SS>;
+  const int P = (groups + 1) >> 1;  // SS: group pairs an expert
   // Chunk c of the sequence: expert slot c / cpe, groups from (c % cpe)·G.
   wide_walk<Ch>(
       c0, cend, 1,
@@ -1006,8 +1046,9 @@ __device__ __forceinline__ void moe_stage2w(const MoeArgs &a) {
           return;
         }
         const u16 *xb = hs + (long long)k * 2 * a.I + (g & 1) * a.I;
-        if (q + G <= groups) c.template compute<DEC, false>(xb, bl, q, groups, t, accR);
-        else c.template compute<DEC, true>(xb, bl, q, groups, t, accR);
+        const u32 *sk = ss + k * P * 32;
+        if (q + G <= groups) c.template compute<DEC, false>(xb, bl, q, groups, t, accR, sk);
+        else c.template compute<DEC, true>(xb, bl, q, groups, t, accR, sk);
       },
       [&] {
         // h by asynchronous copies (all in flight at once, no registers).
@@ -1017,6 +1058,7 @@ __device__ __forceinline__ void moe_stage2w(const MoeArgs &a) {
           const u32 dst = (u32)__cvta_generic_to_shared(moe_smem + i);
           asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src + i) : "memory");
         }
+        if (SS) stage_scales2_t(a, r0, recW, recS, ss);
         asm volatile("cp.async.wait_all;" ::: "memory");
         __syncthreads();
       });
@@ -1112,11 +1154,16 @@ MOE1P(8, 1, 0, 2)
 #define MOE1WS(G, UF, DEC, B) \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1ws_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe1_pf(a)); moe_stage1w<G, UF, DEC, false, true>(a); }
 
+// moe2ws_g<G>_f<UF>_d<DEC>_b<B>: the experts' scales staged in shared
+// memory (stage_scales2_t; G even).
+#define MOE2WS(G, UF, DEC, B) \
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe2ws_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2_pf(a)); moe_stage2w<G, UF, DEC, true>(a); }
+
 MOE1W(2, 2, 0, 2) MOE2W(4, 4, 0, 2)
 MOE1W(1, 2, 0, 2) MOE2W(2, 4, 0, 2)
 MOE1WPF(2, 2, 0, 2)
 MOE1W(1, 1, 0, 3)
-MOE1WS(1, 2, 0, 2)
+MOE1WS(1, 2, 0, 2) MOE2WS(2, 4, 0, 2)
 
 // The wide family's routed tiles in moe_stage1p's persistent blocks:
 // moe1wp_g<G>_f<UF>_d<DEC>_b<B>.

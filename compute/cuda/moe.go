@@ -101,6 +101,13 @@ const (
 	// h, transposed: one 4-byte shared load per lane and pair of groups
 	// instead of four 1-byte global loads).
 	MoEWide1SS
+	// MoEWide1A: MoEWide1SS whose routed stage-1 tiles copy their weights
+	// into shared memory by cp.async (each lane the 16-byte spans it reads,
+	// its warp's whole range in flight at once: the tile's 64 KB at V4
+	// shapes, against 32 KB of register loads in MoEWide1) and compute each
+	// group once its copies land. Dynamic shared memory 5·D + 8·ceil(D/1024)
+	// ·2048 bytes (86 KB at D 4096; two blocks an SM).
+	MoEWide1A
 	moeVariantCount
 )
 
@@ -110,7 +117,8 @@ const (
 // stage 1 persistent, pf: and prefetching stage 2's weights (wide: from
 // stage 1's last wave); wide: the wide family, U1 and U2 then its 4-span
 // groups per chunk; ss, ss2: stage 1's routed scales, stage 2's, staged in
-// shared memory).
+// shared memory; async: stage 1's routed weights copied into shared memory
+// by cp.async, U1 unused).
 var moeVariants = [moeVariantCount]struct {
 	name    string
 	u1, uf1 int
@@ -121,6 +129,7 @@ var moeVariants = [moeVariantCount]struct {
 	pf      bool
 	wide    bool
 	ss, ss2 bool
+	async   bool
 }{
 	MoEDefault:   {name: "u8", u1: 8, uf1: 2, u2: 8, uf2: 4, b: 2},
 	MoEOcc3:      {name: "occ3", u1: 4, uf1: 1, u2: 16, uf2: 4, b: 3},
@@ -134,6 +143,7 @@ var moeVariants = [moeVariantCount]struct {
 	MoEWide3:     {name: "wide3", u1: 1, uf1: 1, u2: 4, uf2: 4, b: 3, b2: 2, wide: true},
 	MoEWide1S:    {name: "wide1s", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true},
 	MoEWide1SS:   {name: "wide1ss", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true, ss2: true},
+	MoEWide1A:    {name: "wide1a", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true, ss2: true, async: true},
 }
 
 func (v MoEVariant) String() string {
@@ -152,7 +162,7 @@ const MoEPreferred = MoEWide1
 
 // ParseMoEVariant returns the variant named s (its String form: u8, occ3,
 // u8cvt, persist, persistpf, wide, wide1, widepf, widep, wide3, wide1s,
-// wide1ss; "" is
+// wide1ss, wide1a; "" is
 // MoEPreferred), e.g. from an environment variable.
 func ParseMoEVariant(s string) (MoEVariant, error) {
 	if s == "" {
@@ -189,7 +199,11 @@ func moeKernelNames(v MoEVariant) (string, string) {
 		if p.ss2 {
 			s2 = "moe2ws"
 		}
-		return fmt.Sprintf("%s_g%d_f%d_d%d_b%d", s1, p.u1, p.uf1, p.dec, p.b), fmt.Sprintf("%s_g%d_f%d_d%d_b%d", s2, p.u2, p.uf2, p.dec, b2)
+		n2 := fmt.Sprintf("%s_g%d_f%d_d%d_b%d", s2, p.u2, p.uf2, p.dec, b2)
+		if p.async {
+			return fmt.Sprintf("moe1wa_f%d_d%d_b%d", p.uf1, p.dec, p.b), n2
+		}
+		return fmt.Sprintf("%s_g%d_f%d_d%d_b%d", s1, p.u1, p.uf1, p.dec, p.b), n2
 	}
 	s1 := "moe1"
 	switch {
@@ -371,8 +385,9 @@ func MoEDecodeScratch(t *ExpertTable, K int, sh *SharedExpert) int {
 // MXFP4 of t's shape with its data 16-byte and its scales 4-byte aligned
 // (arena allocations are). The wide variants (MoEWide, MoEWide1,
 // MoEWidePF, MoEWideP, MoEWide3, MoEWide1S) take K·I + Is up to 40,960
-// (MoEWide1SS a little less: 4·(K·I + Is) + K·ceil(I/256)·128 bytes up to
-// 160 KiB); MoEWide1S and MoEWide1SS take D up to 8,960.
+// (MoEWide1SS and MoEWide1A a little less: 4·(K·I + Is) + K·ceil(I/256)·128
+// bytes up to 160 KiB); MoEWide1S, MoEWide1SS and MoEWide1A take D up to
+// 8,960.
 // Activations x and h must stay below 65504 in magnitude (f16 hi parts).
 func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert, x, out DevicePtr, limit float32, v MoEVariant) (*MoEDecode, error) {
 	is, bshift, err := moeShapes(t, K, sh, limit, v)
@@ -408,7 +423,13 @@ func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert
 	m.grid1 = Dim3{X: uint32(tiles)}
 	m.grid2 = Dim3{X: uint32(D / 16)}
 	m.smem1 = 4 * D
-	if moeVariants[v].ss {
+	if p := moeVariants[v]; p.async {
+		m.smem1 = 5*D + 8*((D+1023)/1024)*2048
+		if err := c.raiseDynamicShared(m.k1, m.smem1); err != nil {
+			_ = a.Free(m.h)
+			return nil, fmt.Errorf("cuda moe decode: %w", err)
+		}
+	} else if p.ss {
 		m.smem1 = 5 * D
 	}
 	if moeVariants[v].wide {

@@ -722,6 +722,67 @@ __device__ __forceinline__ void stage1w_routed(const MoeArgs &a, int r0, const u
   quad_sum<2>(acc);
 }
 
+// cp.async.wait_group with a run-time count: waits until at most n of this
+// thread's committed groups are pending (n above 7 waits as for 7).
+__device__ __forceinline__ void cp_async_wait_pending(int n) {
+  switch (n) {
+    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+    case 3: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+    case 4: asm volatile("cp.async.wait_group 4;" ::: "memory"); break;
+    case 5: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
+    case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
+  }
+}
+
+// One routed stage-1 tile of the wide family with the weights copied into
+// shared memory by cp.async (no registers held while they fly): each lane
+// issues, group by group (one commit group each), the 16-byte copies of
+// exactly the spans it later reads (w1 and w3, rows g and g+8: four a
+// group) into its warp's region of wsm ([group][4][32 lanes] of uint4,
+// 2 KB a group, per group of the warp's range), so a warp's whole range
+// (4 groups, 8 KB, at D 4096; the block's whole 64 KB tile) is in flight
+// at once; then mid() (which must stage the scales into ss, as
+// stage_scales_t, and x); then each group is computed once its copies
+// landed (the lane's own copies: no barrier). Scales as Fp4Wide<2, 1,
+// true>. acc as stage1w_routed.
+template <int DEC, typename Mid>
+__device__ __forceinline__ void stage1w_routed_async(const MoeArgs &a, int r0, const u8 *W1, const u8 *W3, bool valid, const u16 *xs,
+                                                     uint4 *wsm, const u32 *ss, float (&acc)[2][4], Mid mid) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int m = 0; m < 2; m++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) acc[m][i] = 0.f;
+  const bool bl = (g >> 1) == t;
+  const u16 *xb = xs + (g & 1) * a.D;
+  const int groups = a.D >> 7, per = (groups + MOE_WARPS - 1) / MOE_WARPS;
+  const int q0 = warp * per, end = valid ? min(groups, q0 + per) : 0;
+  const long long rb = a.D >> 1;
+  const uint4 *wr[2][2] = {{reinterpret_cast<const uint4 *>(W1 + (r0 + g) * rb), reinterpret_cast<const uint4 *>(W1 + (r0 + g + 8) * rb)},
+                           {reinterpret_cast<const uint4 *>(W3 + (r0 + g) * rb), reinterpret_cast<const uint4 *>(W3 + (r0 + g + 8) * rb)}};
+  uint4 *mine = wsm + (long long)warp * per * 4 * 32 + lane;
+  for (int q = q0; q < end; q++) {
+#pragma unroll
+    for (int mr = 0; mr < 4; mr++) {
+      const u32 dst = (u32)__cvta_generic_to_shared(mine + ((q - q0) * 4 + mr) * 32);
+      asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(dst), "l"(wr[mr >> 1][mr & 1] + 4 * q + t) : "memory");
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  }
+  mid();
+  for (int q = q0; q < end; q++) {
+    cp_async_wait_pending(end - 1 - q);
+    Fp4Wide<2, 1, true> c;
+#pragma unroll
+    for (int mr = 0; mr < 4; mr++) c.w[0][mr >> 1][mr & 1] = mine[((q - q0) * 4 + mr) * 32];
+    c.template compute<DEC, false>(xb, bl, q, end, t, acc, ss);
+  }
+  quad_sum<2>(acc);
+}
+
 // Stage 1, persistent: gridDim.x blocks (those that fit at once) take tiles
 // (numbered as in moe_stage1) from the counter ctr[0] in order; x is staged
 // once per block in both layouts (dynamic shared memory 4·D, or 8·D with a
@@ -923,7 +984,12 @@ __device__ __forceinline__ void moe_stage2(const MoeArgs &a) {
 // tiles as there, UF spans a chunk); a routed tile's warps take contiguous
 // group ranges in chunks of G groups (Fp4Wide<2, G>: w1 and w3). PF: the
 // last wave asks L2 for stage 2's weights (moe_prefetch_w2) after its tile.
-template <int G, int UF, int DEC, bool PF, bool SS = false>
+//
+// SS: the routed tile's scales staged in shared memory (stage_scales_t).
+// ASYNC (with SS): the routed tile's weights copied into shared memory by
+// cp.async (stage1w_routed_async; G unused); dynamic shared memory then
+// 5·D + MOE_WARPS·ceil(D/128/MOE_WARPS)·2048 bytes.
+template <int G, int UF, int DEC, bool PF, bool SS = false, bool ASYNC = false>
 __device__ __forceinline__ void moe_stage1w(const MoeArgs &a) {
   extern __shared__ uint4 moe_smem[];
   u16 *xs = reinterpret_cast<u16 *>(moe_smem);
@@ -943,7 +1009,16 @@ __device__ __forceinline__ void moe_stage1w(const MoeArgs &a) {
   const int id = __ldg(a.ids + k);
   const bool valid = (unsigned)id < (unsigned)a.E;
   const LinRec *r1 = a.t13 + 2 * (valid ? id : 0), *r3 = r1 + 1;
-  if (SS) {
+  if (ASYNC) {
+    const u8 *S1 = r1->S, *S3 = r3->S;
+    uint4 *wsm = reinterpret_cast<uint4 *>(reinterpret_cast<u8 *>(moe_smem) + 5 * a.D);
+    stage1w_routed_async<DEC>(
+        a, r0, r1->W, r3->W, valid, xs, wsm, ss, acc, [&] {
+          if (valid) stage_scales_t(a, r0, S1, S3, ss);
+          stage_hilo(a.x, xs, a.D, true);
+          __syncthreads();
+        });
+  } else if (SS) {
     const u8 *S1 = r1->S, *S3 = r3->S;
     stage1w_routed<G, DEC, true>(
         a, r0, r1->W, S1, r3->W, S3, valid, xs, acc,
@@ -1159,11 +1234,17 @@ MOE1P(8, 1, 0, 2)
 #define MOE2WS(G, UF, DEC, B) \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe2ws_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2_pf(a)); moe_stage2w<G, UF, DEC, true>(a); }
 
+// moe1wa_f<UF>_d<DEC>_b<B>: the routed tiles' weights copied into shared
+// memory by cp.async, their scales staged (stage1w_routed_async).
+#define MOE1WA(UF, DEC, B) \
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1wa_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe1_pf(a)); moe_stage1w<1, UF, DEC, false, true, true>(a); }
+
 MOE1W(2, 2, 0, 2) MOE2W(4, 4, 0, 2)
 MOE1W(1, 2, 0, 2) MOE2W(2, 4, 0, 2)
 MOE1WPF(2, 2, 0, 2)
 MOE1W(1, 1, 0, 3)
 MOE1WS(1, 2, 0, 2) MOE2WS(2, 4, 0, 2)
+MOE1WA(2, 0, 2)
 
 // The wide family's routed tiles in moe_stage1p's persistent blocks:
 // moe1wp_g<G>_f<UF>_d<DEC>_b<B>.

@@ -106,7 +106,9 @@ const (
 	// its warp's whole range in flight at once: the tile's 64 KB at V4
 	// shapes, against 32 KB of register loads in MoEWide1) and compute each
 	// group once its copies land. Dynamic shared memory 5·D + 8·ceil(D/1024)
-	// ·2048 bytes (86 KB at D 4096; two blocks an SM).
+	// ·2048 bytes (86 KB at D 4096; two blocks an SM). Its stage 2 is
+	// MoEWide1SS's whose warps first ask L2 for their whole routed range
+	// (the block's 96 KB of routed w2 requested at once).
 	MoEWide1A
 	moeVariantCount
 )
@@ -118,7 +120,8 @@ const (
 // stage 1's last wave); wide: the wide family, U1 and U2 then its 4-span
 // groups per chunk; ss, ss2: stage 1's routed scales, stage 2's, staged in
 // shared memory; async: stage 1's routed weights copied into shared memory
-// by cp.async, U1 unused).
+// by cp.async, U1 unused; pfr: stage 2's warps ask L2 for their whole
+// routed range first).
 var moeVariants = [moeVariantCount]struct {
 	name    string
 	u1, uf1 int
@@ -130,6 +133,7 @@ var moeVariants = [moeVariantCount]struct {
 	wide    bool
 	ss, ss2 bool
 	async   bool
+	pfr     bool
 }{
 	MoEDefault:   {name: "u8", u1: 8, uf1: 2, u2: 8, uf2: 4, b: 2},
 	MoEOcc3:      {name: "occ3", u1: 4, uf1: 1, u2: 16, uf2: 4, b: 3},
@@ -143,7 +147,7 @@ var moeVariants = [moeVariantCount]struct {
 	MoEWide3:     {name: "wide3", u1: 1, uf1: 1, u2: 4, uf2: 4, b: 3, b2: 2, wide: true},
 	MoEWide1S:    {name: "wide1s", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true},
 	MoEWide1SS:   {name: "wide1ss", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true, ss2: true},
-	MoEWide1A:    {name: "wide1a", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true, ss2: true, async: true},
+	MoEWide1A:    {name: "wide1a", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true, ss2: true, async: true, pfr: true},
 }
 
 func (v MoEVariant) String() string {
@@ -196,7 +200,10 @@ func moeKernelNames(v MoEVariant) (string, string) {
 			s1 = "moe1ws"
 		}
 		s2 := "moe2w"
-		if p.ss2 {
+		switch {
+		case p.ss2 && p.pfr:
+			s2 = "moe2wsp"
+		case p.ss2:
 			s2 = "moe2ws"
 		}
 		n2 := fmt.Sprintf("%s_g%d_f%d_d%d_b%d", s2, p.u2, p.uf2, p.dec, b2)

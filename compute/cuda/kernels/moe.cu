@@ -1072,7 +1072,11 @@ __device__ __forceinline__ void stage_scales2_t(const MoeArgs &a, int r0, const 
 //
 // SS: the experts' scales staged too (stage_scales2_t, after h in dynamic
 // shared memory: K·ceil(I/256)·128 bytes more), while h's copies fly.
-template <int G, int UF, int DEC, bool SS = false>
+// PFR: each warp first asks L2 for its whole routed range (16 rows of each
+// chunk's bytes: 96 lines of 128 bytes a warp at V4 shapes), so the
+// block's 96 KB of routed w2 are requested at once rather than two chunks
+// a warp at a time.
+template <int G, int UF, int DEC, bool SS = false, bool PFR = false>
 __device__ __forceinline__ void moe_stage2w(const MoeArgs &a) {
   extern __shared__ uint4 moe_smem[];
   u16 *hs = reinterpret_cast<u16 *>(moe_smem);
@@ -1100,6 +1104,14 @@ __device__ __forceinline__ void moe_stage2w(const MoeArgs &a) {
   const long long rb = a.I >> 1, sb = a.I >> 5;
   const bool bl = (g >> 1) == t;
   bool bad = false;
+  if (PFR) {  // chunk c0 + i / lines of the warp, row i % 16, 128-byte line (i / 16) % (lines / 16)
+    const int lines = 16 * ((G * 64 + 127) >> 7);  // per chunk
+    for (int i = lane; i < lines * (cend - c0); i += 32) {
+      const int ci = c0 + i / lines, l = i - (i / lines) * lines, k = ci / cpe, q = (ci - k * cpe) * G;
+      const int off = q * 64 + (l >> 4) * 128;
+      if (recW[k] && off < groups * 64) moe_prefetch(recW[k] + (r0 + (l & 15)) * rb + off);
+    }
+  }
   using Ch = Fp4Wide<1, G, SS>;
   const int P = (groups + 1) >> 1;  // SS: group pairs an expert
   // Chunk c of the sequence: expert slot c / cpe, groups from (c % cpe)·G.
@@ -1245,6 +1257,13 @@ MOE1WPF(2, 2, 0, 2)
 MOE1W(1, 1, 0, 3)
 MOE1WS(1, 2, 0, 2) MOE2WS(2, 4, 0, 2)
 MOE1WA(2, 0, 2)
+
+// moe2wsp_g<G>_f<UF>_d<DEC>_b<B>: moe2ws_... whose warps first ask L2 for
+// their whole routed range.
+#define MOE2WSP(G, UF, DEC, B) \
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe2wsp_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2_pf(a)); moe_stage2w<G, UF, DEC, true, true>(a); }
+
+MOE2WSP(2, 4, 0, 2)
 
 // The wide family's routed tiles in moe_stage1p's persistent blocks:
 // moe1wp_g<G>_f<UF>_d<DEC>_b<B>.

@@ -66,8 +66,10 @@ func rmsThreads(dim int) int { return min(1024, max(32, (dim+3)/4/32*32)) }
 // read of X, O, Post and Comb comes before the first write of the new
 // coefficients or A, so PostOut and CombOut may be the same buffers as Post
 // and Comb; XOut must not overlap X, O, Post or Comb, and A must not
-// overlap X, XOut, Pre, PostOut, CombOut or Scratch (it may be O). All
-// paths run the same float32 operations in the same order, whatever T.
+// overlap X, XOut, Pre, PostOut, CombOut or Scratch (it may be O). With
+// $MOXIE_CUDA_HCFIN=new the two-kernel boundary's second kernel is
+// fuse_hc_finish4 where it fits (hc 4; see HCFuseTwoFin4). All paths run
+// the same float32 operations in the same order, whatever T.
 type HCNorm struct {
 	// X [T, HC, D]: the streams entering the boundary (the previous
 	// sublayer's input when O != 0). 16-byte aligned.
@@ -130,6 +132,12 @@ const (
 	// unless $MOXIE_CUDA_HCPREFILL=old. It computes the same float32
 	// operations in the same order as the other two.
 	HCFusePrefill
+	// HCFuseTwoFin4 is HCFuseTwo with the finish fuse_hc_finish4 where it
+	// fits (hcFinish4Fits: hc 4, V4's shapes; else fuse_hc_finish): the same
+	// float32 operations in the same order, on a shorter critical path.
+	// HCMixNorm and HCHeadNorm take it for the two-kernel boundary when
+	// $MOXIE_CUDA_HCFIN=new.
+	HCFuseTwoFin4
 )
 
 func (v HCFuseVariant) String() string {
@@ -138,6 +146,8 @@ func (v HCFuseVariant) String() string {
 		return "two"
 	case HCFusePrefill:
 		return "prefill"
+	case HCFuseTwoFin4:
+		return "two-fin4"
 	}
 	return "one"
 }
@@ -224,7 +234,38 @@ func (c *Ctx) hcNorm(op string, a *HCNorm, p *HC, head int32, s Stream) error {
 			v = HCFusePrefill
 		}
 	}
+	if v != HCFusePrefill && (v == HCFuseTwo || a == nil || a.Counters == 0) {
+		fin4, err := ParseHCFinish(os.Getenv("MOXIE_CUDA_HCFIN"))
+		if err != nil {
+			return opErr(op, "%v", err)
+		}
+		if fin4 {
+			v = HCFuseTwoFin4
+		}
+	}
 	return c.hcNormVariant(op, a, p, head, v, hcOneThreads, s)
+}
+
+// ParseHCFinish parses a $MOXIE_CUDA_HCFIN value: "" or "old" (the
+// two-kernel boundary finishes with fuse_hc_finish, as before), "new" (with
+// fuse_hc_finish4 where hcFinish4Fits); anything else is an error naming the
+// variable.
+func ParseHCFinish(v string) (bool, error) {
+	switch v {
+	case "", "old":
+		return false, nil
+	case "new":
+		return true, nil
+	}
+	return false, fmt.Errorf("MOXIE_CUDA_HCFIN=%q: want old or new (or unset for the default, old)", v)
+}
+
+// hcFinish4Fits reports whether fuse_hc_finish4 can finish a two-kernel
+// boundary of hc streams of width dim whose dots ran with the given splits
+// into scratch: hc 4, splits a multiple of 4 up to hcMaxSplits, scratch
+// 16-byte aligned and dim at most 4 elements per rmsnorm thread.
+func hcFinish4Fits(hc, dim, splits int, scratch DevicePtr) bool {
+	return hc == 4 && splits%4 == 0 && splits <= hcMaxSplits && scratch%16 == 0 && dim <= 4*rmsThreads(dim)
 }
 
 // hcPrefillMinT is the smallest token count HCMixNorm and HCHeadNorm run on
@@ -371,6 +412,11 @@ func (c *Ctx) hcNormVariant(op string, a *HCNorm, p *HC, head int32, variant HCF
 	// A mix's finish runs two blocks per token (the Sinkhorn beside the
 	// collapse and norm), the head's one.
 	roles := uint32(2 - head)
+	if variant == HCFuseTwoFin4 && hcFinish4Fits(p.HC, D, splits, part) {
+		return c.launchFuse("fuse_hc_finish4", Dim3{X: uint32(T), Y: roles}, Dim3{X: uint32(rmsThreads(D))}, 0, s,
+			ptr(&pre), ptr(&post), ptr(&comb), ptr(&out), ptr(&xs), ptr(&norm), ptr(&part), ptr(&base), ptr(&scale),
+			ptr(&d32), ptr(&nm), ptr(&s32), ptr(&iters), ptr(&eps), ptr(&neps), ptr(&head), ptr(&reps))
+	}
 	return c.launchFuse("fuse_hc_finish", Dim3{X: uint32(T), Y: roles}, Dim3{X: uint32(rmsThreads(D))}, 4*(rows+1)*splits, s,
 		ptr(&pre), ptr(&post), ptr(&comb), ptr(&out), ptr(&xs), ptr(&norm), ptr(&part), ptr(&base), ptr(&scale),
 		ptr(&hc), ptr(&d32), ptr(&nm), ptr(&s32), ptr(&iters), ptr(&eps), ptr(&neps), ptr(&head), ptr(&reps))

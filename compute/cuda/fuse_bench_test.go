@@ -19,7 +19,8 @@ const hcBenchSites = 86
 // expand, V4-Flash shapes: hc 4, D 4096, F32 hc_fn) captured in a CUDA
 // graph, for each implementation: "two" (fuse_hc_dots + fuse_hc_finish),
 // "one" (fuse_hc_one at the default block shape), "one128" and "one64"
-// (two and one virtual blocks per block; see hcBenchVariants). "hot" replays fuseGraphCalls boundaries of one site (its
+// (two and one virtual blocks per block), "two-fin4" (fuse_hc_dots +
+// fuse_hc_finish4, $MOXIE_CUDA_HCFIN=new; see hcBenchVariants). "hot" replays fuseGraphCalls boundaries of one site (its
 // hc_fn stays in L2); "cold" replays one boundary on each of hcBenchSites
 // sites in turn. It reports device microseconds per boundary.
 func BenchmarkHCBoundary(b *testing.B) {
@@ -65,8 +66,9 @@ func BenchmarkHCBoundary(b *testing.B) {
 }
 
 // hcBenchVariants are BenchmarkHCBoundary's implementations: the two-kernel
-// boundary and the one-kernel one at 256 (the default), 128 and 64
-// dot-product threads per block (80, 160 and 320 blocks at V4's shapes).
+// boundary, the one-kernel one at 256 (the default), 128 and 64
+// dot-product threads per block (80, 160 and 320 blocks at V4's shapes),
+// and the two-kernel one with fuse_hc_finish4.
 var hcBenchVariants = []struct {
 	name    string
 	variant HCFuseVariant
@@ -76,6 +78,97 @@ var hcBenchVariants = []struct {
 	{"one", HCFuseOne, hcOneThreads},
 	{"one128", HCFuseOne, 128},
 	{"one64", HCFuseOne, 64},
+	{"two-fin4", HCFuseTwoFin4, 0},
+}
+
+// BenchmarkHCBoundaryParts times each kernel of the two-kernel decode
+// boundary alone (V4-Flash shapes as BenchmarkHCBoundary's, hc_fn hot in
+// L2), fuseGraphCalls launches of it captured in a CUDA graph: "dots"
+// (fuse_hc_dots), "fin" (fuse_hc_finish, $MOXIE_CUDA_HCFIN=old) and "fin4"
+// (fuse_hc_finish4, $MOXIE_CUDA_HCFIN=new) over the partials and x' one
+// fuse_hc_dots left. It reports device microseconds per launch.
+func BenchmarkHCBoundaryParts(b *testing.B) {
+	dev := testDevice(b)
+	for _, T := range []int{1, 4} {
+		for _, part := range []string{"dots", "fin", "fin4"} {
+			b.Run(fmt.Sprintf("b%d/%s", T, part), func(b *testing.B) {
+				var us float64
+				err := dev.Do(func(c *Ctx) error {
+					d := &devBufs{c: c}
+					defer d.free()
+					one, err := hcBenchPart(c, d, T, part)
+					if err != nil {
+						return err
+					}
+					us, err = graphTime(b, c, fuseGraphCalls, one)
+					return err
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(us, "device-us/op")
+			})
+		}
+	}
+}
+
+// hcBenchPart returns the function that launches one kernel of the
+// two-kernel boundary (part: "dots", "fin" or "fin4") on the buffers of
+// hcBenchBoundaries (one site), after one whole boundary has filled the
+// partials and x'.
+func hcBenchPart(c *Ctx, d *devBufs, T int, part string) (func() error, error) {
+	const hc, D = 4, 4096
+	args, ps := hcBenchSetup(c, d, T, 1, HCFuseTwo)
+	d.synced()
+	if d.err != nil {
+		return nil, d.err
+	}
+	p := ps[0]
+	if err := c.hcNormVariant("HCMixNorm", args, p, 0, HCFuseTwo, 0, c.Stream()); err != nil {
+		return nil, err
+	}
+	n := hc * D
+	rows := p.Fn.Rows
+	rb, groups, splits, cq, threads := hcSplitShape(rows, n)
+	s := c.Stream()
+	fn, scratch := p.Fn.Data, args.Scratch
+	code := int32(4) // F32 hc_fn
+	hc32, n32, d32, nm, b32 := int32(hc), int32(n), int32(D), int32(rows), int32(T)
+	s32, cq32, rb32 := int32(splits), int32(cq), int32(rb)
+	x, o, post0, comb0, xout := args.X, args.O, args.Post, args.Comb, args.XOut
+	iters, eps, neps, reps := int32(p.Iters), p.Eps, p.NormEps, args.Eps
+	base, scale := p.Base, p.Scale
+	pre, post, comb, out, norm := args.Pre, args.PostOut, args.CombOut, args.A, args.Norm
+	head := int32(0)
+	fin := Dim3{X: uint32(T), Y: 2}
+	bd := Dim3{X: uint32(rmsThreads(D))}
+	switch part {
+	case "dots":
+		grid := Dim3{X: uint32(groups), Y: uint32(splits), Z: uint32((T + hcSplitTB - 1) / hcSplitTB)}
+		// xout is x here: the expand's inputs stay what they were.
+		xo := d.alloc(4 * T * n)
+		return func() error {
+			return c.launchFuse("fuse_hc_dots", grid, Dim3{X: uint32(threads)}, 0, s,
+				ptr(&scratch), ptr(&x), ptr(&o), ptr(&post0), ptr(&comb0), ptr(&xo), ptr(&fn), ptr(&code),
+				ptr(&n32), ptr(&nm), ptr(&cq32), ptr(&rb32), ptr(&b32), ptr(&hc32), ptr(&d32))
+		}, d.err
+	case "fin":
+		return func() error {
+			return c.launchFuse("fuse_hc_finish", fin, bd, 4*(rows+1)*splits, s,
+				ptr(&pre), ptr(&post), ptr(&comb), ptr(&out), ptr(&xout), ptr(&norm), ptr(&scratch), ptr(&base), ptr(&scale),
+				ptr(&hc32), ptr(&d32), ptr(&nm), ptr(&s32), ptr(&iters), ptr(&eps), ptr(&neps), ptr(&head), ptr(&reps))
+		}, nil
+	case "fin4":
+		if !hcFinish4Fits(hc, D, splits, scratch) {
+			return nil, fmt.Errorf("fuse_hc_finish4 does not fit the V4 boundary (splits %d, scratch %#x)", splits, scratch)
+		}
+		return func() error {
+			return c.launchFuse("fuse_hc_finish4", fin, bd, 0, s,
+				ptr(&pre), ptr(&post), ptr(&comb), ptr(&out), ptr(&xout), ptr(&norm), ptr(&scratch), ptr(&base), ptr(&scale),
+				ptr(&d32), ptr(&nm), ptr(&s32), ptr(&iters), ptr(&eps), ptr(&neps), ptr(&head), ptr(&reps))
+		}, nil
+	}
+	return nil, fmt.Errorf("unknown boundary part %q", part)
 }
 
 // hcBenchBoundaries allocates the buffers of sites V4-Flash mix boundaries
@@ -84,6 +177,21 @@ var hcBenchVariants = []struct {
 // enqueues one boundary per site, in order, with the given implementation
 // (errors stick in d).
 func hcBenchBoundaries(c *Ctx, d *devBufs, T, sites int, variant HCFuseVariant, threads int) func() error {
+	args, ps := hcBenchSetup(c, d, T, sites, variant)
+	s := c.Stream()
+	return func() error {
+		for _, p := range ps {
+			if err := c.hcNormVariant("HCMixNorm", args, p, 0, variant, threads, s); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// hcBenchSetup allocates hcBenchBoundaries's buffers and returns the
+// boundary's arguments and the sites' parameters.
+func hcBenchSetup(c *Ctx, d *devBufs, T, sites int, variant HCFuseVariant) (*HCNorm, []*HC) {
 	const hc, D = 4, 4096
 	const eps = 1e-6
 	nm := (2 + hc) * hc
@@ -112,15 +220,7 @@ func hcBenchBoundaries(c *Ctx, d *devBufs, T, sites int, variant HCFuseVariant, 
 			d.check(c.Memset(args.Counters, 0, HCNormCounterBytes(T), c.Stream()))
 		}
 	}
-	s := c.Stream()
-	return func() error {
-		for _, p := range ps {
-			if err := c.hcNormVariant("HCMixNorm", args, p, 0, variant, threads, s); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
+	return args, ps
 }
 
 // BenchmarkHCPrefill times one sublayer boundary (HCMixNorm with the

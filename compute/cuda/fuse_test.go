@@ -108,6 +108,67 @@ var hcNormVariants = []struct {
 	{"one", HCFuseOne, hcOneThreads},
 	{"one64", HCFuseOne, 64},
 	{"prefill", HCFusePrefill, 0},
+	{"two-fin4", HCFuseTwoFin4, 0},
+}
+
+// TestFuseFinish4Compile checks that the fuse module (compiled for sm_90
+// without a GPU; skipped without NVRTC) defines fuse_hc_finish4.
+func TestFuseFinish4Compile(t *testing.T) {
+	requireKernels(t, compileModuleForTest(t, "fuse", FuseSource()), "fuse_hc_finish4")
+}
+
+// TestHCFinishSwitch checks ParseHCFinish ($MOXIE_CUDA_HCFIN) and that
+// HCMixNorm reports a bad value before it launches anything.
+func TestHCFinishSwitch(t *testing.T) {
+	for _, tc := range []struct {
+		in       string
+		fin4, ok bool
+	}{{"", false, true}, {"old", false, true}, {"new", true, true}, {"New", false, false}, {"4", false, false}} {
+		t.Run(tc.in, func(t *testing.T) {
+			fin4, err := ParseHCFinish(tc.in)
+			switch {
+			case tc.ok && (err != nil || fin4 != tc.fin4):
+				t.Errorf("ParseHCFinish(%q) = %v, %v; want %v, nil", tc.in, fin4, err, tc.fin4)
+			case !tc.ok && (err == nil || !strings.Contains(err.Error(), "MOXIE_CUDA_HCFIN")):
+				t.Errorf("ParseHCFinish(%q) = %v, %v; want an error naming MOXIE_CUDA_HCFIN", tc.in, fin4, err)
+			}
+		})
+	}
+	t.Setenv("MOXIE_CUDA_HCFIN", "fast")
+	var c *Ctx
+	err := c.HCMixNorm(&HCNorm{T: 1}, &HC{}, Stream{})
+	if err == nil || !strings.Contains(err.Error(), "MOXIE_CUDA_HCFIN") {
+		t.Errorf("HCMixNorm with MOXIE_CUDA_HCFIN=fast: %v; want an error naming MOXIE_CUDA_HCFIN", err)
+	}
+}
+
+// TestHCFinish4Fits checks where fuse_hc_finish4 may replace fuse_hc_finish.
+func TestHCFinish4Fits(t *testing.T) {
+	_, _, splits, _, _ := hcSplitShape(24, 4*4096)
+	for _, tc := range []struct {
+		name            string
+		hc, dim, splits int
+		scratch         DevicePtr
+		want            bool
+	}{
+		{"v4", 4, 4096, splits, 0x1000, true},
+		{"v4-head", 4, 4096, 64, 0x1000, true},
+		{"hc3", 3, 4096, splits, 0x1000, false},
+		{"odd-splits", 4, 4096, 6, 0x1000, false},
+		{"many-splits", 4, 4096, 128, 0x1000, false},
+		{"scratch-8", 4, 4096, splits, 0x1008, false},
+		{"dim-8192", 4, 8192, splits, 0x1000, false},
+		{"dim-1000", 4, 1000, splits, 0x1000, false},
+		{"dim-1024", 4, 1024, splits, 0x1000, true},
+		{"dim-100", 4, 100, splits, 0x1000, true},
+		{"dim-4100", 4, 4100, splits, 0x1000, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := hcFinish4Fits(tc.hc, tc.dim, tc.splits, tc.scratch); got != tc.want {
+				t.Errorf("hcFinish4Fits(%d, %d, %d, %#x) = %v, want %v", tc.hc, tc.dim, tc.splits, tc.scratch, got, tc.want)
+			}
+		})
+	}
 }
 
 func testHCNorm(t *testing.T, rng *rand.Rand, tc hcNormCase, T int, head, expand bool) {
@@ -218,7 +279,8 @@ func testHCNorm(t *testing.T, rng *rand.Rand, tc hcNormCase, T int, head, expand
 	// any T (the split shape does not depend on T): each one's results are
 	// within fuseTol of the two-kernel boundary's (bit-identity logged), and
 	// the prefill kernels' are the one-kernel boundary's bits (the same
-	// finish code, hco_finish, on bit-identical partials).
+	// finish code, hco_finish, on bit-identical partials); fuse_hc_finish4's
+	// are fuse_hc_finish's bits (same partials, same float32 operations).
 	rows := (2 + hc) * hc
 	if head {
 		rows = hc
@@ -245,7 +307,8 @@ func testHCNorm(t *testing.T, rng *rand.Rand, tc hcNormCase, T int, head, expand
 				if rv.variant == HCFuseTwo {
 					t.Logf("%s vs %s: %s max rel. %.3g (bit-identical %v)", vr.name, rv.name, c.what, r, same)
 				}
-				if !(r <= fuseTol) || (fits && vr.variant == HCFusePrefill && rv.variant == HCFuseOne && !same) {
+				if !(r <= fuseTol) || (fits && vr.variant == HCFusePrefill && rv.variant == HCFuseOne && !same) ||
+					(vr.variant == HCFuseTwoFin4 && rv.variant == HCFuseTwo && !same) {
 					t.Errorf("%s vs %s: %s max rel. %.3g, bit-identical %v", vr.name, rv.name, c.what, r, same)
 				}
 			}

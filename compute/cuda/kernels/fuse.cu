@@ -17,7 +17,10 @@
 // also store x' into xout (each quad of each token exactly once). Same grid,
 // shape and summation order as hc_split_dots, so the partials are the bits
 // that HCExpand followed by hc_split_dots gives. Needs dim % 4 == 0, x, o
-// and xout 16-byte aligned; xout must not overlap x, o, post or comb.
+// and xout 16-byte aligned; xout must not overlap x, o, post or comb. Each
+// block first asks L2 for its own hc_fn slice (hcd_pf, MOXIE_PDL_PF), so
+// that with a programmatic launch the weight streams in while the kernel
+// before the boundary still runs.
 //
 // fuse_hc_finish: grid (T, 2) for a mix, (T, 1) for the head; blockDim =
 // the rmsnorm kernel's for dim (ops.go rmsThreads; at most 1024). Each
@@ -29,7 +32,8 @@
 // rmsnorm kernel's order (thread-strided Σa², block_sum, w·(a·inv)), so
 // the serial Sinkhorn and the collapse run side by side. With one block per
 // token (the head: no Sinkhorn) it does both. xs is x' (or x without
-// expand); a must not overlap xs, pre, post or comb.
+// expand); a must not overlap xs, pre, post or comb. fuse_hc_finish4 (hc =
+// 4, further down) is the same finish on a shorter critical path.
 
 // MOXIE_PDL() (programmatic dependent launch: wait for the previous kernel
 // on the stream) comes from the module preamble where there is one; every
@@ -105,12 +109,25 @@ __device__ __forceinline__ void fuse_hc_dots_hc(float *__restrict__ part, const 
     hc_split_dots_body<false>(part, xl, fn, n, nm, cq, rb, batch, red);
 }
 
+// hcd_pf is fuse_hc_dots's L2 request (MOXIE_PDL_PF): the block's own
+// hc_fn slice (its rows below nm, its quads [s·cq, min((s+1)·cq, n/4))),
+// from the kernel's arguments and blockIdx alone; hc_fn is a weight, so it
+// streams in while the kernel before the boundary still runs.
+__device__ __forceinline__ MoxiePF hcd_pf(const void *fn, int fmt, int n, int nm, int cq, int rb) {
+  const long long es = fmt == 3 ? 2 : 4;
+  const int r0 = blockIdx.x * rb, q0 = blockIdx.y * cq;
+  const int rows = max(0, min(rb, nm - r0)), quads = max(0, min(cq, (n >> 2) - q0));
+  if (rows == 0 || quads == 0) return MoxiePF{nullptr, nullptr, 0, 0, 0};
+  return MoxiePF{(const char *)fn + ((long long)r0 * n + 4LL * q0) * es, nullptr, 4LL * quads * es, (long long)n * es,
+                 rows};
+}
+
 extern "C" __global__ void fuse_hc_dots(float *__restrict__ part, const float *__restrict__ x,
                                         const float *__restrict__ o, const float *__restrict__ post,
                                         const float *__restrict__ comb, float *__restrict__ xout,
                                         const void *__restrict__ fn, int fmt, int n, int nm, int cq, int rb, int batch,
                                         int hc, int dim) {
-  MOXIE_PDL();
+  MOXIE_PDL_PF(hcd_pf(fn, fmt, n, nm, cq, rb));
   __shared__ float red[HCS_RB * HCS_TB][32];
   if (hc == 4)
     fuse_hc_dots_hc<4>(part, x, o, post, comb, xout, fn, fmt, n, nm, cq, rb, batch, hc, dim, red);
@@ -221,6 +238,135 @@ extern "C" __global__ void __launch_bounds__(1024)
     fuse_collapse_norm<4>(ab, xb, pw, w, hc, dim, rmsEps, red);
   else
     fuse_collapse_norm<0>(ab, xb, pw, w, hc, dim, rmsEps, red);
+}
+
+// ---------------------------------------------------------------------------
+// fuse_hc_finish4: fuse_hc_finish for hc = 4 with a short critical path (the
+// same grid, block size, outputs and float32 operations in the same order,
+// so the same bits; $MOXIE_CUDA_HCFIN=new selects it, see fuse.go). Needs
+// S % 4 == 0, S <= HCS_MAXS, part 16-byte aligned and dim <= 4·blockDim.
+// fuse_hc_finish waits on memory twice in a row (the partials, then, after
+// the sums, the gates and three barriers, x') and on six barriers; here:
+//   - every load is issued at once after MOXIE_PDL(): the partials the block
+//     needs (into shared memory, rows padded to S + 4 floats) and, in the
+//     collapse block, its x' values and norm weights (into registers, the
+//     rmsnorm kernel's element i = threadIdx.x + u·blockDim);
+//   - Sinkhorn block (b, 0): one barrier, then warps 2.. leave and every
+//     thread of warps 0 and 1 sums the rows it reads itself (its own dot
+//     slots, and the Σx² row for ρ), so hc_gates_sinkhorn follows with no
+//     barrier (warp 0: comb, warp 1: pre and post, as in fuse_hc_finish);
+//   - collapse block (b, 1), or the head's only block: one barrier, then
+//     lanes 0–3 of every warp form the four pre gates (rows 0–3 and ρ from
+//     row nm; the head's warp 0 writes them to pre) and shuffle them to the
+//     warp; the collapse from registers, Σa² per thread, warp_sum, and
+//     block_sum's ordered sum of the warps after one barrier (its guard
+//     barriers are not needed: red is written once).
+
+#define HCF4_SP(S) ((S) + 4)  // a staged row's stride in floats
+
+// hcf4_row_sum is the sum of a staged row of S partials in index order
+// (hc_split_finish's and fuse_hc_finish's order).
+__device__ __forceinline__ float hcf4_row_sum(const float4 *r4, int S4) {
+  float s = 0.f;
+#pragma unroll 4
+  for (int i = 0; i < S4; i++) {
+    const float4 q = r4[i];
+    s += q.x;
+    s += q.y;
+    s += q.z;
+    s += q.w;
+  }
+  return s;
+}
+
+extern "C" __global__ void __launch_bounds__(1024)
+    fuse_hc_finish4(float *pre, float *post, float *comb, float *__restrict__ a, const float *__restrict__ xs,
+                    const float *__restrict__ w, const float *__restrict__ part, const float *base, const float *scale,
+                    int dim, int nm, int S, int iters, float eps, float normEps, int head, float rmsEps) {
+  MOXIE_PDL_PF(w, w ? 4LL * dim : 0LL);  // the norm weight (a weight: no kernel writes it)
+  __shared__ float4 ps4[(2 + 4) * 4 + 1][HCF4_SP(HCS_MAXS) / 4];  // staged partial rows
+  __shared__ float dot[HC_MAXNM + 1];
+  __shared__ float cm[HC_MAXNM];
+  __shared__ float red[32];
+  const size_t b = blockIdx.x;
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, bd = blockDim.x;
+  const int S4 = S >> 2;
+  const float4 *pb4 = (const float4 *)(part + b * (nm + 1) * S);
+  if (!head && blockIdx.y == 0) {
+    for (int i = tid; i < (nm + 1) * S4; i += bd) {
+      const int r = i / S4, c = i - r * S4;
+      ps4[r][c] = __ldg(pb4 + i);
+    }
+    __syncthreads();
+    if (tid >= 64) return;
+    const float rho = 1.0f / sqrtf(hcf4_row_sum(ps4[nm], S4) / (float)(4 * dim) + normEps);
+    if (tid < 16) {
+      dot[8 + tid] = hcf4_row_sum(ps4[8 + tid], S4);  // read back only by this thread
+    } else if (tid >= 32 && tid < 36) {
+      dot[tid - 32] = hcf4_row_sum(ps4[tid - 32], S4);
+      dot[tid - 28] = hcf4_row_sum(ps4[tid - 28], S4);
+    }
+    hc_gates_sinkhorn(pre, post, comb, dot, dot + 4, dot + 8, rho, base, scale, 4, iters, eps, 0, b, cm);
+    return;
+  }
+  // The collapse block: x' and the norm weights first, then rows 0–3 and nm.
+  const float *xb = xs + b * 4 * dim;
+  float xv[4][4], wv[4];
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    const int i = tid + u * bd;
+    wv[u] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) xv[u][j] = 0.f;
+    if (i < dim) {
+#pragma unroll
+      for (int j = 0; j < 4; j++) xv[u][j] = __ldcg(xb + (size_t)j * dim + i);
+      if (w) wv[u] = __ldg(w + i);
+    }
+  }
+  for (int i = tid; i < 5 * S4; i += bd) {
+    const int k = i / S4, c = i - k * S4;
+    ps4[k][c] = __ldg(pb4 + (k < 4 ? k : nm) * S4 + c);
+  }
+  __syncthreads();
+  float g = 0.f;
+  if (lane < 4) {
+    const float rho = 1.0f / sqrtf(hcf4_row_sum(ps4[4], S4) / (float)(4 * dim) + normEps);
+    g = hc_pre_gate(hcf4_row_sum(ps4[lane], S4), rho, scale, base, lane, eps);
+    if (head && wid == 0) pre[b * 4 + lane] = g;
+  }
+  float p[4];
+#pragma unroll
+  for (int j = 0; j < 4; j++) p[j] = __shfl_sync(FULL, g, j);
+  float keep[4];
+  float ss = 0.f;
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    const int i = tid + u * bd;
+    keep[u] = 0.f;
+    if (i < dim) {
+      float v = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; j++) v = __fmaf_rn(p[j], xv[u][j], v);
+      keep[u] = v;
+      ss += v * v;
+    }
+  }
+  ss = warp_sum(ss);
+  if (lane == 0) red[wid] = ss;
+  __syncthreads();
+  float tot = 0.f;
+  for (int i = 0; i < (bd >> 5); i++) tot += red[i];  // block_sum's order
+  const float inv = 1.0f / sqrtf(tot / (float)dim + rmsEps);
+  float *ab = a + b * dim;
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    const int i = tid + u * bd;
+    if (i < dim) {
+      const float v = keep[u] * inv;
+      ab[i] = w ? wv[u] * v : v;
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------

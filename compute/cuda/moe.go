@@ -110,6 +110,12 @@ const (
 	// MoEWide1SS's whose warps first ask L2 for their whole routed range
 	// (the block's 96 KB of routed w2 requested at once).
 	MoEWide1A
+	// MoEWide1P: MoEWide1SS whose warps, in both stages, first ask L2 for
+	// their whole routed range (prefetch hints: stage 1 a warp's 16 rows
+	// of w1 and w3, 8 KB at V4 shapes; stage 2 as MoEWide1A's), then load
+	// from it as MoEWide1SS: MoEWide1A's deeper queue without its shared
+	// memory.
+	MoEWide1P
 	moeVariantCount
 )
 
@@ -120,8 +126,8 @@ const (
 // stage 1's last wave); wide: the wide family, U1 and U2 then its 4-span
 // groups per chunk; ss, ss2: stage 1's routed scales, stage 2's, staged in
 // shared memory; async: stage 1's routed weights copied into shared memory
-// by cp.async, U1 unused; pfr: stage 2's warps ask L2 for their whole
-// routed range first).
+// by cp.async, U1 unused; pfr: stage 2's warps, and without async stage
+// 1's, ask L2 for their whole routed range first).
 var moeVariants = [moeVariantCount]struct {
 	name    string
 	u1, uf1 int
@@ -147,6 +153,7 @@ var moeVariants = [moeVariantCount]struct {
 	MoEWide3:     {name: "wide3", u1: 1, uf1: 1, u2: 4, uf2: 4, b: 3, b2: 2, wide: true},
 	MoEWide1S:    {name: "wide1s", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true},
 	MoEWide1SS:   {name: "wide1ss", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true, ss2: true},
+	MoEWide1P:    {name: "wide1p", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true, ss2: true, pfr: true},
 	MoEWide1A:    {name: "wide1a", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true, ss2: true, async: true, pfr: true},
 }
 
@@ -166,8 +173,8 @@ const MoEPreferred = MoEWide1
 
 // ParseMoEVariant returns the variant named s (its String form: u8, occ3,
 // u8cvt, persist, persistpf, wide, wide1, widepf, widep, wide3, wide1s,
-// wide1ss, wide1a; "" is
-// MoEPreferred), e.g. from an environment variable.
+// wide1ss, wide1a, wide1p; "" is MoEPreferred), e.g. from an environment
+// variable.
 func ParseMoEVariant(s string) (MoEVariant, error) {
 	if s == "" {
 		return MoEPreferred, nil
@@ -196,6 +203,8 @@ func moeKernelNames(v MoEVariant) (string, string) {
 			s1 = "moe1wp"
 		case p.pf:
 			s1 = "moe1wpf"
+		case p.ss && p.pfr:
+			s1 = "moe1wsp"
 		case p.ss:
 			s1 = "moe1ws"
 		}
@@ -392,9 +401,9 @@ func MoEDecodeScratch(t *ExpertTable, K int, sh *SharedExpert) int {
 // MXFP4 of t's shape with its data 16-byte and its scales 4-byte aligned
 // (arena allocations are). The wide variants (MoEWide, MoEWide1,
 // MoEWidePF, MoEWideP, MoEWide3, MoEWide1S) take K·I + Is up to 40,960
-// (MoEWide1SS and MoEWide1A a little less: 4·(K·I + Is) + K·ceil(I/256)·128
-// bytes up to 160 KiB); MoEWide1S, MoEWide1SS and MoEWide1A take D up to
-// 8,960.
+// (MoEWide1SS, MoEWide1A and MoEWide1P a little less: 4·(K·I + Is) +
+// K·ceil(I/256)·128 bytes up to 160 KiB); MoEWide1S, MoEWide1SS, MoEWide1A
+// and MoEWide1P take D up to 8,960.
 // Activations x and h must stay below 65504 in magnitude (f16 hi parts).
 func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert, x, out DevicePtr, limit float32, v MoEVariant) (*MoEDecode, error) {
 	is, bshift, err := moeShapes(t, K, sh, limit, v)

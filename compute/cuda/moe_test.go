@@ -383,6 +383,8 @@ func TestMoEShapes(t *testing.T) {
 		{"wide1 dim 9088", table(9088, 2048), 6, nil, 0, MoEWide1, ""},
 		{"wide1ss v4", good, 6, shared, 10, MoEWide1SS, ""},
 		{"wide1a v4", good, 6, shared, 10, MoEWide1A, ""},
+		{"wide1p v4", good, 6, shared, 10, MoEWide1P, ""},
+		{"wide1p K 18 no shared", good, 18, nil, 0, MoEWide1P, "variant wide1p keeps h in shared memory, 165888 bytes"},
 		{"wide1a dim 9088", table(9088, 2048), 6, nil, 0, MoEWide1A, "variant wide1a stages x and the scales (5·D bytes): model dim up to 8960, not 9088"},
 		{"wide1ss K 17 no shared", good, 17, nil, 0, MoEWide1SS, ""},
 		{"wide1ss K 18 no shared", good, 18, nil, 0, MoEWide1SS, "variant wide1ss keeps h in shared memory, 165888 bytes for K 18 x width 2048 + shared 0, over 163840"},

@@ -690,8 +690,9 @@ __device__ __forceinline__ void stage_scales_t(const MoeArgs &a, int r0, const u
 // stage1_tile; acc as the quads' sums (lanes t = 0 read).
 //
 // SS: the scales from ss (the tile's, staged by mid() with stage_scales_t)
-// instead of per-lane byte loads.
-template <int G, int DEC, bool SS = false, typename Mid>
+// instead of per-lane byte loads. PFR: the warp first asks L2 for its
+// whole range (16 rows of w1 and w3: 64 lines of 128 bytes at D 4096).
+template <int G, int DEC, bool SS = false, bool PFR = false, typename Mid>
 __device__ __forceinline__ void stage1w_routed(const MoeArgs &a, int r0, const u8 *W1, const u8 *S1, const u8 *W3, const u8 *S3,
                                                bool valid, const u16 *xs, float (&acc)[2][4], Mid mid, const u32 *ss = nullptr) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -707,6 +708,11 @@ __device__ __forceinline__ void stage1w_routed(const MoeArgs &a, int r0, const u
   const uint4 *wr[2][2] = {{reinterpret_cast<const uint4 *>(W1 + (r0 + g) * rb), reinterpret_cast<const uint4 *>(W1 + (r0 + g + 8) * rb)},
                            {reinterpret_cast<const uint4 *>(W3 + (r0 + g) * rb), reinterpret_cast<const uint4 *>(W3 + (r0 + g + 8) * rb)}};
   const u8 *sr[2][2] = {{S1 + (r0 + g) * sb, S1 + (r0 + g + 8) * sb}, {S3 + (r0 + g) * sb, S3 + (r0 + g + 8) * sb}};
+  if (PFR) {  // lane i: row i & 15, matrix (i >> 4) & 1, line i >> 5 of the range
+    const int lpr = ((end - q0) * 64 + 127) >> 7;
+    for (int i = lane; i < 32 * lpr; i += 32)
+      moe_prefetch(((i >> 4) & 1 ? W3 : W1) + (r0 + (i & 15)) * rb + q0 * 64 + (i >> 5) * 128);
+  }
   using Ch = Fp4Wide<2, G, SS>;
   wide_walk<Ch>(
       q0, end, G,
@@ -989,7 +995,8 @@ __device__ __forceinline__ void moe_stage2(const MoeArgs &a) {
 // ASYNC (with SS): the routed tile's weights copied into shared memory by
 // cp.async (stage1w_routed_async; G unused); dynamic shared memory then
 // 5·D + MOE_WARPS·ceil(D/128/MOE_WARPS)·2048 bytes.
-template <int G, int UF, int DEC, bool PF, bool SS = false, bool ASYNC = false>
+// PFR (with SS): stage1w_routed's warps ask L2 for their whole range first.
+template <int G, int UF, int DEC, bool PF, bool SS = false, bool ASYNC = false, bool PFR = false>
 __device__ __forceinline__ void moe_stage1w(const MoeArgs &a) {
   extern __shared__ uint4 moe_smem[];
   u16 *xs = reinterpret_cast<u16 *>(moe_smem);
@@ -1020,7 +1027,7 @@ __device__ __forceinline__ void moe_stage1w(const MoeArgs &a) {
         });
   } else if (SS) {
     const u8 *S1 = r1->S, *S3 = r3->S;
-    stage1w_routed<G, DEC, true>(
+    stage1w_routed<G, DEC, true, PFR>(
         a, r0, r1->W, S1, r3->W, S3, valid, xs, acc,
         [&] {
           if (valid) stage_scales_t(a, r0, S1, S3, ss);
@@ -1264,6 +1271,13 @@ MOE1WA(2, 0, 2)
   extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe2wsp_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2_pf(a)); moe_stage2w<G, UF, DEC, true, true>(a); }
 
 MOE2WSP(2, 4, 0, 2)
+
+// moe1wsp_g<G>_f<UF>_d<DEC>_b<B>: moe1ws_... whose warps first ask L2 for
+// their whole routed range.
+#define MOE1WSP(G, UF, DEC, B) \
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1wsp_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe1_pf(a)); moe_stage1w<G, UF, DEC, false, true, false, true>(a); }
+
+MOE1WSP(1, 2, 0, 2)
 
 // The wide family's routed tiles in moe_stage1p's persistent blocks:
 // moe1wp_g<G>_f<UF>_d<DEC>_b<B>.

@@ -1679,3 +1679,297 @@ int main() {
   printf("worst %.3g\n", worst);
 }
 `
+
+// TestHCFinish4Emulated runs fuse_hc_finish (the reference: its bits are
+// checked against the unfused chain on the GPU by TestFuseHCNorm) and
+// fuse_hc_finish4 on the CPU (no GPU needed; hcFin4EmuHarness: every CUDA
+// thread a std::thread, barriers for __syncthreads and the shuffles, both
+// compiled with -ffp-contract=off) on the same random partials and x' at the
+// launch shapes fuse.go computes (V4's mix and head sites, weighted and
+// unweighted norms, T up to 3, smaller D with idle threads), and fails
+// unless pre, post, comb and a are bit-identical and within 1e-4 of the
+// harness's own float64 evaluation of dsv4-flash.md section 4.3. Skipped
+// with -short or without g++ (C++20).
+func TestHCFinish4Emulated(t *testing.T) {
+	if testing.Short() {
+		t.Skip("emulation takes several seconds")
+	}
+	gxx, err := exec.LookPath("g++")
+	if err != nil {
+		t.Skipf("no g++: %v", err)
+	}
+	inc, err := hcFin4EmuSource()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name           string
+		D, T           int
+		head, weighted bool
+	}{
+		{"v4 mix T1", 4096, 1, false, true},
+		{"v4 head T1", 4096, 1, true, true},
+		{"v4 mix T2 unweighted", 4096, 2, false, false},
+		{"D1024 mix T3", 1024, 3, false, true},
+		{"D120 mix T1", 120, 1, false, true},
+		{"D120 head T2 unweighted", 120, 2, true, false},
+	}
+	var gen strings.Builder
+	gen.WriteString("static std::vector<Case> cases = {\n")
+	for _, c := range cases {
+		rows := 24
+		if c.head {
+			rows = 4
+		}
+		_, _, splits, _, _ := hcSplitShape(rows, 4*c.D)
+		if !hcFinish4Fits(4, c.D, splits, 0x1000) {
+			t.Fatalf("%s: fuse_hc_finish4 does not fit (splits %d)", c.name, splits)
+		}
+		b2i := map[bool]int{false: 0, true: 1}
+		fmt.Fprintf(&gen, "  {%q, %d, %d, %d, %d, %d, %d},\n", c.name, c.D, c.T, b2i[c.head], b2i[c.weighted], splits, rmsThreads(c.D))
+	}
+	gen.WriteString("};\n")
+	dir := t.TempDir()
+	for name, body := range map[string]string{"kern.inc": inc, "gen.inc": gen.String(), "emu.cpp": hcFin4EmuHarness} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bin := filepath.Join(dir, "emu")
+	if out, err := exec.Command(gxx, "-std=c++20", "-O1", "-ffp-contract=off", "-pthread", "-w", "-o", bin, filepath.Join(dir, "emu.cpp")).CombinedOutput(); err != nil {
+		t.Fatalf("compiling the emulation: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin).CombinedOutput()
+	if err != nil {
+		t.Fatalf("emulation: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != len(cases) {
+		t.Fatalf("emulation printed %d lines, want one per case:\n%s", len(lines), out)
+	}
+	for _, l := range lines {
+		t.Log(l)
+		if !strings.HasSuffix(l, " ok") {
+			t.Error(l)
+		}
+	}
+}
+
+// cuDefinition returns the definition in src that starts with head (through
+// its balanced closing brace).
+func cuDefinition(src, head string) (string, error) {
+	i := strings.Index(src, head)
+	if i < 0 {
+		return "", fmt.Errorf("no %q", head)
+	}
+	depth := 0
+	for k := i; k < len(src); k++ {
+		switch src[k] {
+		case '{':
+			depth++
+		case '}':
+			if depth--; depth == 0 {
+				return src[i : k+1], nil
+			}
+		}
+	}
+	return "", fmt.Errorf("no end of %q", head)
+}
+
+// hcFin4EmuSource returns what TestHCFinish4Emulated compiles: ops.cu's
+// definitions that the finish kernels use, then fuse.cu from FUSE_KEEP's
+// definition to the end of fuse_hc_finish4 (fuse_hc_finish's dynamic shared
+// memory made a pointer to the harness's buffer).
+func hcFin4EmuSource() (string, error) {
+	ops, fuse := OpsSource(), fuseCu
+	var b strings.Builder
+	b.WriteString("#define MOXIE_PDL() do {} while (0)\n#define MOXIE_PDL_PF(...) do {} while (0)\n")
+	for _, d := range []string{"HC_MAXNM", "HCS_MAXS"} {
+		m := regexp.MustCompile(`(?m)^#define ` + d + ` .*$`).FindString(ops)
+		if m == "" {
+			return "", fmt.Errorf("ops.cu no longer defines %s; update the emulation", d)
+		}
+		b.WriteString(m + "\n")
+	}
+	for _, h := range []string{"__device__ __forceinline__ float warp_sum(", "__device__ __forceinline__ float block_sum(",
+		"__device__ __forceinline__ float sigmoidf_(", "__device__ __forceinline__ float hc_pre_gate(",
+		"template <int HC>\n__device__ __forceinline__ void hc_sinkhorn_warp(", "__device__ __forceinline__ void hc_gates_sinkhorn("} {
+		def, err := cuDefinition(ops, h)
+		if err != nil {
+			return "", fmt.Errorf("ops.cu: %v; update the emulation", err)
+		}
+		b.WriteString(def + "\n")
+	}
+	i, j := strings.Index(fuse, "#define FUSE_KEEP"), strings.Index(fuse, "// fuse_hc_one: the whole")
+	if i < 0 || j < i {
+		return "", fmt.Errorf("fuse.cu: the finish kernels' section not found; update the emulation")
+	}
+	sec := fuse[i:j]
+	const dyn = "extern __shared__ float4 ps4[];"
+	if !strings.Contains(sec, dyn) || !strings.Contains(sec, "fuse_hc_finish4(") {
+		return "", fmt.Errorf("fuse.cu: fuse_hc_finish no longer declares %s or fuse_hc_finish4 is gone; update the emulation", dyn)
+	}
+	b.WriteString(strings.Replace(sec, dyn, "float4 *ps4 = emu_dyn;", 1))
+	return b.String(), nil
+}
+
+// hcFin4EmuHarness is TestHCFinish4Emulated's C++ program (it includes
+// kern.inc, hcFin4EmuSource's output, and gen.inc, the cases).
+const hcFin4EmuHarness = `// CPU emulation of fuse_hc_finish and fuse_hc_finish4 (kernels/fuse.cu):
+// every CUDA thread of a block is a std::thread, __syncthreads a block
+// barrier, each shuffle an exchange between two warp barriers, __shared__
+// variables statics (one block runs at a time). Each case runs both kernels
+// on the same inputs and prints "<name> ok" when pre, post, comb and a are
+// bit-identical and within 1e-4 of a float64 evaluation written here, else
+// "<name> FAIL <what>".
+#include <barrier>
+#include <thread>
+#include <vector>
+#include <cmath>
+#include <cstring>
+#include <cstdio>
+#include <cstdint>
+#include <random>
+#include <algorithm>
+#include <string>
+using std::min; using std::max;
+struct float4 { float x, y, z, w; };
+struct U3 { unsigned x, y, z; };
+thread_local U3 threadIdx, blockIdx;
+U3 blockDim, gridDim;
+std::barrier<> *g_block_bar;
+std::barrier<> *g_warp_bar[32];
+float g_shfl[32][32];
+float4 emu_dyn[4096];
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __restrict__
+#define FULL 0xffffffffu
+inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
+inline float __shfl_sync(unsigned, float v, int src) {
+  int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  g_warp_bar[w]->arrive_and_wait();
+  g_shfl[w][l] = v;
+  g_warp_bar[w]->arrive_and_wait();
+  return g_shfl[w][src & 31];
+}
+inline float __shfl_xor_sync(unsigned m, float v, int o) { return __shfl_sync(m, v, (threadIdx.x % 32) ^ o); }
+inline float __int_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+template <class T> inline T __ldg(const T *p) { return *p; }
+template <class T> inline T __ldcg(const T *p) { return *p; }
+#include "kern.inc"
+
+struct Case { const char *name; int D, T, head, weighted, S, bd; };
+#include "gen.inc"
+
+template <class K>
+void launch(K k, U3 grid, unsigned threads) {
+  gridDim = grid; blockDim = {threads, 1, 1};
+  for (unsigned y = 0; y < grid.y; y++)
+    for (unsigned x = 0; x < grid.x; x++) {
+      std::barrier<> bb(threads);
+      g_block_bar = &bb;
+      for (unsigned w = 0; w < threads / 32; w++) g_warp_bar[w] = new std::barrier<>(32);
+      std::vector<std::thread> ts;
+      for (unsigned t = 0; t < threads; t++)
+        ts.emplace_back([=] { threadIdx = {t, 0, 0}; blockIdx = {x, y, 0}; k(); });
+      for (auto &t : ts) t.join();
+      for (unsigned w = 0; w < threads / 32; w++) delete g_warp_bar[w];
+    }
+}
+
+static double sig(double x) { return 1 / (1 + std::exp(-x)); }
+
+int main() {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_real_distribution<float> ud(0.5f, 1.5f);
+  for (const Case &c : cases) {
+    const int hc = 4, D = c.D, T = c.T, S = c.S, nm = c.head ? hc : (2 + hc) * hc, iters = 20;
+    const float eps = 1e-6f, normEps = 1e-6f, rmsEps = 1e-6f;
+    std::vector<float> part((size_t)T * (nm + 1) * S), xs((size_t)T * hc * D), w(D), base(nm), scale(3);
+    for (int b = 0; b < T; b++)
+      for (int r = 0; r <= nm; r++)
+        for (int s = 0; s < S; s++)
+          part[((size_t)b * (nm + 1) + r) * S + s] = r < nm ? 0.3f * nd(rng) / std::sqrt((float)S) : ud(rng) * hc * D / S;
+    for (auto &v : xs) v = nd(rng);
+    for (auto &v : w) v = nd(rng);
+    for (auto &v : base) v = nd(rng);
+    for (auto &v : scale) v = nd(rng);
+    scale[2] = 4;
+    const float *wp = c.weighted ? w.data() : nullptr;
+    std::vector<float> out[2][4];  // [kernel][pre, post, comb, a]
+    for (int k = 0; k < 2; k++) {
+      out[k][0].assign(T * hc, NAN); out[k][1].assign(T * hc, NAN); out[k][2].assign(T * hc * hc, NAN); out[k][3].assign((size_t)T * D, NAN);
+      float *pre = out[k][0].data(), *post = out[k][1].data(), *comb = out[k][2].data(), *a = out[k][3].data();
+      const U3 grid = {(unsigned)T, c.head ? 1u : 2u, 1};
+      if (k == 0)
+        launch([&] { fuse_hc_finish(pre, post, comb, a, xs.data(), wp, part.data(), base.data(), scale.data(), hc, D, nm, S, iters, eps, normEps, c.head, rmsEps); }, grid, c.bd);
+      else
+        launch([&] { fuse_hc_finish4(pre, post, comb, a, xs.data(), wp, part.data(), base.data(), scale.data(), D, nm, S, iters, eps, normEps, c.head, rmsEps); }, grid, c.bd);
+    }
+    std::string bad;
+    const char *what[4] = {"pre", "post", "comb", "a"};
+    for (int i = 0; i < 4; i++) {
+      if (c.head && (i == 1 || i == 2)) continue;
+      if (memcmp(out[0][i].data(), out[1][i].data(), out[0][i].size() * 4) != 0) bad += std::string(" ") + what[i] + "-bits";
+    }
+    // float64 evaluation
+    double worst = 0;
+    for (int b = 0; b < T; b++) {
+      std::vector<double> d(nm + 1, 0.0);
+      for (int r = 0; r <= nm; r++)
+        for (int s = 0; s < S; s++) d[r] += part[((size_t)b * (nm + 1) + r) * S + s];
+      const double rho = 1 / std::sqrt(d[nm] / (hc * D) + normEps);
+      double pre[4], post[4], cm[16];
+      for (int j = 0; j < hc; j++) pre[j] = sig(d[j] * rho * scale[0] + base[j]) + eps;
+      auto chk = [&](double got, double want) { worst = max(worst, std::fabs(got - want) / max(1.0, std::fabs(want))); };
+      for (int j = 0; j < hc; j++) chk(out[1][0][b * hc + j], pre[j]);
+      if (!c.head) {
+        for (int j = 0; j < hc; j++) post[j] = 2 * sig(d[hc + j] * rho * scale[1] + base[hc + j]);
+        for (int jk = 0; jk < 16; jk++) cm[jk] = d[2 * hc + jk] * rho * scale[2] + base[2 * hc + jk];
+        for (int j = 0; j < 4; j++) {
+          double mx = -INFINITY, s = 0;
+          for (int k = 0; k < 4; k++) mx = max(mx, cm[j * 4 + k]);
+          for (int k = 0; k < 4; k++) s += cm[j * 4 + k] = std::exp(cm[j * 4 + k] - mx);
+          for (int k = 0; k < 4; k++) cm[j * 4 + k] = cm[j * 4 + k] / s + eps;
+        }
+        for (int it = 0; it < iters; it++) {
+          if (it > 0)
+            for (int j = 0; j < 4; j++) {
+              double s = 0;
+              for (int k = 0; k < 4; k++) s += cm[j * 4 + k];
+              for (int k = 0; k < 4; k++) cm[j * 4 + k] /= s + eps;
+            }
+          for (int k = 0; k < 4; k++) {
+            double s = 0;
+            for (int j = 0; j < 4; j++) s += cm[j * 4 + k];
+            for (int j = 0; j < 4; j++) cm[j * 4 + k] /= s + eps;
+          }
+        }
+        for (int j = 0; j < hc; j++) chk(out[1][1][b * hc + j], post[j]);
+        for (int jk = 0; jk < 16; jk++) chk(out[1][2][b * 16 + jk], cm[jk]);
+      }
+      std::vector<double> v(D);
+      double ss = 0;
+      for (int i = 0; i < D; i++) {
+        v[i] = 0;
+        for (int j = 0; j < hc; j++) v[i] += pre[j] * xs[((size_t)b * hc + j) * D + i];
+        ss += v[i] * v[i];
+      }
+      const double inv = 1 / std::sqrt(ss / D + rmsEps);
+      for (int i = 0; i < D; i++) chk(out[1][3][(size_t)b * D + i], (wp ? w[i] : 1.0) * v[i] * inv);
+    }
+    if (!(worst <= 1e-4)) bad += " float64-error-" + std::to_string(worst);
+    if (bad.empty()) printf("%s ok\n", c.name);
+    else printf("%s FAIL%s\n", c.name, bad.c_str());
+  }
+  return 0;
+}
+`

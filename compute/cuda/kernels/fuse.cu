@@ -254,7 +254,8 @@ extern "C" __global__ void __launch_bounds__(1024)
 //   - Sinkhorn block (b, 0): one barrier, then warps 2.. leave and every
 //     thread of warps 0 and 1 sums the rows it reads itself (its own dot
 //     slots, and the Σx² row for ρ), so hc_gates_sinkhorn follows with no
-//     barrier (warp 0: comb, warp 1: pre and post, as in fuse_hc_finish);
+//     barrier (warp 0: comb, warp 1: pre and post, as in fuse_hc_finish;
+//     a block of 32 threads does both on warp 0);
 //   - collapse block (b, 1), or the head's only block: one barrier, then
 //     lanes 0–3 of every warp form the four pre gates (rows 0–3 and ρ from
 //     row nm; the head's warp 0 writes them to pre) and shuffle them to the
@@ -300,11 +301,14 @@ extern "C" __global__ void __launch_bounds__(1024)
     __syncthreads();
     if (tid >= 64) return;
     const float rho = 1.0f / sqrtf(hcf4_row_sum(ps4[nm], S4) / (float)(4 * dim) + normEps);
-    if (tid < 16) {
-      dot[8 + tid] = hcf4_row_sum(ps4[8 + tid], S4);  // read back only by this thread
-    } else if (tid >= 32 && tid < 36) {
-      dot[tid - 32] = hcf4_row_sum(ps4[tid - 32], S4);
-      dot[tid - 28] = hcf4_row_sum(ps4[tid - 28], S4);
+    // Each dot slot is read back only by the thread that writes it: comb's
+    // by warp 0's lanes, pre's and post's by hc_gates_sinkhorn's gate lane
+    // (warp 1, or warp 0 itself in a block of 32 threads).
+    if (tid < 16) dot[8 + tid] = hcf4_row_sum(ps4[8 + tid], S4);
+    const int gl = bd >= 64 ? tid - 32 : tid;
+    if (gl >= 0 && gl < 4) {
+      dot[gl] = hcf4_row_sum(ps4[gl], S4);
+      dot[4 + gl] = hcf4_row_sum(ps4[4 + gl], S4);
     }
     hc_gates_sinkhorn(pre, post, comb, dot, dot + 4, dot + 8, rho, base, scale, 4, iters, eps, 0, b, cm);
     return;

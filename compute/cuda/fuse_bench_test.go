@@ -145,7 +145,7 @@ func hcBenchPart(c *Ctx, d *devBufs, T int, part string) (func() error, error) {
 	switch part {
 	case "dots":
 		grid := Dim3{X: uint32(groups), Y: uint32(splits), Z: uint32((T + hcSplitTB - 1) / hcSplitTB)}
-		// xout is x here: the expand's inputs stay what they were.
+		// x' goes to a buffer of its own, so the finish's inputs stay put.
 		xo := d.alloc(4 * T * n)
 		return func() error {
 			return c.launchFuse("fuse_hc_dots", grid, Dim3{X: uint32(threads)}, 0, s,

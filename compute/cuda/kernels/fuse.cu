@@ -360,6 +360,7 @@ extern "C" __global__ void __launch_bounds__(1024)
   if (lane == 0) red[wid] = ss;
   __syncthreads();
   float tot = 0.f;
+#pragma unroll 8
   for (int i = 0; i < (bd >> 5); i++) tot += red[i];  // block_sum's order
   const float inv = 1.0f / sqrtf(tot / (float)dim + rmsEps);
   float *ab = a + b * dim;

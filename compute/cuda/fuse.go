@@ -53,7 +53,7 @@ func rmsThreads(dim int) int { return min(1024, max(32, (dim+3)/4/32*32)) }
 //	Pre, PostOut, CombOut = HCMix(x')  (HCHeadNorm: Pre = HCHeadPre(x'))
 //	A = RMS(Σ_j Pre_j·x'_j; Norm)      (HCCollapse, then RMSNorm)
 //
-// From hcPrefillMinT (16) tokens, where the site fits (hc_fn of at most 24
+// From hcPrefillMinT (512) tokens, where the site fits (hc_fn of at most 24
 // rows; V4's mix and head sites do) and $MOXIE_CUDA_HCPREFILL is not "old",
 // the prefill kernels run it: the first reads X, O, Post and Comb and writes
 // XOut and the partials, many tokens per block; the second writes Pre,
@@ -270,7 +270,10 @@ func hcFinish4Fits(hc, dim, splits int, scratch DevicePtr) bool {
 
 // hcPrefillMinT is the smallest token count HCMixNorm and HCHeadNorm run on
 // the prefill kernels (fuse_hcp_dots + fuse_hcp_finish4) by default.
-const hcPrefillMinT = 16
+// On the H200 (2026-11-30, BenchmarkHCPrefill, V4 mix with expand, in a
+// graph) the prefill kernels took 58.9 us at 16 tokens against the decode
+// kernels' 16.5, 260 against 313 at 512 and 834 against 1,219 at 2,048.
+const hcPrefillMinT = 512
 
 // ParseHCPrefill parses a $MOXIE_CUDA_HCPREFILL value: "" or "new" (chunks
 // of hcPrefillMinT tokens or more take the prefill boundary kernels),

@@ -66,9 +66,9 @@ func rmsThreads(dim int) int { return min(1024, max(32, (dim+3)/4/32*32)) }
 // read of X, O, Post and Comb comes before the first write of the new
 // coefficients or A, so PostOut and CombOut may be the same buffers as Post
 // and Comb; XOut must not overlap X, O, Post or Comb, and A must not
-// overlap X, XOut, Pre, PostOut, CombOut or Scratch (it may be O). With
-// $MOXIE_CUDA_HCFIN=new the two-kernel boundary's second kernel is
-// fuse_hc_finish4 where it fits (hc 4; see HCFuseTwoFin4). All paths run
+// overlap X, XOut, Pre, PostOut, CombOut or Scratch (it may be O). The
+// two-kernel boundary's second kernel is fuse_hc_finish4 where it fits (hc
+// 4; see HCFuseTwoFin4) unless $MOXIE_CUDA_HCFIN=old. All paths run
 // the same float32 operations in the same order, whatever T.
 type HCNorm struct {
 	// X [T, HC, D]: the streams entering the boundary (the previous
@@ -135,8 +135,8 @@ const (
 	// HCFuseTwoFin4 is HCFuseTwo with the finish fuse_hc_finish4 where it
 	// fits (hcFinish4Fits: hc 4, V4's shapes; else fuse_hc_finish): the same
 	// float32 operations in the same order, on a shorter critical path.
-	// HCMixNorm and HCHeadNorm take it for the two-kernel boundary when
-	// $MOXIE_CUDA_HCFIN=new.
+	// HCMixNorm and HCHeadNorm take it for the two-kernel boundary unless
+	// $MOXIE_CUDA_HCFIN=old.
 	HCFuseTwoFin4
 )
 
@@ -246,18 +246,20 @@ func (c *Ctx) hcNorm(op string, a *HCNorm, p *HC, head int32, s Stream) error {
 	return c.hcNormVariant(op, a, p, head, v, hcOneThreads, s)
 }
 
-// ParseHCFinish parses a $MOXIE_CUDA_HCFIN value: "" or "old" (the
-// two-kernel boundary finishes with fuse_hc_finish, as before), "new" (with
-// fuse_hc_finish4 where hcFinish4Fits); anything else is an error naming the
-// variable.
+// ParseHCFinish parses a $MOXIE_CUDA_HCFIN value: "" or "new" (the
+// two-kernel boundary finishes with fuse_hc_finish4 where hcFinish4Fits),
+// "old" (with fuse_hc_finish); anything else is an error naming the
+// variable. On the H200 (2026-11-30, BenchmarkHCBoundary, V4, one token, in
+// a graph) a boundary took 7.76 us with fuse_hc_finish4 against 9.43, and
+// an 8-layer decode step 1.71 ms against 1.76.
 func ParseHCFinish(v string) (bool, error) {
 	switch v {
-	case "", "old":
+	case "old":
 		return false, nil
-	case "new":
+	case "", "new":
 		return true, nil
 	}
-	return false, fmt.Errorf("MOXIE_CUDA_HCFIN=%q: want old or new (or unset for the default, old)", v)
+	return false, fmt.Errorf("MOXIE_CUDA_HCFIN=%q: want old or new (or unset for the default, new)", v)
 }
 
 // hcFinish4Fits reports whether fuse_hc_finish4 can finish a two-kernel

@@ -123,7 +123,7 @@ func TestHCFinishSwitch(t *testing.T) {
 	for _, tc := range []struct {
 		in       string
 		fin4, ok bool
-	}{{"", false, true}, {"old", false, true}, {"new", true, true}, {"New", false, false}, {"4", false, false}} {
+	}{{"", true, true}, {"old", false, true}, {"new", true, true}, {"New", false, false}, {"4", false, false}} {
 		t.Run(tc.in, func(t *testing.T) {
 			fin4, err := ParseHCFinish(tc.in)
 			switch {

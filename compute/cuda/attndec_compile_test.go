@@ -3,8 +3,6 @@ package cuda
 import (
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -38,17 +36,7 @@ func TestAttnDecCompiles(t *testing.T) {
 // compares with its own float64 attention. Skipped with -short or without
 // g++ (C++20).
 func TestAttnDecEmulated(t *testing.T) {
-	if testing.Short() {
-		t.Skip("emulation takes about half a minute")
-	}
-	gxx, err := exec.LookPath("g++")
-	if err != nil {
-		t.Skipf("no g++: %v", err)
-	}
-	dir := t.TempDir()
-	// MOXIE_PDL (module.go's preamble) waits for the previous kernel on a
-	// GPU; the emulation runs one kernel at a time.
-	src := "#define MOXIE_PDL() do {} while (0)\n" + AttnDecSource()
+	src := emuPDLNoops + AttnDecSource()
 	for _, m := range []string{"extern __shared__ float4 ad_sm[];", "extern __shared__ float4 cpart[];"} {
 		if !strings.Contains(src, m) {
 			t.Fatalf("attndec.cu no longer declares %q; update the emulation", m)
@@ -81,27 +69,9 @@ func TestAttnDecEmulated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, body := range map[string]string{"kern.inc": src, "gen.inc": gen.String(), "emu.cpp": string(harness)} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	bin := filepath.Join(dir, "emu")
-	if out, err := exec.Command(gxx, "-std=c++20", "-O1", "-pthread", "-w", "-o", bin, filepath.Join(dir, "emu.cpp")).CombinedOutput(); err != nil {
-		t.Fatalf("compiling the emulation: %v\n%s", err, out)
-	}
-	out, err := exec.Command(bin).CombinedOutput()
-	if err != nil {
-		t.Fatalf("emulation: %v\n%s", err, out)
-	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	lines := runHostEmulation(t, map[string]string{"kern.inc": src, "gen.inc": gen.String(), "emu.cpp": string(harness)})
 	if len(lines) < 20 {
-		t.Fatalf("emulation printed %d lines, want a result per case and variant:\n%s", len(lines), out)
-	}
-	for _, l := range lines {
-		if strings.Contains(l, "FAIL") {
-			t.Error(l)
-		}
+		t.Fatalf("emulation printed %d lines, want a result per case and variant:\n%s", len(lines), strings.Join(lines, "\n"))
 	}
 	last := lines[len(lines)-1]
 	worst, err := strconv.ParseFloat(strings.TrimPrefix(last, "worst "), 64)

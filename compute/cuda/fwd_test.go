@@ -5,9 +5,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -999,13 +996,6 @@ func testPlanExperts(e *fwdEnv, rng *rand.Rand, T, K, E, tile int, kind string, 
 // expert-major, each expert's entries in entry order. Skipped with -short
 // or without g++ (C++20).
 func TestMoEPlanEmulated(t *testing.T) {
-	if testing.Short() {
-		t.Skip("emulation takes several seconds")
-	}
-	gxx, err := exec.LookPath("g++")
-	if err != nil {
-		t.Skipf("no g++: %v", err)
-	}
 	src := FwdSource()
 	i, j := strings.Index(src, "#define PLAN_CHUNK"), strings.Index(src, "// fwd_moe_tiles:")
 	if i < 0 || j < i {
@@ -1022,23 +1012,9 @@ func TestMoEPlanEmulated(t *testing.T) {
 			t.Fatalf("fwd.cu does not %q as fwd.go's planChunk / planThreads say", strings.TrimSpace(d))
 		}
 	}
-	dir := t.TempDir()
-	for name, body := range map[string]string{"kern.inc": sec, "emu.cpp": moePlanEmuHarness} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	bin := filepath.Join(dir, "emu")
-	if out, err := exec.Command(gxx, "-std=c++20", "-O1", "-pthread", "-w", "-o", bin, filepath.Join(dir, "emu.cpp")).CombinedOutput(); err != nil {
-		t.Fatalf("compiling the emulation: %v\n%s", err, out)
-	}
-	out, err := exec.Command(bin).CombinedOutput()
-	if err != nil {
-		t.Fatalf("emulation: %v\n%s", err, out)
-	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	lines := runHostEmulation(t, map[string]string{"kern.inc": sec, "emu.cpp": moePlanEmuHarness})
 	if len(lines) != 9 {
-		t.Errorf("emulation printed %d lines, want 9 (one per case):\n%s", len(lines), out)
+		t.Errorf("emulation printed %d lines, want 9 (one per case):\n%s", len(lines), strings.Join(lines, "\n"))
 	}
 	for _, l := range lines {
 		t.Log(l)
@@ -1076,8 +1052,7 @@ int g_dyn[1 << 14];
 #define __forceinline__ inline
 #define __launch_bounds__(x)
 #define __shared__ static
-#define MOXIE_PDL() do {} while (0)
-inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
+` + emuPDLNoops + `inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
 static int warp_xch(int v, int src) {
   const int w = threadIdx.x / 32, l = threadIdx.x % 32;
   g_warp_bar[w]->arrive_and_wait();

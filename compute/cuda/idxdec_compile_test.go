@@ -1,9 +1,6 @@
 package cuda
 
 import (
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -58,9 +55,7 @@ u64 *g_rsm;
 #define __forceinline__ inline
 #define __launch_bounds__(x)
 #define __shared__ static
-#define MOXIE_PDL() do {} while (0)
-#define MOXIE_PDL_PF(...) do {} while (0)
-#define FULL 0xffffffffu
+` + emuPDLNoops + `#define FULL 0xffffffffu
 inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
 inline void __syncwarp() { g_warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
 inline void emu_named_bar() { g_named_bar->arrive_and_wait(); }
@@ -102,40 +97,12 @@ void launch(unsigned grid, unsigned threads, F k) {
 }
 `
 
-// runEmulation writes emuHarness, kern (as kern.inc) and main (the test's
-// C++ driver, which includes both) to a temporary directory, compiles them
-// with g++ (C++20) and returns the program's output lines; it skips t with
-// -short or without g++ and fails it when a line contains FAIL.
+// runEmulation runs runHostEmulation on emuHarness (as harness.h), kern
+// (as kern.inc) and main (the test's C++ driver, emu.cpp, which includes
+// both).
 func runEmulation(t *testing.T, kern, main string) []string {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("the emulation takes tens of seconds")
-	}
-	gxx, err := exec.LookPath("g++")
-	if err != nil {
-		t.Skipf("no g++: %v", err)
-	}
-	dir := t.TempDir()
-	for name, body := range map[string]string{"harness.h": emuHarness, "kern.inc": kern, "emu.cpp": main} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	bin := filepath.Join(dir, "emu")
-	if out, err := exec.Command(gxx, "-std=c++20", "-O1", "-pthread", "-w", "-o", bin, filepath.Join(dir, "emu.cpp")).CombinedOutput(); err != nil {
-		t.Fatalf("compiling the emulation: %v\n%s", err, out)
-	}
-	out, err := exec.Command(bin).CombinedOutput()
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	for _, l := range lines {
-		if strings.Contains(l, "FAIL") {
-			t.Error(l)
-		}
-	}
-	if err != nil {
-		t.Fatalf("emulation: %v\n%s", err, out)
-	}
-	return lines
+	return runHostEmulation(t, map[string]string{"harness.h": emuHarness, "kern.inc": kern, "emu.cpp": main})
 }
 
 // cutSource returns src from the first occurrence of from up to (not

@@ -5,7 +5,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -276,10 +275,6 @@ int main() {
 // descriptors and -DMOXIE_NO_PDLPF give none. The pieces of a case do not
 // overlap (as in every kernel's use). Skipped without g++.
 func TestPDLPrefetchLines(t *testing.T) {
-	gxx, err := exec.LookPath("g++")
-	if err != nil {
-		t.Skipf("no g++: %v", err)
-	}
 	type pfCase struct {
 		p, q          uint64
 		bytes, stride int64
@@ -317,21 +312,12 @@ func TestPDLPrefetchLines(t *testing.T) {
 	for _, c := range cases {
 		fmt.Fprintf(&in, "%d %d %d %d %d %d\n", c.p, c.q, c.bytes, c.stride, c.count, c.nt)
 	}
-	dir := t.TempDir()
-	for name, body := range map[string]string{"preamble.inc": pdlPreamble, "emu.cpp": pfEmuHarness} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
 	run := func(def string) [][]uint64 {
-		bin := filepath.Join(dir, "emu"+def)
-		args := []string{"-std=c++17", "-O1", "-w", "-o", bin, filepath.Join(dir, "emu.cpp")}
+		flags := []string{"-std=c++17"}
 		if def != "" {
-			args = append(args, "-D"+def)
+			flags = append(flags, "-D"+def)
 		}
-		if out, err := exec.Command(gxx, args...).CombinedOutput(); err != nil {
-			t.Fatalf("compiling the emulation: %v\n%s", err, out)
-		}
+		bin := buildHostEmulation(t, map[string]string{"preamble.inc": pdlPreamble, "emu.cpp": pfEmuHarness}, flags...)
 		cmd := exec.Command(bin)
 		cmd.Stdin = strings.NewReader(in.String())
 		out, err := cmd.Output()

@@ -77,6 +77,15 @@ func median(v []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
+// spinKernel returns linear.cu's spin kernel (timed's lead-in).
+func spinKernel(c *Ctx) (*Kernel, error) {
+	m, err := c.linearModule()
+	if err != nil {
+		return nil, err
+	}
+	return m.Kernel("spin")
+}
+
 // timed runs reps repetitions of: spin (so the host can queue ahead), event,
 // n launches, event; it returns the per-launch device times (µs).
 func timed(c *Ctx, spin *Kernel, n, reps int, launch func(i int) error) ([]float64, error) {
@@ -716,11 +725,8 @@ func BenchmarkPrefillGEMM(b *testing.B) {
 	dev := testDevice(b)
 	var spin *Kernel
 	if err := dev.Do(func(c *Ctx) error {
-		m, err := c.linearModule()
-		if err != nil {
-			return err
-		}
-		spin, err = m.Kernel("spin")
+		var err error
+		spin, err = spinKernel(c)
 		return err
 	}); err != nil {
 		b.Fatal(err)
@@ -1017,11 +1023,7 @@ func BenchmarkPrefillExperts(b *testing.B) {
 		if fw, err = c.Fwd(); err != nil {
 			return err
 		}
-		m, err := c.linearModule()
-		if err != nil {
-			return err
-		}
-		if spin, err = m.Kernel("spin"); err != nil {
+		if spin, err = spinKernel(c); err != nil {
 			return err
 		}
 		m13 := len(d13.Data) + len(d13.Scale) + 2048
@@ -1082,19 +1084,7 @@ func BenchmarkPrefillExperts(b *testing.B) {
 				return err
 			}
 			for _, T := range Ts {
-				// Routing: K distinct experts per token, uniform.
-				idb, wb := make([]byte, 4*T*K), make([]byte, 4*T*K)
-				for tk := range T {
-					for k, e := range rng.Perm(E)[:K] {
-						j := tk*K + k
-						binary.LittleEndian.PutUint32(idb[4*j:], uint32(e))
-						binary.LittleEndian.PutUint32(wb[4*j:], math.Float32bits(float32(rng.Float64())))
-					}
-				}
-				if err := c.CopyToDevice(ids[[2]int{E, T}], idb); err != nil {
-					return err
-				}
-				if err := c.CopyToDevice(wts[[2]int{E, T}], wb); err != nil {
+				if err := uploadRandomRoute(c, rng, ids[[2]int{E, T}], wts[[2]int{E, T}], T, K, E); err != nil {
 					return err
 				}
 			}
@@ -1207,6 +1197,25 @@ func BenchmarkPrefillExperts(b *testing.B) {
 	}
 }
 
+// uploadRandomRoute writes T tokens' routing to ids and wts (T·K int32
+// expert ids and float32 weights, token-major): K distinct experts per
+// token drawn uniformly from E, weights uniform in [0, 1). The uploads are
+// pageable: synchronise the context before a stream reads them.
+func uploadRandomRoute(c *Ctx, rng *rand.Rand, ids, wts DevicePtr, T, K, E int) error {
+	idb, wb := make([]byte, 4*T*K), make([]byte, 4*T*K)
+	for tk := range T {
+		for k, e := range rng.Perm(E)[:K] {
+			j := tk*K + k
+			binary.LittleEndian.PutUint32(idb[4*j:], uint32(e))
+			binary.LittleEndian.PutUint32(wb[4*j:], math.Float32bits(float32(rng.Float64())))
+		}
+	}
+	if err := c.CopyToDevice(ids, idb); err != nil {
+		return err
+	}
+	return c.CopyToDevice(wts, wb)
+}
+
 // BenchmarkMoEPlan measures the prefill MoE's bookkeeping kernels on the
 // V4-Flash shapes (K = 6 distinct experts per token chosen uniformly at
 // random, dim 4096): PlanExperts with the one-block planner (old) and the
@@ -1241,11 +1250,7 @@ func BenchmarkMoEPlan(b *testing.B) {
 		if fw, err = c.Fwd(); err != nil {
 			return err
 		}
-		m, err := c.linearModule()
-		if err != nil {
-			return err
-		}
-		if spin, err = m.Kernel("spin"); err != nil {
+		if spin, err = spinKernel(c); err != nil {
 			return err
 		}
 		rec := int(unsafe.Sizeof(linArgs{}))
@@ -1282,18 +1287,7 @@ func BenchmarkMoEPlan(b *testing.B) {
 		}
 		for _, E := range Es {
 			for _, T := range Ts {
-				idb, wb := make([]byte, 4*T*K), make([]byte, 4*T*K)
-				for tk := range T {
-					for k, e := range rng.Perm(E)[:K] {
-						j := tk*K + k
-						binary.LittleEndian.PutUint32(idb[4*j:], uint32(e))
-						binary.LittleEndian.PutUint32(wb[4*j:], math.Float32bits(float32(rng.Float64())))
-					}
-				}
-				if err := c.CopyToDevice(ids[[2]int{E, T}], idb); err != nil {
-					return err
-				}
-				if err := c.CopyToDevice(wts[[2]int{E, T}], wb); err != nil {
+				if err := uploadRandomRoute(c, rng, ids[[2]int{E, T}], wts[[2]int{E, T}], T, K, E); err != nil {
 					return err
 				}
 			}

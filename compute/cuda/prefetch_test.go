@@ -147,22 +147,16 @@ func TestPrefetchL2(t *testing.T) {
 	dev := testDevice(t)
 	const size = 3<<20 + 48
 	rng := rand.New(rand.NewPCG(8, 1))
-	want := make([]byte, size)
-	for i := range want {
-		want[i] = byte(rng.Uint32())
-	}
+	want := randomBytes(rng, size)
 	err := dev.Do(func(c *Ctx) error {
 		if err := c.LoadPrefetch(); err != nil {
 			return err
 		}
-		buf, err := c.MemAlloc(size)
+		buf, err := uploadBytes(c, want)
 		if err != nil {
 			return err
 		}
 		defer c.MemFree(buf)
-		if err := c.CopyToDevice(buf, want); err != nil {
-			return err
-		}
 		odd := []L2Range{{Ptr: buf + size - 32, Bytes: 32}, {Ptr: buf + size - 16, Bytes: 16}}
 		for range 19 {
 			off := 16 * rng.IntN((size-1)/16)
@@ -216,16 +210,12 @@ func TestPrefetchL2(t *testing.T) {
 func TestPrefetchL2Graph(t *testing.T) {
 	dev := testDevice(t)
 	const size = 1 << 20
-	rng := rand.New(rand.NewPCG(3, 3))
-	want := make([]byte, size)
-	for i := range want {
-		want[i] = byte(rng.Uint32())
-	}
+	want := randomBytes(rand.New(rand.NewPCG(3, 3)), size)
 	err := dev.Do(func(c *Ctx) error {
 		if err := c.LoadPrefetch(); err != nil {
 			return err
 		}
-		src, err := c.MemAlloc(size)
+		src, err := uploadBytes(c, want)
 		if err != nil {
 			return err
 		}
@@ -235,9 +225,6 @@ func TestPrefetchL2Graph(t *testing.T) {
 			return err
 		}
 		defer c.MemFree(dst)
-		if err := c.CopyToDevice(src, want); err != nil {
-			return err
-		}
 		s := c.Stream()
 		side, err := c.NewStream()
 		if err != nil {
@@ -261,13 +248,7 @@ func TestPrefetchL2Graph(t *testing.T) {
 			return err
 		}
 		capture := func() error {
-			if err := c.Record(fork, s); err != nil {
-				return err
-			}
-			if err := c.StreamWait(side, fork); err != nil {
-				return err
-			}
-			if err := c.PrefetchL2Ranges([]L2Range{{Ptr: src, Bytes: size}, {Ptr: src, Bytes: 4096}}, PrefetchOptions{Blocks: 2}, side); err != nil {
+			if err := prefetchBeside(c, fork, s, side, []L2Range{{Ptr: src, Bytes: size}, {Ptr: src, Bytes: 4096}}, PrefetchOptions{Blocks: 2}); err != nil {
 				return err
 			}
 			if err := c.Record(join, side); err != nil {
@@ -315,6 +296,41 @@ func TestPrefetchL2Graph(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// randomBytes returns n bytes drawn from rng.
+func randomBytes(rng *rand.Rand, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+	return b
+}
+
+// uploadBytes allocates a device buffer of len(data) bytes and copies data
+// into it; the caller frees it (c.MemFree).
+func uploadBytes(c *Ctx, data []byte) (DevicePtr, error) {
+	p, err := c.MemAlloc(len(data))
+	if err != nil {
+		return 0, err
+	}
+	if err := c.CopyToDevice(p, data); err != nil {
+		c.MemFree(p)
+		return 0, err
+	}
+	return p, nil
+}
+
+// prefetchBeside forks side off s (records fork on s, makes side wait for
+// it) and queues PrefetchL2Ranges(ranges, opt) on side.
+func prefetchBeside(c *Ctx, fork Event, s, side Stream, ranges []L2Range, opt PrefetchOptions) error {
+	if err := c.Record(fork, s); err != nil {
+		return err
+	}
+	if err := c.StreamWait(side, fork); err != nil {
+		return err
+	}
+	return c.PrefetchL2Ranges(ranges, opt, side)
 }
 
 // firstDiff returns the first index where a and b differ (equal lengths),
@@ -513,13 +529,7 @@ func BenchmarkPrefetchL2(b *testing.B) {
 							pfus = append(pfus, ms*1e3)
 						}
 						if st.kind == "during" {
-							if err := c.Record(fork, s); err != nil {
-								return err
-							}
-							if err := c.StreamWait(side, fork); err != nil {
-								return err
-							}
-							if err := c.PrefetchL2Ranges(rng, st.opt, side); err != nil {
+							if err := prefetchBeside(c, fork, s, side, rng, st.opt); err != nil {
 								return err
 							}
 							ns := int64(20_000)
@@ -529,13 +539,7 @@ func BenchmarkPrefetchL2(b *testing.B) {
 						}
 						ms, err := deviceMS(c, s, func() error {
 							if st.kind == "conc" {
-								if err := c.Record(fork, s); err != nil {
-									return err
-								}
-								if err := c.StreamWait(side, fork); err != nil {
-									return err
-								}
-								if err := c.PrefetchL2Ranges(rng, st.opt, side); err != nil {
+								if err := prefetchBeside(c, fork, s, side, rng, st.opt); err != nil {
 									return err
 								}
 							}

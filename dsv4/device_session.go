@@ -268,7 +268,7 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 		}
 		return s.open(pl, size)
 	}
-	panic("unreachable: no chunk candidates")
+	return nil, fmt.Errorf("dsv4: no prefill chunk to try (context %d)", d.maxCtx)
 }
 
 // autoDeviceChunks are the prefill chunks NewDeviceSession tries, largest

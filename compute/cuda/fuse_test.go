@@ -1094,39 +1094,23 @@ func TestHCOneEmulated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type emuCase struct {
-		name                         string
-		hc, D, T                     int
-		head, expand, bf16, weighted bool
-		target                       int
-	}
-	cases := []emuCase{
-		{"v4 mix T1", 4, 4096, 1, false, true, false, true, hcOneThreads},
-		{"v4 mix T1 one64", 4, 4096, 1, false, true, false, true, 64},
-		{"v4 head T1", 4, 4096, 1, true, true, false, true, hcOneThreads},
-		{"hc4 D1024 mix T5 bf16", 4, 1024, 5, false, true, true, true, hcOneThreads},
-		{"hc4 D1024 mix T3 no expand", 4, 1024, 3, false, false, false, false, 128},
-		{"hc3 D100 mix T3 no expand", 3, 100, 3, false, false, false, true, hcOneThreads},
-		{"hc6 D64 mix T2", 6, 64, 2, false, true, false, false, hcOneThreads},
-		{"hc2 D36 head T6 bf16", 2, 36, 6, true, true, true, true, hcOneThreads},
-	}
-	b2i := func(b bool) int {
-		if b {
-			return 1
-		}
-		return 0
+	cases := []struct {
+		hcEmuCase
+		target int // fuse_hc_one's threads (hcOneShape)
+	}{
+		{hcEmuCase{"v4 mix T1", 4, 4096, 1, false, true, false, true}, hcOneThreads},
+		{hcEmuCase{"v4 mix T1 one64", 4, 4096, 1, false, true, false, true}, 64},
+		{hcEmuCase{"v4 head T1", 4, 4096, 1, true, true, false, true}, hcOneThreads},
+		{hcEmuCase{"hc4 D1024 mix T5 bf16", 4, 1024, 5, false, true, true, true}, hcOneThreads},
+		{hcEmuCase{"hc4 D1024 mix T3 no expand", 4, 1024, 3, false, false, false, false}, 128},
+		{hcEmuCase{"hc3 D100 mix T3 no expand", 3, 100, 3, false, false, false, true}, hcOneThreads},
+		{hcEmuCase{"hc6 D64 mix T2", 6, 64, 2, false, true, false, false}, hcOneThreads},
+		{hcEmuCase{"hc2 D36 head T6 bf16", 2, 36, 6, true, true, true, true}, hcOneThreads},
 	}
 	var gen strings.Builder
 	gen.WriteString("static std::vector<Case> cases = {\n")
 	for _, c := range cases {
-		rows := (2 + c.hc) * c.hc
-		if c.head {
-			rows = c.hc
-		}
-		rb, groups, splits, cq, threads := hcSplitShape(rows, c.hc*c.D)
-		v, blocks, _ := hcOneShape(groups, splits, threads, c.target)
-		fmt.Fprintf(&gen, "  {%q, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d},\n", c.name, c.hc, c.D, c.T,
-			b2i(c.head), b2i(c.expand), b2i(c.bf16), b2i(c.weighted), rb, groups, splits, cq, threads, v, blocks, rmsThreads(c.D))
+		fmt.Fprintf(&gen, "  {%s},\n", c.cxx(c.target))
 	}
 	gen.WriteString("};\n")
 	lines := runHostEmulation(t, map[string]string{"kern.inc": inc, "gen.inc": gen.String(), "emu.cpp": hcOneEmuHarness})
@@ -1141,6 +1125,42 @@ func TestHCOneEmulated(t *testing.T) {
 	if err != nil || !(worst <= 1e-4) {
 		t.Errorf("emulation's last line %q: want worst <= 1e-4", last)
 	}
+}
+
+// hcEmuCase is a boundary of TestHCOneEmulated and TestHCPrefillEmulated:
+// hc streams of D over T tokens, the head's rows (pre only) or a mix's,
+// x' expanded from post, comb and o or given, fn in BF16 or F32, the norm
+// weighted or not.
+type hcEmuCase struct {
+	name                         string
+	hc, D, T                     int
+	head, expand, bf16, weighted bool
+}
+
+// rows returns the number of fn rows: hc for the head, (2 + hc)·hc for a
+// mix.
+func (c hcEmuCase) rows() int {
+	if c.head {
+		return c.hc
+	}
+	return (2 + c.hc) * c.hc
+}
+
+// cxx returns the leading fields of the harnesses' C++ Case initializer:
+// name, hc, D, T, head, expand, bf16, weighted (0 or 1), then fuse.go's
+// launch shape (hcSplitShape's rb, groups, S, cq, vthreads; hcOneShape's V
+// and blocks at target threads; rmsThreads(D)).
+func (c hcEmuCase) cxx(target int) string {
+	b2i := func(b bool) int {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	rb, groups, splits, cq, threads := hcSplitShape(c.rows(), c.hc*c.D)
+	v, blocks, _ := hcOneShape(groups, splits, threads, target)
+	return fmt.Sprintf("%q, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d", c.name, c.hc, c.D, c.T,
+		b2i(c.head), b2i(c.expand), b2i(c.bf16), b2i(c.weighted), rb, groups, splits, cq, threads, v, blocks, rmsThreads(c.D))
 }
 
 // hcOneEmuSource returns what the emulation compiles of the fuse module:
@@ -1400,36 +1420,24 @@ func TestHCPrefillEmulated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type emuCase struct {
-		name                         string
-		hc, D, T                     int
-		head, expand, bf16, weighted bool
-		full                         bool // run the finish and fuse_hc_one too
-	}
-	cases := []emuCase{
-		{"v4 mix T70", 4, 4096, 70, false, true, false, true, false},
-		{"v4 head T33 bf16", 4, 4096, 33, true, true, true, true, false},
-		{"v4 mix T5", 4, 4096, 5, false, true, false, true, true},
-		{"hc4 D1024 mix T66 no expand", 4, 1024, 66, false, false, false, false, false},
-		{"hc4 D1024 mix T5 bf16", 4, 1024, 5, false, true, true, true, true},
-		{"hc3 D100 mix T6 no expand", 3, 100, 6, false, false, false, true, true},
-		{"hc2 D36 head T6 bf16", 2, 36, 6, true, true, true, true, true},
-		{"hc2 D36 mix T130", 2, 36, 130, false, true, false, false, false},
-	}
-	b2i := func(b bool) int {
-		if b {
-			return 1
-		}
-		return 0
+	cases := []struct {
+		hcEmuCase
+		full bool // run the finish and fuse_hc_one too
+	}{
+		{hcEmuCase{"v4 mix T70", 4, 4096, 70, false, true, false, true}, false},
+		{hcEmuCase{"v4 head T33 bf16", 4, 4096, 33, true, true, true, true}, false},
+		{hcEmuCase{"v4 mix T5", 4, 4096, 5, false, true, false, true}, true},
+		{hcEmuCase{"hc4 D1024 mix T66 no expand", 4, 1024, 66, false, false, false, false}, false},
+		{hcEmuCase{"hc4 D1024 mix T5 bf16", 4, 1024, 5, false, true, true, true}, true},
+		{hcEmuCase{"hc3 D100 mix T6 no expand", 3, 100, 6, false, false, false, true}, true},
+		{hcEmuCase{"hc2 D36 head T6 bf16", 2, 36, 6, true, true, true, true}, true},
+		{hcEmuCase{"hc2 D36 mix T130", 2, 36, 130, false, true, false, false}, false},
 	}
 	var gen strings.Builder
 	gen.WriteString("static std::vector<Case> cases = {\n")
 	for _, c := range cases {
-		rows := (2 + c.hc) * c.hc
-		if c.head {
-			rows = c.hc
-		}
-		rb, groups, splits, cq, threads := hcSplitShape(rows, c.hc*c.D)
+		rows := c.rows()
+		_, _, splits, cq, threads := hcSplitShape(rows, c.hc*c.D)
 		nw, rpw, ok := hcPrefillShape(rows, cq, threads)
 		if !ok {
 			t.Fatalf("%s: the prefill kernels do not fit rows %d, cq %d", c.name, rows, cq)
@@ -1439,10 +1447,11 @@ func TestHCPrefillEmulated(t *testing.T) {
 		if c.T > 64 {
 			spb = 3 // several splits per block, the last block's short
 		}
-		v, blocks, _ := hcOneShape(groups, splits, threads, hcOneThreads)
-		fmt.Fprintf(&gen, "  {%q, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d},\n", c.name, c.hc, c.D, c.T,
-			b2i(c.head), b2i(c.expand), b2i(c.bf16), b2i(c.weighted), rb, groups, splits, cq, threads, v, blocks, rmsThreads(c.D),
-			nw, rpw, spb, b2i(c.full))
+		full := 0
+		if c.full {
+			full = 1
+		}
+		fmt.Fprintf(&gen, "  {%s, %d, %d, %d, %d},\n", c.cxx(hcOneThreads), nw, rpw, spb, full)
 	}
 	gen.WriteString("};\n")
 	lines := runHostEmulation(t, map[string]string{"kern.inc": inc, "gen.inc": gen.String(), "emu.cpp": hcpEmuHarness()})

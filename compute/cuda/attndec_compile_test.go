@@ -36,7 +36,7 @@ func TestAttnDecCompiles(t *testing.T) {
 // compares with its own float64 attention. Skipped with -short or without
 // g++ (C++20).
 func TestAttnDecEmulated(t *testing.T) {
-	src := emuPDLNoops + AttnDecSource()
+	src := AttnDecSource()
 	for _, m := range []string{"extern __shared__ float4 ad_sm[];", "extern __shared__ float4 cpart[];"} {
 		if !strings.Contains(src, m) {
 			t.Fatalf("attndec.cu no longer declares %q; update the emulation", m)

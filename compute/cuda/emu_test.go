@@ -8,14 +8,36 @@ import (
 	"testing"
 )
 
-// emuPDLNoops defines module.go's preamble macros MOXIE_PDL and
-// MOXIE_PDL_PF as no-ops for the host emulations: on a GPU they wait for
-// the previous kernel (and ask L2 for the kernel's weights); an emulation
-// runs one kernel at a time.
-const emuPDLNoops = "#define MOXIE_PDL() do {} while (0)\n#define MOXIE_PDL_PF(...) do {} while (0)\n"
+// emuCUDAHeader is cuda_emu.h, which buildHostEmulation writes beside
+// every host emulation: what all of them take of CUDA. A harness's launch
+// sets gridDim, blockDim and, in each std::thread, threadIdx and blockIdx,
+// and points g_block_bar (a barrier of the block's threads), g_warp_bar
+// (one of 32 threads per warp) and, where a kernel uses a named barrier,
+// g_named_bar at barriers it makes for each block; __shared__ variables
+// are statics (one block runs at a time). module.go's preamble macros
+// MOXIE_PDL and MOXIE_PDL_PF are no-ops: on a GPU they wait for the
+// previous kernel (and ask L2 for the kernel's weights), while an
+// emulation runs one kernel at a time.
+const emuCUDAHeader = `#pragma once
+#include <barrier>
+struct U3 { unsigned x, y, z; };
+thread_local U3 threadIdx, blockIdx;
+U3 blockDim, gridDim;
+std::barrier<> *g_block_bar, *g_named_bar;
+std::barrier<> *g_warp_bar[32];
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define MOXIE_PDL() do {} while (0)
+#define MOXIE_PDL_PF(...) do {} while (0)
+inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
+`
 
 // buildHostEmulation writes files (name to contents; one of them emu.cpp,
-// which includes the others) to a fresh temporary directory, compiles
+// which includes the others) and cuda_emu.h (emuCUDAHeader) to a fresh
+// temporary directory, compiles
 // emu.cpp with g++ -O1 -w and flags, and returns the program's path. It
 // skips t without g++ and fails it when the compile fails.
 func buildHostEmulation(t *testing.T, files map[string]string, flags ...string) string {
@@ -25,6 +47,9 @@ func buildHostEmulation(t *testing.T, files map[string]string, flags ...string) 
 		t.Skipf("no g++: %v", err)
 	}
 	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "cuda_emu.h"), []byte(emuCUDAHeader), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for name, body := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
 			t.Fatal(err)

@@ -1169,7 +1169,6 @@ func (c hcEmuCase) cxx(target int) string {
 func hcOneEmuSource() (string, error) {
 	ops, fuse := OpsSource(), fuseCu
 	var b strings.Builder
-	b.WriteString(emuPDLNoops)
 	defs, err := cuMacros(ops, "HC_MAXNM", "HCS_RB", "HCS_TB", "HCS_MAXS")
 	if err != nil {
 		return "", err
@@ -1223,19 +1222,9 @@ typedef uint16_t u16;
 struct float4 { float x, y, z, w; };
 struct uint2 { unsigned x, y; };
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
-struct U3 { unsigned x, y, z; };
-thread_local U3 threadIdx, blockIdx;
-U3 blockDim, gridDim;
-std::barrier<> *g_block_bar, *g_named_bar;
-std::barrier<> *g_warp_bar[32];
+#include "cuda_emu.h"  // threadIdx, blockIdx, the barriers, __syncthreads, the CUDA keywords
 float g_shfl[32][32];
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __launch_bounds__(...)
-#define __shared__ static
 #define FULL 0xffffffffu
-inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
 inline void hco_emu_bar(int) { g_named_bar->arrive_and_wait(); }
 inline float __shfl_sync(unsigned, float v, int src) {
   int w = threadIdx.x / 32, l = threadIdx.x % 32;
@@ -1682,7 +1671,6 @@ func cuMacros(src string, names ...string) (string, error) {
 func hcFin4EmuSource() (string, error) {
 	ops, fuse := OpsSource(), fuseCu
 	var b strings.Builder
-	b.WriteString(emuPDLNoops)
 	defs, err := cuMacros(ops, "HC_MAXNM", "HCS_MAXS")
 	if err != nil {
 		return "", err
@@ -1731,21 +1719,11 @@ const hcFin4EmuHarness = `// CPU emulation of fuse_hc_finish and fuse_hc_finish4
 #include <string>
 using std::min; using std::max;
 struct float4 { float x, y, z, w; };
-struct U3 { unsigned x, y, z; };
-thread_local U3 threadIdx, blockIdx;
-U3 blockDim, gridDim;
-std::barrier<> *g_block_bar;
-std::barrier<> *g_warp_bar[32];
+#include "cuda_emu.h"  // threadIdx, blockIdx, the barriers, __syncthreads, the CUDA keywords
 float g_shfl[32][32];
 float4 emu_dyn[4096];
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __launch_bounds__(...)
-#define __shared__ static
 #define __restrict__
 #define FULL 0xffffffffu
-inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
 inline float __shfl_sync(unsigned, float v, int src) {
   int w = threadIdx.x / 32, l = threadIdx.x % 32;
   g_warp_bar[w]->arrive_and_wait();

@@ -1040,19 +1040,9 @@ const moePlanEmuHarness = `// CPU emulation of the multi-block MoE planner of ke
 #include <random>
 #include <algorithm>
 using std::min; using std::max;
-struct U3 { unsigned x, y, z; };
-thread_local U3 threadIdx, blockIdx;
-U3 blockDim, gridDim;
-std::barrier<> *g_block_bar;
-std::barrier<> *g_warp_bar[32];
+#include "cuda_emu.h"  // threadIdx, blockIdx, the barriers, __syncthreads, the CUDA keywords
 int g_xch[32][32];
 int g_dyn[1 << 14];
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __launch_bounds__(x)
-#define __shared__ static
-` + emuPDLNoops + `inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
 static int warp_xch(int v, int src) {
   const int w = threadIdx.x / 32, l = threadIdx.x % 32;
   g_warp_bar[w]->arrive_and_wait();

@@ -42,21 +42,11 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 typedef unsigned short u16;
 typedef unsigned char u8;
-struct U3 { unsigned x, y, z; };
-thread_local U3 threadIdx, blockIdx;
-U3 blockDim, gridDim;
-std::barrier<> *g_block_bar, *g_named_bar;
-std::barrier<> *g_warp_bar[32];
+#include "cuda_emu.h"  // threadIdx, blockIdx, the barriers, __syncthreads, the CUDA keywords
 u64 g_x[32][32];
 u32 *g_dyn;
 u64 *g_rsm;
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __launch_bounds__(x)
-#define __shared__ static
-` + emuPDLNoops + `#define FULL 0xffffffffu
-inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
+#define FULL 0xffffffffu
 inline void __syncwarp() { g_warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
 inline void emu_named_bar() { g_named_bar->arrive_and_wait(); }
 inline void wput(u64 v) { int w = threadIdx.x / 32; g_warp_bar[w]->arrive_and_wait(); g_x[w][threadIdx.x % 32] = v; g_warp_bar[w]->arrive_and_wait(); }

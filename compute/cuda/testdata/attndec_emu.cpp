@@ -19,19 +19,9 @@
 using std::min; using std::max;
 struct float4 { float x, y, z, w; };
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
-struct U3 { unsigned x, y, z; };
-thread_local U3 threadIdx, blockIdx;
-U3 blockDim, gridDim;
-std::barrier<> *g_block_bar;
-std::barrier<> *g_warp_bar[32];
+#include "cuda_emu.h"  // threadIdx, blockIdx, the barriers, __syncthreads, the CUDA keywords
 float g_shfl[32][32];
 alignas(16) static unsigned char g_dyn[256 << 10];
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __launch_bounds__(x)
-#define __shared__ static
-inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
 inline float __shfl_xor_sync(unsigned, float v, int o) {
   int w = threadIdx.x / 32, l = threadIdx.x % 32;
   g_warp_bar[w]->arrive_and_wait();

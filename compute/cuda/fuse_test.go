@@ -1345,6 +1345,23 @@ static HCRef hc_reference(const HCIn &in, int hc, int D, int T, int nm, bool hea
   return r;
 }
 
+// hc_args returns the HCOneArgs of a boundary case c (a Case of either
+// harness) on in's inputs, writing pre, post, comb, a and x' (xout) and
+// using part and ctr; the caller sets rb, groups, V and vthreads.
+template <class C>
+static HCOneArgs hc_args(const C &c, HCIn &in, std::vector<float> &part, std::vector<int> &ctr, std::vector<float> &post,
+                         std::vector<float> &comb, std::vector<float> &xout, std::vector<float> &pre, std::vector<float> &a) {
+  HCOneArgs p{};
+  p.part = part.data(); p.ctr = ctr.data(); p.x = in.x.data();
+  if (c.expand) { p.o = in.o.data(); p.post0 = post.data(); p.comb0 = comb.data(); p.xout = xout.data(); }
+  p.fn = c.bf16 ? (const void *)in.fnb.data() : (const void *)in.fn.data();
+  p.pre = pre.data(); p.post = c.head ? nullptr : post.data(); p.comb = c.head ? nullptr : comb.data(); p.a = a.data();
+  p.w = c.weighted ? in.w.data() : nullptr; p.base = in.base.data(); p.scale = in.scale.data();
+  p.fmt = c.bf16 ? 3 : 4; p.n = c.hc * c.D; p.nm = c.head ? c.hc : (2 + c.hc) * c.hc; p.cq = c.cq; p.batch = c.T; p.hc = c.hc; p.dim = c.D; p.S = c.S;
+  p.iters = 20; p.head = c.head; p.vt = c.vt; p.eps = 1e-6f; p.normEps = 1e-6f; p.rmsEps = 1e-6f;
+  return p;
+}
+
 struct Case { const char *name; int hc, D, T, head, expand, bf16, weighted, rb, groups, S, cq, vthreads, V, blocks, vt; };
 // gen.inc defines std::vector<Case> cases.
 #include "gen.inc"
@@ -1355,8 +1372,7 @@ int main() {
     const Case c = cases[ci];
     const int hc = c.hc, D = c.D, T = c.T, n = hc * D, nm = c.head ? hc : (2 + hc) * hc;
     HCIn in = hc_inputs(ci + 7, hc, D, T, nm, nm, c.bf16);
-    std::vector<float> &fn = in.fn, &base = in.base, &scale = in.scale, &x = in.x, &o = in.o, &post0 = in.post0, &comb0 = in.comb0, &w = in.w;
-    std::vector<u16> &fnb = in.fnb;
+    const std::vector<float> &post0 = in.post0, &comb0 = in.comb0;
     const HCRef ref = hc_reference(in, hc, D, T, nm, c.head, c.expand, c.weighted);
     const std::vector<double> &wx = ref.x, &wpre = ref.pre, &wpost = ref.post, &wcomb = ref.comb, &wa = ref.a;
     const int groupsT = (T + 3) / 4;
@@ -1366,15 +1382,8 @@ int main() {
     bool same = true;
     for (int run = 0; run < 2; run++) {
       std::vector<float> post(post0), comb(comb0), xout(T * n, NAN), pre(T * hc, NAN), a(T * D, NAN);
-      HCOneArgs p{};
-      p.part = part.data(); p.ctr = ctr.data(); p.x = x.data();
-      if (c.expand) { p.o = o.data(); p.post0 = post.data(); p.comb0 = comb.data(); p.xout = xout.data(); }
-      p.fn = c.bf16 ? (const void *)fnb.data() : (const void *)fn.data();
-      p.pre = pre.data(); p.post = c.head ? nullptr : post.data(); p.comb = c.head ? nullptr : comb.data(); p.a = a.data();
-      p.w = c.weighted ? w.data() : nullptr; p.base = base.data(); p.scale = scale.data();
-      p.fmt = c.bf16 ? 3 : 4; p.n = n; p.nm = nm; p.cq = c.cq; p.rb = c.rb; p.batch = T; p.hc = hc; p.dim = D; p.S = c.S;
-      p.groups = c.groups; p.V = c.V; p.vthreads = c.vthreads; p.iters = 20; p.head = c.head; p.vt = c.vt;
-      p.eps = 1e-6f; p.normEps = 1e-6f; p.rmsEps = 1e-6f;
+      HCOneArgs p = hc_args(c, in, part, ctr, post, comb, xout, pre, a);
+      p.rb = c.rb; p.groups = c.groups; p.V = c.V; p.vthreads = c.vthreads;
       launch(hc == 4 ? fuse_hc_one4 : fuse_hc_one, {(unsigned)c.blocks, 1, (unsigned)groupsT}, c.V * c.vthreads + 32, p, c.V * c.vthreads);
       res[run][0] = xout; res[run][1] = pre; res[run][2] = post; res[run][3] = comb; res[run][4] = a;
       if (run == 1) for (int k = 0; k < 5; k++) same = same && !memcmp(res[0][k].data(), res[1][k].data(), 4 * res[0][k].size());
@@ -1478,8 +1487,7 @@ int main() {
     const Case c = cases[ci];
     const int hc = c.hc, D = c.D, T = c.T, n = hc * D, nq = n / 4, nm = c.head ? hc : (2 + hc) * hc;
     HCIn in = hc_inputs(ci + 11, hc, D, T, nm, (2 + hc) * hc, c.bf16);
-    std::vector<float> &fn = in.fn, &base = in.base, &scale = in.scale, &x = in.x, &o = in.o, &post0 = in.post0, &comb0 = in.comb0, &w = in.w;
-    std::vector<u16> &fnb = in.fnb;
+    const std::vector<float> &fn = in.fn, &x = in.x, &o = in.o, &post0 = in.post0, &comb0 = in.comb0;
     // x' in hc_x_expand's float32 operations, and hc_split_dots's partials
     // in its documented order (serially).
     std::vector<float> xs(T * n), wpart(T * (nm + 1) * c.S);
@@ -1527,14 +1535,7 @@ int main() {
     for (int run = 0; run < (c.full ? 2 : 1); run++) {
       std::vector<float> post(post0), comb(comb0), xout(T * n, NAN), pre(T * hc, NAN), a(T * D, NAN);
       std::vector<int> ctr(groupsT, 0);
-      HCOneArgs p{};
-      p.part = part.data(); p.ctr = ctr.data(); p.x = x.data();
-      if (c.expand) { p.o = o.data(); p.post0 = post.data(); p.comb0 = comb.data(); p.xout = xout.data(); }
-      p.fn = c.bf16 ? (const void *)fnb.data() : (const void *)fn.data();
-      p.pre = pre.data(); p.post = c.head ? nullptr : post.data(); p.comb = c.head ? nullptr : comb.data(); p.a = a.data();
-      p.w = c.weighted ? w.data() : nullptr; p.base = base.data(); p.scale = scale.data();
-      p.fmt = c.bf16 ? 3 : 4; p.n = n; p.nm = nm; p.cq = c.cq; p.batch = T; p.hc = hc; p.dim = D; p.S = c.S;
-      p.iters = 20; p.head = c.head; p.vt = c.vt; p.eps = 1e-6f; p.normEps = 1e-6f; p.rmsEps = 1e-6f;
+      HCOneArgs p = hc_args(c, in, part, ctr, post, comb, xout, pre, a);
       if (run == 0) {
         HCOneArgs d = p;
         d.rb = c.rpw; d.groups = c.spb; d.V = 1; d.vthreads = c.vthreads;

@@ -118,9 +118,8 @@ type DeviceSession struct {
 	fused     bool
 	hcScratch cuda.DevicePtr // HCNormScratchBytes for a chunk
 	// hcCounters: the one-kernel boundaries' arrival counters
-	// (HCNormCounterBytes for a chunk; zeroed once, left zero by each).
-	// Set only with MOXIE_CUDA_HCFUSE=one: on the H200 the one-kernel
-	// boundary took 13.5 us against the two kernels' 9.4 (BenchmarkHCBoundary).
+	// (HCNormCounterBytes for a chunk; zeroed once, left zero by each),
+	// used with MOXIE_CUDA_HCFUSE=one (cuda.HCNorm.Counters).
 	hcCounters cuda.DevicePtr
 	// side: a decode step with merged projections runs the compressors'
 	// chain (their projections, stores and closes) on a second stream,
@@ -337,9 +336,7 @@ func (m *Model) planDeviceSession(T int) (*DeviceSession, *allocPlan, int, error
 	s.headRows = min(T, maxHeadRows)
 	pl.add(&s.logits, f*s.headRows*c.VocabSize)
 	pl.add(&s.hcScratch, cuda.HCNormScratchBytes(hc, D, T))
-	if os.Getenv("MOXIE_CUDA_HCFUSE") == "one" {
-		pl.add(&s.hcCounters, cuda.HCNormCounterBytes(T))
-	}
+	pl.add(&s.hcCounters, cuda.HCNormCounterBytes(T))
 	if s.attnDec {
 		// Keys per query are at most the window plus every entry (HCA) or
 		// the top-k (CSA); the split count, and so the scratch, is capped.
@@ -405,10 +402,8 @@ func (s *DeviceSession) open(pl *allocPlan, size int) (*DeviceSession, error) {
 		if err := pl.alloc(s.arena); err != nil {
 			return fmt.Errorf("dsv4: device session state: %w", err)
 		}
-		if s.hcCounters != 0 {
-			if err := cc.Memset(s.hcCounters, 0, cuda.HCNormCounterBytes(T), cc.Stream()); err != nil {
-				return err
-			}
+		if err := cc.Memset(s.hcCounters, 0, cuda.HCNormCounterBytes(T), cc.Stream()); err != nil {
+			return err
 		}
 		if s.host, err = cc.NewHostBuffer(8 * T); err != nil {
 			return err

@@ -57,10 +57,11 @@ func rmsThreads(dim int) int { return min(1024, max(32, (dim+3)/4/32*32)) }
 // rows; V4's mix and head sites do) and $MOXIE_CUDA_HCPREFILL is not "old",
 // the prefill kernels run it: the first reads X, O, Post and Comb and writes
 // XOut and the partials, many tokens per block; the second writes Pre,
-// PostOut, CombOut and A (Counters unused). Otherwise, with Counters set (and
-// $MOXIE_CUDA_HCFUSE not "two") one kernel runs the boundary: its blocks form the dot-product partials (Scratch) and x'
-// (XOut), and the last block to finish them writes Pre, PostOut, CombOut
-// and A. Otherwise two kernels run in stream order: the first reads X, O,
+// PostOut, CombOut and A (Counters unused). Otherwise, with Counters set and
+// $MOXIE_CUDA_HCFUSE=one, one kernel runs the boundary: its blocks form the
+// dot-product partials (Scratch) and x' (XOut), and the last block to
+// finish them writes Pre, PostOut, CombOut and A. By default two kernels
+// run in stream order: the first reads X, O,
 // Post and Comb and writes XOut and the partials; the second reads the
 // partials and x' and writes Pre, PostOut, CombOut and A. Either way every
 // read of X, O, Post and Comb comes before the first write of the new
@@ -94,7 +95,8 @@ type HCNorm struct {
 	// boundaries on one stream may share it.
 	Scratch DevicePtr
 	// Counters (int32 [HCNormCounterBytes(T)/4], 4-byte aligned, owned by
-	// the caller) selects the one-kernel boundary: its blocks count their
+	// the caller) lets $MOXIE_CUDA_HCFUSE=one select the one-kernel
+	// boundary (and a bad value of it be an error): its blocks count their
 	// arrivals there. It must be zero before the first boundary that uses
 	// it (Ctx.Memset once after allocating); every boundary leaves it zero,
 	// so boundaries on one stream (and replays of a captured graph) may
@@ -120,10 +122,12 @@ type HCFuseVariant int
 
 const (
 	// HCFuseOne is the one-kernel boundary (fuse_hc_one), used when the
-	// call sets HCNorm.Counters; the default.
+	// call sets HCNorm.Counters and $MOXIE_CUDA_HCFUSE=one.
 	HCFuseOne HCFuseVariant = iota
 	// HCFuseTwo is the two-kernel boundary (fuse_hc_dots or hc_split_dots,
-	// then fuse_hc_finish), whatever Counters says.
+	// then fuse_hc_finish), the default: on the H200 (2026-11-30,
+	// BenchmarkHCBoundary, V4, one token, in a graph) it took 9.4 us against
+	// the one-kernel boundary's 13.5.
 	HCFuseTwo
 	// HCFusePrefill is the prefill boundary (fuse_hcp_dots, then
 	// fuse_hcp_finish4 or fuse_hcp_finish), whatever Counters says, where
@@ -152,17 +156,17 @@ func (v HCFuseVariant) String() string {
 	return "one"
 }
 
-// ParseHCFuseVariant parses a $MOXIE_CUDA_HCFUSE value: "" or "one"
-// (HCFuseOne), "two" (HCFuseTwo); anything else is an error naming the
+// ParseHCFuseVariant parses a $MOXIE_CUDA_HCFUSE value: "" or "two"
+// (HCFuseTwo), "one" (HCFuseOne); anything else is an error naming the
 // variable.
 func ParseHCFuseVariant(v string) (HCFuseVariant, error) {
 	switch v {
-	case "", "one":
+	case "one":
 		return HCFuseOne, nil
-	case "two":
+	case "", "two":
 		return HCFuseTwo, nil
 	}
-	return 0, fmt.Errorf("MOXIE_CUDA_HCFUSE=%q: want one or two (or unset for the default, one)", v)
+	return 0, fmt.Errorf("MOXIE_CUDA_HCFUSE=%q: want one or two (or unset for the default, two)", v)
 }
 
 // hcOneThreads is the number of dot-product threads per fuse_hc_one block
@@ -195,8 +199,8 @@ func HCNormScratchBytes(hc, dim, T int) int {
 
 // HCMixNorm enqueues the sublayer boundary of HCNorm with p a mix site (Fn
 // [(2+HC)·HC, HC·D]): the optional expand of the previous sublayer, the
-// split-K HCMix, the collapse and the RMSNorm in one kernel (a.Counters
-// set, unless $MOXIE_CUDA_HCFUSE=two) or two (see HCNorm for the aliasing
+// split-K HCMix, the collapse and the RMSNorm in two kernels, or one
+// (a.Counters set and $MOXIE_CUDA_HCFUSE=one) (see HCNorm for the aliasing
 // rules; a bad $MOXIE_CUDA_HCFUSE is an error when Counters is set, a bad
 // $MOXIE_CUDA_HCPREFILL one from hcPrefillMinT tokens). D must
 // be a multiple of 4 and Fn 16-byte (F32) or 8-byte (BF16) aligned. The
@@ -218,7 +222,7 @@ func (c *Ctx) HCHeadNorm(a *HCNorm, p *HC, s Stream) error {
 }
 
 func (c *Ctx) hcNorm(op string, a *HCNorm, p *HC, head int32, s Stream) error {
-	v := HCFuseOne
+	v := HCFuseTwo
 	if a != nil && a.Counters != 0 {
 		var err error
 		if v, err = ParseHCFuseVariant(os.Getenv("MOXIE_CUDA_HCFUSE")); err != nil {
@@ -234,7 +238,7 @@ func (c *Ctx) hcNorm(op string, a *HCNorm, p *HC, head int32, s Stream) error {
 			v = HCFusePrefill
 		}
 	}
-	if v != HCFusePrefill && (v == HCFuseTwo || a == nil || a.Counters == 0) {
+	if v == HCFuseTwo {
 		fin4, err := ParseHCFinish(os.Getenv("MOXIE_CUDA_HCFIN"))
 		if err != nil {
 			return opErr(op, "%v", err)

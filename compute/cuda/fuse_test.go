@@ -726,7 +726,7 @@ func TestHCFuseSwitch(t *testing.T) {
 		in   string
 		want HCFuseVariant
 		ok   bool
-	}{{"", HCFuseOne, true}, {"one", HCFuseOne, true}, {"two", HCFuseTwo, true}, {"One", 0, false}, {"2", 0, false}} {
+	}{{"", HCFuseTwo, true}, {"one", HCFuseOne, true}, {"two", HCFuseTwo, true}, {"One", 0, false}, {"2", 0, false}} {
 		t.Run(fmt.Sprintf("%q", tc.in), func(t *testing.T) {
 			v, err := ParseHCFuseVariant(tc.in)
 			switch {

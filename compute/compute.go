@@ -64,32 +64,9 @@ type WeightData struct {
 
 // Validate checks that the byte lengths match the format and shape.
 func (w WeightData) Validate() error {
-	if w.Rows <= 0 || w.Cols <= 0 {
-		return fmt.Errorf("%s weight has shape [%d, %d], want positive", w.Format, w.Rows, w.Cols)
-	}
-	var data, scale int
-	switch w.Format {
-	case FP8Block:
-		if w.Block <= 0 {
-			return fmt.Errorf("fp8-block weight has block %d, want > 0", w.Block)
-		}
-		data = w.Rows * w.Cols
-		scale = ceilDiv(w.Rows, w.Block) * ceilDiv(w.Cols, w.Block)
-	case MXFP4:
-		if w.Cols%2 != 0 {
-			return fmt.Errorf("mxfp4 weight has %d columns, want an even number", w.Cols)
-		}
-		data = w.Rows * w.Cols / 2
-		scale = w.Rows * ceilDiv(w.Cols, 32)
-	case MXFP8:
-		data = w.Rows * w.Cols
-		scale = w.Rows * ceilDiv(w.Cols, 32)
-	case BF16:
-		data = 2 * w.Rows * w.Cols
-	case F32:
-		data = 4 * w.Rows * w.Cols
-	default:
-		return fmt.Errorf("unknown weight format %d", int(w.Format))
+	data, scale, err := StoredSizes(w.Format, w.Rows, w.Cols, w.Block)
+	if err != nil {
+		return err
 	}
 	if len(w.Data) != data {
 		return fmt.Errorf("%s weight [%d, %d] has %d data bytes, want %d", w.Format, w.Rows, w.Cols, len(w.Data), data)
@@ -98,6 +75,34 @@ func (w WeightData) Validate() error {
 		return fmt.Errorf("%s weight [%d, %d] has %d scale bytes, want %d", w.Format, w.Rows, w.Cols, len(w.Scale), scale)
 	}
 	return nil
+}
+
+// StoredSizes returns the data and scale bytes of a [rows, cols] weight of
+// format f (block: the FP8Block tile edge), or an error naming what does not
+// fit the format.
+func StoredSizes(f Format, rows, cols, block int) (data, scale int, err error) {
+	if rows <= 0 || cols <= 0 {
+		return 0, 0, fmt.Errorf("%s weight has shape [%d, %d], want positive", f, rows, cols)
+	}
+	switch f {
+	case FP8Block:
+		if block <= 0 {
+			return 0, 0, fmt.Errorf("fp8-block weight has block %d, want > 0", block)
+		}
+		return rows * cols, ceilDiv(rows, block) * ceilDiv(cols, block), nil
+	case MXFP4:
+		if cols%2 != 0 {
+			return 0, 0, fmt.Errorf("mxfp4 weight has %d columns, want an even number", cols)
+		}
+		return rows * cols / 2, rows * ceilDiv(cols, 32), nil
+	case MXFP8:
+		return rows * cols, rows * ceilDiv(cols, 32), nil
+	case BF16:
+		return 2 * rows * cols, 0, nil
+	case F32:
+		return 4 * rows * cols, 0, nil
+	}
+	return 0, 0, fmt.Errorf("unknown weight format %d", int(f))
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }

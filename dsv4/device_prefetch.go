@@ -106,18 +106,13 @@ func weightRanges(ws ...*cuda.DeviceWeight) []cuda.L2Range {
 		if w == nil {
 			continue
 		}
-		data := w.Rows * w.Cols
-		switch w.Format {
-		case compute.MXFP4:
-			data /= 2
-		case compute.BF16:
-			data *= 2
-		case compute.F32:
-			data *= 4
+		data, scale, err := compute.StoredSizes(w.Format, w.Rows, w.Cols, w.Block)
+		if err != nil {
+			continue // not an uploaded weight's shape: nothing to hint
 		}
 		out = append(out, cuda.L2Range{Ptr: w.Data, Bytes: data})
-		if w.Scale != w.Data && w.Bytes > data {
-			out = append(out, cuda.L2Range{Ptr: w.Scale, Bytes: w.Bytes - data})
+		if scale > 0 && w.Scale != w.Data {
+			out = append(out, cuda.L2Range{Ptr: w.Scale, Bytes: scale})
 		}
 	}
 	return out

@@ -114,8 +114,9 @@ type attnDecArgs struct {
 	_                                                             structs.HostLayout
 	O, Q, Ring, Comp, Idx, Sinks, Pos, Part                       uint64
 	RingRows, Window, Ratio, IdxStride, TopK, Heads, Dim, MaxKeys int32
-	Splits, NQ, KT, Pad1                                          int32
+	Splits, NQ, KT, RoPENF                                        int32
 	Scale, Pad2                                                   float32
+	RoPEFreq                                                      uint64
 }
 
 // attnDecModule returns the device's decode attention module, compiling (or
@@ -172,6 +173,24 @@ func (c *Ctx) AttentionDecode(p AttnParams, scratch DevicePtr, s Stream) error {
 	return c.attentionDecode(p, scratch, attnDecVariants[0].Name, s)
 }
 
+// AttentionDecodeInvRoPE is AttentionDecode followed by the inverse rotary
+// embedding of its output, RoPE(p.O, p.Pos, freq, p.T, p.Heads·p.Dim,
+// p.Dim, nfreq, true), in AttentionDecode's two launches: the combine
+// kernel rotates the last 2·nfreq dims of every head's output by the angle
+// −float32(Pos[i])·freq[k] (pair k: dims Dim−2·nfreq+2k and +1) as it writes
+// them, with the rope kernel's float32 and float64 operations, so the
+// results are those of the two calls (the same bits where the compiler
+// contracts the rotation alike in both kernels). freq is float32 [nfreq]
+// device memory owned by the caller, 1 ≤ nfreq ≤ Dim/2; the rotation's
+// positions are p.Pos. Everything else is AttentionDecode's contract
+// (graph-capturable; bad sizes are errors naming the argument).
+func (c *Ctx) AttentionDecodeInvRoPE(p AttnParams, freq DevicePtr, nfreq int, scratch DevicePtr, s Stream) error {
+	if freq == 0 || nfreq <= 0 || 2*nfreq > p.Dim {
+		return fmt.Errorf("cuda attndec: inverse RoPE of %d frequencies (table %#x) for heads of width %d: want 1..width/2 and a table", nfreq, freq, p.Dim)
+	}
+	return c.attentionDecodeVR(p, scratch, attnDecVariants[0], attnDecRoPE{freq: freq, nf: nfreq}, s)
+}
+
 // attentionDecode is AttentionDecode with the named partial-kernel variant.
 func (c *Ctx) attentionDecode(p AttnParams, scratch DevicePtr, variant string, s Stream) error {
 	v, ok := attnDecFind(variant)
@@ -181,12 +200,27 @@ func (c *Ctx) attentionDecode(p AttnParams, scratch DevicePtr, variant string, s
 	return c.attentionDecodeV(p, scratch, v, s)
 }
 
+// attnDecRoPE is the inverse rotation the combine kernel applies: nf
+// frequencies at freq (nf 0: none).
+type attnDecRoPE struct {
+	freq DevicePtr
+	nf   int
+}
+
 // attentionDecodeV is AttentionDecode with partial-kernel variant v (its
 // MaxSplits may differ from the listed one's; scratch must hold
 // 4·T·v.splits(MaxKeys)·Heads·(Dim+2) bytes).
 func (c *Ctx) attentionDecodeV(p AttnParams, scratch DevicePtr, v attnDecVariant, s Stream) error {
+	return c.attentionDecodeVR(p, scratch, v, attnDecRoPE{}, s)
+}
+
+// attentionDecodeVR is attentionDecodeV with the combine's inverse
+// rotation r.
+func (c *Ctx) attentionDecodeVR(p AttnParams, scratch DevicePtr, v attnDecVariant, r attnDecRoPE, s Stream) error {
 	keysErr := p.checkKeys("attndec")
 	switch {
+	case r.nf < 0 || 2*r.nf > p.Dim || (r.nf > 0 && r.freq == 0):
+		return fmt.Errorf("cuda attndec: inverse RoPE of %d frequencies (table %#x) for heads of width %d", r.nf, r.freq, p.Dim)
 	case v.MaxSplits <= 0 || v.MaxSplits > attnDecMaxSplits:
 		return fmt.Errorf("cuda attndec: %d splits, want 1..%d", v.MaxSplits, attnDecMaxSplits)
 	case p.O == 0 || p.Q == 0 || p.Ring == 0 || p.Sinks == 0 || p.Pos == 0 || scratch == 0:
@@ -216,7 +250,7 @@ func (c *Ctx) attentionDecodeV(p AttnParams, scratch DevicePtr, v attnDecVariant
 	a := attnDecArgs{O: uint64(p.O), Q: uint64(p.Q), Ring: uint64(p.Ring), Comp: uint64(p.Comp), Idx: uint64(p.Idx), Sinks: uint64(p.Sinks),
 		Pos: uint64(p.Pos), Part: uint64(scratch), RingRows: int32(p.RingRows), Window: int32(p.Window), Ratio: int32(max(p.Ratio, 1)),
 		IdxStride: int32(p.IdxStride), TopK: int32(p.TopK), Heads: int32(p.Heads), Dim: int32(p.Dim), MaxKeys: int32(p.MaxKeys),
-		Splits: int32(S), NQ: int32(p.T), KT: int32(v.KT), Scale: p.Scale}
+		Splits: int32(S), NQ: int32(p.T), KT: int32(v.KT), Scale: p.Scale, RoPENF: int32(r.nf), RoPEFreq: uint64(r.freq)}
 	if err := c.Launch(kp, Dim3{X: uint32(p.Heads / v.G), Y: uint32(S), Z: uint32(p.T)}, Dim3{X: attnDecThreads}, v.shared(p.Dim), s, unsafe.Pointer(&a)); err != nil {
 		return err
 	}

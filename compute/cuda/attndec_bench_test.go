@@ -118,3 +118,65 @@ func BenchmarkAttentionDecode(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkAttentionDecodeInvRoPE times a decode step's attention and its
+// output's inverse rotation at V4-Flash's shapes (64 heads of 512, 32
+// frequencies, CSA with 512 selected entries at a 4,096 context, one
+// query): "chain" is AttentionDecode then RoPE (inverse), three kernels;
+// "fused" is AttentionDecodeInvRoPE, two. Each runs 32 times in a captured
+// CUDA graph (graphTime): device µs per call.
+func BenchmarkAttentionDecodeInvRoPE(b *testing.B) {
+	const (
+		H, hd, window, topk, nf = 64, 512, 128, 512, 32
+		ctx, calls              = 4096, 32
+	)
+	dev := testDevice(b)
+	for _, name := range []string{"chain", "fused"} {
+		b.Run(name, func(b *testing.B) {
+			var us float64
+			err := dev.Do(func(c *Ctx) error {
+				if err := c.LoadAttnDec(); err != nil {
+					return err
+				}
+				if err := c.LoadOps(); err != nil {
+					return err
+				}
+				d := &devBufs{c: c}
+				defer d.free()
+				rng := rand.New(rand.NewPCG(5, ctx))
+				nEnt := ctx / 4
+				idx := make([]int32, topk)
+				for j := range idx {
+					idx[j] = int32(rng.IntN(nEnt))
+				}
+				p := AttnParams{O: d.alloc(4 * H * hd), Q: d.floats(computetest.Normal(rng, H*hd, 1)),
+					Ring: d.floats(computetest.Normal(rng, (window+1)*hd, 1)), Sinks: d.floats(computetest.Normal(rng, H, 1)),
+					Pos: d.int32s([]int32{ctx - 1}), RingRows: window + 1, Window: window, T: 1, Ratio: 4, IdxStride: topk, TopK: topk,
+					Heads: H, Dim: hd, MaxKeys: window + topk, Scale: float32(1 / math.Sqrt(hd)),
+					Comp: d.floats(computetest.Normal(rng, nEnt*hd, 1)), Idx: d.int32s(idx)}
+				freq := d.floats(ropeFreqs(nf))
+				scratch := d.alloc(AttentionDecodeScratchBytes(H, hd, 1, p.MaxKeys))
+				d.synced()
+				if d.err != nil {
+					return d.err
+				}
+				one := func() error { return c.AttentionDecodeInvRoPE(p, freq, nf, scratch, c.Stream()) }
+				if name == "chain" {
+					one = func() error {
+						if err := c.AttentionDecode(p, scratch, c.Stream()); err != nil {
+							return err
+						}
+						return c.RoPE(p.O, p.Pos, freq, 1, H*hd, hd, nf, true, c.Stream())
+					}
+				}
+				var err error
+				us, err = graphTime(b, c, calls, one)
+				return err
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(us, "device-us/op")
+		})
+	}
+}

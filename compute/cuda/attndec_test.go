@@ -328,3 +328,158 @@ func TestAttentionDecodeScratchBytes(t *testing.T) {
 		t.Error("DecodeAttentionFits: want 64x512 in, Tiny's 4x48 and 60 heads out")
 	}
 }
+
+// ropeInvRef rotates, in place, the last 2·len(freq) dims of each dim-wide
+// head of o back by the angle float32(pos)·freq[k] (the product rounded to
+// float32, as RoPE defines the angle; sine, cosine and the rotation in
+// float64).
+func ropeInvRef(o []float64, pos int, freq []float32, dim int) {
+	nf := len(freq)
+	for h := 0; h < len(o)/dim; h++ {
+		for k := range nf {
+			ang := -float64(float32(pos) * freq[k])
+			sn, cs := math.Sincos(ang)
+			e := o[h*dim+dim-2*nf+2*k:]
+			re, im := e[0], e[1]
+			e[0], e[1] = re*cs-im*sn, re*sn+im*cs
+		}
+	}
+}
+
+// TestAttentionDecodeInvRoPE checks AttentionDecodeInvRoPE against the chain
+// it replaces (AttentionDecode, then RoPE with inverse set: the same float32
+// and float64 operations, so within fuseTol, bit-identity logged) and
+// against the float64 attention rotated back in float64 (attnDecTol), for
+// V4's 32 frequencies on heads of 512, frequency counts that start the
+// rotated part inside a float4 column (odd counts) and a fully rotated head.
+func TestAttentionDecodeInvRoPE(t *testing.T) {
+	withFwd(t, func(e *fwdEnv) {
+		if err := e.c.LoadAttnDec(); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.c.LoadOps(); err != nil {
+			t.Fatal(err)
+		}
+		for ci, tc := range attnDecCases {
+			nfs := map[int][]int{512: {32, 3}, 256: {64, 1}, 128: {64, 5}}[tc.dim]
+			for _, nf := range nfs {
+				// Not a subtest: t.Run would move the case off the device's
+				// locked OS thread (CUDA_ERROR_INVALID_CONTEXT).
+				t.Logf("case %s, %d frequencies", tc.name, nf)
+				d := tc.data(uint64(100 + ci))
+				n := tc.T * tc.heads * tc.dim
+				scale := 1 / math.Sqrt(float64(tc.dim))
+				freq := ropeFreqs(nf)
+				p := AttnParams{O: e.poisoned(n), Q: e.up(d.q), Ring: e.up(d.ring), Sinks: e.up(d.sinks), Pos: e.positions(tc.p0, tc.T),
+					RingRows: tc.ringRows, Window: tc.window, T: tc.T, Ratio: tc.ratio, IdxStride: d.idxStride, TopK: tc.topk,
+					Heads: tc.heads, Dim: tc.dim, MaxKeys: d.maxKeys, Scale: float32(scale)}
+				if tc.kind != "window" {
+					p.Comp = e.up(d.ent)
+				}
+				if tc.kind == "csa" {
+					p.Idx = e.upInts(d.idx)
+				}
+				dfreq := e.up(freq)
+				scratchBytes := AttentionDecodeScratchBytes(tc.heads, tc.dim, tc.T, d.maxKeys)
+				scratch, err := e.a.Alloc(scratchBytes)
+				if err != nil {
+					t.Fatal(err)
+				}
+				s := e.c.Stream()
+				// The chain.
+				if err := e.c.AttentionDecode(p, scratch, s); err != nil {
+					t.Fatal(err)
+				}
+				if err := e.c.RoPE(p.O, p.Pos, dfreq, tc.T, tc.heads*tc.dim, tc.dim, nf, true, s); err != nil {
+					t.Fatal(err)
+				}
+				chain := e.down(p.O, n)
+				// The fused call, on a poisoned output and scratch.
+				if err := e.c.Memset(p.O, 0xff, 4*n, s); err != nil {
+					t.Fatal(err)
+				}
+				if err := e.c.Memset(scratch, 0xff, scratchBytes, s); err != nil {
+					t.Fatal(err)
+				}
+				if err := e.c.AttentionDecodeInvRoPE(p, dfreq, nf, scratch, s); err != nil {
+					t.Fatal(err)
+				}
+				got := e.down(p.O, n)
+				r := computetest.MaxRel(got, f64s(chain))
+				same := bitsEqual(got, chain)
+				if !(r <= fuseTol) {
+					t.Errorf("%s, %d frequencies: fused vs AttentionDecode+RoPE max rel. error %.3g > %.3g", tc.name, nf, r, fuseTol)
+				}
+				var worst float64
+				for qi := range tc.T {
+					want := attnDecRef(d.q[qi*tc.heads*tc.dim:(qi+1)*tc.heads*tc.dim], tc.keyList(d, qi), d.sinks, tc.heads, tc.dim, scale)
+					ropeInvRef(want, tc.p0+qi, freq, tc.dim)
+					rq := computetest.MaxRel(got[qi*tc.heads*tc.dim:(qi+1)*tc.heads*tc.dim], want)
+					worst = max(worst, rq)
+					if !(rq <= attnDecTol) {
+						t.Errorf("%s, %d frequencies: query %d (position %d): max rel. error %.3g vs float64 > %.3g", tc.name, nf, qi, tc.p0+qi, rq, attnDecTol)
+					}
+				}
+				t.Logf("vs the chain: max rel. %.3g (bit-identical %v); vs float64 %.3g", r, same, worst)
+			}
+		}
+		// The whole head rotated (2·nfreq == dim).
+		tc := attnDecCase{name: "all dims rotated", window: 16, ringRows: 17, p0: 40, T: 2, heads: 8, dim: 128, kind: "window"}
+		d := tc.data(7)
+		n := tc.T * tc.heads * tc.dim
+		scale := 1 / math.Sqrt(float64(tc.dim))
+		freq := ropeFreqs(64)
+		p := AttnParams{O: e.poisoned(n), Q: e.up(d.q), Ring: e.up(d.ring), Sinks: e.up(d.sinks), Pos: e.positions(tc.p0, tc.T),
+			RingRows: tc.ringRows, Window: tc.window, T: tc.T, Heads: tc.heads, Dim: tc.dim, MaxKeys: d.maxKeys, Scale: float32(scale)}
+		scratch, err := e.a.Alloc(AttentionDecodeScratchBytes(tc.heads, tc.dim, tc.T, d.maxKeys))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.c.AttentionDecodeInvRoPE(p, e.up(freq), 64, scratch, e.c.Stream()); err != nil {
+			t.Fatal(err)
+		}
+		got := e.down(p.O, n)
+		for qi := range tc.T {
+			want := attnDecRef(d.q[qi*tc.heads*tc.dim:(qi+1)*tc.heads*tc.dim], tc.keyList(d, qi), d.sinks, tc.heads, tc.dim, scale)
+			ropeInvRef(want, tc.p0+qi, freq, tc.dim)
+			if r := computetest.MaxRel(got[qi*tc.heads*tc.dim:(qi+1)*tc.heads*tc.dim], want); !(r <= attnDecTol) {
+				t.Errorf("%s: query %d: max rel. error %.3g vs float64 > %.3g", tc.name, qi, r, attnDecTol)
+			}
+		}
+	})
+}
+
+// TestAttentionDecodeInvRoPERejects checks that a bad rotation is an error
+// naming it, before anything touches the device (no GPU needed).
+func TestAttentionDecodeInvRoPERejects(t *testing.T) {
+	ok := AttnParams{O: 1, Q: 1, Ring: 1, Sinks: 1, Pos: 1, RingRows: 131, Window: 128, T: 4, Heads: 64, Dim: 512, MaxKeys: 640, Scale: 1}
+	var c *Ctx // never reached: every case fails validation first
+	for _, tc := range []struct {
+		name string
+		freq DevicePtr
+		nf   int
+		p    func(p *AttnParams)
+		want string
+	}{
+		{"no table", 0, 32, nil, "inverse RoPE of 32 frequencies"},
+		{"no frequencies", 1, 0, nil, "inverse RoPE of 0 frequencies"},
+		{"negative", 1, -2, nil, "inverse RoPE of -2"},
+		{"more than half the head", 1, 257, nil, "width 512"},
+		{"bad attention", 1, 32, func(p *AttnParams) { p.Q = 0 }, "nil buffer"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := ok
+			if tc.p != nil {
+				tc.p(&p)
+			}
+			err := c.AttentionDecodeInvRoPE(p, tc.freq, tc.nf, 1, Stream{})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+	// The internal path checks the rotation too.
+	if err := c.attentionDecodeVR(ok, 1, attnDecVariants[0], attnDecRoPE{freq: 0, nf: 4}, Stream{}); err == nil || !strings.Contains(err.Error(), "inverse RoPE") {
+		t.Errorf("rotation without a table: %v, want an error naming the inverse RoPE", err)
+	}
+}

@@ -12,6 +12,13 @@
 //   attndec_combine (grid (heads, T), D/4 x SP threads): merges the splits
 //     of one (head, query) in a fixed order with the sink:
 //     M = max(sink, m_s), o = sum_s e^(m_s-M) O_s / (sum_s e^(m_s-M) l_s + e^(sink-M)).
+//     With rope_nf > 0 it then applies the inverse rotary embedding to the
+//     last 2*rope_nf dims of o, as ops.cu's rope kernel (inverse mode) does
+//     to a stored o: pair k (dims D-2*rope_nf+2k, +1) is rotated by the angle
+//     -(float(pos[i]) * rope_freq[k]) (the product rounded to float32, its
+//     sine and cosine in double, rounded to float, the rotation in float32
+//     with the same expressions), so the results are those of the two-kernel
+//     chain. A float4 column holds whole pairs (D - 2*rope_nf is even).
 //
 // The key list of query i (t = pos[i]) is AttentionRing's: the window
 // positions max(0, t-window+1)..t from ring slot p mod ring_rows, then, if
@@ -39,11 +46,12 @@ struct ADArgs {
   float *part;         // scratch, see above
   int ring_rows, window, ratio, idx_stride, topk, heads, dim, max_keys;
   int splits, nq;
-  int kt;    // the partial kernel's KT (read by the combine kernel)
-  int pad1;
+  int kt;       // the partial kernel's KT (read by the combine kernel)
+  int rope_nf;  // > 0: the combine rotates the last 2*rope_nf dims of each head back (see below)
   float scale, pad2;
+  const float *rope_freq;  // [rope_nf] when rope_nf > 0
 };
-static_assert(sizeof(ADArgs) == 120, "ADArgs must match attnDecArgs in attndec.go");
+static_assert(sizeof(ADArgs) == 128, "ADArgs must match attnDecArgs in attndec.go");
 
 #define AD_NT 256      // threads of the partial kernel
 #define AD_NW 8        // its warps
@@ -312,6 +320,19 @@ AD_KERNEL(attndec_g8k16db_d128, 8, 128, 16, 2)
 AD_KERNEL(attndec_g8k16db_d256, 8, 256, 16, 2)
 AD_KERNEL(attndec_g8k16db_d512, 8, 512, 16, 2)
 
+// ad_rope_inv rotates the pair (re, im) back by the angle pos * fr: ops.cu's
+// rope kernel with inverse set, operation for operation.
+__device__ __forceinline__ void ad_rope_inv(float &re, float &im, float pos, float fr) {
+  float ang = __fmul_rn(pos, fr);
+  ang = -ang;
+  double sd, cd;
+  sincos((double)ang, &sd, &cd);
+  const float c = (float)cd, s = (float)sd;
+  const float x0 = re, x1 = im;
+  re = x0 * c - x1 * s;
+  im = x0 * s + x1 * c;
+}
+
 // Combine: grid (heads, T), blockDim.x = D/4 * SP threads (SP split parts,
 // a power of two). Only the splits that hold keys are read (the first
 // ceil(nk/chunk), as the partial kernel computes them; each of them wrote
@@ -366,6 +387,12 @@ extern "C" __global__ void __launch_bounds__(1024) attndec_combine(ADArgs a) { M
     acc.y /= L;
     acc.z /= L;
     acc.w /= L;
+    if (a.rope_nf > 0) {
+      const int e0 = 4 * c - (D - 2 * a.rope_nf);  // this column's first dim within the rotated part
+      const float pf = (float)a.pos[i];
+      if (e0 >= 0) ad_rope_inv(acc.x, acc.y, pf, a.rope_freq[e0 >> 1]);
+      if (e0 + 2 >= 0) ad_rope_inv(acc.z, acc.w, pf, a.rope_freq[(e0 + 2) >> 1]);
+    }
     ((float4 *)(a.o + ((long long)i * a.heads + h) * D))[c] = acc;
   }
 }

@@ -135,7 +135,11 @@ type DeviceSession struct {
 	// attnDec: a one-token step's attention is split over its keys
 	// (Ctx.AttentionDecode, partials in attnScratch); MOXIE_CUDA_ATTNDEC=off
 	// keeps AttentionRing.
-	attnDec     bool
+	attnDec bool
+	// invRoPE: with attnDec, the combine kernel applies the inverse RoPE
+	// of the output as it writes it (Ctx.AttentionDecodeInvRoPE) instead of
+	// a separate rope launch; MOXIE_CUDA_INVROPE=off keeps the launch.
+	invRoPE     bool
 	attnScratch cuda.DevicePtr
 	// pf: a one-token step's L2 prefetches on a third stream
 	// ($MOXIE_CUDA_PREFETCH; see l2Prefetch).
@@ -288,7 +292,8 @@ func (m *Model) planDeviceSession(T int) (*DeviceSession, *allocPlan, int, error
 	c := m.Cfg
 	s := &DeviceSession{m: m, d: d, limit: d.maxCtx, chunk: T, graphs: true, grouped: true, devMoE: true,
 		fused: os.Getenv("MOXIE_CUDA_FUSE") != "off", tcAttn: os.Getenv("MOXIE_CUDA_ATTN") != "ring",
-		attnDec: os.Getenv("MOXIE_CUDA_ATTNDEC") != "off" && cuda.DecodeAttentionFits(m.Cfg.NHeads, m.Cfg.HeadDim)}
+		attnDec: os.Getenv("MOXIE_CUDA_ATTNDEC") != "off" && cuda.DecodeAttentionFits(m.Cfg.NHeads, m.Cfg.HeadDim),
+		invRoPE: os.Getenv("MOXIE_CUDA_INVROPE") != "off"}
 	D, hc, K := c.Dim, c.HCMult, c.NActivatedExperts
 	s.topk = c.IndexTopK
 	s.entries = max(s.limit/config.CSARatio, 1)
@@ -1203,12 +1208,19 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 			maxKeys += s.limit / b.comp.ratio
 		}
 	}
+	// fold: the inverse RoPE of the output happens in decode attention's
+	// combine kernel.
+	fold := T == 1 && s.attnDec && s.invRoPE
 	return errs(
 		func() error {
 			// Chunks of several queries take the tensor-core kernel
 			// (MOXIE_CUDA_ATTN=ring keeps the CUDA-core one).
 			attn := d.fwd.AttentionRing
 			switch {
+			case fold:
+				attn = func(c *cuda.Ctx, p cuda.AttnParams, st cuda.Stream) error {
+					return c.AttentionDecodeInvRoPE(p, freq, nf, s.attnScratch, st)
+				}
 			case T == 1 && s.attnDec:
 				attn = func(c *cuda.Ctx, p cuda.AttnParams, st cuda.Stream) error {
 					return c.AttentionDecode(p, s.attnScratch, st)
@@ -1220,7 +1232,12 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 				Pos: s.posBuf, RingRows: ls.ringRows, Window: cfg.Window, T: T, Ratio: b.ratio, IdxStride: s.topk, TopK: s.topk,
 				Heads: H, Dim: hd, MaxKeys: maxKeys, Scale: float32(1 / math.Sqrt(float64(hd))), HeadsPerBlock: s.headsPerBlock(T)}, st)
 		},
-		func() error { return c.RoPE(s.o, s.posBuf, freq, T, H*hd, hd, nf, true, st) },
+		func() error {
+			if fold {
+				return nil // applied by the attention kernel
+			}
+			return c.RoPE(s.o, s.posBuf, freq, T, H*hd, hd, nf, true, st)
+		},
 		func() error { return s.pf.at(c, s.pf.o, T, st, b.woB) },
 		merged(woA, func() error { return c.GroupedLinear(b.woA, s.u, s.o, T, cfg.OGroups, st) }),
 		merged(woB, func() error { return c.Linear(b.woB, s.attnOut, s.u, T, st) }),

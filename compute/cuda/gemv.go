@@ -2,6 +2,7 @@ package cuda
 
 import (
 	_ "embed"
+	"encoding/binary"
 	"fmt"
 	"math/bits"
 	"structs"
@@ -145,4 +146,295 @@ func (c *Ctx) LaunchGemv(g *Gemv, s Stream) error {
 		return fmt.Errorf("cuda gemv: launch of an unprepared Gemv")
 	}
 	return c.Launch(g.kernel, g.grid, Dim3{X: 32 * gemvWarps}, 0, s, unsafe.Pointer(&g.args))
+}
+
+// gemvPairWarps is GP_WARPS in kernels/gemv.cu: a GemvPair block has
+// 32·gemvPairWarps threads.
+const gemvPairWarps = 16
+
+// gemvPairBarBytes is the barrier's counters (uint32 arrivals, generation,
+// timeouts and one unused).
+const gemvPairBarBytes = 16
+
+// gemvPairArgs mirrors struct GemvPairArgs in kernels/gemv.cu.
+type gemvPairArgs struct {
+	_                      structs.HostLayout
+	A, B                   gemvMat
+	Bar                    uint64
+	Ns, RedOff, Fill, L2PF int32
+}
+
+// GemvPairVariant tunes a GemvPair launch; the zero value is the default.
+type GemvPairVariant struct {
+	// U is the rows a warp loads at once: 4 or 8 (0 means 8).
+	U int
+	// SmemRows caps the rows of the second product a block copies into
+	// shared memory before the barrier: 0 as many as fit, negative none
+	// (every row then comes from global memory after the barrier).
+	SmemRows int
+	// LateFill starts the shared-memory copies after the block's first
+	// product instead of before it.
+	LateFill bool
+	// NoL2Prefetch leaves out the L2 hints for the second product's rows
+	// that do not fit in shared memory; EarlyL2Prefetch gives them before
+	// the block's first product instead of after it.
+	NoL2Prefetch, EarlyL2Prefetch bool
+}
+
+// GemvPair is a prepared launch of two dependent one-token FP8-block
+// products, y1 = A·x1 and then y2 = B·y1, as one persistent kernel with a
+// grid-wide barrier between them (see PrepareGemvPair). Its arguments
+// travel by value, so the launch can be captured in a CUDA graph; the
+// barrier's two counters in device memory belong to it.
+type GemvPair struct {
+	args   gemvPairArgs
+	kernel *Kernel
+	grid   Dim3
+	smem   int
+	bar    DevicePtr
+	bytes  int
+}
+
+// Bytes returns the stored bytes of both products' weights.
+func (p *GemvPair) Bytes() int { return p.bytes }
+
+// Blocks returns the launch's grid size (every block resident at once).
+func (p *GemvPair) Blocks() int { return int(p.grid.X) }
+
+// SharedRows returns the most rows of the second product a block copies
+// into shared memory before the barrier.
+func (p *GemvPair) SharedRows() int { return int(p.args.Ns) }
+
+// SharedBytes returns the launch's dynamic shared memory per block.
+func (p *GemvPair) SharedBytes() int { return p.smem }
+
+// gemvPairWPR is the warps splitting a row's 512-column segments: the
+// largest power of two that is at most the segment count and the block's
+// warps (a warp with several segments takes every wpr-th).
+func gemvPairWPR(cols int) int {
+	segs, w := cols/512, 1
+	for 2*w <= min(segs, gemvPairWarps) {
+		w *= 2
+	}
+	return w
+}
+
+// gemvPairShape plans the dynamic shared memory of a GemvPair launch of g
+// blocks (block i owns rows [i·rows/g, (i+1)·rows/g) of each product): the
+// partial sums (4·wpr bytes per row of the larger of a block's two row
+// ranges) after ns rows of the second product's cols2 bytes, ns as many
+// of a block's rows as fit in budget bytes, at most capRows (0: no cap,
+// negative: none).
+func gemvPairShape(g, rows1, wpr1, rows2, cols2, wpr2, budget, capRows int) (ns, redOff, smem int, err error) {
+	rpb1, rpb2 := (rows1+g-1)/g, (rows2+g-1)/g
+	red := 4 * max(rpb1*wpr1, rpb2*wpr2)
+	if red > budget {
+		return 0, 0, 0, fmt.Errorf("cuda gemv pair: %d blocks: the partial sums of up to %d and %d rows a block need %d bytes of shared memory, the device allows %d", g, rpb1, rpb2, red, budget)
+	}
+	ns = min(rpb2, (budget-red)/cols2)
+	switch {
+	case capRows < 0:
+		ns = 0
+	case capRows > 0:
+		ns = min(ns, capRows)
+	}
+	return ns, ns * cols2, ns*cols2 + red, nil
+}
+
+// gemvPairMat validates one product of a pair (FP8 blocks of a
+// power-of-two edge of at least 16, columns a multiple of 512, 16-byte
+// aligned data, whole row groups) and returns its kernel record.
+func gemvPairMat(which string, p GemvProj) (gemvMat, error) {
+	w := p.W
+	if w == nil {
+		return gemvMat{}, fmt.Errorf("cuda gemv pair: %s product: nil weight", which)
+	}
+	if w.Format != compute.FP8Block {
+		return gemvMat{}, fmt.Errorf("cuda gemv pair: %s product: %v weights, want FP8 blocks", which, w.Format)
+	}
+	if w.Block < 16 || w.Block&(w.Block-1) != 0 || w.Cols <= 0 || w.Cols%512 != 0 || w.Rows <= 0 {
+		return gemvMat{}, fmt.Errorf("cuda gemv pair: %s product: FP8 [%d, %d] block %d: want a power-of-two block of at least 16, rows, and columns a multiple of 512", which, w.Rows, w.Cols, w.Block)
+	}
+	if w.Data == 0 || w.Data%16 != 0 || w.Scale == 0 {
+		return gemvMat{}, fmt.Errorf("cuda gemv pair: %s product: data %#x, scales %#x: want non-null, the data 16-byte aligned", which, w.Data, w.Scale)
+	}
+	groups := max(p.Groups, 1)
+	if w.Rows%groups != 0 {
+		return gemvMat{}, fmt.Errorf("cuda gemv pair: %s product: %d rows in %d groups: want whole groups", which, w.Rows, groups)
+	}
+	if p.Y == 0 || p.Y%16 != 0 {
+		return gemvMat{}, fmt.Errorf("cuda gemv pair: %s product: y %#x: want a non-null, 16-byte aligned buffer", which, p.Y)
+	}
+	return gemvMat{W: uint64(w.Data), S: uint64(w.Scale), X: uint64(p.X), Y: uint64(p.Y), Rows: int32(w.Rows), Cols: int32(w.Cols),
+		Rpg: int32(w.Rows / groups), Bshift: int32(bits.TrailingZeros(uint(w.Block))), Sstride: int32((w.Cols + w.Block - 1) / w.Block),
+		Fmt: 1, Wpr: int32(gemvPairWPR(w.Cols))}, nil
+}
+
+// overlaps reports whether [a, a+an) and [b, b+bn) share a byte.
+func overlaps(a DevicePtr, an int, b DevicePtr, bn int) bool {
+	return a < b+DevicePtr(bn) && b < a+DevicePtr(an)
+}
+
+// gemvPairMats validates a pair's products and variant (PrepareGemvPair's
+// contract) and returns their kernel records (the second's x is the
+// first's y) and the variant's U.
+func gemvPairMats(a, b GemvProj, v GemvPairVariant) (ma, mb gemvMat, u int, err error) {
+	u = v.U
+	if u == 0 {
+		u = 8
+	}
+	if u != 4 && u != 8 {
+		return ma, mb, 0, fmt.Errorf("cuda gemv pair: U %d, want 4 or 8", u)
+	}
+	if ma, err = gemvPairMat("first", a); err != nil {
+		return ma, mb, 0, err
+	}
+	if a.X == 0 || a.X%16 != 0 {
+		return ma, mb, 0, fmt.Errorf("cuda gemv pair: first product: x %#x: want a non-null, 16-byte aligned buffer", a.X)
+	}
+	if b.X == 0 {
+		b.X = a.Y
+	}
+	if b.X != a.Y {
+		return ma, mb, 0, fmt.Errorf("cuda gemv pair: second product's x %#x is not the first's y %#x", b.X, a.Y)
+	}
+	if mb, err = gemvPairMat("second", b); err != nil {
+		return ma, mb, 0, err
+	}
+	ga, gb := max(a.Groups, 1), max(b.Groups, 1)
+	if b.W.Cols*gb != a.W.Rows {
+		return ma, mb, 0, fmt.Errorf("cuda gemv pair: second product [%d, %d] in %d groups reads %d floats, the first [%d, %d] writes %d", b.W.Rows, b.W.Cols, gb, b.W.Cols*gb, a.W.Rows, a.W.Cols, a.W.Rows)
+	}
+	if overlaps(a.Y, 4*a.W.Rows, a.X, 4*ga*a.W.Cols) || overlaps(a.Y, 4*a.W.Rows, b.Y, 4*b.W.Rows) {
+		return ma, mb, 0, fmt.Errorf("cuda gemv pair: y1 %#x (%d floats) overlaps x1 %#x (%d) or y2 %#x (%d)", a.Y, a.W.Rows, a.X, ga*a.W.Cols, b.Y, b.W.Rows)
+	}
+	return ma, mb, u, nil
+}
+
+// PrepareGemvPair validates and plans one launch of two dependent
+// one-token FP8-block products: y1 = A·x1 (a.Y [A.Rows] = a.W·a.X, a.X of
+// a.Groups slices of A.Cols floats, row group g reading slice g), then
+// y2 = B·y1 (b.Y [B.Rows] = b.W·a.Y, grouped the same way by b.Groups, so
+// B.Cols·b.Groups must equal A.Rows). b.X must be a.Y or 0 (meaning a.Y).
+// Both weights FP8 blocks (a power-of-two block edge of at least 16,
+// columns a multiple of 512, data 16-byte aligned); x1 and both outputs
+// float32 device buffers the caller owns, 16-byte aligned; y1 must not
+// overlap x1 or y2. Both outputs are written (y1 is a real result too).
+//
+// The launch has at most as many blocks as the device holds at once (from
+// the kernel's occupancy at its shared memory), which its grid-wide
+// barrier needs; other work on the device while it runs can only delay
+// it, provided that work's blocks finish on their own. The barrier's 16
+// bytes of counters are allocated in ar and freed by Free; they need no
+// reset between launches or graph replays. A block that waits at the
+// barrier for more than a second (blocks not all resident: the device
+// shared with other work that does not finish) goes on and counts a
+// timeout (BarrierTimeouts) instead of hanging; the results of such a
+// launch are wrong. Launches of one GemvPair must not overlap (one
+// stream, or ordered by events); prepare one per concurrent use.
+func (c *Ctx) PrepareGemvPair(ar *Arena, a, b GemvProj, v GemvPairVariant) (*GemvPair, error) {
+	if ar == nil {
+		return nil, fmt.Errorf("cuda gemv pair: nil arena (the barrier's counters live there)")
+	}
+	ma, mb, u, err := gemvPairMats(a, b, v)
+	if err != nil {
+		return nil, err
+	}
+	p := &GemvPair{bytes: a.W.Bytes + b.W.Bytes}
+	if err := c.loadKernels("gemv", gemvSrc, kernelRef{fmt.Sprintf("gemv_pair_u%d", u), &p.kernel}); err != nil {
+		return nil, err
+	}
+	static, err := c.lib.FuncGetAttribute(p.kernel.fn, funcAttrSharedSize)
+	if err != nil {
+		return nil, fmt.Errorf("cuda gemv pair: %s: %w", p.kernel.name, err)
+	}
+	// Every launch of the kernel may use all the opt-in shared memory, so
+	// pairs prepared later with more launch too.
+	if err := c.raiseDynamicShared(p.kernel, -1); err != nil {
+		return nil, fmt.Errorf("cuda gemv pair: %w", err)
+	}
+	budget, sms := c.d.info.SharedOptin-static, c.d.info.SMs
+	rows1, rows2 := a.W.Rows, b.W.Rows
+	wpr1, wpr2 := int(ma.Wpr), int(mb.Wpr)
+	// One block per multiprocessor first, then as many as the occupancy at
+	// that shared memory allows; more blocks own fewer rows each, so the
+	// replanned shared memory (ns capped at the first plan's) is no larger
+	// and the occupancy no smaller.
+	g := min(sms, max(rows1, rows2))
+	ns, redOff, smem, err := gemvPairShape(g, rows1, wpr1, rows2, b.W.Cols, wpr2, budget, v.SmemRows)
+	if err != nil {
+		return nil, err
+	}
+	threads := 32 * gemvPairWarps
+	occ, err := c.lib.OccupancyMaxActiveBlocks(p.kernel.fn, threads, smem)
+	if err != nil {
+		return nil, fmt.Errorf("cuda gemv pair: %s occupancy: %w", p.kernel.name, err)
+	}
+	if occ < 1 {
+		return nil, fmt.Errorf("cuda gemv pair: %s with %d threads and %d bytes of shared memory does not fit on a multiprocessor", p.kernel.name, threads, smem)
+	}
+	if g2 := min(occ*sms, max(rows1, rows2)); g2 > g {
+		capRows := ns
+		if ns == 0 {
+			capRows = -1
+		}
+		if ns, redOff, smem, err = gemvPairShape(g2, rows1, wpr1, rows2, b.W.Cols, wpr2, budget, capRows); err != nil {
+			return nil, err
+		}
+		g = g2
+	}
+	fill, l2pf := int32(0), int32(1)
+	if v.LateFill {
+		fill = 1
+	}
+	switch {
+	case v.NoL2Prefetch:
+		l2pf = 0
+	case v.EarlyL2Prefetch:
+		l2pf = 2
+	}
+	mb.X = uint64(a.Y)
+	p.grid, p.smem = Dim3{X: uint32(g)}, smem
+	if p.bar, err = ar.Alloc(gemvPairBarBytes); err != nil {
+		return nil, fmt.Errorf("cuda gemv pair: barrier counters: %w", err)
+	}
+	if err := c.CopyToDevice(p.bar, make([]byte, gemvPairBarBytes)); err != nil {
+		_ = ar.Free(p.bar)
+		return nil, fmt.Errorf("cuda gemv pair: zeroing the barrier counters: %w", err)
+	}
+	p.args = gemvPairArgs{A: ma, B: mb, Bar: uint64(p.bar), Ns: int32(ns), RedOff: int32(redOff), Fill: fill, L2PF: l2pf}
+	return p, nil
+}
+
+// Free returns p's barrier counters to the arena it was prepared with; p
+// must not be launched afterwards.
+func (p *GemvPair) Free(ar *Arena) error {
+	if p == nil || p.bar == 0 {
+		return nil
+	}
+	err := ar.Free(p.bar)
+	p.bar, p.kernel = 0, nil
+	return err
+}
+
+// BarrierTimeouts returns how many times a block of p's launches so far
+// gave up waiting at the barrier (0 when every launch was correct), after
+// the work queued on the compute stream.
+func (c *Ctx) BarrierTimeouts(p *GemvPair) (int, error) {
+	if p == nil || p.bar == 0 {
+		return 0, fmt.Errorf("cuda gemv pair: timeouts of an unprepared or freed GemvPair")
+	}
+	var w [gemvPairBarBytes]byte
+	if err := c.CopyFromDevice(w[:], p.bar); err != nil {
+		return 0, err
+	}
+	return int(binary.LittleEndian.Uint32(w[8:])), nil
+}
+
+// LaunchGemvPair enqueues a prepared pair on s.
+func (c *Ctx) LaunchGemvPair(p *GemvPair, s Stream) error {
+	if p == nil || p.kernel == nil || p.bar == 0 {
+		return fmt.Errorf("cuda gemv pair: launch of an unprepared or freed GemvPair")
+	}
+	return c.Launch(p.kernel, p.grid, Dim3{X: 32 * gemvPairWarps}, p.smem, s, unsafe.Pointer(&p.args))
 }

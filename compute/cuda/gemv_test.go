@@ -1,8 +1,10 @@
 package cuda
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -246,4 +248,277 @@ func BenchmarkGemv(b *testing.B) {
 			b.ReportMetric(100*float64(r.bytes)/(r.us*1e-6)/hbm, "%HBM")
 		})
 	}
+}
+
+// TestGemvPairLayout checks the Go mirror of struct GemvPairArgs (the .cu
+// file's static_assert checks the C side's size).
+func TestGemvPairLayout(t *testing.T) {
+	var a gemvPairArgs
+	for _, c := range []struct {
+		what      string
+		got, want uintptr
+	}{
+		{"b", unsafe.Offsetof(a.B), 64},
+		{"bar", unsafe.Offsetof(a.Bar), 128},
+		{"ns", unsafe.Offsetof(a.Ns), 136},
+		{"l2pf", unsafe.Offsetof(a.L2PF), 148},
+		{"size", unsafe.Sizeof(a), 152},
+	} {
+		if c.got != c.want {
+			t.Errorf("gemvPairArgs %s at %d, want %d", c.what, c.got, c.want)
+		}
+	}
+}
+
+// TestGemvPairWPR checks the warps per row against the rule worked by hand:
+// the largest power of two at most the 512-column segments and 16.
+func TestGemvPairWPR(t *testing.T) {
+	for _, tc := range []struct{ cols, want int }{
+		{512, 1}, {1024, 2}, {1536, 2}, {2560, 4}, {4096, 8}, {8192, 16}, {9216, 16}, {16384, 16},
+	} {
+		if got := gemvPairWPR(tc.cols); got != tc.want {
+			t.Errorf("gemvPairWPR(%d) = %d, want %d", tc.cols, got, tc.want)
+		}
+	}
+}
+
+// TestGemvPairShape checks the shared-memory plan against values worked out
+// by hand (H200: 132 blocks, 232,448 bytes a block).
+func TestGemvPairShape(t *testing.T) {
+	const optin = 227 << 10
+	for _, tc := range []struct {
+		name                                           string
+		g, rows1, wpr1, rows2, cols2, wpr2, budget, cp int
+		ns, redOff, smem                               int
+	}{
+		// wo_a+wo_b: 63 and 32 rows a block, 4·max(63·8, 32·16) = 2,048 bytes
+		// of sums, (232,448 - 2,048) / 8,192 = 28 rows of wo_b.
+		{"wo_a+wo_b", 132, 8192, 8, 4096, 8192, 16, optin, 0, 28, 229376, 231424},
+		{"wo_a+wo_b cap 5", 132, 8192, 8, 4096, 8192, 16, optin, 5, 5, 40960, 43008},
+		{"wo_a+wo_b none", 132, 8192, 8, 4096, 8192, 16, optin, -1, 0, 0, 2048},
+		{"cap above the block's rows", 132, 8192, 8, 4096, 8192, 16, optin, 40, 28, 229376, 231424},
+		// 12 and 1 rows a block: 4·max(12·2, 1·1) = 96 bytes; one row of B.
+		{"small", 132, 1536, 2, 129, 512, 1, optin, 0, 1, 512, 608},
+		// 23 rows of 1,024 bytes, 4·max(8·4, 23·2) = 184 bytes of sums.
+		{"all rows fit", 132, 1024, 4, 3001, 1024, 2, optin, 0, 23, 23552, 23736},
+		// Only 3 rows of 8,192 fit in 30,000 - 2,048 bytes.
+		{"small budget", 132, 8192, 8, 4096, 8192, 16, 30000, 0, 3, 24576, 26624},
+	} {
+		ns, redOff, smem, err := gemvPairShape(tc.g, tc.rows1, tc.wpr1, tc.rows2, tc.cols2, tc.wpr2, tc.budget, tc.cp)
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		if ns != tc.ns || redOff != tc.redOff || smem != tc.smem {
+			t.Errorf("%s: ns %d, sums at %d, %d bytes; want %d, %d, %d", tc.name, ns, redOff, smem, tc.ns, tc.redOff, tc.smem)
+		}
+	}
+	if _, _, _, err := gemvPairShape(1, 100000, 16, 10, 512, 1, optin, 0); err == nil || !strings.Contains(err.Error(), "partial sums") {
+		t.Errorf("sums of 100,000 rows in one block: error %v, want one about the partial sums", err)
+	}
+}
+
+// TestGemvPairRefuses checks that bad pairs get an error naming the
+// problem (no GPU needed: the checks come before any device call), and
+// that the well-formed pairs they are made from pass.
+func TestGemvPairRefuses(t *testing.T) {
+	fp8 := func(rows, cols, blk int) *DeviceWeight {
+		return &DeviceWeight{Format: compute.FP8Block, Rows: rows, Cols: cols, Block: blk, Data: 1 << 30, Scale: 1 << 31, Bytes: rows * cols}
+	}
+	base := func() (GemvProj, GemvProj) {
+		return GemvProj{W: fp8(1024, 512, 128), X: 0x1000, Y: 0x10000}, GemvProj{W: fp8(300, 1024, 128), Y: 0x20000}
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(a, b *GemvProj, v *GemvPairVariant)
+		want string // "" means accepted
+	}{
+		{"base", func(a, b *GemvProj, v *GemvPairVariant) {}, ""},
+		{"explicit x2", func(a, b *GemvProj, v *GemvPairVariant) { b.X = a.Y }, ""},
+		{"grouped second", func(a, b *GemvProj, v *GemvPairVariant) { b.W = fp8(300, 512, 128); b.Groups = 2 }, ""},
+		{"u4", func(a, b *GemvProj, v *GemvPairVariant) { v.U = 4 }, ""},
+		{"u3", func(a, b *GemvProj, v *GemvPairVariant) { v.U = 3 }, "U 3"},
+		{"nil weight", func(a, b *GemvProj, v *GemvPairVariant) { a.W = nil }, "first product: nil weight"},
+		{"bf16", func(a, b *GemvProj, v *GemvPairVariant) { b.W.Format = compute.BF16 }, "second product: bf16 weights"},
+		{"columns", func(a, b *GemvProj, v *GemvPairVariant) { a.W.Cols = 1000 }, "columns a multiple of 512"},
+		{"block", func(a, b *GemvProj, v *GemvPairVariant) { b.W.Block = 96 }, "power-of-two block"},
+		{"unaligned data", func(a, b *GemvProj, v *GemvPairVariant) { a.W.Data += 8 }, "16-byte aligned"},
+		{"groups", func(a, b *GemvProj, v *GemvPairVariant) { a.Groups = 3 }, "1024 rows in 3 groups"},
+		{"x1 unaligned", func(a, b *GemvProj, v *GemvPairVariant) { a.X = 0x1004 }, "x 0x1004"},
+		{"y2 null", func(a, b *GemvProj, v *GemvPairVariant) { b.Y = 0 }, "second product: y 0x0"},
+		{"x2 not y1", func(a, b *GemvProj, v *GemvPairVariant) { b.X = 0x30000 }, "is not the first's y"},
+		{"inner size", func(a, b *GemvProj, v *GemvPairVariant) { b.W = fp8(300, 512, 128) }, "reads 512 floats, the first [1024, 512] writes 1024"},
+		{"y1 over x1", func(a, b *GemvProj, v *GemvPairVariant) { a.Y = a.X + 2032 }, "overlaps"},
+		{"y1 over y2", func(a, b *GemvProj, v *GemvPairVariant) { b.Y = a.Y + 4080 }, "overlaps"},
+		{"y1 next to y2", func(a, b *GemvProj, v *GemvPairVariant) { b.Y = a.Y + 4096 }, ""},
+	} {
+		a, b := base()
+		var v GemvPairVariant
+		tc.edit(&a, &b, &v)
+		_, mb, _, err := gemvPairMats(a, b, v)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.want == "" && mb.X != uint64(a.Y):
+			t.Errorf("%s: second product reads %#x, want the first's y %#x", tc.name, mb.X, a.Y)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: error %v, want one containing %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+// gemvPairCase is one pair of TestGemvPair: A [r1, c1] in g1 row groups
+// (x of g1·c1 floats), then B [r2, c2] in g2 groups (c2·g2 = r1), FP8
+// blocks of edge blk.
+type gemvPairCase struct {
+	name                   string
+	r1, c1, g1, r2, c2, g2 int
+	blk                    int
+}
+
+// TestGemvPair checks GemvPair launches against the float64 reference of
+// both products (y1 = A·x, y2 = B·y1 with y1 the reference's own) at V4's
+// wo_a+wo_b and odd shapes (a grouped second product, more segments than
+// warps, rows that do not divide among the blocks, fewer rows than blocks,
+// block edges 16 and 64), in every variant: twice as plain launches (the
+// same bits), then poisoned outputs and a captured graph of two launches
+// replayed three times (the same bits again: the barrier's counters carry
+// over launches and replays without a reset). The counters must end at 0
+// arrivals, one generation per launch and no timeouts.
+func TestGemvPair(t *testing.T) {
+	cases := []gemvPairCase{
+		{"wo_a+wo_b", 8192, 4096, 8, 4096, 8192, 1, 128},
+		{"grouped second, odd rows", 1536, 1024, 2, 129, 512, 3, 128},
+		{"five segments, many rows a block", 1024, 2560, 1, 3001, 1024, 1, 128},
+		{"eighteen segments, block 64", 9216, 512, 1, 300, 9216, 1, 64},
+		{"fewer rows than blocks, block 16", 512, 512, 1, 7, 512, 1, 16},
+	}
+	variants := []struct {
+		name string
+		v    GemvPairVariant
+	}{
+		{"default", GemvPairVariant{}},
+		{"u4", GemvPairVariant{U: 4}},
+		{"no shared rows", GemvPairVariant{SmemRows: -1}},
+		{"one shared row, late fill", GemvPairVariant{SmemRows: 1, LateFill: true}},
+		{"late fill, no L2 hints", GemvPairVariant{LateFill: true, NoL2Prefetch: true}},
+		{"eight shared rows, early L2 hints", GemvPairVariant{SmemRows: 8, EarlyL2Prefetch: true}},
+	}
+	if testing.Short() {
+		cases = cases[1:]
+	}
+	withFwd(t, func(e *fwdEnv) {
+		for ci, pc := range cases {
+			rng := rand.New(rand.NewPCG(uint64(ci), 31))
+			weight := func(seed uint64, rows, cols int) compute.WeightData {
+				if pc.blk == 128 {
+					return randomWeightPar(seed, compute.FP8Block, rows, cols, 0.05)
+				}
+				return computetest.Quantize(compute.FP8Block, computetest.Normal(rng, rows*cols, 0.05), rows, cols, pc.blk)
+			}
+			da, db := weight(rng.Uint64(), pc.r1, pc.c1), weight(rng.Uint64(), pc.r2, pc.c2)
+			x := computetest.Normal(rng, pc.g1*pc.c1, 1)
+			// float64 reference: y1 = A·x by row group, y2 = B·y1 by row group.
+			want1 := ref.ParallelGroupedLinear(ref.ParallelDequant(da), pc.r1, pc.c1, f64s(x), 1, pc.g1)
+			want2 := ref.ParallelGroupedLinear(ref.ParallelDequant(db), pc.r2, pc.c2, want1, 1, pc.g2)
+			wa, err := e.c.UploadWeight(e.a, da)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wb, err := e.c.UploadWeight(e.a, db)
+			if err != nil {
+				t.Fatal(err)
+			}
+			xd, y1, y2 := e.up(x), e.poisoned(pc.r1), e.poisoned(pc.r2)
+			for _, vr := range variants {
+				what := pc.name + ", " + vr.name
+				if err := e.c.Memset(y1, 0xff, 4*pc.r1, e.c.Stream()); err != nil {
+					t.Fatal(err)
+				}
+				if err := e.c.Memset(y2, 0xff, 4*pc.r2, e.c.Stream()); err != nil {
+					t.Fatal(err)
+				}
+				p, err := e.c.PrepareGemvPair(e.a, GemvProj{W: wa, X: xd, Y: y1, Groups: pc.g1}, GemvProj{W: wb, Y: y2, Groups: pc.g2}, vr.v)
+				if err != nil {
+					t.Fatalf("%s: %v", what, err)
+				}
+				t.Logf("%s: %d blocks, %d rows of B a block in %d bytes of shared memory", what, p.Blocks(), p.SharedRows(), p.SharedBytes())
+				var first1, first2 []float32
+				for run := range 2 {
+					if err := e.c.LaunchGemvPair(p, e.c.Stream()); err != nil {
+						t.Fatalf("%s: %v", what, err)
+					}
+					got1, got2 := e.down(y1, pc.r1), e.down(y2, pc.r2)
+					if run == 0 {
+						first1, first2 = got1, got2
+						r1, r2 := computetest.MaxRel(got1, want1), computetest.MaxRel(got2, want2)
+						if !(r1 <= computetest.TolLinear) || !(r2 <= computetest.TolLinear) {
+							t.Errorf("%s: max relative error y1 %.3g, y2 %.3g > %.3g", what, r1, r2, computetest.TolLinear)
+						} else if vr.name == "default" {
+							t.Logf("%s: max relative error y1 %.3g, y2 %.3g", what, r1, r2)
+						}
+						continue
+					}
+					if j := bitEqual32(got1, first1); j >= 0 {
+						t.Errorf("%s: a second launch's y1 differs at %d", what, j)
+					}
+					if j := bitEqual32(got2, first2); j >= 0 {
+						t.Errorf("%s: a second launch's y2 differs at %d", what, j)
+					}
+				}
+				// Two launches in a graph, replayed three times on poisoned outputs.
+				st := e.c.Stream()
+				if err := e.c.Memset(y1, 0xff, 4*pc.r1, st); err != nil {
+					t.Fatal(err)
+				}
+				if err := e.c.Memset(y2, 0xff, 4*pc.r2, st); err != nil {
+					t.Fatal(err)
+				}
+				if err := e.c.BeginCapture(st); err != nil {
+					t.Fatal(err)
+				}
+				for range 2 {
+					if err := e.c.LaunchGemvPair(p, st); err != nil {
+						_, _ = e.c.EndCapture(st)
+						t.Fatalf("%s: %v", what, err)
+					}
+				}
+				g, err := e.c.EndCapture(st)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for replay := range 3 {
+					if err := e.c.LaunchGraph(g, st); err != nil {
+						t.Fatal(err)
+					}
+					if j := bitEqual32(e.down(y1, pc.r1), first1); j >= 0 {
+						t.Errorf("%s: graph replay %d: y1 differs from the first launch at %d", what, replay, j)
+					}
+					if j := bitEqual32(e.down(y2, pc.r2), first2); j >= 0 {
+						t.Errorf("%s: graph replay %d: y2 differs from the first launch at %d", what, replay, j)
+					}
+				}
+				if err := e.c.DestroyGraph(g); err != nil {
+					t.Fatal(err)
+				}
+				var bar [gemvPairBarBytes]byte
+				if err := e.c.CopyFromDevice(bar[:], p.bar); err != nil {
+					t.Fatal(err)
+				}
+				arrivals, gen, timeouts := binary.LittleEndian.Uint32(bar[0:]), binary.LittleEndian.Uint32(bar[4:]), binary.LittleEndian.Uint32(bar[8:])
+				if arrivals != 0 || gen != 8 || timeouts != 0 {
+					t.Errorf("%s: barrier counters after 8 launches: %d arrivals, generation %d, %d timeouts; want 0, 8, 0", what, arrivals, gen, timeouts)
+				}
+				if n, err := e.c.BarrierTimeouts(p); err != nil || n != 0 {
+					t.Errorf("%s: BarrierTimeouts %d, %v; want 0", what, n, err)
+				}
+				if err := p.Free(e.a); err != nil {
+					t.Fatal(err)
+				}
+				if err := e.c.LaunchGemvPair(p, st); err == nil {
+					t.Errorf("%s: launch after Free accepted", what)
+				}
+			}
+		}
+	})
 }

@@ -41,6 +41,14 @@ const pdlMarker = "//@pdl"
 // so that at most one kernel waits ahead of the running one. #line keeps
 // compiler messages on the source's own line numbers.
 //
+// MOXIE_PDL_WAIT() and MOXIE_PDL_TRIGGER() are MOXIE_PDL()'s two halves,
+// for a kernel whose blocks wait for each other (a grid-wide barrier): it
+// starts with MOXIE_PDL_WAIT() and lets the next kernel launch only with
+// MOXIE_PDL_TRIGGER() after the barrier, once all its blocks are resident
+// (the next kernel's blocks could otherwise take the room a late block
+// needs). pdl_test.go accepts MOXIE_PDL_WAIT(); as a kernel's first
+// statement only when its body also contains MOXIE_PDL_TRIGGER().
+//
 // MOXIE_PDL_PF(...) first asks L2 for weight bytes the block will read
 // early (prefetch.global.L2, one hint per 128-byte line, the lines spread
 // over the block's threads) and then does MOXIE_PDL(), so that with a
@@ -66,8 +74,12 @@ const pdlMarker = "//@pdl"
 // is MOXIE_PDL().
 const pdlPreamble = `#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define MOXIE_PDL() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#define MOXIE_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define MOXIE_PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
 #else
 #define MOXIE_PDL() do {} while (0)
+#define MOXIE_PDL_WAIT() do {} while (0)
+#define MOXIE_PDL_TRIGGER() do {} while (0)
 #endif
 #ifndef MOXIE_PF_BYTES
 #define MOXIE_PF_BYTES 1024

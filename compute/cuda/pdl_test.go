@@ -35,12 +35,17 @@ var (
 // pdlViolations returns the __global__ functions of src whose body does not
 // start with MOXIE_PDL(); or MOXIE_PDL_PF(...); (line continuations and
 // blanks skipped; the parentheses of MOXIE_PDL_PF balanced, its arguments
-// free of reads through pointers: no ->, __ldg or asm).
+// free of reads through pointers: no ->, __ldg or asm), nor with
+// MOXIE_PDL_WAIT(); in a body (to its matching brace) that also contains
+// MOXIE_PDL_TRIGGER() (a kernel with a grid-wide barrier).
 func pdlViolations(src string) []string {
 	var bad []string
 	for _, m := range globalFn.FindAllStringIndex(src, -1) {
 		body := strings.TrimLeft(src[m[1]:], " \t\r\n\\")
 		if strings.HasPrefix(body, "MOXIE_PDL();") || pdlPFStatement(body) {
+			continue
+		}
+		if strings.HasPrefix(body, "MOXIE_PDL_WAIT();") && strings.Contains(braceBody(src[m[1]:]), "MOXIE_PDL_TRIGGER()") {
 			continue
 		}
 		name := "?"
@@ -52,6 +57,24 @@ func pdlViolations(src string) []string {
 		bad = append(bad, name)
 	}
 	return bad
+}
+
+// braceBody returns s up to the brace that closes the one just before it
+// (all of s when none does).
+func braceBody(s string) string {
+	depth := 1
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '{':
+			depth++
+		case '}':
+			depth--
+			if depth == 0 {
+				return s[:i]
+			}
+		}
+	}
+	return s
 }
 
 // pdlPFStatement reports whether body starts with a whole MOXIE_PDL_PF(...);
@@ -89,7 +112,9 @@ func pdlPFStatement(body string) bool {
 // TestPDLMarkers checks the contract of pdlMarker: a source that opts in to
 // programmatic dependent launch starts every kernel with MOXIE_PDL(); (a
 // kernel that read its inputs before it would race with the kernel before
-// it on the stream).
+// it on the stream), MOXIE_PDL_PF(...); or, for a kernel that triggers its
+// dependents itself later (MOXIE_PDL_TRIGGER() in its body: a grid-wide
+// barrier), MOXIE_PDL_WAIT();.
 func TestPDLMarkers(t *testing.T) {
 	t.Run("checker", func(t *testing.T) {
 		src := "extern \"C\" __global__ void __launch_bounds__(256) a(int *x) { MOXIE_PDL(); x[0] = 1; }\n" +
@@ -101,9 +126,14 @@ func TestPDLMarkers(t *testing.T) {
 			"extern \"C\" __global__ void d(const A *a) { MOXIE_PDL_PF(a->w, 64); }\n" +
 			"extern \"C\" __global__ void f(const float *w, const int *ids) { MOXIE_PDL_PF(w + __ldg(ids), 64); }\n" +
 			"extern \"C\" __global__ void g(const float *w, int n) { MOXIE_PDL_PF(w, n) x = 1; }\n" +
-			"extern \"C\" __global__ void h(const float *w, int n) { MOXIE_PDL_PF(w, n; }\n"
-		if got := pdlViolations(src); !slices.Equal(got, []string{"b", "d", "f", "g", "h"}) {
-			t.Fatalf("violations %q, want [b d f g h]", got)
+			"extern \"C\" __global__ void h(const float *w, int n) { MOXIE_PDL_PF(w, n; }\n" +
+			"extern \"C\" __global__ void i(A a) { MOXIE_PDL_WAIT(); p1(a); if (a.n) { sync(a); } MOXIE_PDL_TRIGGER(); p2(a); }\n" +
+			"#define M(N) extern \"C\" __global__ void N(A a) { \\\n  MOXIE_PDL_WAIT(); \\\n  p1(a); \\\n  MOXIE_PDL_TRIGGER(); \\\n  }\n" +
+			"extern \"C\" __global__ void j(A a) { MOXIE_PDL_WAIT(); p1(a); }\n" +
+			"extern \"C\" __global__ void k(A a) { MOXIE_PDL_WAIT(); p1(a); }\nvoid later() { MOXIE_PDL_TRIGGER(); }\n" +
+			"extern \"C\" __global__ void l(A a) { p1(a); MOXIE_PDL_WAIT(); MOXIE_PDL_TRIGGER(); }\n"
+		if got := pdlViolations(src); !slices.Equal(got, []string{"b", "d", "f", "g", "h", "j", "k", "l"}) {
+			t.Fatalf("violations %q, want [b d f g h j k l]", got)
 		}
 	})
 	opted := 0
@@ -114,7 +144,7 @@ func TestPDLMarkers(t *testing.T) {
 		}
 		opted++
 		if bad := pdlViolations(src); len(bad) > 0 {
-			t.Errorf("%s carries %s but these kernels do not start with MOXIE_PDL(); or MOXIE_PDL_PF(...);: %v", name, pdlMarker, bad)
+			t.Errorf("%s carries %s but these kernels do not start with MOXIE_PDL(); or MOXIE_PDL_PF(...); (or MOXIE_PDL_WAIT(); with a MOXIE_PDL_TRIGGER() later): %v", name, pdlMarker, bad)
 		}
 	}
 	if opted == 0 {

@@ -115,7 +115,7 @@ type Lib struct {
 	cuFuncSetAttribute, cuFuncGetAttribute, cuLaunchKernel           uintptr
 	cuStreamBeginCapture, cuStreamEndCapture                         uintptr
 	cuGraphInstantiateWithFlags, cuGraphLaunch, cuGraphExecDestroy   uintptr
-	cuGraphDestroy                                                   uintptr
+	cuGraphDestroy, cuOccupancyMaxActiveBlocksPerMultiprocessor      uintptr
 
 	// Optional (newer drivers); 0 when absent.
 	cuLaunchKernelEx uintptr
@@ -176,6 +176,7 @@ func (l *Lib) driverSyms() []struct {
 		{"cuGraphLaunch", &l.cuGraphLaunch},
 		{"cuGraphExecDestroy", &l.cuGraphExecDestroy},
 		{"cuGraphDestroy", &l.cuGraphDestroy},
+		{"cuOccupancyMaxActiveBlocksPerMultiprocessor", &l.cuOccupancyMaxActiveBlocksPerMultiprocessor},
 	}
 }
 
@@ -485,6 +486,16 @@ func (l *Lib) FuncGetAttribute(f Function, attr int) (int, error) {
 // FuncSetAttribute sets a function attribute.
 func (l *Lib) FuncSetAttribute(f Function, attr, value int) error {
 	return l.check("cuFuncSetAttribute", call(l.cuFuncSetAttribute, uintptr(f), uintptr(attr), uintptr(value)))
+}
+
+// OccupancyMaxActiveBlocks returns how many blocks of f, each of block
+// threads and dynamicShared bytes of dynamic shared memory, one
+// multiprocessor holds at once (0: such a block does not fit at all).
+func (l *Lib) OccupancyMaxActiveBlocks(f Function, block, dynamicShared int) (int, error) {
+	var n int32
+	err := l.check("cuOccupancyMaxActiveBlocksPerMultiprocessor", call(l.cuOccupancyMaxActiveBlocksPerMultiprocessor,
+		uintptr(unsafe.Pointer(&n)), uintptr(f), uintptr(block), uintptr(dynamicShared)))
+	return int(n), err
 }
 
 // LaunchKernel enqueues f on s. params points at an array of pointers, one

@@ -13,7 +13,8 @@
 //
 // Each kernel starts with MOXIE_PDL_PF (gemv_pf): before waiting for the
 // previous kernel it asks L2 for the first chunk of each warp's rows, so a
-// programmatic launch overlaps those fetches with the previous kernel.
+// programmatic launch overlaps those fetches with the previous kernel
+// (the GemvPair kernels at the end of the file: MOXIE_PDL_WAIT, see there).
 //@pdl
 
 typedef unsigned char u8;
@@ -218,3 +219,239 @@ __device__ __forceinline__ MoxiePF gemv_pf(const GemvArgs &a) {
 extern "C" __global__ void __launch_bounds__(256) gemv_u4(const GemvArgs a) { MOXIE_PDL_PF(gemv_pf<4>(a)); gemv_dispatch<4>(a); }
 extern "C" __global__ void __launch_bounds__(256) gemv_u2(const GemvArgs a) { MOXIE_PDL_PF(gemv_pf<2>(a)); gemv_dispatch<2>(a); }
 extern "C" __global__ void __launch_bounds__(256) gemv_u8(const GemvArgs a) { MOXIE_PDL_PF(gemv_pf<8>(a)); gemv_dispatch<8>(a); }
+
+// ---------------------------------------------------------------------------
+// GemvPair: two dependent FP8-block products in one persistent launch,
+// y1 = A·x1 then y2 = B·y1 (either grouped: row group g of a matrix reads
+// slice g of its input), as wo_a then wo_b of a decode step.
+//
+// The grid is at most as many blocks as the device holds at once (the host
+// sizes it from the occupancy), so every block is resident and they can
+// wait for each other. Block b owns rows [b·rows/G, (b+1)·rows/G) of each
+// matrix. Phase 1: its A rows, each warp of a row group one 512-column
+// segment (16 bytes a lane) of U rows at a time, x slices in registers;
+// the partial sums meet in shared memory and the block writes its y1
+// rows. Before the grid-wide barrier (or before phase 1: fill 0) the block
+// starts copying the first ns of its B rows into shared memory (cp.async,
+// 16 bytes a thread) and asks L2 for the rest (l2pf: after phase 1, or
+// before it), so HBM keeps
+// streaming B while the slowest blocks finish phase 1. After the barrier
+// it computes its B rows from shared memory and the rest from global
+// memory, with y1 read from L2 (ld.global.cg: written in this launch).
+//
+// The barrier (gp_grid_sync) is a counter and a generation word at bar:
+// every block adds 1 to the counter; the last one zeroes it and bumps the
+// generation, which the others wait for, so it needs no host reset between
+// launches or graph replays (launches of one pair must not overlap). Sums
+// are in a fixed order (lane order within 16 columns, shuffle tree, row
+// group warps in index order, segments in order): results do not depend on
+// timing or on the grid size's effect on anything but which block owns a
+// row.
+
+#define GP_WARPS 16
+
+struct GemvPairArgs {
+  GemvMat a, b;    // fmt 1 (FP8 blocks), blk0 unused, wpr a power of two <= GP_WARPS
+  unsigned *bar;   // [4]: arrivals, generation, timeouts, unused
+  int ns;          // most rows of b a block keeps in shared memory
+  int redoff;      // byte offset of the partial sums in dynamic shared memory
+  int fill;        // 0: start the shared-memory copies before phase 1, 1: after it
+  int l2pf;        // ask L2 for the block's b rows beyond ns: 0 no, 1 after phase 1, 2 before it
+};
+static_assert(sizeof(GemvMat) == 64 && sizeof(GemvPairArgs) == 152, "gemvMat/gemvPairArgs in gemv.go mirror these layouts");
+
+extern __shared__ __align__(128) u8 gp_sm[];
+
+// The rows [r0, r1) of a rows-row matrix that this block owns.
+__device__ __forceinline__ void gp_own(int rows, int &r0, int &r1) {
+  r0 = (int)((long long)blockIdx.x * rows / gridDim.x);
+  r1 = (int)((long long)(blockIdx.x + 1) * rows / gridDim.x);
+}
+
+__device__ __forceinline__ u32 gp_saddr(const void *p) {
+  u32 a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+
+// A float4 written in this launch by another block (L2, not L1).
+__device__ __forceinline__ float4 gp_ldcg(const float *p) {
+  float4 v;
+  asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p) : "memory");
+  return v;
+}
+
+// Starts copying bytes (a multiple of 16) from src to the start of the
+// dynamic shared memory, 16 bytes a thread at a time (one commit group).
+__device__ __forceinline__ void gp_fill(const u8 *src, int bytes) {
+  const u32 s0 = gp_saddr(gp_sm);
+  for (int i = threadIdx.x * 16; i < bytes; i += blockDim.x * 16)
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(s0 + (u32)i), "l"(src + i) : "memory");
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// One L2 prefetch hint per 128-byte line of [p, p+bytes) (p 128-byte aligned).
+__device__ __forceinline__ void gp_l2(const u8 *p, long long bytes) {
+  for (long long i = threadIdx.x * 128ll; i < bytes; i += blockDim.x * 128ll) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i));
+}
+
+// Local rows [l0, l1) of the block's range of m (row r0 + l, all in one
+// group, x that group's slice), the weights of local row l at wb + l·cols
+// (shared memory when SM, else global): each warp's partial sum of each of
+// its rows to red[l·wpr + part]. XL2: x was written in this launch.
+template <int U, bool SM, bool XL2>
+__device__ __forceinline__ void gp_rows(const GemvMat &m, const u8 *wb, int r0, int l0, int l1, const float *x, float *red) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int wpr = m.wpr, slots = GP_WARPS / wpr, slot = warp / wpr, part = warp - slot * wpr;
+  const int segs = m.cols >> 9;
+  const long long cols = m.cols;
+  float4 xv[4];
+  int xseg = -1;
+  for (int l = l0 + slot * U; l < l1; l += slots * U) {
+    float acc[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) acc[u] = 0.f;
+    for (int sg = part; sg < segs; sg += wpr) {
+      const int c = (sg << 9) + lane * 16;
+      uint4 v[U];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        if (l + u < l1) {
+          const u8 *p = wb + (long long)(l + u) * cols + c;
+          v[u] = SM ? *(const uint4 *)p : gemv_ld((const uint4 *)p);
+        } else {
+          v[u] = make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
+      // U <= 16 <= block: the U rows span at most two scale rows.
+      const int s0 = (r0 + l) >> m.bshift, s1 = (r0 + min(l + U, l1) - 1) >> m.bshift;
+      const float sc0 = gemv_e8m0(__ldg(m.s + (long long)s0 * m.sstride + (c >> m.bshift)));
+      const float sc1 = gemv_e8m0(__ldg(m.s + (long long)s1 * m.sstride + (c >> m.bshift)));
+      if (sg != xseg) {
+#pragma unroll
+        for (int q = 0; q < 4; q++) xv[q] = XL2 ? gp_ldcg(x + c + 4 * q) : __ldg((const float4 *)(x + c) + q);
+        xseg = sg;
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        if (l + u < l1) acc[u] = fmaf(gemv_dot_fp8(v[u], xv), ((r0 + l + u) >> m.bshift) == s0 ? sc0 : sc1, acc[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc[u] += __shfl_xor_sync(0xffffffffu, acc[u], o);
+    }
+    if (lane == 0) {
+#pragma unroll
+      for (int u = 0; u < U; u++)
+        if (l + u < l1) red[(l + u) * wpr + part] = acc[u];
+    }
+  }
+}
+
+// gp_rows over local rows [l0, l1), split where the row group changes.
+template <int U, bool SM, bool XL2>
+__device__ __forceinline__ void gp_range(const GemvMat &m, const u8 *wb, int r0, int l0, int l1, float *red) {
+  while (l0 < l1) {
+    const int g = (r0 + l0) / m.rpg;
+    const int e = min(l1, (g + 1) * m.rpg - r0);
+    gp_rows<U, SM, XL2>(m, wb, r0, l0, e, m.x + (long long)g * m.cols, red);
+    l0 = e;
+  }
+}
+
+// y[r0 + t] = Σ_p red[t·wpr + p] (p in order) for t < n; after a __syncthreads.
+__device__ __forceinline__ void gp_store(const GemvMat &m, int r0, int n, const float *red) {
+  for (int t = threadIdx.x; t < n; t += blockDim.x) {
+    float s = 0.f;
+    for (int p = 0; p < m.wpr; p++) s += red[t * m.wpr + p];
+    m.y[r0 + t] = s;
+  }
+}
+
+#ifndef GP_TIMEOUT_NS
+#define GP_TIMEOUT_NS 1000000000ull
+#endif
+
+// Grid-wide barrier on bar (arrivals, generation, timeouts); the y1 stores
+// of every block before it are visible to every block after it. A block
+// that waits longer than GP_TIMEOUT_NS adds 1 to bar[2] and goes on (a
+// late block still zeroes the count and bumps the generation when it
+// arrives, so later launches are unaffected).
+__device__ __forceinline__ void gp_grid_sync(unsigned *bar) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned gen, old;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");
+    __threadfence();
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(bar) : "memory");
+    if (old == gridDim.x - 1) {
+      // Every block has arrived (and read gen): zero the count for the
+      // next launch, then release the others.
+      asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(bar), "r"(0u) : "memory");
+      asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(bar + 1), "r"(gen + 1u) : "memory");
+    } else {
+      unsigned g;
+      unsigned long long t0, t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+      do {
+        asm volatile("nanosleep.u32 32;" ::: "memory");
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(g) : "l"(bar + 1) : "memory");
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (g == gen && t - t0 > GP_TIMEOUT_NS) {
+          // Not every block arrived within a second (not all resident?):
+          // count it and go on rather than hang (results are then wrong).
+          atomicAdd(bar + 2, 1u);
+          break;
+        }
+      } while (g == gen);
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+template <int U>
+__device__ __forceinline__ void gp_phase1(const GemvPairArgs &a) {
+  float *red = (float *)(gp_sm + a.redoff);
+  int r0, r1, q0, q1;
+  gp_own(a.a.rows, r0, r1);
+  gp_own(a.b.rows, q0, q1);
+  const int ns = max(0, min(a.ns, q1 - q0));
+  const u8 *wb = a.b.w + (long long)q0 * a.b.cols;
+  if (a.fill == 0) gp_fill(wb, ns * a.b.cols);
+  if (a.l2pf == 2) gp_l2(wb + (long long)ns * a.b.cols, (long long)(q1 - q0 - ns) * a.b.cols);
+  gp_range<U, false, false>(a.a, a.a.w + (long long)r0 * a.a.cols, r0, 0, r1 - r0, red);
+  if (a.fill != 0) gp_fill(wb, ns * a.b.cols);
+  if (a.l2pf == 1) gp_l2(wb + (long long)ns * a.b.cols, (long long)(q1 - q0 - ns) * a.b.cols);
+  __syncthreads();
+  gp_store(a.a, r0, r1 - r0, red);
+}
+
+template <int U>
+__device__ __forceinline__ void gp_phase2(const GemvPairArgs &a) {
+  float *red = (float *)(gp_sm + a.redoff);
+  int q0, q1;
+  gp_own(a.b.rows, q0, q1);
+  const int ns = max(0, min(a.ns, q1 - q0));
+  asm volatile("cp.async.wait_all;" ::: "memory");
+  __syncthreads();
+  gp_range<U, true, true>(a.b, gp_sm, q0, 0, ns, red);
+  gp_range<U, false, true>(a.b, a.b.w + (long long)q0 * a.b.cols, q0, ns, q1 - q0, red);
+  __syncthreads();
+  gp_store(a.b, q0, q1 - q0, red);
+}
+
+// Each kernel waits for the previous one (MOXIE_PDL_WAIT) and lets the next
+// launch only after the barrier, when all its blocks are resident.
+#define GEMV_PAIR(U)                                                                          \
+  extern "C" __global__ void __launch_bounds__(32 * GP_WARPS, 1) gemv_pair_u##U(const GemvPairArgs a) { \
+    MOXIE_PDL_WAIT();                                                                         \
+    gp_phase1<U>(a);                                                                          \
+    gp_grid_sync(a.bar);                                                                      \
+    MOXIE_PDL_TRIGGER();                                                                      \
+    gp_phase2<U>(a);                                                                          \
+  }
+GEMV_PAIR(4)
+GEMV_PAIR(8)

@@ -69,8 +69,10 @@ func rmsThreads(dim int) int { return min(1024, max(32, (dim+3)/4/32*32)) }
 // and Comb; XOut must not overlap X, O, Post or Comb, and A must not
 // overlap X, XOut, Pre, PostOut, CombOut or Scratch (it may be O). The
 // two-kernel boundary's second kernel is fuse_hc_finish4 where it fits (hc
-// 4; see HCFuseTwoFin4) unless $MOXIE_CUDA_HCFIN=old. All paths run
-// the same float32 operations in the same order, whatever T.
+// 4; see HCFuseTwoFin4) unless $MOXIE_CUDA_HCFIN=old; its first, with the
+// expand, is fuse_hc_dots4 where it fits (hc 4) when
+// $MOXIE_CUDA_HCDOTS=new (see ParseHCDots). All paths run the same float32
+// operations in the same order, whatever T.
 type HCNorm struct {
 	// X [T, HC, D]: the streams entering the boundary (the previous
 	// sublayer's input when O != 0). 16-byte aligned.
@@ -247,8 +249,35 @@ func (c *Ctx) hcNorm(op string, a *HCNorm, p *HC, head int32, s Stream) error {
 			v = HCFuseTwoFin4
 		}
 	}
-	return c.hcNormVariant(op, a, p, head, v, hcOneThreads, s)
+	dots4 := false
+	if v == HCFuseTwo || v == HCFuseTwoFin4 {
+		var err error
+		if dots4, err = ParseHCDots(os.Getenv("MOXIE_CUDA_HCDOTS")); err != nil {
+			return opErr(op, "%v", err)
+		}
+	}
+	return c.hcNormVariant(op, a, p, head, v, hcOneThreads, dots4, s)
 }
+
+// ParseHCDots parses a $MOXIE_CUDA_HCDOTS value: "" or "old" (the
+// two-kernel boundary's first kernel with the expand is fuse_hc_dots, the
+// default), "new" (fuse_hc_dots4 where it fits: hc 4); anything else is an
+// error naming the variable. fuse_hc_dots4 computes fuse_hc_dots's
+// partials and x', bit for bit, with every load of a quad issued before the
+// first product (fuse_hc_dots waits for memory three times per quad).
+func ParseHCDots(v string) (bool, error) {
+	switch v {
+	case "", "old":
+		return false, nil
+	case "new":
+		return true, nil
+	}
+	return false, fmt.Errorf("MOXIE_CUDA_HCDOTS=%q: want old or new (or unset for the default, old)", v)
+}
+
+// hcDots4Fits reports whether fuse_hc_dots4 can replace fuse_hc_dots for hc
+// streams.
+func hcDots4Fits(hc int) bool { return hc == 4 }
 
 // ParseHCFinish parses a $MOXIE_CUDA_HCFIN value: "" or "new" (the
 // two-kernel boundary finishes with fuse_hc_finish4 where hcFinish4Fits),
@@ -354,9 +383,10 @@ func hcPrefillFits(p *HC) bool {
 }
 
 // hcNormVariant is hcNorm with the variant chosen (HCFuseOne runs only with
-// Counters set) and, for HCFuseOne, the dot-product threads per block the
-// launch aims at (32..hcOneMaxDots).
-func (c *Ctx) hcNormVariant(op string, a *HCNorm, p *HC, head int32, variant HCFuseVariant, oneThreads int, s Stream) error {
+// Counters set), for HCFuseOne the dot-product threads per block the
+// launch aims at (32..hcOneMaxDots), and for the two-kernel variants whether
+// the expand's dots run on fuse_hc_dots4 where it fits (hcDots4Fits).
+func (c *Ctx) hcNormVariant(op string, a *HCNorm, p *HC, head int32, variant HCFuseVariant, oneThreads int, dots4 bool, s Stream) error {
 	if a == nil || p == nil {
 		return opErr(op, "nil arguments or HC parameters")
 	}
@@ -406,7 +436,11 @@ func (c *Ctx) hcNormVariant(op string, a *HCNorm, p *HC, head int32, variant HCF
 	xs := x
 	if expand {
 		xs = xout
-		if err := c.launchFuse("fuse_hc_dots", grid, Dim3{X: uint32(threads)}, 0, s,
+		dots := "fuse_hc_dots"
+		if dots4 && hcDots4Fits(p.HC) {
+			dots = "fuse_hc_dots4"
+		}
+		if err := c.launchFuse(dots, grid, Dim3{X: uint32(threads)}, 0, s,
 			ptr(&part), ptr(&x), ptr(&o), ptr(&post0), ptr(&comb0), ptr(&xout), ptr(&fn), ptr(&code),
 			ptr(&n32), ptr(&nm), ptr(&cq32), ptr(&rb32), ptr(&b32), ptr(&hc), ptr(&d32)); err != nil {
 			return err

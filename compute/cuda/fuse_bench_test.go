@@ -20,7 +20,9 @@ const hcBenchSites = 86
 // graph, for each implementation: "two" (fuse_hc_dots + fuse_hc_finish),
 // "one" (fuse_hc_one at the default block shape), "one128" and "one64"
 // (two and one virtual blocks per block), "two-fin4" (fuse_hc_dots +
-// fuse_hc_finish4, $MOXIE_CUDA_HCFIN=new; see hcBenchVariants). "hot" replays fuseGraphCalls boundaries of one site (its
+// fuse_hc_finish4, $MOXIE_CUDA_HCFIN=new), "two-dots4" and "two-fin4-dots4"
+// (the same with fuse_hc_dots4, $MOXIE_CUDA_HCDOTS=new; see
+// hcBenchVariants). "hot" replays fuseGraphCalls boundaries of one site (its
 // hc_fn stays in L2); "cold" replays one boundary on each of hcBenchSites
 // sites in turn. It reports device microseconds per boundary.
 func BenchmarkHCBoundary(b *testing.B) {
@@ -41,7 +43,7 @@ func BenchmarkHCBoundary(b *testing.B) {
 						if cold {
 							sites = hcBenchSites
 						}
-						one := hcBenchBoundaries(c, d, T, sites, vr.variant, vr.threads)
+						one := hcBenchBoundaries(c, d, T, sites, vr.variant, vr.threads, vr.dots4)
 						d.synced()
 						if d.err != nil {
 							return d.err
@@ -68,29 +70,33 @@ func BenchmarkHCBoundary(b *testing.B) {
 // hcBenchVariants are BenchmarkHCBoundary's implementations: the two-kernel
 // boundary, the one-kernel one at 256 (the default), 128 and 64
 // dot-product threads per block (80, 160 and 320 blocks at V4's shapes),
-// and the two-kernel one with fuse_hc_finish4.
+// and the two-kernel one with fuse_hc_finish4 and/or fuse_hc_dots4.
 var hcBenchVariants = []struct {
 	name    string
 	variant HCFuseVariant
 	threads int
+	dots4   bool
 }{
-	{"two", HCFuseTwo, 0},
-	{"one", HCFuseOne, hcOneThreads},
-	{"one128", HCFuseOne, 128},
-	{"one64", HCFuseOne, 64},
-	{"two-fin4", HCFuseTwoFin4, 0},
+	{"two", HCFuseTwo, 0, false},
+	{"one", HCFuseOne, hcOneThreads, false},
+	{"one128", HCFuseOne, 128, false},
+	{"one64", HCFuseOne, 64, false},
+	{"two-fin4", HCFuseTwoFin4, 0, false},
+	{"two-dots4", HCFuseTwo, 0, true},
+	{"two-fin4-dots4", HCFuseTwoFin4, 0, true},
 }
 
 // BenchmarkHCBoundaryParts times each kernel of the two-kernel decode
 // boundary alone (V4-Flash shapes as BenchmarkHCBoundary's, hc_fn hot in
 // L2), fuseGraphCalls launches of it captured in a CUDA graph: "dots"
-// (fuse_hc_dots), "fin" (fuse_hc_finish, $MOXIE_CUDA_HCFIN=old) and "fin4"
-// (fuse_hc_finish4, $MOXIE_CUDA_HCFIN=new) over the partials and x' one
-// fuse_hc_dots left. It reports device microseconds per launch.
+// (fuse_hc_dots), "dots4" (fuse_hc_dots4, $MOXIE_CUDA_HCDOTS=new), "fin"
+// (fuse_hc_finish, $MOXIE_CUDA_HCFIN=old) and "fin4" (fuse_hc_finish4,
+// $MOXIE_CUDA_HCFIN=new) over the partials and x' one fuse_hc_dots left. It
+// reports device microseconds per launch.
 func BenchmarkHCBoundaryParts(b *testing.B) {
 	dev := testDevice(b)
 	for _, T := range []int{1, 4} {
-		for _, part := range []string{"dots", "fin", "fin4"} {
+		for _, part := range []string{"dots", "dots4", "fin", "fin4"} {
 			b.Run(fmt.Sprintf("b%d/%s", T, part), func(b *testing.B) {
 				var us float64
 				err := dev.Do(func(c *Ctx) error {
@@ -113,7 +119,7 @@ func BenchmarkHCBoundaryParts(b *testing.B) {
 }
 
 // hcBenchPart returns the function that launches one kernel of the
-// two-kernel boundary (part: "dots", "fin" or "fin4") on the buffers of
+// two-kernel boundary (part: "dots", "dots4", "fin" or "fin4") on the buffers of
 // hcBenchBoundaries (one site), after one whole boundary has filled the
 // partials and x'.
 func hcBenchPart(c *Ctx, d *devBufs, T int, part string) (func() error, error) {
@@ -124,7 +130,7 @@ func hcBenchPart(c *Ctx, d *devBufs, T int, part string) (func() error, error) {
 		return nil, d.err
 	}
 	p := ps[0]
-	if err := c.hcNormVariant("HCMixNorm", args, p, 0, HCFuseTwo, 0, c.Stream()); err != nil {
+	if err := c.hcNormVariant("HCMixNorm", args, p, 0, HCFuseTwo, 0, false, c.Stream()); err != nil {
 		return nil, err
 	}
 	n := hc * D
@@ -143,12 +149,13 @@ func hcBenchPart(c *Ctx, d *devBufs, T int, part string) (func() error, error) {
 	fin := Dim3{X: uint32(T), Y: 2}
 	bd := Dim3{X: uint32(rmsThreads(D))}
 	switch part {
-	case "dots":
+	case "dots", "dots4":
 		grid := Dim3{X: uint32(groups), Y: uint32(splits), Z: uint32((T + hcSplitTB - 1) / hcSplitTB)}
 		// x' goes to a buffer of its own, so the finish's inputs stay put.
 		xo := d.alloc(4 * T * n)
+		kernel := "fuse_hc_" + part
 		return func() error {
-			return c.launchFuse("fuse_hc_dots", grid, Dim3{X: uint32(threads)}, 0, s,
+			return c.launchFuse(kernel, grid, Dim3{X: uint32(threads)}, 0, s,
 				ptr(&scratch), ptr(&x), ptr(&o), ptr(&post0), ptr(&comb0), ptr(&xo), ptr(&fn), ptr(&code),
 				ptr(&n32), ptr(&nm), ptr(&cq32), ptr(&rb32), ptr(&b32), ptr(&hc32), ptr(&d32))
 		}, d.err
@@ -176,12 +183,12 @@ func hcBenchPart(c *Ctx, d *devBufs, T int, part string) (func() error, error) {
 // and scratch shared as in a decode step) and returns the function that
 // enqueues one boundary per site, in order, with the given implementation
 // (errors stick in d).
-func hcBenchBoundaries(c *Ctx, d *devBufs, T, sites int, variant HCFuseVariant, threads int) func() error {
+func hcBenchBoundaries(c *Ctx, d *devBufs, T, sites int, variant HCFuseVariant, threads int, dots4 bool) func() error {
 	args, ps := hcBenchSetup(c, d, T, sites, variant)
 	s := c.Stream()
 	return func() error {
 		for _, p := range ps {
-			if err := c.hcNormVariant("HCMixNorm", args, p, 0, variant, threads, s); err != nil {
+			if err := c.hcNormVariant("HCMixNorm", args, p, 0, variant, threads, dots4, s); err != nil {
 				return err
 			}
 		}
@@ -243,7 +250,7 @@ func BenchmarkHCPrefill(b *testing.B) {
 				err := dev.Do(func(c *Ctx) error {
 					d := &devBufs{c: c}
 					defer d.free()
-					one := hcBenchBoundaries(c, d, T, 1, vr.variant, vr.threads)
+					one := hcBenchBoundaries(c, d, T, 1, vr.variant, vr.threads, false)
 					d.synced()
 					if d.err != nil {
 						return d.err

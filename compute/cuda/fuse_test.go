@@ -95,23 +95,65 @@ func TestFuseHCNorm(t *testing.T) {
 
 // hcNormVariants are the boundary implementations TestFuseHCNorm checks:
 // the two-kernel one and the one-kernel one at the default block shape and
-// at one virtual block per block (two collapse warps: the generic collapse).
+// at one virtual block per block (two collapse warps: the generic collapse),
+// the prefill kernels, and the two-kernel one with fuse_hc_finish4 and/or
+// fuse_hc_dots4 ($MOXIE_CUDA_HCDOTS=new).
 var hcNormVariants = []struct {
 	name    string
 	variant HCFuseVariant
 	threads int
+	dots4   bool
 }{
-	{"two", HCFuseTwo, 0},
-	{"one", HCFuseOne, hcOneThreads},
-	{"one64", HCFuseOne, 64},
-	{"prefill", HCFusePrefill, 0},
-	{"two-fin4", HCFuseTwoFin4, 0},
+	{"two", HCFuseTwo, 0, false},
+	{"one", HCFuseOne, hcOneThreads, false},
+	{"one64", HCFuseOne, 64, false},
+	{"prefill", HCFusePrefill, 0, false},
+	{"two-fin4", HCFuseTwoFin4, 0, false},
+	{"two-dots4", HCFuseTwo, 0, true},
+	{"two-fin4-dots4", HCFuseTwoFin4, 0, true},
 }
 
 // TestFuseFinish4Compile checks that the fuse module (compiled for sm_90
 // without a GPU; skipped without NVRTC) defines fuse_hc_finish4.
 func TestFuseFinish4Compile(t *testing.T) {
 	requireKernels(t, compileModuleForTest(t, "fuse", FuseSource()), "fuse_hc_finish4")
+}
+
+// TestFuseDots4Compile checks that the fuse module (compiled for sm_90
+// without a GPU; skipped without NVRTC) defines fuse_hc_dots4 beside
+// fuse_hc_dots.
+func TestFuseDots4Compile(t *testing.T) {
+	requireKernels(t, compileModuleForTest(t, "fuse", FuseSource()), "fuse_hc_dots4", "fuse_hc_dots")
+}
+
+// TestHCDotsSwitch checks ParseHCDots ($MOXIE_CUDA_HCDOTS), hcDots4Fits,
+// and that HCMixNorm reports a bad value before it launches anything.
+func TestHCDotsSwitch(t *testing.T) {
+	for _, tc := range []struct {
+		in        string
+		dots4, ok bool
+	}{{"", false, true}, {"old", false, true}, {"new", true, true}, {"New", false, false}, {"4", false, false}} {
+		t.Run(tc.in, func(t *testing.T) {
+			dots4, err := ParseHCDots(tc.in)
+			switch {
+			case tc.ok && (err != nil || dots4 != tc.dots4):
+				t.Errorf("ParseHCDots(%q) = %v, %v; want %v, nil", tc.in, dots4, err, tc.dots4)
+			case !tc.ok && (err == nil || !strings.Contains(err.Error(), "MOXIE_CUDA_HCDOTS")):
+				t.Errorf("ParseHCDots(%q) = %v, %v; want an error naming MOXIE_CUDA_HCDOTS", tc.in, dots4, err)
+			}
+		})
+	}
+	for hc, want := range map[int]bool{4: true, 2: false, 3: false, 6: false} {
+		if got := hcDots4Fits(hc); got != want {
+			t.Errorf("hcDots4Fits(%d) = %v, want %v", hc, got, want)
+		}
+	}
+	t.Setenv("MOXIE_CUDA_HCDOTS", "fast")
+	var c *Ctx
+	err := c.HCMixNorm(&HCNorm{T: 1}, &HC{}, Stream{})
+	if err == nil || !strings.Contains(err.Error(), "MOXIE_CUDA_HCDOTS") {
+		t.Errorf("HCMixNorm with MOXIE_CUDA_HCDOTS=fast: %v; want an error naming MOXIE_CUDA_HCDOTS", err)
+	}
 }
 
 // TestHCFinishSwitch checks ParseHCFinish ($MOXIE_CUDA_HCFIN) and that
@@ -244,7 +286,7 @@ func testHCNorm(t *testing.T, rng *rand.Rand, tc hcNormCase, T int, head, expand
 					op, h = "HCHeadNorm", 1
 				}
 				vr := hcNormVariants[v]
-				d.check(c.hcNormVariant(op, args, p, h, vr.variant, vr.threads, s))
+				d.check(c.hcNormVariant(op, args, p, h, vr.variant, vr.threads, vr.dots4, s))
 			}
 			var f out
 			f.a, f.pre = d.getFloats(args.A, T*D), d.getFloats(args.Pre, T*hc)
@@ -277,7 +319,9 @@ func testHCNorm(t *testing.T, rng *rand.Rand, tc hcNormCase, T int, head, expand
 	// within fuseTol of the two-kernel boundary's (bit-identity logged), and
 	// the prefill kernels' are the one-kernel boundary's bits (the same
 	// finish code, hco_finish, on bit-identical partials); fuse_hc_finish4's
-	// are fuse_hc_finish's bits (same partials, same float32 operations).
+	// are fuse_hc_finish's bits (same partials, same float32 operations),
+	// and fuse_hc_dots4's partials and x' are fuse_hc_dots's bits, so every
+	// variant with it gives the two-kernel boundary's bits.
 	rows := (2 + hc) * hc
 	if head {
 		rows = hc
@@ -285,7 +329,7 @@ func testHCNorm(t *testing.T, rng *rand.Rand, tc hcNormCase, T int, head, expand
 	_, _, _, cq, threads := hcSplitShape(rows, n)
 	_, _, fits := hcPrefillShape(rows, cq, threads)
 	for v, vr := range hcNormVariants {
-		if vr.variant == HCFuseTwo {
+		if v == 0 { // "two", the reference
 			continue
 		}
 		if vr.variant == HCFusePrefill {
@@ -305,7 +349,8 @@ func testHCNorm(t *testing.T, rng *rand.Rand, tc hcNormCase, T int, head, expand
 					t.Logf("%s vs %s: %s max rel. %.3g (bit-identical %v)", vr.name, rv.name, c.what, r, same)
 				}
 				if !(r <= fuseTol) || (fits && vr.variant == HCFusePrefill && rv.variant == HCFuseOne && !same) ||
-					(vr.variant == HCFuseTwoFin4 && rv.variant == HCFuseTwo && !same) {
+					(vr.variant == HCFuseTwoFin4 && rv.variant == HCFuseTwo && !same) ||
+					(vr.dots4 && rv.variant == HCFuseTwo && !same) {
 					t.Errorf("%s vs %s: %s max rel. %.3g, bit-identical %v", vr.name, rv.name, c.what, r, same)
 				}
 			}
@@ -1845,6 +1890,209 @@ int main() {
     if (!(worst <= 1e-4)) bad += " float64-error-" + std::to_string(worst);
     if (bad.empty()) printf("%s ok\n", c.name);
     else printf("%s FAIL%s\n", c.name, bad.c_str());
+  }
+  return 0;
+}
+`
+
+// TestHCDots4Emulated runs kernels/fuse.cu's fuse_hc_dots and fuse_hc_dots4
+// on the CPU (no GPU needed; hcDots4EmuHarness) at the launch shapes
+// fuse.go computes (hcSplitShape: V4's mix and head sites, F32 and BF16
+// hc_fn, T up to 6 over two token groups, short streams whose splits cross
+// stream boundaries) and fails unless fuse_hc_dots4's partials and x' are
+// fuse_hc_dots's bits and within 1e-5 of the harness's float64 expand and
+// dots. Skipped with -short or without g++ (C++20).
+func TestHCDots4Emulated(t *testing.T) {
+	inc, err := hcDots4EmuSource()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name       string
+		D, T       int
+		head, bf16 bool
+	}{
+		{"v4 mix T1", 4096, 1, false, false},
+		{"v4 mix T1 bf16", 4096, 1, false, true},
+		{"v4 head T2", 4096, 2, true, false},
+		{"D1024 mix T6", 1024, 6, false, false},
+		{"D100 mix T3 bf16", 100, 3, false, true},
+		{"D36 head T4", 36, 4, true, false},
+	}
+	var gen strings.Builder
+	gen.WriteString("static std::vector<Case> cases = {\n")
+	b2i := map[bool]int{false: 0, true: 1}
+	for _, c := range cases {
+		rows := 24
+		if c.head {
+			rows = 4
+		}
+		rb, groups, splits, cq, threads := hcSplitShape(rows, 4*c.D)
+		fmt.Fprintf(&gen, "  {%q, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d},\n", c.name, c.D, c.T, rows, b2i[c.bf16], rb, groups, splits, cq, threads, b2i[c.head])
+	}
+	gen.WriteString("};\n")
+	lines := runHostEmulation(t, map[string]string{"kern.inc": inc, "gen.inc": gen.String(), "emu.cpp": hcDots4EmuHarness}, "-ffp-contract=off")
+	if len(lines) != len(cases) {
+		t.Fatalf("emulation printed %d lines, want one per case:\n%s", len(lines), strings.Join(lines, "\n"))
+	}
+	for _, l := range lines {
+		t.Log(l)
+		if !strings.Contains(l, " ok") {
+			t.Error(l)
+		}
+	}
+}
+
+// hcDots4EmuSource returns what TestHCDots4Emulated compiles: ops.cu's
+// definitions that the dots kernels use, then fuse.cu from hc_x_expand to
+// the end of fuse_hc_dots4.
+func hcDots4EmuSource() (string, error) {
+	ops, fuse := OpsSource(), fuseCu
+	var b strings.Builder
+	defs, err := cuMacros(ops, "HCS_RB", "HCS_TB", "HCS_MAXS")
+	if err != nil {
+		return "", err
+	}
+	b.WriteString(defs)
+	for _, h := range []string{"__device__ __forceinline__ float warp_sum(", "__device__ __forceinline__ float dot4(",
+		"template <bool BF, class XL>\n__device__ __forceinline__ void hc_split_dots_body("} {
+		def, err := cuDefinition(ops, h)
+		if err != nil {
+			return "", fmt.Errorf("ops.cu: %v; update the emulation", err)
+		}
+		b.WriteString(def + "\n")
+	}
+	i, j := strings.Index(fuse, "// hc_x_expand is"), strings.Index(fuse, "// FUSE_KEEP:")
+	if i < 0 || j < i || !strings.Contains(fuse[i:j], "fuse_hc_dots4(") {
+		return "", fmt.Errorf("fuse.cu: the dots kernels' section (hc_x_expand .. fuse_hc_dots4) not found; update the emulation")
+	}
+	b.WriteString(fuse[i:j])
+	return b.String(), nil
+}
+
+// hcDots4EmuHarness is TestHCDots4Emulated's C++ program (it includes
+// kern.inc, hcDots4EmuSource's output, and gen.inc, the cases).
+const hcDots4EmuHarness = `// CPU emulation of fuse_hc_dots and fuse_hc_dots4 (kernels/fuse.cu): every
+// CUDA thread of a block is a std::thread, __syncthreads a block barrier,
+// each shuffle an exchange between two warp barriers, __shared__ variables
+// statics (one block runs at a time). Each case runs both kernels on the
+// same inputs (outputs poisoned with NaN) and prints "<name> ok ..." when
+// the partials and x' are bit-identical and within 1e-5 of a float64
+// evaluation written here, else "<name> FAIL <what>".
+#include <barrier>
+#include <thread>
+#include <vector>
+#include <cmath>
+#include <cstring>
+#include <cstdio>
+#include <cstdint>
+#include <random>
+#include <algorithm>
+#include <string>
+using std::min; using std::max;
+struct float4 { float x, y, z, w; };
+struct uint2 { unsigned x, y; };
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+#include "cuda_emu.h"  // threadIdx, blockIdx, the barriers, __syncthreads, the CUDA keywords
+typedef unsigned short u16;
+struct MoxiePF { const void *p, *q; long long bytes, stride; int count; };
+float g_shfl[32][32];
+#define __restrict__
+#define FULL 0xffffffffu
+inline float __shfl_xor_sync(unsigned, float v, int o) {
+  int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  g_warp_bar[w]->arrive_and_wait();
+  g_shfl[w][l] = v;
+  g_warp_bar[w]->arrive_and_wait();
+  return g_shfl[w][l ^ o];
+}
+inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline float __fmul_rn(float a, float b) { return a * b; }
+template <class T> inline T __ldg(const T *p) { return *p; }
+#include "kern.inc"
+
+struct Case { const char *name; int D, T, nm, bf16, rb, groups, S, cq, threads, head; };
+#include "gen.inc"
+
+template <class K>
+void launch(K k, U3 grid, unsigned threads) {
+  gridDim = grid; blockDim = {threads, 1, 1};
+  for (unsigned z = 0; z < grid.z; z++)
+    for (unsigned y = 0; y < grid.y; y++)
+      for (unsigned x = 0; x < grid.x; x++) {
+        std::barrier<> bb(threads);
+        g_block_bar = &bb;
+        for (unsigned w = 0; w < threads / 32; w++) g_warp_bar[w] = new std::barrier<>(32);
+        std::vector<std::thread> ts;
+        for (unsigned t = 0; t < threads; t++)
+          ts.emplace_back([=] { threadIdx = {t, 0, 0}; blockIdx = {x, y, z}; k(); });
+        for (auto &t : ts) t.join();
+        for (unsigned w = 0; w < threads / 32; w++) delete g_warp_bar[w];
+      }
+}
+
+int main() {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_real_distribution<float> ud(0.f, 1.f);
+  for (const Case &c : cases) {
+    const int hc = 4, D = c.D, T = c.T, nm = c.nm, S = c.S, n = hc * D;
+    std::vector<float> x((size_t)T * n), o((size_t)T * D), post(T * hc), comb(T * hc * hc), fnf((size_t)nm * n);
+    std::vector<u16> fnb((size_t)nm * n);
+    for (auto &v : x) v = nd(rng);
+    for (auto &v : o) v = nd(rng);
+    for (auto &v : post) v = 2 * ud(rng);
+    for (auto &v : comb) v = ud(rng) / hc;
+    for (size_t e = 0; e < fnf.size(); e++) {
+      float v = 0.3f * nd(rng) / std::sqrt((float)n);
+      unsigned u; memcpy(&u, &v, 4);
+      fnb[e] = (u16)(u >> 16);
+      u &= 0xffff0000u;
+      if (c.bf16) memcpy(&v, &u, 4);  // the weight as BF16 holds it
+      fnf[e] = v;
+    }
+    const void *fn = c.bf16 ? (const void *)fnb.data() : (const void *)fnf.data();
+    const int fmt = c.bf16 ? 3 : 4;
+    std::vector<float> part[2], xout[2];
+    for (int k = 0; k < 2; k++) {
+      part[k].assign((size_t)T * (nm + 1) * S, NAN);
+      xout[k].assign((size_t)T * n, NAN);
+      float *pp = part[k].data(), *xo = xout[k].data();
+      const U3 grid = {(unsigned)c.groups, (unsigned)S, (unsigned)((T + HCS_TB - 1) / HCS_TB)};
+      if (k == 0)
+        launch([&] { fuse_hc_dots(pp, x.data(), o.data(), post.data(), comb.data(), xo, fn, fmt, n, nm, c.cq, c.rb, T, hc, D); }, grid, c.threads);
+      else
+        launch([&] { fuse_hc_dots4(pp, x.data(), o.data(), post.data(), comb.data(), xo, fn, fmt, n, nm, c.cq, c.rb, T, hc, D); }, grid, c.threads);
+    }
+    std::string bad;
+    if (memcmp(part[0].data(), part[1].data(), 4 * part[0].size()) != 0) bad += " partial-bits";
+    if (memcmp(xout[0].data(), xout[1].data(), 4 * xout[0].size()) != 0) bad += " x'-bits";
+    // float64: x' = post_k o + sum_j comb[j, k] x_j; dots over the partials' sum.
+    double ex = 0, mx = 0, ed = 0, md = 0;
+    for (int b = 0; b < T; b++) {
+      std::vector<double> xs(n);
+      for (int k = 0; k < hc; k++)
+        for (int i = 0; i < D; i++) {
+          double v = (double)post[b * hc + k] * o[(size_t)b * D + i];
+          for (int j = 0; j < hc; j++) v += (double)comb[b * 16 + j * 4 + k] * x[((size_t)b * hc + j) * D + i];
+          xs[k * D + i] = v;
+          const float g = xout[1][(size_t)b * n + k * D + i];
+          ex = std::isnan(g) ? INFINITY : max(ex, std::fabs(g - v));
+          mx = max(mx, std::fabs(v));
+        }
+      for (int r = 0; r <= nm; r++) {
+        double want = 0, got = 0;
+        for (int e = 0; e < n; e++) want += (r < nm ? (double)fnf[(size_t)r * n + e] : xs[e]) * xs[e];
+        for (int s = 0; s < S; s++) got += part[1][((size_t)b * (nm + 1) + r) * S + s];
+        ed = std::isnan(got) ? INFINITY : max(ed, std::fabs(got - want) / (r < nm ? 1.0 : max(1.0, std::fabs(want))));
+        md = max(md, std::fabs(want));
+      }
+    }
+    if (!(ex / mx <= 1e-5)) bad += " x'-float64-error";
+    if (!(ed <= 1e-5)) bad += " dots-float64-error";
+    if (bad.empty()) printf("%s ok (x' rel %.3g, dots %.3g)\n", c.name, ex / mx, ed);
+    else printf("%s FAIL%s (x' rel %.3g, dots %.3g)\n", c.name, bad.c_str(), ex / mx, ed);
   }
   return 0;
 }

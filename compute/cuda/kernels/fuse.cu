@@ -135,6 +135,134 @@ extern "C" __global__ void fuse_hc_dots(float *__restrict__ part, const float *_
     fuse_hc_dots_hc<0>(part, x, o, post, comb, xout, fn, fmt, n, nm, cq, rb, batch, hc, dim, red);
 }
 
+// fuse_hc_dots4: fuse_hc_dots for hc == 4 (the same grid, arguments and
+// results, bit for bit) on a shorter latency chain. With fuse_hc_dots's
+// loader (hc_x_expand called from hc_split_dots_body) ptxas (sm_90) issues
+// a quad's loads in three waves, each waiting for the one before: half the
+// Fn rows with post, comb, o and two x streams; the other two x streams
+// only once post·o is formed (their registers are reused); the other Fn
+// rows only after the x' store, which it does not move them past. Here
+// every load of a quad (the block's Fn rows, then post, comb, o and the
+// four x streams of up to HCD4_TG tokens) is issued before the first
+// product and x' is stored after the products, so a thread waits for
+// memory once per quad (per HCD4_TG tokens). x' is formed as HCExpand forms
+// it (fma(comb[3, k], x[3], … fma(comb[0, k], x[0], post[k]·o))), each
+// partial accumulated and reduced as hc_split_dots_body does (dot4 per row
+// and token over the thread's quads in order, warp shuffles, the warps in
+// index order), so the partials and x' are fuse_hc_dots's bits.
+#define HCD4_TG 4  // tokens whose loads go out together
+
+template <bool BF>
+__device__ __forceinline__ void hcd4_body(float *__restrict__ part, const float *__restrict__ x,
+                                          const float *__restrict__ o, const float *__restrict__ post,
+                                          const float *__restrict__ comb, float *__restrict__ xout,
+                                          const void *__restrict__ fn, int n, int nm, int cq, int rb, int batch,
+                                          int dim, float (*red)[32]) {
+  const int r0 = blockIdx.x * rb, s = blockIdx.y, S = gridDim.y, b0 = blockIdx.z * HCS_TB;
+  const int nr = min(rb, nm + 1 - r0), nt = min(HCS_TB, batch - b0);
+  const int nq = n >> 2;
+  const int q0 = s * cq, q1 = min(q0 + cq, nq);
+  const bool store = blockIdx.x == 0;  // row group 0 stores x'
+  float acc[HCS_RB][HCS_TB];
+#pragma unroll
+  for (int j = 0; j < HCS_RB; j++)
+#pragma unroll
+    for (int t = 0; t < HCS_TB; t++) acc[j][t] = 0.f;
+  for (int q = q0 + threadIdx.x; q < q1; q += blockDim.x) {
+    const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+    const int c = q << 2, k = c / dim, i = c - k * dim;  // stream k, column i
+    float4 f[HCS_RB];
+#pragma unroll
+    for (int j = 0; j < HCS_RB; j++) {
+      const int r = r0 + j;
+      f[j] = z;
+      if (j < nr && r < nm) {
+        if (BF) {
+          const uint2 w = __ldg((const uint2 *)((const u16 *)fn + (size_t)r * n) + q);
+          f[j] = make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u),
+                             __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
+        } else {
+          f[j] = __ldg((const float4 *)((const float *)fn + (size_t)r * n) + q);
+        }
+      }
+    }
+    float4 xs[HCS_TB];
+#pragma unroll
+    for (int t0 = 0; t0 < HCS_TB; t0 += HCD4_TG) {
+      float4 ov[HCD4_TG], xj[HCD4_TG][4];
+      float pk[HCD4_TG], cj[HCD4_TG][4];
+#pragma unroll
+      for (int u = 0; u < HCD4_TG; u++) {
+        const int t = t0 + u;
+        if (t < nt) {
+          const size_t b = (size_t)b0 + t;
+          ov[u] = __ldg((const float4 *)(o + b * dim + i));
+          pk[u] = __ldg(post + b * 4 + k);
+#pragma unroll
+          for (int j = 0; j < 4; j++) cj[u][j] = __ldg(comb + b * 16 + j * 4 + k);
+#pragma unroll
+          for (int j = 0; j < 4; j++) xj[u][j] = __ldg((const float4 *)(x + (b * 4 + j) * dim + i));
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < HCD4_TG; u++) {
+        const int t = t0 + u;
+        if (t < nt) {
+          float4 v = make_float4(__fmul_rn(pk[u], ov[u].x), __fmul_rn(pk[u], ov[u].y), __fmul_rn(pk[u], ov[u].z),
+                                 __fmul_rn(pk[u], ov[u].w));
+#pragma unroll
+          for (int j = 0; j < 4; j++) {
+            v.x = __fmaf_rn(cj[u][j], xj[u][j].x, v.x);
+            v.y = __fmaf_rn(cj[u][j], xj[u][j].y, v.y);
+            v.z = __fmaf_rn(cj[u][j], xj[u][j].z, v.z);
+            v.w = __fmaf_rn(cj[u][j], xj[u][j].w, v.w);
+          }
+          xs[t] = v;
+#pragma unroll
+          for (int j = 0; j < HCS_RB; j++)
+            if (j < nr) acc[j][t] = dot4(r0 + j == nm ? v : f[j], v, acc[j][t]);  // row nm: Σx'²
+        }
+      }
+    }
+    if (store) {
+#pragma unroll
+      for (int t = 0; t < HCS_TB; t++)
+        if (t < nt) *(float4 *)(xout + (size_t)(b0 + t) * 4 * dim + c) = xs[t];
+    }
+  }
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+  for (int j = 0; j < HCS_RB; j++)
+#pragma unroll
+    for (int t = 0; t < HCS_TB; t++)
+      if (j < nr && t < nt) {  // uniform over the block: the shuffles see full warps
+        const float v = warp_sum(acc[j][t]);
+        if (lane == 0) red[j * HCS_TB + t][w] = v;
+      }
+  __syncthreads();
+  for (int e = threadIdx.x; e < HCS_RB * HCS_TB; e += blockDim.x) {
+    const int j = e / HCS_TB, t = e % HCS_TB;
+    if (j < nr && t < nt) {
+      float v = 0.f;
+      for (int kk = 0; kk < nw; kk++) v += red[e][kk];
+      part[((size_t)(b0 + t) * (nm + 1) + r0 + j) * S + s] = v;
+    }
+  }
+}
+
+extern "C" __global__ void fuse_hc_dots4(float *__restrict__ part, const float *__restrict__ x,
+                                         const float *__restrict__ o, const float *__restrict__ post,
+                                         const float *__restrict__ comb, float *__restrict__ xout,
+                                         const void *__restrict__ fn, int fmt, int n, int nm, int cq, int rb,
+                                         int batch, int hc, int dim) {
+  MOXIE_PDL_PF(hcd_pf(fn, fmt, n, nm, cq, rb));
+  __shared__ float red[HCS_RB * HCS_TB][32];
+  if (fmt == 3)
+    hcd4_body<true>(part, x, o, post, comb, xout, fn, n, nm, cq, rb, batch, dim, red);
+  else
+    hcd4_body<false>(part, x, o, post, comb, xout, fn, n, nm, cq, rb, batch, dim, red);
+}
+
 // FUSE_KEEP: collapse values a thread keeps in registers between the Σa²
 // pass and the scaling pass (dim <= FUSE_KEEP·blockDim needs no re-read).
 #define FUSE_KEEP 8

@@ -116,6 +116,25 @@ const (
 	// from it as MoEWide1SS: MoEWide1A's deeper queue without its shared
 	// memory.
 	MoEWide1P
+	// MoELean: the lean family (kernels/moe.cu): the wide family's
+	// fragments without block-wide setup before the weights stream. Stage 1
+	// in blocks of 4 warps, one per 16-row tile, compiled for 7 blocks an
+	// SM (at most 72 registers: the 896 blocks of V4 shapes all resident at
+	// once on an H200), each warp converting only its own quarter of x to
+	// hi/lo f16, and staging its scales, in its own shared memory (no
+	// barrier) while its first two chunks of weights fly; stage 2 in blocks of 16 warps (one per 16
+	// output rows, two an SM, at most 64 registers), each warp a contiguous
+	// share of the block's 1 KB units (K experts' MXFP4 groups, then the
+	// shared expert's FP8 spans), the h columns of each chunk copied by
+	// cp.async into the warp's ring slot as the chunk's weight loads issue
+	// (no per-block copy of h). Dynamic shared memory of stage 1: x's
+	// hi/lo and the routed scales, 20 KB at D 4096 (moeLean1Smem).
+	MoELean
+	// MoELeanPF: MoELean whose warps, in both stages, first ask L2 for
+	// their whole routed range (prefetch hints, a few a lane), so every
+	// byte of a warp's share is in flight at once rather than two chunks
+	// (plus each row's 256-byte L2 fetch) at a time.
+	MoELeanPF
 	moeVariantCount
 )
 
@@ -127,7 +146,9 @@ const (
 // groups per chunk; ss, ss2: stage 1's routed scales, stage 2's, staged in
 // shared memory; async: stage 1's routed weights copied into shared memory
 // by cp.async, U1 unused; pfr: stage 2's warps, and without async stage
-// 1's, ask L2 for their whole routed range first).
+// 1's, ask L2 for their whole routed range first; lean: the lean family,
+// stage 1 of blocks of moeLean1Threads, stage 2 of moeLean2Threads with U2
+// its routed units a chunk and UF2 (at most 2·U2) its FP8 spans).
 var moeVariants = [moeVariantCount]struct {
 	name    string
 	u1, uf1 int
@@ -140,6 +161,7 @@ var moeVariants = [moeVariantCount]struct {
 	ss, ss2 bool
 	async   bool
 	pfr     bool
+	lean    bool
 }{
 	MoEDefault:   {name: "u8", u1: 8, uf1: 2, u2: 8, uf2: 4, b: 2},
 	MoEOcc3:      {name: "occ3", u1: 4, uf1: 1, u2: 16, uf2: 4, b: 3},
@@ -155,6 +177,8 @@ var moeVariants = [moeVariantCount]struct {
 	MoEWide1SS:   {name: "wide1ss", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true, ss2: true},
 	MoEWide1P:    {name: "wide1p", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true, ss2: true, pfr: true},
 	MoEWide1A:    {name: "wide1a", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true, ss2: true, async: true, pfr: true},
+	MoELean:      {name: "lean", u1: 1, uf1: 1, u2: 1, uf2: 1, b: 7, b2: 2, lean: true},
+	MoELeanPF:    {name: "leanpf", u1: 1, uf1: 1, u2: 1, uf2: 1, b: 7, b2: 2, lean: true, pfr: true},
 }
 
 func (v MoEVariant) String() string {
@@ -173,7 +197,7 @@ const MoEPreferred = MoEWide1
 
 // ParseMoEVariant returns the variant named s (its String form: u8, occ3,
 // u8cvt, persist, persistpf, wide, wide1, widepf, widep, wide3, wide1s,
-// wide1ss, wide1a, wide1p; "" is MoEPreferred), e.g. from an environment
+// wide1ss, wide1a, wide1p, lean, leanpf; "" is MoEPreferred), e.g. from an environment
 // variable.
 func ParseMoEVariant(s string) (MoEVariant, error) {
 	if s == "" {
@@ -195,6 +219,13 @@ func moeKernelNames(v MoEVariant) (string, string) {
 	b2 := p.b
 	if p.b2 != 0 {
 		b2 = p.b2
+	}
+	if p.lean {
+		s1, s2 := "moe1l", "moe2l"
+		if p.pfr {
+			s1, s2 = "moe1lp", "moe2lp"
+		}
+		return fmt.Sprintf("%s_d%d_b%d", s1, p.dec, p.b), fmt.Sprintf("%s_g%d_f%d_d%d_b%d", s2, p.u2, p.uf2, p.dec, b2)
 	}
 	if p.wide {
 		s1 := "moe1w"
@@ -233,6 +264,31 @@ func moeKernelNames(v MoEVariant) (string, string) {
 
 // moeThreads is MOE_THREADS in kernels/moe.cu.
 const moeThreads = 256
+
+// moeLean1Threads and moeLean2Threads are the lean family's block sizes
+// (32·LEAN1_WARPS, 32·LEAN2_WARPS in kernels/moe.cu).
+const (
+	moeLean1Threads = 128
+	moeLean2Threads = 512
+)
+
+// moeLean1Smem is the lean stage 1's dynamic shared memory, bytes: per
+// warp (4) x as hi/lo f16 over lean1_width(D) columns (4 bytes each) and
+// lean1_groups(D) groups of transposed scales (128 bytes each), as
+// kernels/moe.cu lays it out. 16 KB + 4 KB at D 4096.
+func moeLean1Smem(D int) int {
+	w := max((D/128+3)/4*128, (D/64+3)/4*64)
+	p := (D/128 + 3) / 4
+	return 4 * (4*w + 128*p)
+}
+
+// threads returns the block sizes of v's stage 1 and stage 2 kernels.
+func (v MoEVariant) threads() (uint32, uint32) {
+	if moeVariants[v].lean {
+		return moeLean1Threads, moeLean2Threads
+	}
+	return moeThreads, moeThreads
+}
 
 // moeStatic bounds the stage 1 kernels' static shared memory (red; the
 // persistent one also the records and the tile ring: 3600 bytes), bytes.
@@ -403,7 +459,9 @@ func MoEDecodeScratch(t *ExpertTable, K int, sh *SharedExpert) int {
 // MoEWidePF, MoEWideP, MoEWide3, MoEWide1S) take K·I + Is up to 40,960
 // (MoEWide1SS, MoEWide1A and MoEWide1P a little less: 4·(K·I + Is) +
 // K·ceil(I/256)·128 bytes up to 160 KiB); MoEWide1S, MoEWide1SS, MoEWide1A
-// and MoEWide1P take D up to 8,960.
+// and MoEWide1P take D up to 8,960. MoELean and MoELeanPF take every shape
+// above (no copy of h in shared memory; stage 1's shared memory is
+// moeLean1Smem(D), above the default 48 KiB from D 9,856, then opted in).
 // Activations x and h must stay below 65504 in magnitude (f16 hi parts).
 func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert, x, out DevicePtr, limit float32, v MoEVariant) (*MoEDecode, error) {
 	is, bshift, err := moeShapes(t, K, sh, limit, v)
@@ -447,6 +505,12 @@ func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert
 		}
 	} else if p.ss {
 		m.smem1 = 5 * D
+	} else if p.lean {
+		m.smem1 = moeLean1Smem(D)
+		if err := c.raiseDynamicShared(m.k1, m.smem1); err != nil {
+			_ = a.Free(m.h)
+			return nil, fmt.Errorf("cuda moe decode: %w", err)
+		}
 	}
 	if moeVariants[v].wide {
 		// All the opt-in shared memory the kernel's static part leaves, so
@@ -509,10 +573,11 @@ func (c *Ctx) runMoEStage1(m *MoEDecode, ids, rw DevicePtr, s Stream) error {
 	}
 	a := m.args
 	a.Ids, a.Rw = uint64(ids), uint64(rw)
+	t1, _ := m.variant.threads()
 	if m.ctr != 0 {
-		return c.Launch(m.k1, m.grid1, Dim3{X: moeThreads}, m.smem1, s, unsafe.Pointer(&a), unsafe.Pointer(&m.ctr))
+		return c.Launch(m.k1, m.grid1, Dim3{X: t1}, m.smem1, s, unsafe.Pointer(&a), unsafe.Pointer(&m.ctr))
 	}
-	return c.Launch(m.k1, m.grid1, Dim3{X: moeThreads}, m.smem1, s, unsafe.Pointer(&a))
+	return c.Launch(m.k1, m.grid1, Dim3{X: t1}, m.smem1, s, unsafe.Pointer(&a))
 }
 
 func (c *Ctx) runMoEStage2(m *MoEDecode, ids DevicePtr, s Stream) error {
@@ -521,5 +586,6 @@ func (c *Ctx) runMoEStage2(m *MoEDecode, ids DevicePtr, s Stream) error {
 	}
 	a := m.args
 	a.Ids = uint64(ids)
-	return c.Launch(m.k2, m.grid2, Dim3{X: moeThreads}, m.smem2, s, unsafe.Pointer(&a))
+	_, t2 := m.variant.threads()
+	return c.Launch(m.k2, m.grid2, Dim3{X: t2}, m.smem2, s, unsafe.Pointer(&a))
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"debug/elf"
 	"encoding/binary"
+	"fmt"
+	"strings"
 	"testing"
 	"unsafe"
 )
@@ -136,3 +138,370 @@ func TestMoEArgsMirror(t *testing.T) {
 		t.Errorf("linArgs is %d bytes, LinRec mirrors 80", s)
 	}
 }
+
+// TestMoELeanEmulated runs the lean family's kernels (MoELean and
+// MoELeanPF, both stages) on the CPU through a g++ host emulation (every
+// CUDA thread a std::thread, mma.sync m16n8k16 emulated from the PTX
+// fragment layouts in float64, f16 conversions by _Float16) and checks h
+// and out against a float64 evaluation of the MoE layer written in the
+// harness from the formats' definitions (E2M1 codes with E8M0 scales per
+// 32 columns, E4M3 with E8M0 scales per block), plus: a second run gives
+// the same bits, an id outside the table makes out NaN. Skipped with
+// -short or without g++.
+func TestMoELeanEmulated(t *testing.T) {
+	inc, err := moeLeanEmuSource()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gen strings.Builder
+	for _, c := range []struct {
+		D, I, Is, blk, E, K int
+		limit               float64
+	}{
+		{256, 128, 128, 64, 4, 3, 1.25},
+		{256, 128, 0, 64, 4, 3, 0},
+		{384, 384, 384, 128, 5, 6, 0},   // spans and groups not a multiple of the warps
+		{640, 128, 128, 128, 3, 2, 1.5}, // a routed warp's columns (256) above a shared warp's (192)
+	} {
+		fmt.Fprintf(&gen, "{%d, %d, %d, %d, %d, %d, %g, %d},\n", c.D, c.I, c.Is, c.blk, c.E, c.K, c.limit, moeLean1Smem(c.D))
+	}
+	lines := runHostEmulation(t, map[string]string{"kern.inc": inc, "gen.inc": gen.String(), "emu.cpp": moeLeanEmuHarness})
+	for _, l := range lines {
+		t.Log(l)
+	}
+	if len(lines) == 0 || !strings.HasPrefix(lines[len(lines)-1], "worst ") {
+		t.Fatalf("emulation did not finish: %q", lines)
+	}
+}
+
+// moeLeanEmuSource returns what the emulation compiles of kernels/moe.cu:
+// the argument structs and the helpers the lean family uses (moe.cu's own
+// text), then the lean section with its cp.async wrappers made plain
+// copies and its dynamic shared memory a harness buffer. The functions
+// written in inline PTX (mma16816, ldw, hilo, hilo2, e4m3x2_f16x2,
+// moe_prefetch) come from the harness.
+func moeLeanEmuSource() (string, error) {
+	src := MoESource()
+	var b strings.Builder
+	section := func(from, to string) error {
+		i := strings.Index(src, from)
+		j := strings.Index(src[max(i, 0):], to)
+		if i < 0 || j < 0 {
+			return fmt.Errorf("kernels/moe.cu: no section %q .. %q; update the emulation", from, to)
+		}
+		b.WriteString(src[i:i+j] + "\n")
+		return nil
+	}
+	def := func(head string) error {
+		i := strings.Index(src, head)
+		if i < 0 {
+			return fmt.Errorf("kernels/moe.cu: no %q; update the emulation", head)
+		}
+		depth := 0
+		for k := i; k < len(src); k++ {
+			switch src[k] {
+			case '{':
+				depth++
+			case '}':
+				if depth--; depth == 0 {
+					b.WriteString(src[i:k+1] + "\n")
+					return nil
+				}
+			}
+		}
+		return fmt.Errorf("kernels/moe.cu: %q is not closed", head)
+	}
+	if err := section("typedef unsigned char u8;", "__device__ __forceinline__ void moe_prefetch("); err != nil {
+		return "", err
+	}
+	for _, h := range []string{
+		"__device__ __forceinline__ void e2m1_f16x4(",
+		"__device__ __forceinline__ void e2m1_f16x4_cvt(",
+	} {
+		if err := def(h); err != nil {
+			return "", err
+		}
+	}
+	if err := section("template <int DEC> struct MoeDec;", "__device__ __forceinline__ float e8m0_at("); err != nil {
+		return "", err
+	}
+	for _, h := range []string{
+		"__device__ __forceinline__ u32 quarter(",
+		"__device__ __forceinline__ int perm8(",
+		"__device__ __forceinline__ float moe_sigmoid(",
+		"__device__ __forceinline__ float moe_swiglu(",
+		"template <int DEC, int NW = MOE_WARPS>",
+		"template <int NM> __device__ __forceinline__ void quad_sum(",
+		"template <typename Chunk, typename Ld, typename Cp, typename Mid>\n__device__ __forceinline__ void wide_walk(",
+	} {
+		if err := def(h); err != nil {
+			return "", err
+		}
+	}
+	i := strings.Index(src, "#define LEAN1_WARPS")
+	if i < 0 {
+		return "", fmt.Errorf("kernels/moe.cu: no lean section; update the emulation")
+	}
+	lean := src[i:]
+	for _, r := range []struct{ old, new string }{
+		{"extern __shared__ uint4 moe_smem[];", "uint4 *moe_smem = g_moe_smem;"},
+		{`  const u32 d = (u32)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");`, "  memcpy(dst, src, 16);"},
+		{`asm volatile("cp.async.commit_group;" ::: "memory");`, ""},
+		{`asm volatile("cp.async.wait_group 1;" ::: "memory");`, ""},
+	} {
+		if n := strings.Count(lean, r.old); n < 1 {
+			return "", fmt.Errorf("kernels/moe.cu: the lean section has no %q; update the emulation", r.old)
+		}
+		lean = strings.ReplaceAll(lean, r.old, r.new)
+	}
+	if strings.Contains(lean, "asm") {
+		return "", fmt.Errorf("kernels/moe.cu: the lean section has inline PTX the emulation does not replace")
+	}
+	b.WriteString(lean)
+	return b.String(), nil
+}
+
+// moeLeanEmuHarness is TestMoELeanEmulated's C++ program (it includes
+// kern.inc, moeLeanEmuSource's output, and gen.inc, the cases: D, I, Is,
+// FP8 block, E, K, limit, stage 1's dynamic shared memory). Each case
+// draws weights, x and route weights, runs both lean variants' kernels
+// twice, and prints the max relative errors of h and out against float64
+// (FAIL above 1e-4), FAIL when the two runs differ or when an id outside
+// the table does not make out NaN; then "worst <max>".
+const moeLeanEmuHarness = `#include <atomic>
+#include <barrier>
+#include <thread>
+#include <vector>
+#include <cmath>
+#include <cstring>
+#include <cstdio>
+#include <cstdint>
+#include <random>
+#include <algorithm>
+using std::min; using std::max;
+struct uint4 { unsigned x, y, z, w; };
+struct float4 { float x, y, z, w; };
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+#include "cuda_emu.h"
+alignas(16) static unsigned char g_smem_bytes[1 << 17];
+uint4 *const g_moe_smem = reinterpret_cast<uint4 *>(g_smem_bytes);
+inline float __int_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+template <class T> inline T __ldg(const T *p) { return *p; }
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const uint64_t v = ((uint64_t)y << 32) | x;
+  unsigned r = 0;
+  for (int i = 0; i < 4; i++) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  return r;
+}
+static float g_shfl[32][32];
+inline void __syncwarp() { g_warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
+inline float __shfl_xor_sync(unsigned, float v, int o) {
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  g_warp_bar[w]->arrive_and_wait();
+  g_shfl[w][l] = v;
+  g_warp_bar[w]->arrive_and_wait();
+  return g_shfl[w][l ^ o];
+}
+inline float h2f(unsigned short h) { _Float16 x; memcpy(&x, &h, 2); return (float)x; }
+inline unsigned short f2h(float f) { _Float16 x = (_Float16)f; unsigned short h; memcpy(&h, &x, 2); return h; }
+inline void hilo(float v, unsigned short &hi, unsigned short &lo) { hi = f2h(v); lo = f2h((v - h2f(hi)) * 2048.f); }
+inline void hilo2(float a, float b, unsigned &hi, unsigned &lo) {
+  unsigned short ha, la, hb, lb;
+  hilo(a, ha, la);
+  hilo(b, hb, lb);
+  hi = ha | (unsigned)hb << 16;
+  lo = la | (unsigned)lb << 16;
+}
+static double e4m3(unsigned b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  double v = (e == 15 && m == 7) ? NAN : e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1 + m / 8.0, e - 7);
+  return (b & 0x80) ? -v : v;
+}
+inline unsigned e4m3x2_f16x2(unsigned w) { return f2h((float)e4m3(w & 0xff)) | (unsigned)f2h((float)e4m3((w >> 8) & 0xff)) << 16; }
+inline unsigned ldw(const unsigned *p) { return *p; }
+inline uint4 ldw(const uint4 *p) { return *p; }
+inline void moe_prefetch(const void *) {}
+// mma.sync.m16n8k16.row.col.f32.f16.f16.f32 over the warp's fragments (PTX
+// ISA layouts): A[r][k] in lane (r%8)·4 + (k%8)/2, register (r>=8) +
+// 2·(k>=8), half k%2; B[k][n] in lane 4n + (k%8)/2, register k>=8, half
+// k%2; C/D[r][n] in lane (r%8)·4 + n/2, element 2·(r>=8) + n%2.
+struct MmaX { unsigned a[4], b[2]; };
+static MmaX g_mma[32][32];
+inline void mma16816(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32, g = l / 4, t = l % 4;
+  g_warp_bar[w]->arrive_and_wait();
+  g_mma[w][l] = MmaX{{a0, a1, a2, a3}, {b0, b1}};
+  g_warp_bar[w]->arrive_and_wait();
+  auto half = [](unsigned reg, int k) { return (double)h2f((unsigned short)(k % 2 ? reg >> 16 : reg & 0xffff)); };
+  for (int i = 0; i < 4; i++) {
+    const int r = g + 8 * (i >= 2), n = 2 * t + i % 2;
+    double s = d[i];
+    for (int k = 0; k < 16; k++)
+      s += half(g_mma[w][(r % 8) * 4 + (k % 8) / 2].a[(r >= 8) + 2 * (k >= 8)], k) * half(g_mma[w][n * 4 + (k % 8) / 2].b[k >= 8], k);
+    d[i] = (float)s;
+  }
+}
+#include "kern.inc"
+
+template <class A> void launch(void (*k)(A), unsigned grid, unsigned threads, A a) {
+  gridDim = {grid, 1, 1};
+  blockDim = {threads, 1, 1};
+  for (unsigned x = 0; x < grid; x++) {
+    std::barrier<> bb(threads);
+    g_block_bar = &bb;
+    for (unsigned w = 0; w < threads / 32; w++) g_warp_bar[w] = new std::barrier<>(32);
+    std::vector<std::thread> ts;
+    for (unsigned t = 0; t < threads; t++) ts.emplace_back([=] { threadIdx = {t, 0, 0}; blockIdx = {x, 0, 0}; k(a); });
+    for (auto &t : ts) t.join();
+    for (unsigned w = 0; w < threads / 32; w++) delete g_warp_bar[w];
+  }
+}
+
+struct Case { int D, I, Is, blk, E, K; double limit; int smem1; };
+static const Case cases[] = {
+#include "gen.inc"
+};
+
+// An MXFP4 [rows, cols] weight: codes (nibble i of a little-endian word is
+// column i), E8M0 scales per 32 columns; and its float64 values.
+struct Mx { std::vector<unsigned char> W, S; std::vector<double> v; };
+static Mx mxfp4(std::mt19937 &rng, int rows, int cols) {
+  static const double e2m1[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+  Mx m{std::vector<unsigned char>(rows * cols / 2), std::vector<unsigned char>(rows * cols / 32), std::vector<double>(rows * cols)};
+  for (auto &b : m.W) b = rng() & 0xff;
+  for (auto &s : m.S) s = 127 - 6 + rng() % 5;
+  for (int r = 0; r < rows; r++)
+    for (int c = 0; c < cols; c++) {
+      const int code = (m.W[(r * cols + c) / 2] >> (4 * (c % 2))) & 15;
+      m.v[r * cols + c] = (code & 8 ? -1 : 1) * e2m1[code & 7] * std::ldexp(1.0, m.S[r * (cols / 32) + c / 32] - 127);
+    }
+  return m;
+}
+// An FP8 block [rows, cols] weight: E4M3 bytes (no NaN), E8M0 scales per
+// blk x blk block.
+static Mx fp8(std::mt19937 &rng, int rows, int cols, int blk) {
+  Mx m{std::vector<unsigned char>(rows * cols), std::vector<unsigned char>((rows / blk) * (cols / blk)), std::vector<double>(rows * cols)};
+  for (auto &b : m.W) do b = rng() & 0xff; while ((b & 0x7f) == 0x7f);
+  for (auto &s : m.S) s = 127 - 10 + rng() % 4;
+  for (int r = 0; r < rows; r++)
+    for (int c = 0; c < cols; c++) m.v[r * cols + c] = e4m3(m.W[r * cols + c]) * std::ldexp(1.0, m.S[(r / blk) * (cols / blk) + c / blk] - 127);
+  return m;
+}
+static std::vector<double> matvec(const Mx &m, int rows, int cols, const std::vector<double> &x) {
+  std::vector<double> y(rows);
+  for (int r = 0; r < rows; r++) {
+    double s = 0;
+    for (int c = 0; c < cols; c++) s += m.v[r * cols + c] * x[c];
+    y[r] = s;
+  }
+  return y;
+}
+static double swiglu(double g, double u, double limit) {
+  if (limit > 0) { g = std::min(g, limit); u = std::max(std::min(u, limit), -limit); }
+  return g / (1 + std::exp(-g)) * u;
+}
+static double maxrel(const std::vector<float> &got, const std::vector<double> &want) {
+  double e = 0, m = 0;
+  for (size_t i = 0; i < got.size(); i++) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    e = max(e, std::fabs(got[i] - want[i]));
+    m = max(m, std::fabs(want[i]));
+  }
+  return m > 0 ? e / m : e;
+}
+
+int main() {
+  double worst = 0;
+  int ci = 0;
+  for (const Case &c : cases) {
+    ci++;
+    std::mt19937 rng(1234 + ci);
+    std::normal_distribution<double> nd(0, 1);
+    const int D = c.D, I = c.I, Is = c.Is, K = c.K, E = c.E;
+    std::vector<Mx> w1, w3, w2;
+    for (int e = 0; e < E; e++) { w1.push_back(mxfp4(rng, I, D)); w3.push_back(mxfp4(rng, I, D)); w2.push_back(mxfp4(rng, D, I)); }
+    Mx s1, s3, s2;
+    if (Is > 0) { s1 = fp8(rng, Is, D, c.blk); s3 = fp8(rng, Is, D, c.blk); s2 = fp8(rng, D, Is, c.blk); }
+    std::vector<LinRec> t13(2 * E), t2(E);
+    for (int e = 0; e < E; e++) {
+      t13[2 * e] = LinRec{w1[e].W.data(), w1[e].S.data()};
+      t13[2 * e + 1] = LinRec{w3[e].W.data(), w3[e].S.data()};
+      t2[e] = LinRec{w2[e].W.data(), w2[e].S.data()};
+    }
+    std::vector<int> ids(K);
+    std::vector<float> rw(K), x(D);
+    std::vector<double> xd(D);
+    for (int k = 0; k < K; k++) { ids[k] = (k * 7 + ci) % E; rw[k] = (float)(0.25 + 0.5 * k); }
+    for (int i = 0; i < D; i++) { x[i] = (float)nd(rng); xd[i] = x[i]; }
+    // float64 reference
+    std::vector<std::vector<double>> hw;
+    std::vector<double> outw(D, 0.0);
+    for (int k = 0; k < K; k++) {
+      const int e = ids[k];
+      auto g = matvec(w1[e], I, D, xd), u = matvec(w3[e], I, D, xd);
+      std::vector<double> h(I);
+      for (int i = 0; i < I; i++) h[i] = swiglu(g[i], u[i], c.limit) * rw[k];
+      auto y = matvec(w2[e], D, I, h);
+      for (int d = 0; d < D; d++) outw[d] += y[d];
+      hw.push_back(h);
+    }
+    if (Is > 0) {
+      auto g = matvec(s1, Is, D, xd), u = matvec(s3, Is, D, xd);
+      std::vector<double> h(Is);
+      for (int i = 0; i < Is; i++) h[i] = swiglu(g[i], u[i], 0);
+      auto y = matvec(s2, D, Is, h);
+      for (int d = 0; d < D; d++) outw[d] += y[d];
+      hw.push_back(h);
+    }
+    std::vector<unsigned short> hbuf(2 * (K * I + Is));
+    std::vector<float> out(D);
+    int bshift = 0;
+    while ((1 << bshift) < c.blk) bshift++;
+    MoeArgs a{};
+    a.t13 = t13.data(); a.t2 = t2.data(); a.ids = ids.data(); a.rw = rw.data(); a.x = x.data(); a.h = hbuf.data(); a.out = out.data();
+    if (Is > 0) { a.s1 = s1.W.data(); a.s3 = s3.W.data(); a.s2 = s2.W.data(); a.c1 = s1.S.data(); a.c3 = s3.S.data(); a.c2 = s2.S.data(); }
+    a.E = E; a.K = K; a.D = D; a.I = I; a.Is = Is; a.bshift = bshift; a.limit = (float)c.limit;
+    const unsigned grid1 = Is / 16 + K * I / 16;
+    struct V { const char *name; void (*k1)(MoeArgs); void (*k2)(MoeArgs); };
+    const V vs[] = {{"lean", moe1l_d0_b7, moe2l_g1_f1_d0_b2}, {"leanpf", moe1lp_d0_b7, moe2lp_g1_f1_d0_b2}};
+    if (c.smem1 > (int)sizeof(g_smem_bytes)) { printf("FAIL case %d: stage 1 shared memory %d over the harness's buffer\n", ci, c.smem1); continue; }
+    for (const V &v : vs) {
+      std::fill(hbuf.begin(), hbuf.end(), 0xffff);
+      std::fill(out.begin(), out.end(), NAN);
+      launch(v.k1, grid1, 128, a);
+      launch(v.k2, (unsigned)(D / 16), 512, a);
+      double eh = 0;
+      for (int k = 0; k < K + (Is > 0); k++) {
+        const bool sh = k == K;
+        const int n = sh ? Is : I;
+        const unsigned short *row = hbuf.data() + 2 * k * I;
+        std::vector<float> got(n);
+        for (int i = 0; i < n; i++) {
+          const int at = sh ? i : (i & ~7) | ((i & 3) << 1) | ((i & 7) >> 2);
+          got[i] = h2f(row[at]) + h2f(row[n + at]) / 2048.f;
+        }
+        eh = max(eh, maxrel(got, hw[k]));
+      }
+      const double eo = maxrel(out, outw);
+      std::vector<float> first = out;
+      launch(v.k1, grid1, 128, a);
+      launch(v.k2, (unsigned)(D / 16), 512, a);
+      const bool same = memcmp(first.data(), out.data(), 4 * D) == 0;
+      printf("%s %s case %d (D %d, I %d, Is %d, K %d, limit %g): h max rel %.3g, out max rel %.3g%s\n", (eh > 1e-4 || eo > 1e-4 || !same) ? "FAIL" : "ok",
+             v.name, ci, D, I, Is, K, c.limit, eh, eo, same ? "" : ", second run differs");
+      worst = max(worst, max(eh, eo));
+      // An id outside the table (first case): out all NaN.
+      if (ci > 1) continue;
+      ids[K - 1] = E;
+      launch(v.k1, grid1, 128, a);
+      launch(v.k2, (unsigned)(D / 16), 512, a);
+      int finite = 0;
+      for (float o : out) finite += std::isfinite(o);
+      if (finite) printf("FAIL case %d %s: id %d outside the table left %d finite outputs\n", ci, v.name, E, finite);
+      ids[K - 1] = ((K - 1) * 7 + ci) % E;
+    }
+  }
+  printf("worst %.3g\n", worst);
+}
+`

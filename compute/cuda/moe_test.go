@@ -389,6 +389,10 @@ func TestMoEShapes(t *testing.T) {
 		{"wide1ss K 17 no shared", good, 17, nil, 0, MoEWide1SS, ""},
 		{"wide1ss K 18 no shared", good, 18, nil, 0, MoEWide1SS, "variant wide1ss keeps h in shared memory, 165888 bytes for K 18 x width 2048 + shared 0, over 163840"},
 		{"wide1ss dim 9088", table(9088, 2048), 6, nil, 0, MoEWide1SS, "model dim up to 8960, not 9088"},
+		{"lean v4", good, 6, shared, 10, MoELean, ""},
+		{"lean K 64 shared", good, 64, shared, 0, MoELean, ""},
+		{"lean dim 11264", table(11264, 2048), 6, nil, 0, MoELean, ""},
+		{"leanpf v4", good, 6, shared, 10, MoELeanPF, ""},
 		{"shared missing w2", good, 6, &SharedExpert{W1: shared.W1, W3: shared.W3}, 0, 0, "lacks a weight"},
 		{"shared mxfp4", good, 6, &SharedExpert{W1: mx(2048, 4096), W3: shared.W3, W2: shared.W2}, 0, 0, "shared expert w1 is mxfp4, want fp8"},
 		{"shared w3 shape", good, 6, &SharedExpert{W1: shared.W1, W3: f8(2048, 2048, 128), W2: shared.W2}, 0, 0, "w3 is [2048, 2048], want [2048, 4096]"},
@@ -421,6 +425,15 @@ func TestMoEShapes(t *testing.T) {
 	}
 	if n := MoEDecodeScratch(good, 6, shared); n != 4*(6*2048+2048) {
 		t.Errorf("MoEDecodeScratch = %d, want %d", n, 4*(6*2048+2048))
+	}
+	// The lean stage 1's shared memory: 4 warps x (x hi/lo over 1024
+	// columns, 4 bytes each, + 8 groups of 128 bytes of scales) at D 4096;
+	// at D 384 a shared warp's 2 spans (128 columns) and a routed warp's
+	// one group.
+	for _, c := range []struct{ D, want int }{{4096, 4 * (4*1024 + 8*128)}, {384, 4 * (4*128 + 128)}, {640, 4 * (4*256 + 2*128)}} {
+		if n := moeLean1Smem(c.D); n != c.want {
+			t.Errorf("moeLean1Smem(%d) = %d, want %d", c.D, n, c.want)
+		}
 	}
 	names := map[string]bool{}
 	for v := range moeVariantCount {

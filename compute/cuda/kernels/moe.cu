@@ -428,9 +428,9 @@ __device__ __forceinline__ void stage1_tile(const MoeArgs &a, bool shared, int r
 // The end of a stage-1 tile: the warps' sums added in warp order through
 // red (one barrier), SwiGLU, and the 16 h values stored as hi/lo. k is the
 // routed tile's expert slot.
-template <int DEC>
+template <int DEC, int NW = MOE_WARPS>
 __device__ __forceinline__ void stage1_finish(const MoeArgs &a, bool shared, bool valid, int k, int r0, const float (&acc)[2][4],
-                                              float (&red)[MOE_WARPS][8][4]) {
+                                              float (&red)[NW][8][4]) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   if (t == 0) {
 #pragma unroll
@@ -443,7 +443,7 @@ __device__ __forceinline__ void stage1_finish(const MoeArgs &a, bool shared, boo
   if (threadIdx.x < 16) {
     const int i = threadIdx.x, gi = i & 7, hf = i >> 3;
     float gv = 0.f, uv = 0.f;
-    for (int w = 0; w < MOE_WARPS; w++) {
+    for (int w = 0; w < NW; w++) {
       gv += red[w][gi][hf];
       uv += red[w][gi][2 + hf];
     }
@@ -1285,3 +1285,440 @@ MOE1WSP(1, 2, 0, 2)
   extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1wp_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a, int *ctr) { MOXIE_PDL(); moe_stage1p<G, UF, DEC, false, true>(a, ctr); }
 
 MOE1WP(1, 1, 0, 2)
+
+// ---- The lean family (moe1l_*, moe2l_*) ----
+//
+// The wide family's fragments and arithmetic (Fp4Wide's per-group mma
+// sequence, Fp8Chunk for the shared expert), with no block-wide setup
+// before the weights stream: every warp works alone until the block's one
+// final reduction.
+//
+// Stage 1 (moe1l): blocks of LEAN1_WARPS = 4 warps, one per 16-row tile
+// (896 blocks at V4 shapes, which fit the H200's 132 SMs at once with
+// at most 72 registers: 7 blocks an SM), warp w taking a contiguous quarter
+// of the tile's columns. A warp issues its first two chunks of weight loads
+// (one 128-column group each: w1 and w3, rows g and g+8, 64 bytes a lane),
+// then converts just its own columns of x to hi/lo f16 into its own region
+// of shared memory (no barrier: __syncwarp), then walks its range with two
+// chunks in flight. Dynamic shared memory 16·W bytes (W = lean1_width(D)
+// columns a warp: 16 KB at D 4096).
+//
+// Stage 2 (moe2l): blocks of LEAN2_WARPS = 16 warps, one per 16 output
+// rows. The block's work is a sequence of units of 16 rows x 1 KB of
+// weights (the K experts' 128-column MXFP4 groups, expert-major, then the
+// shared expert's 64-column FP8 spans), warp w taking a contiguous share.
+// B (h, written by stage 1 as hi/lo f16) is not staged per block: each
+// chunk's h columns are copied by cp.async into the warp's ring slot when
+// the chunk's weight loads are issued (L2-hot, so they land before the
+// weights), two chunks in flight.
+
+#define LEAN1_WARPS 4
+#define LEAN2_WARPS 16
+
+// A stage-1 lean routed warp's groups at most.
+__device__ __forceinline__ int lean1_groups(int D) { return ((D >> 7) + LEAN1_WARPS - 1) / LEAN1_WARPS; }
+
+// Columns of x a stage-1 lean warp stages (the larger of a routed warp's
+// 128-column groups and a shared warp's 64-column spans).
+__device__ __forceinline__ int lean1_width(int D) {
+  return max(((D >> 7) + LEAN1_WARPS - 1) / LEAN1_WARPS * 128, ((D >> 6) + LEAN1_WARPS - 1) / LEAN1_WARPS * 64);
+}
+
+// One warp: x columns [c0, c0 + n) (n a multiple of 8) as hi (xw[0..n))
+// and lo (xw[W..W + n)), routed (perm) or natural layout; then __syncwarp.
+__device__ __forceinline__ void lean_stage_x(const float *__restrict__ v, u16 *xw, int c0, int n, int W, bool perm) {
+  const int lane = threadIdx.x & 31;
+  const float4 *v4 = reinterpret_cast<const float4 *>(v + c0);
+  for (int i = lane; i < n / 8; i += 32) {
+    const float4 p = __ldg(v4 + 2 * i), q = __ldg(v4 + 2 * i + 1);
+    uint4 H, L;
+    if (perm) {  // [0,4,1,5,2,6,3,7]
+      hilo2(p.x, q.x, H.x, L.x);
+      hilo2(p.y, q.y, H.y, L.y);
+      hilo2(p.z, q.z, H.z, L.z);
+      hilo2(p.w, q.w, H.w, L.w);
+    } else {
+      hilo2(p.x, p.y, H.x, L.x);
+      hilo2(p.z, p.w, H.y, L.y);
+      hilo2(q.x, q.y, H.z, L.z);
+      hilo2(q.z, q.w, H.w, L.w);
+    }
+    *reinterpret_cast<uint4 *>(xw + 8 * i) = H;
+    *reinterpret_cast<uint4 *>(xw + W + 8 * i) = L;
+  }
+  __syncwarp();
+}
+
+// The products of one 128-column group of an MXFP4 16-row tile (the lane's
+// words w0, w1 of rows g and g+8, span 4q+t) with B from xq (this lane's
+// 32 columns of span 4q+t, hi or lo, routed layout; bl: the lane supplies
+// B), scaled by the rows' scales fa, fb into acc: Fp4Wide's sequence for
+// one matrix and group.
+template <int DEC>
+__device__ __forceinline__ void lean_group(const uint4 &w0, const uint4 &w1, float fa, float fb, const u16 *xq, bool bl, float (&acc)[4]) {
+  float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const uint4 b = bl ? *reinterpret_cast<const uint4 *>(xq + 8 * j) : make_uint4(0u, 0u, 0u, 0u);
+    u32 a0, a1, a2, a3, b0, b1, b2, b3;
+    MoeDec<DEC>::run(quarter(w0, j), a0, a1, a2, a3);
+    MoeDec<DEC>::run(quarter(w1, j), b0, b1, b2, b3);
+    mma16816(d, a0, b0, a1, b1, b.x, b.y);
+    mma16816(d, a2, b2, a3, b3, b.z, b.w);
+  }
+  acc[0] = fmaf(d[0], fa, acc[0]);
+  acc[1] = fmaf(d[1], fa, acc[1]);
+  acc[2] = fmaf(d[2], fb, acc[2]);
+  acc[3] = fmaf(d[3], fb, acc[3]);
+}
+
+// Stage 1's routed chunk: one group of w1 and w3 (rows g and g+8). p1,
+// p3: this lane's first word of row g of w1 and w3 (+ rs: row g+8).
+struct Lean1Fp4 {
+  uint4 w[2][2];
+  __device__ __forceinline__ void load(const u8 *p1, const u8 *p3, int rs, int q) {
+    w[0][0] = ldw(reinterpret_cast<const uint4 *>(p1 + 64 * q));
+    w[0][1] = ldw(reinterpret_cast<const uint4 *>(p1 + rs + 64 * q));
+    w[1][0] = ldw(reinterpret_cast<const uint4 *>(p3 + 64 * q));
+    w[1][1] = ldw(reinterpret_cast<const uint4 *>(p3 + rs + 64 * q));
+  }
+};
+
+// One warp: the E8M0 scales of groups [q0, q0 + n) of a routed stage-1
+// tile (rows r0..r0+15 of S1 and S3, sb bytes a row) into ssw (32 words a
+// group), transposed as stage_scales_t does: group q0 + i's word that lane
+// (g, t) reads, ssw[32i + ((t ^ (i & 3)) << 3 | g)], holds the scale bytes
+// of span 4(q0 + i) + t of w1 row g, w1 row g+8, w3 row g, w3 row g+8.
+__device__ __forceinline__ void lean_stage_scales(const u8 *S1, const u8 *S3, int r0, int sb, int q0, int n, u32 *ssw) {
+  const int lane = threadIdx.x & 31;
+  for (int i = lane; i < 8 * n; i += 32) {
+    const int g = i & 7, qi = i >> 3, q = q0 + qi;
+    const u32 w0 = __ldg(reinterpret_cast<const u32 *>(S1 + (r0 + g) * sb) + q);
+    const u32 w1 = __ldg(reinterpret_cast<const u32 *>(S1 + (r0 + g + 8) * sb) + q);
+    const u32 w2 = __ldg(reinterpret_cast<const u32 *>(S3 + (r0 + g) * sb) + q);
+    const u32 w3 = __ldg(reinterpret_cast<const u32 *>(S3 + (r0 + g + 8) * sb) + q);
+    const u32 lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
+    const u32 lo23 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
+    u32 *d = ssw + 32 * qi + g;
+    const int x = qi & 3;
+    d[(0 ^ x) << 3] = __byte_perm(lo01, lo23, 0x5410);
+    d[(1 ^ x) << 3] = __byte_perm(lo01, lo23, 0x7632);
+    d[(2 ^ x) << 3] = __byte_perm(hi01, hi23, 0x5410);
+    d[(3 ^ x) << 3] = __byte_perm(hi01, hi23, 0x7632);
+  }
+}
+
+// A lean chunk of UF FP8 spans (64 columns each) of NM matrices' 16-row
+// tiles: pw[m] is this lane's first 16-byte word of row g of matrix m (+
+// rs: row g+8), ps[m] the tile's row of block scales, bshift log2 of the
+// block edge. compute() is Fp8Chunk's arithmetic with B (natural layout)
+// at xb + 64s + 16t (s the absolute span).
+template <int NM, int UF>
+struct LeanFp8 {
+  uint4 w[UF][NM][2];
+  u32 sc[UF][NM];
+
+  template <bool GUARD>
+  __device__ __forceinline__ void load(const u8 *const (&pw)[NM], long long rs, const u8 *const (&ps)[NM], int bshift, int s0, int spans) {
+#pragma unroll
+    for (int u = 0; u < UF; u++) {
+      const int s = s0 + u;
+      const bool ok = !GUARD || s < spans;
+#pragma unroll
+      for (int m = 0; m < NM; m++) {
+        w[u][m][0] = ok ? ldw(reinterpret_cast<const uint4 *>(pw[m] + 64 * s)) : make_uint4(0u, 0u, 0u, 0u);
+        w[u][m][1] = ok ? ldw(reinterpret_cast<const uint4 *>(pw[m] + rs + 64 * s)) : make_uint4(0u, 0u, 0u, 0u);
+        sc[u][m] = ok ? (u32)__ldg(ps[m] + ((s * 64) >> bshift)) : 0u;
+      }
+    }
+  }
+
+  template <bool GUARD>
+  __device__ __forceinline__ void compute(const u16 *xb, bool bl, int s0, int spans, int t, float (&acc)[NM][4]) const {
+#pragma unroll
+    for (int u = 0; u < UF; u++) {
+      const int s = s0 + u;
+      if (GUARD && s >= spans) break;
+      const u16 *xq = xb + s * 64 + 16 * t;
+      float d[NM][4];
+#pragma unroll
+      for (int m = 0; m < NM; m++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) d[m][i] = 0.f;
+#pragma unroll
+      for (int h = 0; h < 2; h++) {  // k steps 2h, 2h+1: B words of xq[8h..8h+7]
+        const uint4 b = bl ? *reinterpret_cast<const uint4 *>(xq + 8 * h) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int m = 0; m < NM; m++) {
+          const u32 ra0 = quarter(w[u][m][0], 2 * h), rb0 = quarter(w[u][m][1], 2 * h);
+          const u32 ra1 = quarter(w[u][m][0], 2 * h + 1), rb1 = quarter(w[u][m][1], 2 * h + 1);
+          mma16816(d[m], e4m3x2_f16x2(ra0), e4m3x2_f16x2(rb0), e4m3x2_f16x2(ra0 >> 16), e4m3x2_f16x2(rb0 >> 16), b.x, b.y);
+          mma16816(d[m], e4m3x2_f16x2(ra1), e4m3x2_f16x2(rb1), e4m3x2_f16x2(ra1 >> 16), e4m3x2_f16x2(rb1 >> 16), b.z, b.w);
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < NM; m++) {
+        const float f = __int_as_float(sc[u][m] << 23);
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[m][i] = fmaf(d[m][i], f, acc[m][i]);
+      }
+    }
+  }
+};
+
+// Stage 1, lean: see the family's comment. Blocks [0, Is/16) are the
+// shared expert's tiles, then the K·I/16 routed ones (as moe_stage1).
+// PFR: a routed warp, once its first chunks are issued, asks L2 for the
+// rest of its range (prefetch hints: 16 rows of w1 and w3, 8 KB at D 4096
+// beyond the first 256-byte fetch of each row), so its whole range is in
+// flight at once. (The shared tiles' rows were asked for before the PDL
+// wait: moe1_pf.)
+template <int DEC, bool PFR>
+__device__ __forceinline__ void moe_stage1l(const MoeArgs &a) {
+  extern __shared__ uint4 moe_smem[];
+  __shared__ float red[LEAN1_WARPS][8][4];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int W = lean1_width(a.D), P = lean1_groups(a.D);
+  u16 *xw = reinterpret_cast<u16 *>(reinterpret_cast<u8 *>(moe_smem) + warp * (4 * W + 128 * P));  // x: 4W bytes
+  u32 *ssw = reinterpret_cast<u32 *>(xw + 2 * W);                                                 // routed scales: 128P bytes
+  const int nsh = a.Is >> 4;
+  float acc[2][4];
+#pragma unroll
+  for (int m = 0; m < 2; m++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) acc[m][i] = 0.f;
+  if ((int)blockIdx.x < nsh) {  // block-uniform: a shared-expert tile (FP8, natural layout)
+    const int r0 = blockIdx.x * 16;
+    const int spans = a.D >> 6, per = (spans + LEAN1_WARPS - 1) / LEAN1_WARPS;
+    const int s0 = warp * per, end = min(spans, s0 + per);
+    const u8 *pw[2] = {a.s1 + (long long)(r0 + g) * a.D + 16 * t, a.s3 + (long long)(r0 + g) * a.D + 16 * t};
+    const int sstride = a.D >> a.bshift;
+    const u8 *ps[2] = {a.c1 + (long long)(r0 >> a.bshift) * sstride, a.c3 + (long long)(r0 >> a.bshift) * sstride};
+    const bool bl = g < 2;
+    const u16 *xb = xw + (g & 1) * W - s0 * 64;  // column c's hi/lo at xb[c]
+    using Ch = LeanFp8<2, 1>;
+    wide_walk<Ch>(
+        s0, end, 1, [&](Ch &c, int s) { c.template load<false>(pw, 8LL * a.D, ps, a.bshift, s, end); },
+        [&](const Ch &c, int s) { c.template compute<false>(xb, bl, s, end, t, acc); },
+        [&] {
+          if (s0 < end) lean_stage_x(a.x, xw, s0 * 64, (end - s0) * 64, W, false);
+        });
+    stage1_finish<DEC>(a, true, true, 0, r0, acc, red);
+    return;
+  }
+  const int tile = blockIdx.x - nsh, tpe = a.I >> 4;
+  const int k = tile / tpe, r0 = (tile - k * tpe) * 16;
+  const int id = __ldg(a.ids + k);
+  const bool valid = (unsigned)id < (unsigned)a.E;
+  const LinRec *r1 = a.t13 + 2 * (valid ? id : 0), *r3 = r1 + 1;
+  const u8 *W1 = r1->W, *S1 = r1->S, *W3 = r3->W, *S3 = r3->S;
+  const int groups = a.D >> 7, per = (groups + LEAN1_WARPS - 1) / LEAN1_WARPS;
+  const int q0 = warp * per, end = valid ? min(groups, q0 + per) : 0;
+  const int rb = a.D >> 1;
+  const u8 *p1 = W1 + (r0 + g) * rb + 16 * t, *p3 = W3 + (r0 + g) * rb + 16 * t;
+  const bool bl = (g >> 1) == t;
+  const u16 *xb = xw + (g & 1) * W - q0 * 128 + t * 32;  // + 128q: this lane's B of group q
+  const u32 *sw = ssw - 32 * q0 + g;                     // + 32q + ((t ^ (q - q0) & 3) << 3): group q's scales
+  wide_walk<Lean1Fp4>(
+      q0, end, 1, [&](Lean1Fp4 &c, int q) { c.load(p1, p3, 8 * rb, q); },
+      [&](const Lean1Fp4 &c, int q) {
+        const u32 s4 = sw[32 * q + ((t ^ ((q - q0) & 3)) << 3)];
+        lean_group<DEC>(c.w[0][0], c.w[0][1], e8m0_byte<0>(s4), e8m0_byte<1>(s4), xb + 128 * q, bl, acc[0]);
+        lean_group<DEC>(c.w[1][0], c.w[1][1], e8m0_byte<2>(s4), e8m0_byte<3>(s4), xb + 128 * q, bl, acc[1]);
+      },
+      [&] {
+        if (PFR && q0 < end) {  // lane i: row i & 15, matrix (i >> 4) & 1, 128-byte line i >> 5 of the range
+          const int lines = ((end - q0) * 64 + 127) >> 7;
+          for (int i = lane; i < 32 * lines; i += 32)
+            moe_prefetch(((i >> 4) & 1 ? W3 : W1) + (r0 + (i & 15)) * rb + q0 * 64 + (i >> 5) * 128);
+        }
+        if (q0 < end) {
+          lean_stage_scales(S1, S3, r0, a.D >> 5, q0, end - q0, ssw);
+          lean_stage_x(a.x, xw, q0 * 128, (end - q0) * 128, W, true);
+        }
+      });
+  quad_sum<2>(acc);
+  stage1_finish<DEC>(a, false, valid, k, r0, acc, red);
+}
+
+__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+  const u32 d = (u32)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+
+// Walks the chunks [q, end) of a warp (step units each) with two in flight,
+// A in ring slot 0 and B in slot 1: ld(ch, q, slot) issues chunk q's weight
+// loads and its B copies (cp.async) into the slot, one commit group a chunk
+// (empty ones too, so that wait_group 1 always means "all but the newest");
+// cp(ch, q, slot) uses them once the warp's copies have landed.
+template <typename Chunk, typename Ld, typename Cp>
+__device__ __forceinline__ void lean_ring_walk(int q, int end, int step, Ld ld, Cp cp) {
+  Chunk A, B;
+  if (q < end) ld(A, q, 0);
+  cp_async_commit();
+  if (q + step < end) ld(B, q + step, 1);
+  cp_async_commit();
+  while (q < end) {
+    cp_async_wait1();
+    __syncwarp();
+    cp(A, q, 0);
+    __syncwarp();  // slot 0 read by every lane before it is refilled
+    if (q + 2 * step < end) ld(A, q + 2 * step, 0);
+    cp_async_commit();
+    if (q + step < end) {
+      cp_async_wait1();
+      __syncwarp();
+      cp(B, q + step, 1);
+      __syncwarp();
+      if (q + 3 * step < end) ld(B, q + 3 * step, 1);
+      cp_async_commit();
+    }
+    q += 2 * step;
+  }
+}
+
+// Stage 2's routed chunk: G units (128-column groups of any expert slots)
+// of w2 rows g and g+8.
+template <int G>
+struct Lean2Fp4 {
+  uint4 w[G][2];
+  u32 sc[G][2];
+};
+
+// Stage 2, lean: see the family's comment. A ring slot holds G routed
+// units' h columns (512 bytes each: hi then lo of 128 columns, routed
+// layout) or UF FP8 spans' (hi of the UF·64 columns, then lo). PFR: a
+// warp first asks L2 for its whole routed range (one hint a unit and row:
+// 16 rows x 64 bytes a unit), so it is in flight at once. (The shared
+// expert's rows were asked for before the PDL wait: moe2_pf.)
+template <int G, int UF, int DEC, bool PFR>
+__device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
+  static_assert(UF <= 2 * G, "a ring slot holds 2G FP8 spans");
+  __shared__ uint4 ring[LEAN2_WARPS][2][G * 32];
+  __shared__ float red[LEAN2_WARPS][8][2];
+  __shared__ const u8 *recW[MOE_MAXK], *recS[MOE_MAXK];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int r0 = blockIdx.x * 16;
+  for (int k = threadIdx.x; k < a.K; k += blockDim.x) {
+    const int id = __ldg(a.ids + k);
+    const bool ok = (unsigned)id < (unsigned)a.E;
+    recW[k] = ok ? a.t2[id].W : nullptr;
+    recS[k] = ok ? a.t2[id].S : nullptr;
+  }
+  __syncthreads();
+  const int gpe = a.I >> 7, R = a.K * gpe, S = a.Is >> 6, total = R + S;
+  const int per = (total + LEAN2_WARPS - 1) / LEAN2_WARPS;
+  const int u0 = warp * per, u1 = min(total, u0 + per);
+  const long long rb = a.I >> 1, sb = a.I >> 5;
+  u16 *slots = reinterpret_cast<u16 *>(&ring[warp][0][0]);  // slot i at slots + i·G·256
+  float accR[4] = {0.f, 0.f, 0.f, 0.f}, accS[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+  bool bad = false;
+  const bool blR = (g >> 1) == t;
+  if (PFR && u0 < R) {
+    const int n = min(u1, R) - u0;
+    for (int i = lane; i < 16 * n; i += 32) {
+      const int ui = u0 + (i >> 4), k = ui / gpe, q = ui - k * gpe;
+      if (recW[k]) moe_prefetch(recW[k] + (r0 + (i & 15)) * rb + 64 * q);
+    }
+  }
+  if (u0 < R) {
+    const int uend = min(u1, R);
+    using Ch = Lean2Fp4<G>;
+    lean_ring_walk<Ch>(
+        u0, uend, G,
+        [&](Ch &c, int u, int slot) {
+#pragma unroll
+          for (int i = 0; i < G; i++) {
+            const int ui = u + i, k = ui / gpe, q = ui - k * gpe;
+            const u8 *Wk = ui < uend ? recW[k] : nullptr;
+            if (Wk) {
+              const u8 *Sk = recS[k];
+#pragma unroll
+              for (int r = 0; r < 2; r++) {
+                c.w[i][r] = ldw(reinterpret_cast<const uint4 *>(Wk + (r0 + g + 8 * r) * rb) + 4 * q + t);
+                c.sc[i][r] = __ldg(Sk + (r0 + g + 8 * r) * sb + 4 * q + t);
+              }
+              // h: lane L copies 16 bytes: hi (L < 16) or lo, columns 128q + 8(L & 15).
+              const u16 *src = a.h + (long long)k * 2 * a.I + (lane >> 4) * a.I + 128 * q + 8 * (lane & 15);
+              cp_async16(slots + (slot * G + i) * 256 + (lane >> 4) * 128 + 8 * (lane & 15), src);
+            } else {
+#pragma unroll
+              for (int r = 0; r < 2; r++) {
+                c.w[i][r] = make_uint4(0u, 0u, 0u, 0u);
+                c.sc[i][r] = 0u;
+              }
+            }
+          }
+        },
+        [&](const Ch &c, int u, int slot) {
+#pragma unroll
+          for (int i = 0; i < G; i++) {
+            const int ui = u + i, k = ui / gpe;
+            if (ui >= uend) break;
+            if (!recW[k]) {
+              bad = true;
+              continue;
+            }
+            lean_group<DEC>(c.w[i][0], c.w[i][1], __int_as_float(c.sc[i][0] << 23), __int_as_float(c.sc[i][1] << 23), slots + (slot * G + i) * 256 + (g & 1) * 128 + t * 32, blR,
+                            accR);
+          }
+        });
+  }
+  float accQ[1][4] = {{accR[0], accR[1], accR[2], accR[3]}};
+  quad_sum<1>(accQ);
+  if (u1 > R) {  // the shared expert's spans [sa, send)
+    const int sa = max(u0, R) - R, send = u1 - R;
+    const u8 *pw[1] = {a.s2 + (long long)(r0 + g) * a.Is + 16 * t};
+    const u8 *ps[1] = {a.c2 + (long long)(r0 >> a.bshift) * (a.Is >> a.bshift)};
+    const u16 *hs = a.h + (long long)a.K * 2 * a.I;
+    const bool bs = g < 2;
+    using Ch = LeanFp8<1, UF>;
+    lean_ring_walk<Ch>(
+        sa, send, UF,
+        [&](Ch &c, int s, int slot) {
+          if (s + UF <= send) c.template load<false>(pw, 8LL * a.Is, ps, a.bshift, s, send);
+          else c.template load<true>(pw, 8LL * a.Is, ps, a.bshift, s, send);
+          // h: span i's 64 columns, hi then lo: lanes L < 16 copy 16 bytes each.
+          if (lane < 16) {
+            const int hl = lane >> 3, off = 8 * (lane & 7);
+#pragma unroll
+            for (int i = 0; i < UF; i++)
+              if (s + i < send) cp_async16(slots + slot * G * 256 + hl * UF * 64 + i * 64 + off, hs + hl * a.Is + 64 * (s + i) + off);
+          }
+        },
+        [&](const Ch &c, int s, int slot) {
+          const u16 *xb = slots + slot * G * 256 + (g & 1) * UF * 64 - s * 64;  // span s + i's columns at xb + 64(s + i)
+          if (s + UF <= send) c.template compute<false>(xb, bs, s, send, t, accS);
+          else c.template compute<true>(xb, bs, s, send, t, accS);
+        });
+  }
+  if (t == 0) {
+    const float post = MoeDec<DEC>::post();
+    const float nan = __int_as_float(0x7fc00000);
+    const float r0v = fmaf(accQ[0][1], 1.f / 2048.f, accQ[0][0]) * post + fmaf(accS[0][1], 1.f / 2048.f, accS[0][0]);
+    const float r8v = fmaf(accQ[0][3], 1.f / 2048.f, accQ[0][2]) * post + fmaf(accS[0][3], 1.f / 2048.f, accS[0][2]);
+    red[warp][g][0] = bad ? nan : r0v;
+    red[warp][g][1] = bad ? nan : r8v;
+  }
+  __syncthreads();
+  if (threadIdx.x < 16) {
+    const int i = threadIdx.x;
+    float s = 0.f;
+    for (int w = 0; w < LEAN2_WARPS; w++) s += red[w][i & 7][i >> 3];
+    a.out[r0 + i] = s;
+  }
+}
+
+// moe1l_d<DEC>_b<B>: stage 1 lean, 128 threads, B blocks an SM;
+// moe2l_g<G>_f<UF>_d<DEC>_b<B>: stage 2 lean, 512 threads; moe1lp_...,
+// moe2lp_...: with PFR.
+#define MOE1L(DEC, B) \
+  extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1l_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe1_pf(a)); moe_stage1l<DEC, false>(a); } \
+  extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1lp_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe1_pf(a)); moe_stage1l<DEC, true>(a); }
+#define MOE2L(G, UF, DEC, B) \
+  extern "C" __global__ void __launch_bounds__(32 * LEAN2_WARPS, B) moe2l_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2_pf(a)); moe_stage2l<G, UF, DEC, false>(a); } \
+  extern "C" __global__ void __launch_bounds__(32 * LEAN2_WARPS, B) moe2lp_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2_pf(a)); moe_stage2l<G, UF, DEC, true>(a); }
+
+MOE1L(0, 7) MOE2L(1, 1, 0, 2)

@@ -139,7 +139,10 @@ type DeviceSession struct {
 	// invRoPE: with attnDec, the combine kernel applies the inverse RoPE
 	// of the output as it writes it (Ctx.AttentionDecodeInvRoPE) instead of
 	// a separate rope launch; MOXIE_CUDA_INVROPE=off keeps the launch.
-	invRoPE     bool
+	invRoPE bool
+	// woPair: a one-token step runs wo_a and wo_b as one cuda.GemvPair
+	// launch ($MOXIE_CUDA_WOPAIR=on).
+	woPair      bool
 	attnScratch cuda.DevicePtr
 	// pf: a one-token step's L2 prefetches on a third stream
 	// ($MOXIE_CUDA_PREFETCH; see l2Prefetch).
@@ -196,6 +199,9 @@ type decodeSets struct {
 	// woA, woB: the output projections as one-token Gemv launches (nil:
 	// GroupedLinear and Linear).
 	woA, woB launchFn
+	// wo: both output projections in one persistent launch (cuda.GemvPair;
+	// $MOXIE_CUDA_WOPAIR); when set, woA and woB are not run.
+	wo launchFn
 }
 
 // launchFn enqueues a prepared launch on a stream.
@@ -293,7 +299,7 @@ func (m *Model) planDeviceSession(T int) (*DeviceSession, *allocPlan, int, error
 	s := &DeviceSession{m: m, d: d, limit: d.maxCtx, chunk: T, graphs: true, grouped: true, devMoE: true,
 		fused: os.Getenv("MOXIE_CUDA_FUSE") != "off", tcAttn: os.Getenv("MOXIE_CUDA_ATTN") != "ring",
 		attnDec: os.Getenv("MOXIE_CUDA_ATTNDEC") != "off" && cuda.DecodeAttentionFits(m.Cfg.NHeads, m.Cfg.HeadDim),
-		invRoPE: os.Getenv("MOXIE_CUDA_INVROPE") != "off"}
+		invRoPE: os.Getenv("MOXIE_CUDA_INVROPE") != "off", woPair: os.Getenv("MOXIE_CUDA_WOPAIR") == "on"}
 	D, hc, K := c.Dim, c.HCMult, c.NActivatedExperts
 	s.topk = c.IndexTopK
 	s.entries = max(s.limit/config.CSARatio, 1)
@@ -384,7 +390,7 @@ func (m *Model) planDeviceSession(T int) (*DeviceSession, *allocPlan, int, error
 			moeBytes += alignUp(cuda.MoEDecodeScratch(b.table, K, sharedOf(b)))
 		}
 	}
-	size := pl.total + len(d.layers)*2*alignUp(3*K*80) + 2*alignUp(3*maxTiles*80) + len(d.layers)*3*alignUp(5*80) + moeBytes + 1<<16
+	size := pl.total + len(d.layers)*2*alignUp(3*K*80) + 2*alignUp(3*maxTiles*80) + len(d.layers)*3*alignUp(5*80) + moeBytes + len(d.layers)*alignUp(64) + 1<<16
 	return s, pl, size, nil
 }
 
@@ -643,6 +649,14 @@ func (s *DeviceSession) decodeSets(c *cuda.Ctx, b *devBlock) (*decodeSets, error
 	}
 	if ds.woB, err = set("wo", true, proj{b.woB, s.attnOut, s.u, 1}); err != nil {
 		return nil, fmt.Errorf("wo_b: %w", err)
+	}
+	if s.woPair {
+		p, err := c.PrepareGemvPair(s.arena, cuda.GemvProj{W: b.woA, Y: s.u, X: s.o, Groups: cfg.OGroups},
+			cuda.GemvProj{W: b.woB, Y: s.attnOut, X: s.u, Groups: 1}, cuda.GemvPairVariant{})
+		if err != nil {
+			return nil, fmt.Errorf("wo_a+wo_b pair: %w", err)
+		}
+		ds.wo = func(c *cuda.Ctx, st cuda.Stream) error { return c.LaunchGemvPair(p, st) }
 	}
 	return &ds, nil
 }
@@ -1050,6 +1064,9 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 	var byA, byQ, bf, woA, woB launchFn
 	if dec != nil {
 		byA, byQ, bf, woA, woB = dec.byA, dec.byQ, dec.bf, dec.woA, dec.woB
+		if dec.wo != nil { // both in one launch
+			woA, woB = dec.wo, func(*cuda.Ctx, cuda.Stream) error { return nil }
+		}
 	}
 	var IH, ID int
 	var wsc float32

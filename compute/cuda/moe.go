@@ -506,10 +506,14 @@ func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert
 	} else if p.ss {
 		m.smem1 = 5 * D
 	} else if p.lean {
-		m.smem1 = moeLean1Smem(D)
-		if err := c.raiseDynamicShared(m.k1, m.smem1); err != nil {
-			_ = a.Free(m.h)
-			return nil, fmt.Errorf("cuda moe decode: %w", err)
+		// Above the default 48 KiB (D from 9,856) all the opt-in room, so
+		// that a decode prepared later with a smaller D does not lower the
+		// limit under this one.
+		if m.smem1 = moeLean1Smem(D); m.smem1 > maxStaticShared {
+			if err := c.raiseDynamicShared(m.k1, -1); err != nil {
+				_ = a.Free(m.h)
+				return nil, fmt.Errorf("cuda moe decode: %w", err)
+			}
 		}
 	}
 	if moeVariants[v].wide {

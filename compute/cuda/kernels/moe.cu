@@ -1329,6 +1329,7 @@ __device__ __forceinline__ int lean1_width(int D) {
 __device__ __forceinline__ void lean_stage_x(const float *__restrict__ v, u16 *xw, int c0, int n, int W, bool perm) {
   const int lane = threadIdx.x & 31;
   const float4 *v4 = reinterpret_cast<const float4 *>(v + c0);
+#pragma unroll 2
   for (int i = lane; i < n / 8; i += 32) {
     const float4 p = __ldg(v4 + 2 * i), q = __ldg(v4 + 2 * i + 1);
     uint4 H, L;
@@ -1391,6 +1392,7 @@ struct Lean1Fp4 {
 // of span 4(q0 + i) + t of w1 row g, w1 row g+8, w3 row g, w3 row g+8.
 __device__ __forceinline__ void lean_stage_scales(const u8 *S1, const u8 *S3, int r0, int sb, int q0, int n, u32 *ssw) {
   const int lane = threadIdx.x & 31;
+#pragma unroll 2
   for (int i = lane; i < 8 * n; i += 32) {
     const int g = i & 7, qi = i >> 3, q = q0 + qi;
     const u32 w0 = __ldg(reinterpret_cast<const u32 *>(S1 + (r0 + g) * sb) + q);

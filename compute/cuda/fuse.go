@@ -261,7 +261,8 @@ func (c *Ctx) hcNorm(op string, a *HCNorm, p *HC, head int32, s Stream) error {
 
 // ParseHCDots parses a $MOXIE_CUDA_HCDOTS value: "" or "old" (the
 // two-kernel boundary's first kernel with the expand is fuse_hc_dots, the
-// default), "new" (fuse_hc_dots4 where it fits: hc 4); anything else is an
+// default), "new" (fuse_hc_dots4, or fuse_hc_dots4_t1 for one token, where
+// it fits: hc 4); anything else is an
 // error naming the variable. fuse_hc_dots4 computes fuse_hc_dots's
 // partials and x', bit for bit, with every load of a quad issued before the
 // first product (fuse_hc_dots waits for memory three times per quad).
@@ -278,6 +279,16 @@ func ParseHCDots(v string) (bool, error) {
 // hcDots4Fits reports whether fuse_hc_dots4 can replace fuse_hc_dots for hc
 // streams.
 func hcDots4Fits(hc int) bool { return hc == 4 }
+
+// hcDots4Kernel names the fuse_hc_dots4 kernel for T tokens: the one that
+// issues one token's loads at a time (168 registers a thread against 254)
+// for a single token, else the one that issues a token group's at once.
+func hcDots4Kernel(T int) string {
+	if T == 1 {
+		return "fuse_hc_dots4_t1"
+	}
+	return "fuse_hc_dots4"
+}
 
 // ParseHCFinish parses a $MOXIE_CUDA_HCFIN value: "" or "new" (the
 // two-kernel boundary finishes with fuse_hc_finish4 where hcFinish4Fits),
@@ -438,7 +449,7 @@ func (c *Ctx) hcNormVariant(op string, a *HCNorm, p *HC, head int32, variant HCF
 		xs = xout
 		dots := "fuse_hc_dots"
 		if dots4 && hcDots4Fits(p.HC) {
-			dots = "fuse_hc_dots4"
+			dots = hcDots4Kernel(T)
 		}
 		if err := c.launchFuse(dots, grid, Dim3{X: uint32(threads)}, 0, s,
 			ptr(&part), ptr(&x), ptr(&o), ptr(&post0), ptr(&comb0), ptr(&xout), ptr(&fn), ptr(&code),

@@ -89,7 +89,8 @@ var hcBenchVariants = []struct {
 // BenchmarkHCBoundaryParts times each kernel of the two-kernel decode
 // boundary alone (V4-Flash shapes as BenchmarkHCBoundary's, hc_fn hot in
 // L2), fuseGraphCalls launches of it captured in a CUDA graph: "dots"
-// (fuse_hc_dots), "dots4" (fuse_hc_dots4, $MOXIE_CUDA_HCDOTS=new), "fin"
+// (fuse_hc_dots), "dots4" (fuse_hc_dots4, fuse_hc_dots4_t1 at b1;
+// $MOXIE_CUDA_HCDOTS=new), "fin"
 // (fuse_hc_finish, $MOXIE_CUDA_HCFIN=old) and "fin4" (fuse_hc_finish4,
 // $MOXIE_CUDA_HCFIN=new) over the partials and x' one fuse_hc_dots left. It
 // reports device microseconds per launch.
@@ -153,7 +154,10 @@ func hcBenchPart(c *Ctx, d *devBufs, T int, part string) (func() error, error) {
 		grid := Dim3{X: uint32(groups), Y: uint32(splits), Z: uint32((T + hcSplitTB - 1) / hcSplitTB)}
 		// x' goes to a buffer of its own, so the finish's inputs stay put.
 		xo := d.alloc(4 * T * n)
-		kernel := "fuse_hc_" + part
+		kernel := "fuse_hc_dots"
+		if part == "dots4" {
+			kernel = hcDots4Kernel(T)
+		}
 		return func() error {
 			return c.launchFuse(kernel, grid, Dim3{X: uint32(threads)}, 0, s,
 				ptr(&scratch), ptr(&x), ptr(&o), ptr(&post0), ptr(&comb0), ptr(&xo), ptr(&fn), ptr(&code),

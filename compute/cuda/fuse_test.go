@@ -120,10 +120,10 @@ func TestFuseFinish4Compile(t *testing.T) {
 }
 
 // TestFuseDots4Compile checks that the fuse module (compiled for sm_90
-// without a GPU; skipped without NVRTC) defines fuse_hc_dots4 beside
-// fuse_hc_dots.
+// without a GPU; skipped without NVRTC) defines fuse_hc_dots4 and
+// fuse_hc_dots4_t1 beside fuse_hc_dots.
 func TestFuseDots4Compile(t *testing.T) {
-	requireKernels(t, compileModuleForTest(t, "fuse", FuseSource()), "fuse_hc_dots4", "fuse_hc_dots")
+	requireKernels(t, compileModuleForTest(t, "fuse", FuseSource()), "fuse_hc_dots4", "fuse_hc_dots4_t1", "fuse_hc_dots")
 }
 
 // TestHCDotsSwitch checks ParseHCDots ($MOXIE_CUDA_HCDOTS), hcDots4Fits,
@@ -146,6 +146,11 @@ func TestHCDotsSwitch(t *testing.T) {
 	for hc, want := range map[int]bool{4: true, 2: false, 3: false, 6: false} {
 		if got := hcDots4Fits(hc); got != want {
 			t.Errorf("hcDots4Fits(%d) = %v, want %v", hc, got, want)
+		}
+	}
+	for T, want := range map[int]string{1: "fuse_hc_dots4_t1", 2: "fuse_hc_dots4", 4: "fuse_hc_dots4", 130: "fuse_hc_dots4"} {
+		if got := hcDots4Kernel(T); got != want {
+			t.Errorf("hcDots4Kernel(%d) = %s, want %s", T, got, want)
 		}
 	}
 	t.Setenv("MOXIE_CUDA_HCDOTS", "fast")
@@ -1895,13 +1900,14 @@ int main() {
 }
 `
 
-// TestHCDots4Emulated runs kernels/fuse.cu's fuse_hc_dots and fuse_hc_dots4
-// on the CPU (no GPU needed; hcDots4EmuHarness) at the launch shapes
+// TestHCDots4Emulated runs kernels/fuse.cu's fuse_hc_dots, fuse_hc_dots4 and
+// fuse_hc_dots4_t1 on the CPU (no GPU needed; hcDots4EmuHarness) at the launch shapes
 // fuse.go computes (hcSplitShape: V4's mix and head sites, F32 and BF16
 // hc_fn, T up to 6 over two token groups, short streams whose splits cross
 // stream boundaries) and fails unless fuse_hc_dots4's partials and x' are
 // fuse_hc_dots's bits and within 1e-5 of the harness's float64 expand and
-// dots. Skipped with -short or without g++ (C++20).
+// dots (both fuse_hc_dots4 kernels at every T). Skipped with -short or
+// without g++ (C++20).
 func TestHCDots4Emulated(t *testing.T) {
 	inc, err := hcDots4EmuSource()
 	if err != nil {
@@ -1963,7 +1969,7 @@ func hcDots4EmuSource() (string, error) {
 		b.WriteString(def + "\n")
 	}
 	i, j := strings.Index(fuse, "// hc_x_expand is"), strings.Index(fuse, "// FUSE_KEEP:")
-	if i < 0 || j < i || !strings.Contains(fuse[i:j], "fuse_hc_dots4(") {
+	if i < 0 || j < i || !strings.Contains(fuse[i:j], "HCD4_KERNEL(fuse_hc_dots4_t1,") {
 		return "", fmt.Errorf("fuse.cu: the dots kernels' section (hc_x_expand .. fuse_hc_dots4) not found; update the emulation")
 	}
 	b.WriteString(fuse[i:j])
@@ -1975,9 +1981,9 @@ func hcDots4EmuSource() (string, error) {
 const hcDots4EmuHarness = `// CPU emulation of fuse_hc_dots and fuse_hc_dots4 (kernels/fuse.cu): every
 // CUDA thread of a block is a std::thread, __syncthreads a block barrier,
 // each shuffle an exchange between two warp barriers, __shared__ variables
-// statics (one block runs at a time). Each case runs both kernels on the
-// same inputs (outputs poisoned with NaN) and prints "<name> ok ..." when
-// the partials and x' are bit-identical and within 1e-5 of a float64
+// statics (one block runs at a time). Each case runs the three kernels on
+// the same inputs (outputs poisoned with NaN) and prints "<name> ok ..."
+// when the partials and x' are bit-identical and within 1e-5 of a float64
 // evaluation written here, else "<name> FAIL <what>".
 #include <barrier>
 #include <thread>
@@ -2054,20 +2060,24 @@ int main() {
     }
     const void *fn = c.bf16 ? (const void *)fnb.data() : (const void *)fnf.data();
     const int fmt = c.bf16 ? 3 : 4;
-    std::vector<float> part[2], xout[2];
-    for (int k = 0; k < 2; k++) {
+    std::vector<float> part[3], xout[3];
+    for (int k = 0; k < 3; k++) {
       part[k].assign((size_t)T * (nm + 1) * S, NAN);
       xout[k].assign((size_t)T * n, NAN);
       float *pp = part[k].data(), *xo = xout[k].data();
       const U3 grid = {(unsigned)c.groups, (unsigned)S, (unsigned)((T + HCS_TB - 1) / HCS_TB)};
       if (k == 0)
         launch([&] { fuse_hc_dots(pp, x.data(), o.data(), post.data(), comb.data(), xo, fn, fmt, n, nm, c.cq, c.rb, T, hc, D); }, grid, c.threads);
-      else
+      else if (k == 1)
         launch([&] { fuse_hc_dots4(pp, x.data(), o.data(), post.data(), comb.data(), xo, fn, fmt, n, nm, c.cq, c.rb, T, hc, D); }, grid, c.threads);
+      else
+        launch([&] { fuse_hc_dots4_t1(pp, x.data(), o.data(), post.data(), comb.data(), xo, fn, fmt, n, nm, c.cq, c.rb, T, hc, D); }, grid, c.threads);
     }
     std::string bad;
-    if (memcmp(part[0].data(), part[1].data(), 4 * part[0].size()) != 0) bad += " partial-bits";
-    if (memcmp(xout[0].data(), xout[1].data(), 4 * xout[0].size()) != 0) bad += " x'-bits";
+    for (int k = 1; k < 3; k++) {
+      if (memcmp(part[0].data(), part[k].data(), 4 * part[0].size()) != 0) bad += k == 1 ? " partial-bits" : " t1-partial-bits";
+      if (memcmp(xout[0].data(), xout[k].data(), 4 * xout[0].size()) != 0) bad += k == 1 ? " x'-bits" : " t1-x'-bits";
+    }
     // float64: x' = post_k o + sum_j comb[j, k] x_j; dots over the partials' sum.
     double ex = 0, mx = 0, ed = 0, md = 0;
     for (int b = 0; b < T; b++) {

@@ -143,16 +143,16 @@ extern "C" __global__ void fuse_hc_dots(float *__restrict__ part, const float *_
 // only once post·o is formed (their registers are reused); the other Fn
 // rows only after the x' store, which it does not move them past. Here
 // every load of a quad (the block's Fn rows, then post, comb, o and the
-// four x streams of up to HCD4_TG tokens) is issued before the first
-// product and x' is stored after the products, so a thread waits for
-// memory once per quad (per HCD4_TG tokens). x' is formed as HCExpand forms
+// four x streams of up to TG tokens) is issued before the first product
+// and x' is stored after the products, so a thread waits for memory once
+// per quad and TG tokens: TG 4 in fuse_hc_dots4 (254 registers a thread
+// with NVRTC 11.8), TG 1 in fuse_hc_dots4_t1 (168 registers; the same
+// single wait for one token, a wait per further token). x' is formed as HCExpand forms
 // it (fma(comb[3, k], x[3], … fma(comb[0, k], x[0], post[k]·o))), each
 // partial accumulated and reduced as hc_split_dots_body does (dot4 per row
 // and token over the thread's quads in order, warp shuffles, the warps in
 // index order), so the partials and x' are fuse_hc_dots's bits.
-#define HCD4_TG 4  // tokens whose loads go out together
-
-template <bool BF>
+template <bool BF, int TG>
 __device__ __forceinline__ void hcd4_body(float *__restrict__ part, const float *__restrict__ x,
                                           const float *__restrict__ o, const float *__restrict__ post,
                                           const float *__restrict__ comb, float *__restrict__ xout,
@@ -188,11 +188,11 @@ __device__ __forceinline__ void hcd4_body(float *__restrict__ part, const float 
     }
     float4 xs[HCS_TB];
 #pragma unroll
-    for (int t0 = 0; t0 < HCS_TB; t0 += HCD4_TG) {
-      float4 ov[HCD4_TG], xj[HCD4_TG][4];
-      float pk[HCD4_TG], cj[HCD4_TG][4];
+    for (int t0 = 0; t0 < HCS_TB; t0 += TG) {
+      float4 ov[TG], xj[TG][4];
+      float pk[TG], cj[TG][4];
 #pragma unroll
-      for (int u = 0; u < HCD4_TG; u++) {
+      for (int u = 0; u < TG; u++) {
         const int t = t0 + u;
         if (t < nt) {
           const size_t b = (size_t)b0 + t;
@@ -205,7 +205,7 @@ __device__ __forceinline__ void hcd4_body(float *__restrict__ part, const float 
         }
       }
 #pragma unroll
-      for (int u = 0; u < HCD4_TG; u++) {
+      for (int u = 0; u < TG; u++) {
         const int t = t0 + u;
         if (t < nt) {
           float4 v = make_float4(__fmul_rn(pk[u], ov[u].x), __fmul_rn(pk[u], ov[u].y), __fmul_rn(pk[u], ov[u].z),
@@ -250,18 +250,21 @@ __device__ __forceinline__ void hcd4_body(float *__restrict__ part, const float 
   }
 }
 
-extern "C" __global__ void fuse_hc_dots4(float *__restrict__ part, const float *__restrict__ x,
-                                         const float *__restrict__ o, const float *__restrict__ post,
-                                         const float *__restrict__ comb, float *__restrict__ xout,
-                                         const void *__restrict__ fn, int fmt, int n, int nm, int cq, int rb,
-                                         int batch, int hc, int dim) {
-  MOXIE_PDL_PF(hcd_pf(fn, fmt, n, nm, cq, rb));
-  __shared__ float red[HCS_RB * HCS_TB][32];
-  if (fmt == 3)
-    hcd4_body<true>(part, x, o, post, comb, xout, fn, n, nm, cq, rb, batch, dim, red);
-  else
-    hcd4_body<false>(part, x, o, post, comb, xout, fn, n, nm, cq, rb, batch, dim, red);
-}
+#define HCD4_KERNEL(NAME, TG)                                                                                       \
+  extern "C" __global__ void NAME(float *__restrict__ part, const float *__restrict__ x, const float *__restrict__ o, \
+                                  const float *__restrict__ post, const float *__restrict__ comb,                    \
+                                  float *__restrict__ xout, const void *__restrict__ fn, int fmt, int n, int nm,     \
+                                  int cq, int rb, int batch, int hc, int dim) {                                      \
+    MOXIE_PDL_PF(hcd_pf(fn, fmt, n, nm, cq, rb));                                                                    \
+    __shared__ float red[HCS_RB * HCS_TB][32];                                                                       \
+    if (fmt == 3)                                                                                                    \
+      hcd4_body<true, TG>(part, x, o, post, comb, xout, fn, n, nm, cq, rb, batch, dim, red);                         \
+    else                                                                                                             \
+      hcd4_body<false, TG>(part, x, o, post, comb, xout, fn, n, nm, cq, rb, batch, dim, red);                        \
+  }
+
+HCD4_KERNEL(fuse_hc_dots4, 4)
+HCD4_KERNEL(fuse_hc_dots4_t1, 1)
 
 // FUSE_KEEP: collapse values a thread keeps in registers between the Σa²
 // pass and the scaling pass (dim <= FUSE_KEEP·blockDim needs no re-read).

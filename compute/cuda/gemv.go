@@ -179,6 +179,10 @@ type GemvPairVariant struct {
 	// that do not fit in shared memory; EarlyL2Prefetch gives them before
 	// the block's first product instead of after it.
 	NoL2Prefetch, EarlyL2Prefetch bool
+	// HintFirst asks L2 for all of a block's rows of the first product
+	// before anything else (their loads in registers are U·16 bytes a lane
+	// in flight at most; the hints put the whole first product in flight).
+	HintFirst bool
 }
 
 // GemvPair is a prepared launch of two dependent one-token FP8-block
@@ -392,6 +396,9 @@ func (c *Ctx) PrepareGemvPair(ar *Arena, a, b GemvProj, v GemvPairVariant) (*Gem
 		l2pf = 0
 	case v.EarlyL2Prefetch:
 		l2pf = 2
+	}
+	if v.HintFirst {
+		l2pf |= 4
 	}
 	mb.X = uint64(a.Y)
 	p.grid, p.smem = Dim3{X: uint32(g)}, smem

@@ -17,7 +17,8 @@ import (
 // captured graph (programmatic dependent launch as the device has it: on
 // for sm_90 unless MOXIE_CUDA_PDL=off). In the graph also the pair's
 // variants (U 4, late fill, no or 8 rows of wo_b in shared memory, no or
-// early L2 hints) and each Gemv alone. Reports device µs per run, GB/s of the
+// early L2 hints, wo_a's rows hinted first alone and with late fill, U 4
+// or 16 rows of wo_b in shared memory) and each Gemv alone. Reports device µs per run, GB/s of the
 // weight bytes and %HBM (of ReadBandwidth); fails when a pair's barrier
 // timed out.
 func BenchmarkGemvPair(b *testing.B) {
@@ -133,6 +134,10 @@ func BenchmarkGemvPair(b *testing.B) {
 			{"pair_smem8", GemvPairVariant{SmemRows: 8}},
 			{"pair_no_l2pf", GemvPairVariant{NoL2Prefetch: true}},
 			{"pair_early_l2pf", GemvPairVariant{EarlyL2Prefetch: true}},
+			{"pair_hint_a", GemvPairVariant{HintFirst: true}},
+			{"pair_hint_a_late_fill", GemvPairVariant{HintFirst: true, LateFill: true}},
+			{"pair_hint_a_u4", GemvPairVariant{HintFirst: true, U: 4}},
+			{"pair_hint_a_smem16", GemvPairVariant{HintFirst: true, SmemRows: 16}},
 		} {
 			f, err := pairs(vr.v)
 			if err != nil {

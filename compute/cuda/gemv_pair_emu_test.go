@@ -94,8 +94,8 @@ func gemvPairEmuSource() (string, error) {
 // here (relative to the largest magnitude, FAIL above 2e-5), that the two
 // launches give the same bits, that the counters end at 0 arrivals,
 // generation 2 and no timeouts, that every L2 hint lies in B's rows a
-// block does not copy, and that every copy stays in the block's shared
-// memory.
+// block does not copy (or, with l2pf's 4, in the block's A rows), and
+// that every copy stays in the block's shared memory.
 const gpEmuHarness = `#include <algorithm>
 #include <atomic>
 #include <barrier>
@@ -164,8 +164,10 @@ inline void emu_cp_wait() {
   }
   g_cp.clear();
 }
-thread_local const u8 *t_hint_lo, *t_hint_hi;
-inline void emu_prefetch(const u8 *p) { if (p < t_hint_lo || p >= t_hint_hi) g_bad_hint++; }
+thread_local const u8 *t_hint_lo, *t_hint_hi, *t_hinta_lo, *t_hinta_hi;
+inline void emu_prefetch(const u8 *p) {
+  if ((p < t_hint_lo || p >= t_hint_hi) && (p < t_hinta_lo || p >= t_hinta_hi)) g_bad_hint++;
+}
 
 // E4M3 (no infinities; S.1111.111 is NaN) as a float: exact.
 inline float emu_e4m3(unsigned b) {
@@ -184,7 +186,7 @@ static const Case cases[] = {
   {1024, 1024, 2, 128, 300, 512, 2, 128, 3, 40, 0, 1, 8},  // grouped both; 40 of 100 B rows a block in shared memory
   {1024, 2560, 1, 64, 37, 1024, 1, 128, 5, 3, 1, 2, 4},    // five segments (warp 0 of a row takes two); late fill, early hints
   {512, 9216, 1, 16, 2, 512, 1, 16, 3, 8, 0, 0, 8},        // eighteen segments, scale rows inside a batch, blocks without B rows
-  {1536, 512, 3, 32, 64, 1536, 1, 32, 2, 0, 1, 1, 8},      // a block's A rows cross a group; every B row from global memory
+  {1536, 512, 3, 32, 64, 1536, 1, 32, 2, 0, 1, 5, 8},      // a block's A rows cross a group; every B row from global memory; A hinted
 };
 
 static uint64_t rng_state = 88172645463325252ull;
@@ -222,7 +224,7 @@ static double maxrel(const std::vector<float> &got, const std::vector<double> &w
   return mx > 0 ? e / mx : e;
 }
 
-struct ThreadArg { EmuBlock *blk; unsigned b, t; const GemvPairArgs *a; int U; const u8 *hlo, *hhi; };
+struct ThreadArg { EmuBlock *blk; unsigned b, t; const GemvPairArgs *a; int U; const u8 *hlo, *hhi, *alo, *ahi; };
 static void *run_thread(void *p) {
   auto *ta = (ThreadArg *)p;
   g_blk = ta->blk;
@@ -230,6 +232,8 @@ static void *run_thread(void *p) {
   threadIdx = U3{ta->t, 0, 0};
   t_hint_lo = ta->hlo;
   t_hint_hi = ta->hhi;
+  t_hinta_lo = (ta->a->l2pf & 4) ? ta->alo : nullptr;
+  t_hinta_hi = (ta->a->l2pf & 4) ? ta->ahi : nullptr;
   if (ta->U == 4) gemv_pair_u4(*ta->a); else gemv_pair_u8(*ta->a);
   return nullptr;
 }
@@ -270,8 +274,10 @@ int main() {
         blocks[b].smem.assign((size_t)a.redoff + red, 0xff);
         const int q0 = (int)((long long)b * k.r2 / k.G), q1 = (int)((long long)(b + 1) * k.r2 / k.G);
         const int ns = std::max(0, std::min(k.ns, q1 - q0));
+        const int r0 = (int)((long long)b * k.r1 / k.G), r1 = (int)((long long)(b + 1) * k.r1 / k.G);
         for (unsigned t = 0; t < blockDim.x; t++)
-          args.push_back(ThreadArg{&blocks[b], (unsigned)b, t, &a, k.U, B.w.data() + (size_t)(q0 + ns) * k.c2, B.w.data() + (size_t)q1 * k.c2});
+          args.push_back(ThreadArg{&blocks[b], (unsigned)b, t, &a, k.U, B.w.data() + (size_t)(q0 + ns) * k.c2, B.w.data() + (size_t)q1 * k.c2,
+                                   A.w.data() + (size_t)r0 * k.c1, A.w.data() + (size_t)r1 * k.c1});
       }
       pthread_attr_t attr;
       pthread_attr_init(&attr);

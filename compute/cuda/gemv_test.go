@@ -403,6 +403,7 @@ func TestGemvPair(t *testing.T) {
 		{"one shared row, late fill", GemvPairVariant{SmemRows: 1, LateFill: true}},
 		{"late fill, no L2 hints", GemvPairVariant{LateFill: true, NoL2Prefetch: true}},
 		{"eight shared rows, early L2 hints", GemvPairVariant{SmemRows: 8, EarlyL2Prefetch: true}},
+		{"first product hinted, late fill", GemvPairVariant{HintFirst: true, LateFill: true}},
 	}
 	if testing.Short() {
 		cases = cases[1:]

@@ -234,7 +234,8 @@ extern "C" __global__ void __launch_bounds__(256) gemv_u8(const GemvArgs a) { MO
 // rows. Before the grid-wide barrier (or before phase 1: fill 0) the block
 // starts copying the first ns of its B rows into shared memory (cp.async,
 // 16 bytes a thread) and asks L2 for the rest (l2pf: after phase 1, or
-// before it), so HBM keeps
+// before it; optionally all its A rows first, so phase 1's loads, at most
+// U·16 bytes a lane in flight, find them in L2), so HBM keeps
 // streaming B while the slowest blocks finish phase 1. After the barrier
 // it computes its B rows from shared memory and the rest from global
 // memory, with y1 read from L2 (ld.global.cg: written in this launch).
@@ -256,7 +257,8 @@ struct GemvPairArgs {
   int ns;          // most rows of b a block keeps in shared memory
   int redoff;      // byte offset of the partial sums in dynamic shared memory
   int fill;        // 0: start the shared-memory copies before phase 1, 1: after it
-  int l2pf;        // ask L2 for the block's b rows beyond ns: 0 no, 1 after phase 1, 2 before it
+  int l2pf;        // ask L2 for the block's b rows beyond ns: 0 no, 1 after phase 1, 2 before
+                   // it; +4: first ask L2 for the block's a rows (all of phase 1's bytes)
 };
 static_assert(sizeof(GemvMat) == 64 && sizeof(GemvPairArgs) == 152, "gemvMat/gemvPairArgs in gemv.go mirror these layouts");
 
@@ -420,11 +422,12 @@ __device__ __forceinline__ void gp_phase1(const GemvPairArgs &a) {
   gp_own(a.b.rows, q0, q1);
   const int ns = max(0, min(a.ns, q1 - q0));
   const u8 *wb = a.b.w + (long long)q0 * a.b.cols;
+  if (a.l2pf & 4) gp_l2(a.a.w + (long long)r0 * a.a.cols, (long long)(r1 - r0) * a.a.cols);
   if (a.fill == 0) gp_fill(wb, ns * a.b.cols);
-  if (a.l2pf == 2) gp_l2(wb + (long long)ns * a.b.cols, (long long)(q1 - q0 - ns) * a.b.cols);
+  if ((a.l2pf & 3) == 2) gp_l2(wb + (long long)ns * a.b.cols, (long long)(q1 - q0 - ns) * a.b.cols);
   gp_range<U, false, false>(a.a, a.a.w + (long long)r0 * a.a.cols, r0, 0, r1 - r0, red);
   if (a.fill != 0) gp_fill(wb, ns * a.b.cols);
-  if (a.l2pf == 1) gp_l2(wb + (long long)ns * a.b.cols, (long long)(q1 - q0 - ns) * a.b.cols);
+  if ((a.l2pf & 3) == 1) gp_l2(wb + (long long)ns * a.b.cols, (long long)(q1 - q0 - ns) * a.b.cols);
   __syncthreads();
   gp_store(a.a, r0, r1 - r0, red);
 }

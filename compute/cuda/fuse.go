@@ -70,8 +70,9 @@ func rmsThreads(dim int) int { return min(1024, max(32, (dim+3)/4/32*32)) }
 // overlap X, XOut, Pre, PostOut, CombOut or Scratch (it may be O). The
 // two-kernel boundary's second kernel is fuse_hc_finish4 where it fits (hc
 // 4; see HCFuseTwoFin4) unless $MOXIE_CUDA_HCFIN=old; its first, with the
-// expand, is fuse_hc_dots4 where it fits (hc 4) when
-// $MOXIE_CUDA_HCDOTS=new (see ParseHCDots). All paths run the same float32
+// expand, is fuse_hc_dots4 where it fits (hc 4) for one token unless
+// $MOXIE_CUDA_HCDOTS=old, and for any T when it is "new" (see ParseHCDots).
+// All paths run the same float32
 // operations in the same order, whatever T.
 type HCNorm struct {
 	// X [T, HC, D]: the streams entering the boundary (the previous
@@ -252,28 +253,37 @@ func (c *Ctx) hcNorm(op string, a *HCNorm, p *HC, head int32, s Stream) error {
 	dots4 := false
 	if v == HCFuseTwo || v == HCFuseTwoFin4 {
 		var err error
-		if dots4, err = ParseHCDots(os.Getenv("MOXIE_CUDA_HCDOTS")); err != nil {
+		T := 0
+		if a != nil {
+			T = a.T
+		}
+		if dots4, err = ParseHCDots(os.Getenv("MOXIE_CUDA_HCDOTS"), T); err != nil {
 			return opErr(op, "%v", err)
 		}
 	}
 	return c.hcNormVariant(op, a, p, head, v, hcOneThreads, dots4, s)
 }
 
-// ParseHCDots parses a $MOXIE_CUDA_HCDOTS value: "" or "old" (the
-// two-kernel boundary's first kernel with the expand is fuse_hc_dots, the
-// default), "new" (fuse_hc_dots4, or fuse_hc_dots4_t1 for one token, where
-// it fits: hc 4); anything else is an
-// error naming the variable. fuse_hc_dots4 computes fuse_hc_dots's
-// partials and x', bit for bit, with every load of a quad issued before the
-// first product (fuse_hc_dots waits for memory three times per quad).
-func ParseHCDots(v string) (bool, error) {
+// ParseHCDots parses a $MOXIE_CUDA_HCDOTS value for a boundary of T
+// tokens: whether the two-kernel boundary's first kernel (the expand and the
+// split-K dots) is fuse_hc_dots4 (fuse_hc_dots4_t1 for one token; where it
+// fits: hc 4) rather than fuse_hc_dots. "new" always, "old" never, "" (the
+// default) for one token only: there it was measured on the H200 (session 5:
+// the 8-layer decode step 1.67 → 1.60 ms), while the 254-register kernel of
+// several tokens was not; anything else is an error naming the variable.
+// fuse_hc_dots4 computes fuse_hc_dots's partials and x', bit for bit, with
+// every load of a quad issued before the first product (fuse_hc_dots waits
+// for memory three times per quad).
+func ParseHCDots(v string, T int) (bool, error) {
 	switch v {
-	case "", "old":
+	case "":
+		return T == 1, nil
+	case "old":
 		return false, nil
 	case "new":
 		return true, nil
 	}
-	return false, fmt.Errorf("MOXIE_CUDA_HCDOTS=%q: want old or new (or unset for the default, old)", v)
+	return false, fmt.Errorf("MOXIE_CUDA_HCDOTS=%q: want old or new (or unset for the default: new at one token, old otherwise)", v)
 }
 
 // hcDots4Fits reports whether fuse_hc_dots4 can replace fuse_hc_dots for hc

@@ -131,15 +131,17 @@ func TestFuseDots4Compile(t *testing.T) {
 func TestHCDotsSwitch(t *testing.T) {
 	for _, tc := range []struct {
 		in        string
+		T         int
 		dots4, ok bool
-	}{{"", false, true}, {"old", false, true}, {"new", true, true}, {"New", false, false}, {"4", false, false}} {
-		t.Run(tc.in, func(t *testing.T) {
-			dots4, err := ParseHCDots(tc.in)
+	}{{"", 1, true, true}, {"", 2, false, true}, {"", 512, false, true}, {"old", 1, false, true}, {"new", 1, true, true}, {"new", 64, true, true},
+		{"New", 1, false, false}, {"4", 1, false, false}} {
+		t.Run(fmt.Sprintf("%s/T%d", tc.in, tc.T), func(t *testing.T) {
+			dots4, err := ParseHCDots(tc.in, tc.T)
 			switch {
 			case tc.ok && (err != nil || dots4 != tc.dots4):
-				t.Errorf("ParseHCDots(%q) = %v, %v; want %v, nil", tc.in, dots4, err, tc.dots4)
+				t.Errorf("ParseHCDots(%q, %d) = %v, %v; want %v, nil", tc.in, tc.T, dots4, err, tc.dots4)
 			case !tc.ok && (err == nil || !strings.Contains(err.Error(), "MOXIE_CUDA_HCDOTS")):
-				t.Errorf("ParseHCDots(%q) = %v, %v; want an error naming MOXIE_CUDA_HCDOTS", tc.in, dots4, err)
+				t.Errorf("ParseHCDots(%q, %d) = %v, %v; want an error naming MOXIE_CUDA_HCDOTS", tc.in, tc.T, dots4, err)
 			}
 		})
 	}

@@ -162,6 +162,7 @@ func TestMoELeanEmulated(t *testing.T) {
 		{256, 128, 0, 64, 4, 3, 0},
 		{384, 384, 384, 128, 5, 6, 0},   // spans and groups not a multiple of the warps
 		{640, 128, 128, 128, 3, 2, 1.5}, // a routed warp's columns (256) above a shared warp's (192)
+		{256, 128, 512, 64, 4, 9, 0},    // stage 2's warp 4 takes the last routed unit and the first FP8 span
 	} {
 		fmt.Fprintf(&gen, "{%d, %d, %d, %d, %d, %d, %g, %d},\n", c.D, c.I, c.Is, c.blk, c.E, c.K, c.limit, moeLean1Smem(c.D))
 	}

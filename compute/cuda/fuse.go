@@ -69,7 +69,8 @@ func rmsThreads(dim int) int { return min(1024, max(32, (dim+3)/4/32*32)) }
 // and Comb; XOut must not overlap X, O, Post or Comb, and A must not
 // overlap X, XOut, Pre, PostOut, CombOut or Scratch (it may be O). The
 // two-kernel boundary's second kernel is fuse_hc_finish4 where it fits (hc
-// 4; see HCFuseTwoFin4) unless $MOXIE_CUDA_HCFIN=old; its first, with the
+// 4; see HCFuseTwoFin4; fuse_hc_finish4s with $MOXIE_CUDA_HCFIN=short)
+// unless $MOXIE_CUDA_HCFIN=old; its first, with the
 // expand, is fuse_hc_dots4 where it fits (hc 4) for one token unless
 // $MOXIE_CUDA_HCDOTS=old, and for any T when it is "new" (see ParseHCDots).
 // All paths run the same float32
@@ -145,6 +146,13 @@ const (
 	// HCMixNorm and HCHeadNorm take it for the two-kernel boundary unless
 	// $MOXIE_CUDA_HCFIN=old.
 	HCFuseTwoFin4
+	// HCFuseTwoFin4S is HCFuseTwoFin4 with the finish fuse_hc_finish4s
+	// where it fits (hcFinish4sFits; else as HCFuseTwoFin4): the same
+	// float32 operations in the same order on a shorter Sinkhorn path (no
+	// block barrier or shared round trip before the Sinkhorn, the row sums
+	// two chains at once). HCMixNorm and HCHeadNorm take it for the
+	// two-kernel boundary with $MOXIE_CUDA_HCFIN=short.
+	HCFuseTwoFin4S
 )
 
 func (v HCFuseVariant) String() string {
@@ -155,6 +163,8 @@ func (v HCFuseVariant) String() string {
 		return "prefill"
 	case HCFuseTwoFin4:
 		return "two-fin4"
+	case HCFuseTwoFin4S:
+		return "two-fin4s"
 	}
 	return "one"
 }
@@ -242,16 +252,13 @@ func (c *Ctx) hcNorm(op string, a *HCNorm, p *HC, head int32, s Stream) error {
 		}
 	}
 	if v == HCFuseTwo {
-		fin4, err := ParseHCFinish(os.Getenv("MOXIE_CUDA_HCFIN"))
-		if err != nil {
+		var err error
+		if v, err = ParseHCFinishVariant(os.Getenv("MOXIE_CUDA_HCFIN")); err != nil {
 			return opErr(op, "%v", err)
-		}
-		if fin4 {
-			v = HCFuseTwoFin4
 		}
 	}
 	dots4 := false
-	if v == HCFuseTwo || v == HCFuseTwoFin4 {
+	if v == HCFuseTwo || v == HCFuseTwoFin4 || v == HCFuseTwoFin4S {
 		var err error
 		T := 0
 		if a != nil {
@@ -305,16 +312,35 @@ func hcDots4Kernel(T int) string {
 // "old" (with fuse_hc_finish); anything else is an error naming the
 // variable. On the H200 (2026-11-30, BenchmarkHCBoundary, V4, one token, in
 // a graph) a boundary took 7.76 us with fuse_hc_finish4 against 9.43, and
-// an 8-layer decode step 1.71 ms against 1.76.
+// an 8-layer decode step 1.71 ms against 1.76. "short" (fuse_hc_finish4s,
+// see ParseHCFinishVariant) reads as true.
 func ParseHCFinish(v string) (bool, error) {
+	fv, err := ParseHCFinishVariant(v)
+	return err == nil && fv != HCFuseTwo, err
+}
+
+// ParseHCFinishVariant parses a $MOXIE_CUDA_HCFIN value into the
+// two-kernel boundary variant it selects: "old" HCFuseTwo (fuse_hc_finish),
+// "" or "new" HCFuseTwoFin4 (fuse_hc_finish4 where hcFinish4Fits), "short"
+// HCFuseTwoFin4S (fuse_hc_finish4s where hcFinish4Fits and
+// hcFinish4sFits; not measured on a GPU yet); anything else is an error
+// naming the variable. All three finish with the same bits.
+func ParseHCFinishVariant(v string) (HCFuseVariant, error) {
 	switch v {
 	case "old":
-		return false, nil
+		return HCFuseTwo, nil
 	case "", "new":
-		return true, nil
+		return HCFuseTwoFin4, nil
+	case "short":
+		return HCFuseTwoFin4S, nil
 	}
-	return false, fmt.Errorf("MOXIE_CUDA_HCFIN=%q: want old or new (or unset for the default, new)", v)
+	return HCFuseTwo, fmt.Errorf("MOXIE_CUDA_HCFIN=%q: want old, new or short (or unset for the default, new)", v)
 }
+
+// hcFinish4sFits reports whether fuse_hc_finish4s can replace a
+// fuse_hc_finish4 (hcFinish4Fits) at stream width dim: its Sinkhorn block
+// needs two warps (rmsThreads(dim) >= 64).
+func hcFinish4sFits(dim int) bool { return rmsThreads(dim) >= 64 }
 
 // hcFinish4Fits reports whether fuse_hc_finish4 can finish a two-kernel
 // boundary of hc streams of width dim whose dots ran with the given splits
@@ -322,6 +348,17 @@ func ParseHCFinish(v string) (bool, error) {
 // 16-byte aligned and dim at most 4 elements per rmsnorm thread.
 func hcFinish4Fits(hc, dim, splits int, scratch DevicePtr) bool {
 	return hc == 4 && splits%4 == 0 && splits <= hcMaxSplits && scratch%16 == 0 && dim <= 4*rmsThreads(dim)
+}
+
+// hcFinish4Kernel names the finish4 kernel of a two-kernel boundary variant
+// (HCFuseTwoFin4 or HCFuseTwoFin4S) at stream width dim, where
+// hcFinish4Fits: fuse_hc_finish4s for HCFuseTwoFin4S where hcFinish4sFits,
+// else fuse_hc_finish4.
+func hcFinish4Kernel(variant HCFuseVariant, dim int) string {
+	if variant == HCFuseTwoFin4S && hcFinish4sFits(dim) {
+		return "fuse_hc_finish4s"
+	}
+	return "fuse_hc_finish4"
 }
 
 // hcPrefillMinT is the smallest token count HCMixNorm and HCHeadNorm run on
@@ -476,8 +513,8 @@ func (c *Ctx) hcNormVariant(op string, a *HCNorm, p *HC, head int32, variant HCF
 	// A mix's finish runs two blocks per token (the Sinkhorn beside the
 	// collapse and norm), the head's one.
 	roles := uint32(2 - head)
-	if variant == HCFuseTwoFin4 && hcFinish4Fits(p.HC, D, splits, part) {
-		return c.launchFuse("fuse_hc_finish4", Dim3{X: uint32(T), Y: roles}, Dim3{X: uint32(rmsThreads(D))}, 0, s,
+	if (variant == HCFuseTwoFin4 || variant == HCFuseTwoFin4S) && hcFinish4Fits(p.HC, D, splits, part) {
+		return c.launchFuse(hcFinish4Kernel(variant, D), Dim3{X: uint32(T), Y: roles}, Dim3{X: uint32(rmsThreads(D))}, 0, s,
 			ptr(&pre), ptr(&post), ptr(&comb), ptr(&out), ptr(&xs), ptr(&norm), ptr(&part), ptr(&base), ptr(&scale),
 			ptr(&d32), ptr(&nm), ptr(&s32), ptr(&iters), ptr(&eps), ptr(&neps), ptr(&head), ptr(&reps))
 	}

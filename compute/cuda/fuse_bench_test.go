@@ -21,7 +21,8 @@ const hcBenchSites = 86
 // "one" (fuse_hc_one at the default block shape), "one128" and "one64"
 // (two and one virtual blocks per block), "two-fin4" (fuse_hc_dots +
 // fuse_hc_finish4, $MOXIE_CUDA_HCFIN=new), "two-dots4" and "two-fin4-dots4"
-// (the same with fuse_hc_dots4, $MOXIE_CUDA_HCDOTS=new; see
+// (the same with fuse_hc_dots4, $MOXIE_CUDA_HCDOTS=new), "two-fin4s" and
+// "two-fin4s-dots4" (fuse_hc_finish4s, $MOXIE_CUDA_HCFIN=short; see
 // hcBenchVariants). "hot" replays fuseGraphCalls boundaries of one site (its
 // hc_fn stays in L2); "cold" replays one boundary on each of hcBenchSites
 // sites in turn. It reports device microseconds per boundary.
@@ -70,7 +71,8 @@ func BenchmarkHCBoundary(b *testing.B) {
 // hcBenchVariants are BenchmarkHCBoundary's implementations: the two-kernel
 // boundary, the one-kernel one at 256 (the default), 128 and 64
 // dot-product threads per block (80, 160 and 320 blocks at V4's shapes),
-// and the two-kernel one with fuse_hc_finish4 and/or fuse_hc_dots4.
+// and the two-kernel one with fuse_hc_finish4 (or fuse_hc_finish4s,
+// "fin4s") and/or fuse_hc_dots4.
 var hcBenchVariants = []struct {
 	name    string
 	variant HCFuseVariant
@@ -84,6 +86,8 @@ var hcBenchVariants = []struct {
 	{"two-fin4", HCFuseTwoFin4, 0, false},
 	{"two-dots4", HCFuseTwo, 0, true},
 	{"two-fin4-dots4", HCFuseTwoFin4, 0, true},
+	{"two-fin4s", HCFuseTwoFin4S, 0, false},
+	{"two-fin4s-dots4", HCFuseTwoFin4S, 0, true},
 }
 
 // BenchmarkHCBoundaryParts times each kernel of the two-kernel decode
@@ -91,13 +95,14 @@ var hcBenchVariants = []struct {
 // L2), fuseGraphCalls launches of it captured in a CUDA graph: "dots"
 // (fuse_hc_dots), "dots4" (fuse_hc_dots4, fuse_hc_dots4_t1 at b1;
 // $MOXIE_CUDA_HCDOTS=new), "fin"
-// (fuse_hc_finish, $MOXIE_CUDA_HCFIN=old) and "fin4" (fuse_hc_finish4,
-// $MOXIE_CUDA_HCFIN=new) over the partials and x' one fuse_hc_dots left. It
+// (fuse_hc_finish, $MOXIE_CUDA_HCFIN=old), "fin4" (fuse_hc_finish4,
+// $MOXIE_CUDA_HCFIN=new) and "fin4s" (fuse_hc_finish4s,
+// $MOXIE_CUDA_HCFIN=short) over the partials and x' one fuse_hc_dots left. It
 // reports device microseconds per launch.
 func BenchmarkHCBoundaryParts(b *testing.B) {
 	dev := testDevice(b)
 	for _, T := range []int{1, 4} {
-		for _, part := range []string{"dots", "dots4", "fin", "fin4"} {
+		for _, part := range []string{"dots", "dots4", "fin", "fin4", "fin4s"} {
 			b.Run(fmt.Sprintf("b%d/%s", T, part), func(b *testing.B) {
 				var us float64
 				err := dev.Do(func(c *Ctx) error {
@@ -120,7 +125,7 @@ func BenchmarkHCBoundaryParts(b *testing.B) {
 }
 
 // hcBenchPart returns the function that launches one kernel of the
-// two-kernel boundary (part: "dots", "dots4", "fin" or "fin4") on the buffers of
+// two-kernel boundary (part: "dots", "dots4", "fin", "fin4" or "fin4s") on the buffers of
 // hcBenchBoundaries (one site), after one whole boundary has filled the
 // partials and x'.
 func hcBenchPart(c *Ctx, d *devBufs, T int, part string) (func() error, error) {
@@ -169,12 +174,16 @@ func hcBenchPart(c *Ctx, d *devBufs, T int, part string) (func() error, error) {
 				ptr(&pre), ptr(&post), ptr(&comb), ptr(&out), ptr(&xout), ptr(&norm), ptr(&scratch), ptr(&base), ptr(&scale),
 				ptr(&hc32), ptr(&d32), ptr(&nm), ptr(&s32), ptr(&iters), ptr(&eps), ptr(&neps), ptr(&head), ptr(&reps))
 		}, nil
-	case "fin4":
-		if !hcFinish4Fits(hc, D, splits, scratch) {
+	case "fin4", "fin4s":
+		if !hcFinish4Fits(hc, D, splits, scratch) || (part == "fin4s" && !hcFinish4sFits(D)) {
 			return nil, fmt.Errorf("fuse_hc_finish4 does not fit the V4 boundary (splits %d, scratch %#x)", splits, scratch)
 		}
+		kernel := "fuse_hc_finish4"
+		if part == "fin4s" {
+			kernel = "fuse_hc_finish4s"
+		}
 		return func() error {
-			return c.launchFuse("fuse_hc_finish4", fin, bd, 0, s,
+			return c.launchFuse(kernel, fin, bd, 0, s,
 				ptr(&pre), ptr(&post), ptr(&comb), ptr(&out), ptr(&xout), ptr(&norm), ptr(&scratch), ptr(&base), ptr(&scale),
 				ptr(&d32), ptr(&nm), ptr(&s32), ptr(&iters), ptr(&eps), ptr(&neps), ptr(&head), ptr(&reps))
 		}, nil

@@ -96,8 +96,9 @@ func TestFuseHCNorm(t *testing.T) {
 // hcNormVariants are the boundary implementations TestFuseHCNorm checks:
 // the two-kernel one and the one-kernel one at the default block shape and
 // at one virtual block per block (two collapse warps: the generic collapse),
-// the prefill kernels, and the two-kernel one with fuse_hc_finish4 and/or
-// fuse_hc_dots4 ($MOXIE_CUDA_HCDOTS=new).
+// the prefill kernels, and the two-kernel one with fuse_hc_finish4 (or
+// fuse_hc_finish4s, $MOXIE_CUDA_HCFIN=short) and/or fuse_hc_dots4
+// ($MOXIE_CUDA_HCDOTS=new).
 var hcNormVariants = []struct {
 	name    string
 	variant HCFuseVariant
@@ -111,12 +112,25 @@ var hcNormVariants = []struct {
 	{"two-fin4", HCFuseTwoFin4, 0, false},
 	{"two-dots4", HCFuseTwo, 0, true},
 	{"two-fin4-dots4", HCFuseTwoFin4, 0, true},
+	{"two-fin4s", HCFuseTwoFin4S, 0, false},
+	{"two-fin4s-dots4", HCFuseTwoFin4S, 0, true},
 }
 
 // TestFuseFinish4Compile checks that the fuse module (compiled for sm_90
-// without a GPU; skipped without NVRTC) defines fuse_hc_finish4.
+// without a GPU; skipped without NVRTC) defines fuse_hc_finish4 and
+// fuse_hc_finish4s, their register counts and stack frames logged.
 func TestFuseFinish4Compile(t *testing.T) {
-	requireKernels(t, compileModuleForTest(t, "fuse", FuseSource()), "fuse_hc_finish4")
+	img := compileModuleForTest(t, "fuse", FuseSource())
+	requireKernels(t, img, "fuse_hc_finish4", "fuse_hc_finish4s")
+	res := cubinResources(t, img)
+	for _, n := range []string{"fuse_hc_finish", "fuse_hc_finish4", "fuse_hc_finish4s"} {
+		r, ok := res[n]
+		if !ok {
+			t.Errorf("%s has no register count in the CUBIN's .nv.info", n)
+			continue
+		}
+		t.Logf("%s: %d registers, %d-byte stack frame", n, r.regs, r.frame)
+	}
 }
 
 // TestFuseDots4Compile checks that the fuse module (compiled for sm_90
@@ -169,7 +183,7 @@ func TestHCFinishSwitch(t *testing.T) {
 	for _, tc := range []struct {
 		in       string
 		fin4, ok bool
-	}{{"", true, true}, {"old", false, true}, {"new", true, true}, {"New", false, false}, {"4", false, false}} {
+	}{{"", true, true}, {"old", false, true}, {"new", true, true}, {"short", true, true}, {"New", false, false}, {"4", false, false}, {"wide", false, false}} {
 		t.Run(tc.in, func(t *testing.T) {
 			fin4, err := ParseHCFinish(tc.in)
 			switch {
@@ -179,6 +193,36 @@ func TestHCFinishSwitch(t *testing.T) {
 				t.Errorf("ParseHCFinish(%q) = %v, %v; want an error naming MOXIE_CUDA_HCFIN", tc.in, fin4, err)
 			}
 		})
+	}
+	for _, tc := range []struct {
+		in   string
+		want HCFuseVariant
+		ok   bool
+	}{{"", HCFuseTwoFin4, true}, {"new", HCFuseTwoFin4, true}, {"old", HCFuseTwo, true}, {"short", HCFuseTwoFin4S, true},
+		{"Short", HCFuseTwo, false}, {"wide", HCFuseTwo, false}} {
+		t.Run("variant/"+tc.in, func(t *testing.T) {
+			got, err := ParseHCFinishVariant(tc.in)
+			switch {
+			case tc.ok && (err != nil || got != tc.want):
+				t.Errorf("ParseHCFinishVariant(%q) = %v, %v; want %v, nil", tc.in, got, err, tc.want)
+			case !tc.ok && (err == nil || !strings.Contains(err.Error(), "MOXIE_CUDA_HCFIN")):
+				t.Errorf("ParseHCFinishVariant(%q) = %v, %v; want an error naming MOXIE_CUDA_HCFIN", tc.in, got, err)
+			}
+		})
+	}
+	// fuse_hc_finish4s needs two warps (rmsThreads >= 64: D >= 256).
+	for _, tc := range []struct {
+		variant HCFuseVariant
+		dim     int
+		want    string
+	}{{HCFuseTwoFin4S, 4096, "fuse_hc_finish4s"}, {HCFuseTwoFin4S, 256, "fuse_hc_finish4s"}, {HCFuseTwoFin4S, 252, "fuse_hc_finish4"},
+		{HCFuseTwoFin4S, 120, "fuse_hc_finish4"}, {HCFuseTwoFin4, 4096, "fuse_hc_finish4"}} {
+		if got := hcFinish4Kernel(tc.variant, tc.dim); got != tc.want {
+			t.Errorf("hcFinish4Kernel(%v, %d) = %s, want %s", tc.variant, tc.dim, got, tc.want)
+		}
+	}
+	if got := HCFuseTwoFin4S.String(); got != "two-fin4s" {
+		t.Errorf("HCFuseTwoFin4S.String() = %q, want two-fin4s", got)
 	}
 	t.Setenv("MOXIE_CUDA_HCFIN", "fast")
 	var c *Ctx
@@ -356,7 +400,7 @@ func testHCNorm(t *testing.T, rng *rand.Rand, tc hcNormCase, T int, head, expand
 					t.Logf("%s vs %s: %s max rel. %.3g (bit-identical %v)", vr.name, rv.name, c.what, r, same)
 				}
 				if !(r <= fuseTol) || (fits && vr.variant == HCFusePrefill && rv.variant == HCFuseOne && !same) ||
-					(vr.variant == HCFuseTwoFin4 && rv.variant == HCFuseTwo && !same) ||
+					((vr.variant == HCFuseTwoFin4 || vr.variant == HCFuseTwoFin4S) && rv.variant == HCFuseTwo && !same) ||
 					(vr.dots4 && rv.variant == HCFuseTwo && !same) {
 					t.Errorf("%s vs %s: %s max rel. %.3g, bit-identical %v", vr.name, rv.name, c.what, r, same)
 				}
@@ -1629,13 +1673,14 @@ int main() {
 `
 
 // TestHCFinish4Emulated runs fuse_hc_finish (the reference: its bits are
-// checked against the unfused chain on the GPU by TestFuseHCNorm) and
-// fuse_hc_finish4 on the CPU (no GPU needed; hcFin4EmuHarness: every CUDA
+// checked against the unfused chain on the GPU by TestFuseHCNorm),
+// fuse_hc_finish4 and fuse_hc_finish4s (where the block has two warps) on the CPU (no GPU needed; hcFin4EmuHarness: every CUDA
 // thread a std::thread, barriers for __syncthreads and the shuffles, both
 // compiled with -ffp-contract=off) on the same random partials and x' at the
 // launch shapes fuse.go computes (V4's mix and head sites, weighted and
 // unweighted norms, T up to 3, smaller D with idle threads), and fails
-// unless pre, post, comb and a are bit-identical and within 1e-4 of the
+// unless every kernel's pre, post, comb and a are fuse_hc_finish's bits and
+// fuse_hc_finish4's within 1e-4 of the
 // harness's own float64 evaluation of dsv4-flash.md section 4.3. Skipped
 // with -short or without g++ (C++20).
 func TestHCFinish4Emulated(t *testing.T) {
@@ -1654,6 +1699,8 @@ func TestHCFinish4Emulated(t *testing.T) {
 		{"D1024 mix T3", 1024, 3, false, true},
 		{"D120 mix T1", 120, 1, false, true},
 		{"D120 head T2 unweighted", 120, 2, true, false},
+		{"D256 mix T2", 256, 2, false, true},
+		{"D256 head T1 unweighted", 256, 1, true, false},
 	}
 	var gen strings.Builder
 	gen.WriteString("static std::vector<Case> cases = {\n")
@@ -1744,8 +1791,8 @@ func hcFin4EmuSource() (string, error) {
 	}
 	sec := fuse[i:j]
 	const dyn = "extern __shared__ float4 ps4[];"
-	if !strings.Contains(sec, dyn) || !strings.Contains(sec, "fuse_hc_finish4(") {
-		return "", fmt.Errorf("fuse.cu: fuse_hc_finish no longer declares %s or fuse_hc_finish4 is gone; update the emulation", dyn)
+	if !strings.Contains(sec, dyn) || !strings.Contains(sec, "fuse_hc_finish4(") || !strings.Contains(sec, "fuse_hc_finish4s(") {
+		return "", fmt.Errorf("fuse.cu: fuse_hc_finish no longer declares %s or fuse_hc_finish4 or fuse_hc_finish4s is gone; update the emulation", dyn)
 	}
 	b.WriteString(strings.Replace(sec, dyn, "float4 *ps4 = emu_dyn;", 1))
 	return b.String(), nil
@@ -1785,6 +1832,7 @@ inline float __shfl_sync(unsigned, float v, int src) {
   return g_shfl[w][src & 31];
 }
 inline float __shfl_xor_sync(unsigned m, float v, int o) { return __shfl_sync(m, v, (threadIdx.x % 32) ^ o); }
+inline void __syncwarp() { g_warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
 inline float __int_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline float __fmul_rn(float a, float b) { return a * b; }
@@ -1832,22 +1880,27 @@ int main() {
     for (auto &v : scale) v = nd(rng);
     scale[2] = 4;
     const float *wp = c.weighted ? w.data() : nullptr;
-    std::vector<float> out[2][4];  // [kernel][pre, post, comb, a]
-    for (int k = 0; k < 2; k++) {
+    std::vector<float> out[3][4];  // [kernel][pre, post, comb, a]
+    const int nk = c.bd >= 64 ? 3 : 2;  // fuse_hc_finish4s needs two warps
+    for (int k = 0; k < nk; k++) {
       out[k][0].assign(T * hc, NAN); out[k][1].assign(T * hc, NAN); out[k][2].assign(T * hc * hc, NAN); out[k][3].assign((size_t)T * D, NAN);
       float *pre = out[k][0].data(), *post = out[k][1].data(), *comb = out[k][2].data(), *a = out[k][3].data();
       const U3 grid = {(unsigned)T, c.head ? 1u : 2u, 1};
       if (k == 0)
         launch([&] { fuse_hc_finish(pre, post, comb, a, xs.data(), wp, part.data(), base.data(), scale.data(), hc, D, nm, S, iters, eps, normEps, c.head, rmsEps); }, grid, c.bd);
-      else
+      else if (k == 1)
         launch([&] { fuse_hc_finish4(pre, post, comb, a, xs.data(), wp, part.data(), base.data(), scale.data(), D, nm, S, iters, eps, normEps, c.head, rmsEps); }, grid, c.bd);
+      else
+        launch([&] { fuse_hc_finish4s(pre, post, comb, a, xs.data(), wp, part.data(), base.data(), scale.data(), D, nm, S, iters, eps, normEps, c.head, rmsEps); }, grid, c.bd);
     }
     std::string bad;
     const char *what[4] = {"pre", "post", "comb", "a"};
-    for (int i = 0; i < 4; i++) {
-      if (c.head && (i == 1 || i == 2)) continue;
-      if (memcmp(out[0][i].data(), out[1][i].data(), out[0][i].size() * 4) != 0) bad += std::string(" ") + what[i] + "-bits";
-    }
+    for (int k = 1; k < nk; k++)
+      for (int i = 0; i < 4; i++) {
+        if (c.head && (i == 1 || i == 2)) continue;
+        if (memcmp(out[0][i].data(), out[k][i].data(), out[0][i].size() * 4) != 0)
+          bad += std::string(k == 1 ? " fin4-" : " fin4s-") + what[i] + "-bits";
+      }
     // float64 evaluation
     double worst = 0;
     for (int b = 0; b < T; b++) {

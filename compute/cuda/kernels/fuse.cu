@@ -506,6 +506,210 @@ extern "C" __global__ void __launch_bounds__(1024)
 }
 
 // ---------------------------------------------------------------------------
+// fuse_hc_finish4s: fuse_hc_finish4 (the same grid, block size, arguments,
+// outputs and float32 operations in the same order, so fuse_hc_finish's
+// bits; $MOXIE_CUDA_HCFIN=short selects it, see fuse.go) with a shorter
+// Sinkhorn path, the boundary's longest chain at one token (the row sums,
+// then 20 Sinkhorn iterations of shuffles and divisions). Needs what
+// fuse_hc_finish4 needs and blockDim >= 64. Against fuse_hc_finish4:
+//   - Sinkhorn block (b, 0): only warps 0 and 1 work, each on its own:
+//     warp 0 stages comb's 16 partial rows and the Σx² row, warp 1 pre's
+//     and post's 8 rows and the Σx² row (every load of a lane issued before
+//     the first store), each into its own shared area, then __syncwarp (no
+//     block barrier); each lane sums its row and the Σx² row in one loop
+//     (two independent chains, each in index order) and keeps its dot in a
+//     register: warp 0's lanes run the Sinkhorn (hc_sinkhorn_warp<4>'s
+//     operations on a register operand: no shared round trip), lanes 0–7
+//     of warp 1 the pre and post gates (hc_gates_sinkhorn's operations);
+//   - collapse block: fuse_hc_finish4's, but the gate lanes sum their row
+//     and the Σx² row in one loop.
+
+// hcf4_row_sum2 is hcf4_row_sum of two staged rows, interleaved: two
+// independent chains, each the sum of its row in index order.
+__device__ __forceinline__ void hcf4_row_sum2(const float4 *ra, const float4 *rb, int S4, float &sa, float &sb) {
+  float x = 0.f, y = 0.f;
+#pragma unroll 4
+  for (int i = 0; i < S4; i++) {
+    const float4 p = ra[i], q = rb[i];
+    x += p.x;
+    y += q.x;
+    x += p.y;
+    y += q.y;
+    x += p.z;
+    y += q.z;
+    x += p.w;
+    y += q.w;
+  }
+  sa = x;
+  sb = y;
+}
+
+// hcf4s_stage stages, by the 32 lanes of one warp, nr partial rows of
+// token b into st (row k: part row k < nr − 1 ? r0 + k : nm), lane l
+// taking column l mod S4 of rows l / S4, l / S4 + 32 / S4, … (S4 <= 16:
+// at most 9 rows a lane); every load is issued before the first store.
+// The caller runs __syncwarp before reading st.
+template <int NR>
+__device__ __forceinline__ void hcf4s_stage(float4 (*st)[HCF4_SP(HCS_MAXS) / 4], const float4 *pb4, int r0, int nm,
+                                            int S4) {
+  const int lane = threadIdx.x & 31, rp = 32 / S4, c = lane % S4, k0 = lane / S4;
+  constexpr int NL = (NR + 1) / 2;  // rows a lane stages at most (rp >= 2)
+  float4 v[NL];
+#pragma unroll
+  for (int u = 0; u < NL; u++) {
+    const int k = k0 + u * rp;
+    if (k0 < rp && k < NR) v[u] = __ldg(pb4 + (k < NR - 1 ? r0 + k : nm) * S4 + c);
+  }
+#pragma unroll
+  for (int u = 0; u < NL; u++) {
+    const int k = k0 + u * rp;
+    if (k0 < rp && k < NR) st[k][c] = v[u];
+  }
+}
+
+// hcf4s_sinkhorn is hc_sinkhorn_warp<4> (the same operations in the same
+// order) with lane l's dot product d in a register rather than dcomb[l].
+__device__ __forceinline__ void hcf4s_sinkhorn(float *cb, float d, float rho, const float *base, const float *scale,
+                                               int its, float eps) {
+  const int lane = threadIdx.x & 31;
+  const bool own = lane < 16;
+  const int j = lane / 4, k = lane % 4;
+  const float L = own ? __fadd_rn(__fmul_rn(d * rho, scale[2]), base[8 + lane]) : 0.f;
+  float g[4];
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++) g[kk] = __shfl_sync(FULL, L, j * 4 + kk);
+  float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++) mx = fmaxf(mx, g[kk]);
+  const float e = (float)exp((double)(L - mx));
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++) g[kk] = __shfl_sync(FULL, e, j * 4 + kk);
+  float s = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++) s += g[kk];
+  float v = e / s + eps;
+  for (int it = 0; it < its; it++) {
+    if (it > 0) {
+#pragma unroll
+      for (int kk = 0; kk < 4; kk++) g[kk] = __shfl_sync(FULL, v, j * 4 + kk);
+      s = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < 4; kk++) s += g[kk];
+      v = v / (s + eps);
+    }
+#pragma unroll
+    for (int jj = 0; jj < 4; jj++) g[jj] = __shfl_sync(FULL, v, jj * 4 + k);
+    s = 0.f;
+#pragma unroll
+    for (int jj = 0; jj < 4; jj++) s += g[jj];
+    v = v / (s + eps);
+  }
+  if (own) cb[lane] = v;
+}
+
+extern "C" __global__ void __launch_bounds__(1024)
+    fuse_hc_finish4s(float *pre, float *post, float *comb, float *__restrict__ a, const float *__restrict__ xs,
+                     const float *__restrict__ w, const float *__restrict__ part, const float *base,
+                     const float *scale, int dim, int nm, int S, int iters, float eps, float normEps, int head,
+                     float rmsEps) {
+  MOXIE_PDL_PF(w, w ? 4LL * dim : 0LL);  // the norm weight (a weight: no kernel writes it)
+  __shared__ float4 ps4[17 + 9][HCF4_SP(HCS_MAXS) / 4];  // staged partial rows (two warps' areas)
+  __shared__ float red[32];
+  const size_t b = blockIdx.x;
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, bd = blockDim.x;
+  const int S4 = S >> 2;
+  const float4 *pb4 = (const float4 *)(part + b * (nm + 1) * S);
+  if (!head && blockIdx.y == 0) {
+    if (tid >= 64) return;
+    float d, snm;
+    // Warp 0's area: ps4[0..16] (comb's rows 8..23, then Σx²); warp 1's:
+    // ps4[17..25] (pre's rows 0..3, post's 4..7, then Σx²).
+    if (wid == 0) {
+      hcf4s_stage<17>(ps4, pb4, 8, nm, S4);
+      __syncwarp();
+      hcf4_row_sum2(ps4[lane & 15], ps4[16], S4, d, snm);
+    } else {
+      hcf4s_stage<9>(ps4 + 17, pb4, 0, nm, S4);
+      __syncwarp();
+      hcf4_row_sum2(ps4[17 + (lane & 7)], ps4[17 + 8], S4, d, snm);
+    }
+    const float rho = 1.0f / sqrtf(snm / (float)(4 * dim) + normEps);
+    if (wid == 0) {
+      const int its = iters < 1 ? 1 : iters;  // the host always makes the first column pass
+      hcf4s_sinkhorn(comb + b * 16, d, rho, base, scale, its, eps);
+    } else if (lane < 4) {
+      pre[b * 4 + lane] = hc_pre_gate(d, rho, scale, base, lane, eps);
+    } else if (lane < 8) {
+      const int gl = lane - 4;
+      const float m2 = d * rho;
+      post[b * 4 + gl] = 2.0f * sigmoidf_(m2 * scale[1] + base[4 + gl]);
+    }
+    return;
+  }
+  // The collapse block: x' and the norm weights first, then rows 0–3 and nm.
+  const float *xb = xs + b * 4 * dim;
+  float xv[4][4], wv[4];
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    const int i = tid + u * bd;
+    wv[u] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) xv[u][j] = 0.f;
+    if (i < dim) {
+#pragma unroll
+      for (int j = 0; j < 4; j++) xv[u][j] = __ldcg(xb + (size_t)j * dim + i);
+      if (w) wv[u] = __ldg(w + i);
+    }
+  }
+  for (int i = tid; i < 5 * S4; i += bd) {
+    const int k = i / S4, c = i - k * S4;
+    ps4[k][c] = __ldg(pb4 + (k < 4 ? k : nm) * S4 + c);
+  }
+  __syncthreads();
+  float g = 0.f;
+  if (lane < 4) {
+    float dl, snm;
+    hcf4_row_sum2(ps4[lane], ps4[4], S4, dl, snm);
+    const float rho = 1.0f / sqrtf(snm / (float)(4 * dim) + normEps);
+    g = hc_pre_gate(dl, rho, scale, base, lane, eps);
+    if (head && wid == 0) pre[b * 4 + lane] = g;
+  }
+  float p[4];
+#pragma unroll
+  for (int j = 0; j < 4; j++) p[j] = __shfl_sync(FULL, g, j);
+  float keep[4];
+  float ss = 0.f;
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    const int i = tid + u * bd;
+    keep[u] = 0.f;
+    if (i < dim) {
+      float v = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; j++) v = __fmaf_rn(p[j], xv[u][j], v);
+      keep[u] = v;
+      ss += v * v;
+    }
+  }
+  ss = warp_sum(ss);
+  if (lane == 0) red[wid] = ss;
+  __syncthreads();
+  float tot = 0.f;
+#pragma unroll 8
+  for (int i = 0; i < (bd >> 5); i++) tot += red[i];  // block_sum's order
+  const float inv = 1.0f / sqrtf(tot / (float)dim + rmsEps);
+  float *ab = a + b * dim;
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    const int i = tid + u * bd;
+    if (i < dim) {
+      const float v = keep[u] * inv;
+      ab[i] = w ? wv[u] * v : v;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
 // fuse_hc_one: the whole sublayer boundary of fuse_hc_dots + fuse_hc_finish
 // (or hc_split_dots + fuse_hc_finish without the expand) in one kernel, with
 // the same float32 operations in the same order, so the same bits.

@@ -49,6 +49,20 @@ const pdlMarker = "//@pdl"
 // needs). pdl_test.go accepts MOXIE_PDL_WAIT(); as a kernel's first
 // statement only when its body also contains MOXIE_PDL_TRIGGER().
 //
+// MOXIE_PDL_UNLESS(cond) is MOXIE_PDL() for the blocks where cond is
+// false; a block where it holds does not wait for the previous kernel on
+// the stream and only lets the next one launch. Such a block may read only
+// memory written at least two kernels back on the stream, never what the
+// previous kernel writes, and must not write what the previous kernel
+// reads or writes: with a programmatic launch this kernel starts only once
+// every block of the previous kernel has passed its own wait, so every
+// kernel before that one has finished and its writes are visible; this
+// holds when the previous kernel starts with MOXIE_PDL(), MOXIE_PDL_PF or
+// MOXIE_PDL_WAIT in every block (not with a MOXIE_PDL_UNLESS that skips),
+// or is not a programmatic launch at all. cond is computed from the
+// kernel's arguments (by value), blockIdx, blockDim and constants alone,
+// as MOXIE_PDL_PF's arguments are.
+//
 // MOXIE_PDL_PF(...) first asks L2 for weight bytes the block will read
 // early (prefetch.global.L2, one hint per 128-byte line, the lines spread
 // over the block's threads) and then does MOXIE_PDL(), so that with a
@@ -110,6 +124,7 @@ __device__ __forceinline__ void moxie_pdl_pf(const void *p, long long bytes, lon
 }
 __device__ __forceinline__ void moxie_pdl_pf(const void *p, long long bytes) { moxie_pdl_pf(MoxiePF{p, nullptr, bytes, 0, 1}); }
 #define MOXIE_PDL_PF(...) do { moxie_pdl_pf(__VA_ARGS__); MOXIE_PDL(); } while (0)
+#define MOXIE_PDL_UNLESS(cond) do { if (!(cond)) MOXIE_PDL_WAIT(); MOXIE_PDL_TRIGGER(); } while (0)
 #line 1
 `
 

@@ -135,6 +135,16 @@ const (
 	// byte of a warp's share is in flight at once rather than two chunks
 	// (plus each row's 256-byte L2 fetch) at a time.
 	MoELeanPF
+	// MoELeanX: MoELean whose stage-1 shared-expert tiles do not wait for
+	// the kernel launched just before on the stream (programmatic
+	// dependent launch; MOXIE_PDL_UNLESS in module.go), so the shared
+	// expert's w1 and w3 stream while that kernel (the routing) still runs.
+	// Contract: x must not be written by the kernel launched just before
+	// the MoE decode on its stream (in a decode step x is the HC
+	// boundary's output, two or more kernels back), and that kernel must
+	// start every block with a wait (MOXIE_PDL or MOXIE_PDL_PF), as every
+	// moxie kernel but this one does.
+	MoELeanX
 	moeVariantCount
 )
 
@@ -162,6 +172,7 @@ var moeVariants = [moeVariantCount]struct {
 	async   bool
 	pfr     bool
 	lean    bool
+	early   bool
 }{
 	MoEDefault:   {name: "u8", u1: 8, uf1: 2, u2: 8, uf2: 4, b: 2},
 	MoEOcc3:      {name: "occ3", u1: 4, uf1: 1, u2: 16, uf2: 4, b: 3},
@@ -179,6 +190,7 @@ var moeVariants = [moeVariantCount]struct {
 	MoEWide1A:    {name: "wide1a", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true, ss2: true, async: true, pfr: true},
 	MoELean:      {name: "lean", u1: 1, uf1: 1, u2: 1, uf2: 1, b: 7, b2: 2, lean: true},
 	MoELeanPF:    {name: "leanpf", u1: 1, uf1: 1, u2: 1, uf2: 1, b: 7, b2: 2, lean: true, pfr: true},
+	MoELeanX:     {name: "leanx", u1: 1, uf1: 1, u2: 1, uf2: 1, b: 7, b2: 2, lean: true, early: true},
 }
 
 func (v MoEVariant) String() string {
@@ -197,7 +209,7 @@ const MoEPreferred = MoEWide1
 
 // ParseMoEVariant returns the variant named s (its String form: u8, occ3,
 // u8cvt, persist, persistpf, wide, wide1, widepf, widep, wide3, wide1s,
-// wide1ss, wide1a, wide1p, lean, leanpf; "" is MoEPreferred), e.g. from an environment
+// wide1ss, wide1a, wide1p, lean, leanpf, leanx; "" is MoEPreferred), e.g. from an environment
 // variable.
 func ParseMoEVariant(s string) (MoEVariant, error) {
 	if s == "" {
@@ -222,8 +234,11 @@ func moeKernelNames(v MoEVariant) (string, string) {
 	}
 	if p.lean {
 		s1, s2 := "moe1l", "moe2l"
-		if p.pfr {
+		switch {
+		case p.pfr:
 			s1, s2 = "moe1lp", "moe2lp"
+		case p.early:
+			s1 = "moe1lx"
 		}
 		return fmt.Sprintf("%s_d%d_b%d", s1, p.dec, p.b), fmt.Sprintf("%s_g%d_f%d_d%d_b%d", s2, p.u2, p.uf2, p.dec, b2)
 	}

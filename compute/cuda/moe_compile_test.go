@@ -465,7 +465,7 @@ int main() {
     a.E = E; a.K = K; a.D = D; a.I = I; a.Is = Is; a.bshift = bshift; a.limit = (float)c.limit;
     const unsigned grid1 = Is / 16 + K * I / 16;
     struct V { const char *name; void (*k1)(MoeArgs); void (*k2)(MoeArgs); };
-    const V vs[] = {{"lean", moe1l_d0_b7, moe2l_g1_f1_d0_b2}, {"leanpf", moe1lp_d0_b7, moe2lp_g1_f1_d0_b2}};
+    const V vs[] = {{"lean", moe1l_d0_b7, moe2l_g1_f1_d0_b2}, {"leanpf", moe1lp_d0_b7, moe2lp_g1_f1_d0_b2}, {"leanx", moe1lx_d0_b7, moe2l_g1_f1_d0_b2}};
     if (c.smem1 > (int)sizeof(g_smem_bytes)) { printf("FAIL case %d: stage 1 shared memory %d over the harness's buffer\n", ci, c.smem1); continue; }
     for (const V &v : vs) {
       std::fill(hbuf.begin(), hbuf.end(), 0xffff);

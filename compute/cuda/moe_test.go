@@ -393,6 +393,7 @@ func TestMoEShapes(t *testing.T) {
 		{"lean K 64 shared", good, 64, shared, 0, MoELean, ""},
 		{"lean dim 11264", table(11264, 2048), 6, nil, 0, MoELean, ""},
 		{"leanpf v4", good, 6, shared, 10, MoELeanPF, ""},
+		{"leanx v4", good, 6, shared, 10, MoELeanX, ""},
 		{"shared missing w2", good, 6, &SharedExpert{W1: shared.W1, W3: shared.W3}, 0, 0, "lacks a weight"},
 		{"shared mxfp4", good, 6, &SharedExpert{W1: mx(2048, 4096), W3: shared.W3, W2: shared.W2}, 0, 0, "shared expert w1 is mxfp4, want fp8"},
 		{"shared w3 shape", good, 6, &SharedExpert{W1: shared.W1, W3: f8(2048, 2048, 128), W2: shared.W2}, 0, 0, "w3 is [2048, 2048], want [2048, 4096]"},

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -42,7 +43,7 @@ func pdlViolations(src string) []string {
 	var bad []string
 	for _, m := range globalFn.FindAllStringIndex(src, -1) {
 		body := strings.TrimLeft(src[m[1]:], " \t\r\n\\")
-		if strings.HasPrefix(body, "MOXIE_PDL();") || pdlPFStatement(body) {
+		if strings.HasPrefix(body, "MOXIE_PDL();") || pdlArgStatement(body, "MOXIE_PDL_PF(") || pdlArgStatement(body, "MOXIE_PDL_UNLESS(") {
 			continue
 		}
 		if strings.HasPrefix(body, "MOXIE_PDL_WAIT();") && strings.Contains(braceBody(src[m[1]:]), "MOXIE_PDL_TRIGGER()") {
@@ -77,12 +78,12 @@ func braceBody(s string) string {
 	return s
 }
 
-// pdlPFStatement reports whether body starts with a whole MOXIE_PDL_PF(...);
-// statement whose arguments read no memory through a pointer as far as a
-// text check can tell (no ->, __ldg or asm: the contract in module.go
-// allows only arithmetic on the kernel's arguments before the wait).
-func pdlPFStatement(body string) bool {
-	const pre = "MOXIE_PDL_PF("
+// pdlArgStatement reports whether body starts with a whole pre...);
+// statement (pre: MOXIE_PDL_PF( or MOXIE_PDL_UNLESS() whose arguments read
+// no memory through a pointer as far as a text check can tell (no ->,
+// __ldg, asm or [: the contract in module.go allows only arithmetic on the
+// kernel's arguments before the wait).
+func pdlArgStatement(body, pre string) bool {
 	if !strings.HasPrefix(body, pre) {
 		return false
 	}
@@ -95,7 +96,7 @@ func pdlPFStatement(body string) bool {
 			depth--
 			if depth == 0 {
 				args := body[len(pre):i]
-				for _, bad := range []string{"->", "__ldg", "asm", "{"} {
+				for _, bad := range []string{"->", "__ldg", "asm", "{", "["} {
 					if strings.Contains(args, bad) && !(bad == "{" && strings.HasPrefix(strings.TrimSpace(args), "MoxiePF{")) {
 						return false
 					}
@@ -131,9 +132,13 @@ func TestPDLMarkers(t *testing.T) {
 			"#define M(N) extern \"C\" __global__ void N(A a) { \\\n  MOXIE_PDL_WAIT(); \\\n  p1(a); \\\n  MOXIE_PDL_TRIGGER(); \\\n  }\n" +
 			"extern \"C\" __global__ void j(A a) { MOXIE_PDL_WAIT(); p1(a); }\n" +
 			"extern \"C\" __global__ void k(A a) { MOXIE_PDL_WAIT(); p1(a); }\nvoid later() { MOXIE_PDL_TRIGGER(); }\n" +
-			"extern \"C\" __global__ void l(A a) { p1(a); MOXIE_PDL_WAIT(); MOXIE_PDL_TRIGGER(); }\n"
-		if got := pdlViolations(src); !slices.Equal(got, []string{"b", "d", "f", "g", "h", "j", "k", "l"}) {
-			t.Fatalf("violations %q, want [b d f g h j k l]", got)
+			"extern \"C\" __global__ void l(A a) { p1(a); MOXIE_PDL_WAIT(); MOXIE_PDL_TRIGGER(); }\n" +
+			"extern \"C\" __global__ void m(A a) { MOXIE_PDL_UNLESS((int)blockIdx.x < (a.n >> 4)); p1(a); }\n" +
+			"extern \"C\" __global__ void n(A a) { MOXIE_PDL_UNLESS(a.ids[0] > 0); p1(a); }\n" +
+			"extern \"C\" __global__ void o(A a) { MOXIE_PDL_UNLESS(__ldg(a.ids) > 0); p1(a); }\n" +
+			"extern \"C\" __global__ void p(A a) { p1(a); MOXIE_PDL_UNLESS(1); }\n"
+		if got := pdlViolations(src); !slices.Equal(got, []string{"b", "d", "f", "g", "h", "j", "k", "l", "n", "o", "p"}) {
+			t.Fatalf("violations %q, want [b d f g h j k l n o p]", got)
 		}
 	})
 	opted := 0
@@ -166,6 +171,119 @@ extern "C" __global__ void pdl_consume(float *y, const float *x, int n) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) y[i] += 2 * x[i];
 }
 `
+
+// pdlUnlessSrc: pdlTestSrc's producer, a middle kernel that reads x into
+// y2, and a kernel whose blocks skip the wait (MOXIE_PDL_UNLESS(1)) and
+// read x, written two kernels back.
+const pdlUnlessSrc = pdlTestSrc + `
+extern "C" __global__ void pdl_early(float *y, const float *x, int n) {
+    MOXIE_PDL_UNLESS(1);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) y[i] += 3 * x[i];
+}
+`
+
+// TestPDLUnless checks MOXIE_PDL_UNLESS's contract (module.go) on the
+// device: rounds of [producer (spins, then writes x), consumer (y2 +=
+// 2x, waits), early (y += 3x, its blocks skip the wait)] on one stream, as
+// plain launches and replayed as a captured graph; early must see every
+// round's x although it does not wait (y accumulates 3·(seed+i), y2
+// 2·(seed+i); exact in float32).
+func TestPDLUnless(t *testing.T) {
+	dev := testDevice(t)
+	const n, rounds = 1 << 16, 20
+	err := dev.Do(func(c *Ctx) error {
+		m, err := c.Module("pdl_unless_test", pdlUnlessSrc)
+		if err != nil {
+			return err
+		}
+		var prod, cons, early *Kernel
+		for _, k := range []struct {
+			name string
+			k    **Kernel
+		}{{"pdl_produce", &prod}, {"pdl_consume", &cons}, {"pdl_early", &early}} {
+			if *k.k, err = m.Kernel(k.name); err != nil {
+				return err
+			}
+		}
+		a, err := c.NewArena(12 * n)
+		if err != nil {
+			return err
+		}
+		defer c.ReleaseArena(a)
+		x, _ := a.Alloc(4 * n)
+		y, _ := a.Alloc(4 * n)
+		y2, _ := a.Alloc(4 * n)
+		st := c.Stream()
+		enqueue := func() error {
+			nn := int32(n)
+			spin := int64(20000)
+			for r := range rounds {
+				seed := float32(r)
+				if err := c.Launch(prod, Dim3{X: 64}, Dim3{X: 256}, 0, st, unsafe.Pointer(&x), unsafe.Pointer(&nn), unsafe.Pointer(&seed), unsafe.Pointer(&spin)); err != nil {
+					return err
+				}
+				if err := c.Launch(cons, Dim3{X: 132}, Dim3{X: 256}, 0, st, unsafe.Pointer(&y2), unsafe.Pointer(&x), unsafe.Pointer(&nn)); err != nil {
+					return err
+				}
+				if err := c.Launch(early, Dim3{X: 132}, Dim3{X: 256}, 0, st, unsafe.Pointer(&y), unsafe.Pointer(&x), unsafe.Pointer(&nn)); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		check := func(what string, times int) error {
+			sumSeeds := float32(rounds * (rounds - 1) / 2)
+			for _, b := range []struct {
+				p DevicePtr
+				f float32
+			}{{y, 3}, {y2, 2}} {
+				got := make([]float32, n)
+				if err := c.CopyFloatsFromDevice(got, b.p); err != nil {
+					return err
+				}
+				for i, v := range got {
+					if want := float32(times) * b.f * (sumSeeds + float32(rounds*i)); v != want {
+						return fmt.Errorf("%s: %vx sum [%d] = %v, want %v (a kernel read x before its producer finished?)", what, b.f, i, v, want)
+					}
+				}
+			}
+			return nil
+		}
+		zero := func() error { return errors.Join(c.Memset(y, 0, 4*n, st), c.Memset(y2, 0, 4*n, st)) }
+		if err := zero(); err != nil {
+			return err
+		}
+		if err := enqueue(); err != nil {
+			return err
+		}
+		if err := check("plain launches", 1); err != nil {
+			return err
+		}
+		if err := zero(); err != nil {
+			return err
+		}
+		if err := c.BeginCapture(st); err != nil {
+			return err
+		}
+		if err := enqueue(); err != nil {
+			return err
+		}
+		g, err := c.EndCapture(st)
+		if err != nil {
+			return err
+		}
+		defer c.DestroyGraph(g)
+		for range 3 {
+			if err := c.LaunchGraph(g, st); err != nil {
+				return err
+			}
+		}
+		return check("graph replays", 3)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
 
 // TestPDLChain runs producer/consumer pairs back to back on one stream, as
 // plain launches and replayed as a captured graph: with programmatic

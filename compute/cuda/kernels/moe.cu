@@ -1724,3 +1724,15 @@ __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
   extern "C" __global__ void __launch_bounds__(32 * LEAN2_WARPS, B) moe2lp_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2_pf(a)); moe_stage2l<G, UF, DEC, true>(a); }
 
 MOE1L(0, 7) MOE2L(1, 1, 0, 2)
+
+// moe1lx_d<DEC>_b<B>: stage 1 lean whose shared-expert tiles (blocks
+// [0, Is/16), block-uniform) do not wait for the previous kernel on the
+// stream (MOXIE_PDL_UNLESS, module.go): they read x, the shared weights
+// and scales, and write their own h rows and nothing the routing kernel
+// before them touches, so they run while that kernel (gate + route) still
+// does; x must have been written at least two kernels back. The routed
+// tiles wait (they read the ids).
+#define MOE1LX(DEC, B) \
+  extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1lx_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_UNLESS((int)blockIdx.x < (a.Is >> 4)); moe_stage1l<DEC, false>(a); }
+
+MOE1LX(0, 7)

@@ -14,9 +14,10 @@ import (
 )
 
 // TestRouteCompiles compiles kernels/route.cu for sm_90 (compileModuleForTest:
-// no GPU needed, skipped without NVRTC) and checks that gate_route is in it.
+// no GPU needed, skipped without NVRTC) and checks that gate_route and
+// gate_route_w are in it.
 func TestRouteCompiles(t *testing.T) {
-	requireKernels(t, compileModuleForTest(t, "route", RouteSource()), "gate_route")
+	requireKernels(t, compileModuleForTest(t, "route", RouteSource()), "gate_route", "gate_route_w")
 }
 
 // TestGateRouteWarps checks that gate_route repeats the default Linear
@@ -373,6 +374,83 @@ int main() {
       for (int j = 0; j < K; j++) printf(" %d:%g", id1[j], w1[j]);
       printf("\n");
       bad += !ok;
+    }
+  }
+  printf("done\n");
+  return bad;
+}
+`
+
+// TestGateRouteWideEmulated runs gate_route_w on the CPU (emuHarness; no
+// GPU needed) beside gate_route, both compiled from route.cu, and requires
+// the same logits, ids and weights bit for bit, with the ticket counter
+// back at 0 after every launch: gate rows of 4096 columns taken by kw 8
+// warps (V4-Flash's gate: one pass a warp) and by kw 2 (four passes a
+// warp), each with 1 warp a block (a row's warps spread over blocks) and 8
+// or 4 (whole rows a block), the first case's launches twice on the same
+// buffers (the partial sums poisoned between);
+// with bias, hash ids, 255 experts without bias and tied logits (duplicated
+// gate rows, top 8). Skipped with -short or without g++.
+func TestGateRouteWideEmulated(t *testing.T) {
+	if testing.Short() {
+		t.Skip("host emulation of gate_route_w: skipped with -short")
+	}
+	gr := cutSource(t, "route.cu", RouteSource(), "#define GR_RB", "")
+	lines := runEmulation(t, gr, gateRouteWideEmuMain)
+	if len(lines) == 0 || lines[len(lines)-1] != "done" {
+		t.Fatalf("emulation did not finish:\n%s", strings.Join(lines, "\n"))
+	}
+	const want = 1 + 2*2*2 + 4*2*2 // "done", the first case's 2 kw x 2 wb x 2 launches, the others' 2 x 2 x 1
+	if len(lines) != want {
+		t.Fatalf("emulation printed %d lines, want %d:\n%s", len(lines), want, strings.Join(lines, "\n"))
+	}
+	for _, l := range lines {
+		t.Log(l)
+	}
+}
+
+const gateRouteWideEmuMain = `#include "harness.h"
+#include "kern.inc"
+int main() {
+  const int C = 4096;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  int bad = 0;
+  struct Case { const char *name; int E, K, bias, hash, ties; };
+  Case cs[] = {{"v4 bias", 256, 6, 1, 0, 0}, {"v4 hash", 256, 6, 1, 1, 0}, {"255 experts", 255, 6, 0, 0, 0},
+               {"ties top 8", 256, 8, 0, 0, 1}, {"16 experts", 16, 6, 1, 0, 0}};
+  for (const Case &c : cs) {
+    const int E = c.E, K = c.K;
+    std::vector<u16> W(E * C);
+    for (auto &w : W) { float v = nd(rng) * 0.02f; u32 u; memcpy(&u, &v, 4); w = (u16)(u >> 16); }
+    if (c.ties) for (int r = 1; r < E; r += 2) memcpy(&W[r * C], &W[(r - 1) * C], 2 * C);
+    std::vector<float> x(C), bias(E); std::vector<int> hash(K);
+    for (auto &v : x) v = nd(rng);
+    for (auto &v : bias) v = nd(rng) * 0.1f;
+    for (auto &h : hash) h = rng() % E;
+    const float *pb = c.bias ? bias.data() : nullptr; const int *ph = c.hash ? hash.data() : nullptr;
+    const uint2 *pW = (const uint2 *)W.data(); const float *px = x.data();
+    for (int kw : {8, 2}) {
+      std::vector<float> lg0(E), w0(K); std::vector<int> id0(K);
+      int *pi0 = id0.data(); float *pw0 = w0.data(); float *pl0 = lg0.data();
+      launch((E + 1) / 2, 32 * kw, [=] { gate_route(pi0, pw0, pl0, pW, px, pb, ph, E, C, K, 1.5f); });
+      for (int wb : {1, kw == 8 ? 8 : 4}) {
+        const unsigned blocks = (E * kw + wb - 1) / wb;
+        for (int rep = 0; rep < (&c == cs ? 2 : 1); rep++) {
+          std::vector<float> lg1(E, NAN), w1(K, NAN); std::vector<int> id1(K, -7);
+          if (rep) std::fill(grw_part, grw_part + GR_MAXE * GR_MAXW, NAN);
+          int *pi1 = id1.data(); float *pw1 = w1.data(); float *pl1 = lg1.data();
+          launch(blocks, 32 * wb, [=] { gate_route_w(pi1, pw1, pl1, pW, px, pb, ph, E, C, K, 1.5f, kw); });
+          bool ok = grw_arrivals == 0;
+          if (!ok) printf("%s kw %d wb %d: ticket counter %u after the launch FAIL\n", c.name, kw, wb, grw_arrivals);
+          for (int e = 0; e < E; e++) if (memcmp(&lg1[e], &lg0[e], 4)) { ok = false; printf("%s kw %d wb %d: logit %d %g, gate_route %g FAIL\n", c.name, kw, wb, e, lg1[e], lg0[e]); break; }
+          for (int j = 0; j < K; j++) if (id1[j] != id0[j] || memcmp(&w1[j], &w0[j], 4)) { ok = false; printf("%s kw %d wb %d: slot %d: %d %g, gate_route %d %g FAIL\n", c.name, kw, wb, j, id1[j], w1[j], id0[j], w0[j]); }
+          printf("%s kw %d wb %d (%u blocks) launch %d: %s, ids", c.name, kw, wb, blocks, rep, ok ? "ok" : "FAIL");
+          for (int j = 0; j < K; j++) printf(" %d:%g", id1[j], w1[j]);
+          printf("\n");
+          bad += !ok;
+        }
+      }
     }
   }
   printf("done\n");

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 
@@ -222,27 +223,30 @@ func TestGateRoute(t *testing.T) {
 const gateBenchSites = 43
 
 // BenchmarkGateRoute times one token's router at V4-Flash's shapes (BF16
-// gate 256x4096, top 6 of 256 with bias, scale 1.5; "hash": a hash layer)
-// captured in a CUDA graph: "two" is Linear then Route, "fused" GateRoute.
-// "hot" replays fuseGraphCalls routers over one gate (in L2); "cold" one
-// router on each of gateBenchSites gates in turn. It reports device
-// microseconds per router.
+// gate 256x4096, top 6 of 256 with bias, scale 1.5; "hash": a hash layer;
+// "score16": the synth model's 16x4096 gate) captured in a CUDA graph:
+// "two" is Linear then Route, "fused" GateRoute's gate_route, "wide",
+// "wide4" and "wide1" gate_route_w ($MOXIE_CUDA_GATEROUTE_V=wide, wide:4,
+// wide:1: planned, 4 and 1 warps a block). "hot" replays fuseGraphCalls
+// routers over one gate (in L2); "cold" one router on each of
+// gateBenchSites gates in turn. It reports device microseconds per router.
 func BenchmarkGateRoute(b *testing.B) {
 	dev := testDevice(b)
-	const E, C, K = 256, 4096, 6
+	b.Setenv("MOXIE_CUDA_GATEROUTE_V", "")
+	defer os.Setenv("MOXIE_CUDA_GATEROUTE_V", "")
+	const C, K = 4096, 6
+	paths := []struct{ name, v string }{{"two", ""}, {"fused", "old"}, {"wide", "wide"}, {"wide4", "wide:4"}, {"wide1", "wide:1"}}
 	for _, cold := range []bool{false, true} {
-		for _, hash := range []bool{false, true} {
-			for _, fusedPath := range []bool{false, true} {
-				kind, layer, path := "hot", "score", "two"
+		for _, layer := range []string{"score", "hash", "score16"} {
+			for _, pth := range paths {
+				kind, path, hash, E := "hot", pth.name, layer == "hash", 256
 				if cold {
 					kind = "cold"
 				}
-				if hash {
-					layer = "hash"
+				if layer == "score16" {
+					E = 16
 				}
-				if fusedPath {
-					path = "fused"
-				}
+				fusedPath := pth.v != ""
 				b.Run(kind+"/"+layer+"/"+path, func(b *testing.B) {
 					var us float64
 					err := dev.Do(func(c *Ctx) error {
@@ -271,6 +275,7 @@ func BenchmarkGateRoute(b *testing.B) {
 						if d.err != nil {
 							return d.err
 						}
+						os.Setenv("MOXIE_CUDA_GATEROUTE_V", pth.v)
 						s := c.Stream()
 						one := func() error {
 							for _, g := range gates {
@@ -457,3 +462,192 @@ int main() {
   return bad;
 }
 `
+
+// gateRouteWideVariants are the $MOXIE_CUDA_GATEROUTE_V values
+// TestGateRouteWide compares with gate_route.
+var gateRouteWideVariants = []string{"wide", "wide:1", "wide:2", "wide:4", "wide:8"}
+
+// TestGateRouteWide checks that every gate_route_w variant
+// ($MOXIE_CUDA_GATEROUTE_V=wide, wide:1 ... wide:8; those a gate's warps a
+// row do not fit are skipped) gives gate_route's logits, ids and weights bit
+// for bit (TestGateRoute ties gate_route to Linear, Route and float64) at
+// TestGateRoute's shapes: V4-Flash's router with and without bias, hash
+// rows (one out of range: NaN weights), tied logits, odd and long rows,
+// 16 experts (the synth model's router), three tokens in turn on the same
+// buffers. Then each variant is captured once in a CUDA graph and replayed
+// five times on new inputs, the outputs poisoned before each replay: the
+// ticket counter must come back to 0 for every replay to finish its
+// selection.
+func TestGateRouteWide(t *testing.T) {
+	t.Setenv("MOXIE_CUDA_GATEROUTE_V", "")
+	for _, tc := range []struct {
+		name             string
+		experts, cols, k int
+		bias, hash, ties bool
+		badHash          bool
+		scale            float32
+	}{
+		{name: "v4_bias", experts: 256, cols: 4096, k: 6, bias: true, scale: 1.5},
+		{name: "v4_nobias", experts: 256, cols: 4096, k: 6, scale: 1.5},
+		{name: "v4_hash", experts: 256, cols: 4096, k: 6, bias: true, hash: true, scale: 1.5},
+		{name: "v4_hash_bad", experts: 256, cols: 4096, k: 6, hash: true, badHash: true, scale: 1.5},
+		{name: "v4_ties", experts: 256, cols: 4096, k: 6, ties: true, scale: 1.5},
+		{name: "odd_rows", experts: 255, cols: 4096, k: 8, bias: true, scale: 2.5},
+		{name: "long_rows", experts: 64, cols: 7168, k: 6, bias: true, scale: 1},
+		{name: "synth16", experts: 16, cols: 4096, k: 6, bias: true, scale: 1.5},
+		{name: "tiny", experts: 8, cols: 64, k: 2, bias: true, scale: 1},
+		{name: "all", experts: 16, cols: 512, k: 16, scale: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			E, C, K := tc.experts, tc.cols, tc.k
+			const tokens, replays = 3, 5
+			rng := rand.New(rand.NewPCG(uint64(E)+7, uint64(C+K)))
+			wd := computetest.RandomWeight(rng, compute.BF16, E, C, 0.02)
+			if tc.ties {
+				rb := 2 * C
+				for r := 1; r < E; r += 2 {
+					copy(wd.Data[r*rb:(r+1)*rb], wd.Data[(r-1)*rb:r*rb])
+				}
+			}
+			xs := computetest.Normal(rng, tokens*C, 1)
+			xr := computetest.Normal(rng, replays*C, 1)
+			bias := computetest.Normal(rng, E, 0.1)
+			hash := make([]int32, tokens*K)
+			for i := range hash {
+				hash[i] = int32(rng.IntN(E))
+			}
+			if tc.badHash {
+				hash[K+1] = int32(E) // token 1
+			}
+			type out struct {
+				ids     []int32
+				w, lgts []float32
+			}
+			var skipped []string
+			var errs []string
+			same := func(what string, a, b out) {
+				for e := range a.lgts {
+					if math.Float32bits(a.lgts[e]) != math.Float32bits(b.lgts[e]) {
+						errs = append(errs, fmt.Sprintf("%s: logit %d %g, gate_route %g", what, e, a.lgts[e], b.lgts[e]))
+						return
+					}
+				}
+				for j := range a.ids {
+					if a.ids[j] != b.ids[j] || math.Float32bits(a.w[j]) != math.Float32bits(b.w[j]) {
+						errs = append(errs, fmt.Sprintf("%s: ids %v weights %v; gate_route %v %v", what, a.ids, a.w, b.ids, b.w))
+						return
+					}
+				}
+			}
+			onDevice(t, func(c *Ctx, d *devBufs) {
+				defer os.Setenv("MOXIE_CUDA_GATEROUTE_V", "")
+				kw, err := gateRouteWarps(E, C, c.d.info.SMs, c.d.info.SharedOptin)
+				d.check(err)
+				gate := d.weight(wd)
+				x, xg := d.floats(xs), d.alloc(4*C)
+				var pb, ph DevicePtr
+				if tc.bias {
+					pb = d.floats(bias)
+				}
+				if tc.hash {
+					ph = d.int32s(hash)
+				}
+				ids, w, lg := d.poisoned(K), d.poisoned(K), d.poisoned(E)
+				ids0, w0, lg0 := d.poisoned(K), d.poisoned(K), d.poisoned(E)
+				d.check(c.LoadRoute())
+				d.synced()
+				if d.err != nil {
+					return
+				}
+				s := c.Stream()
+				get := func(ids, w, lg DevicePtr) out {
+					return out{d.getInt32s(ids, K), d.getFloats(w, K), d.getFloats(lg, E)}
+				}
+				old := func(xi, hi DevicePtr) out {
+					os.Setenv("MOXIE_CUDA_GATEROUTE_V", "old")
+					d.check(c.GateRoute(ids0, w0, lg0, gate, xi, pb, hi, E, K, tc.scale, s))
+					return get(ids0, w0, lg0)
+				}
+				poison := func() {
+					for _, p := range []struct {
+						p DevicePtr
+						n int
+					}{{ids, K}, {w, K}, {lg, E}} {
+						d.check(c.Memset(p.p, 0xff, 4*p.n, s))
+					}
+				}
+				for _, v := range gateRouteWideVariants {
+					pv, _ := ParseGateRouteVariant(v)
+					if _, _, err := planGateRouteWide(E, kw, c.d.info.SMs, pv.Warps); err != nil {
+						skipped = append(skipped, fmt.Sprintf("%s (%v)", v, err))
+						continue
+					}
+					for i := range tokens {
+						xi := x + DevicePtr(4*i*C)
+						var hi DevicePtr
+						if ph != 0 {
+							hi = ph + DevicePtr(4*i*K)
+						}
+						want := old(xi, hi)
+						os.Setenv("MOXIE_CUDA_GATEROUTE_V", v)
+						d.check(c.GateRoute(ids, w, lg, gate, xi, pb, hi, E, K, tc.scale, s))
+						got := get(ids, w, lg)
+						if d.err != nil {
+							return
+						}
+						same(fmt.Sprintf("%s token %d", v, i), got, want)
+						if tc.badHash && i == 1 {
+							for j := range K {
+								if !math.IsNaN(float64(got.w[j])) {
+									errs = append(errs, fmt.Sprintf("%s token 1: hash id %d out of range but weights %v", v, E, got.w))
+									break
+								}
+							}
+						}
+					}
+					// Graph: one capture, replays on new x (hash row of token 0).
+					os.Setenv("MOXIE_CUDA_GATEROUTE_V", v)
+					d.check(c.BeginCapture(s))
+					if d.err != nil {
+						return
+					}
+					err := c.GateRoute(ids, w, lg, gate, xg, pb, ph, E, K, tc.scale, s)
+					g, err2 := c.EndCapture(s)
+					d.check(err)
+					d.check(err2)
+					if d.err != nil {
+						return
+					}
+					for r := range replays {
+						d.check(c.CopyToDevice(xg, f32Bytes(xr[r*C:(r+1)*C])))
+						poison()
+						d.check(c.LaunchGraph(g, s))
+						d.check(c.Sync(s))
+						got := get(ids, w, lg)
+						want := old(xg, ph)
+						if d.err != nil {
+							break
+						}
+						same(fmt.Sprintf("%s graph replay %d", v, r), got, want)
+					}
+					d.check(c.DestroyGraph(g))
+				}
+			})
+			for _, s := range skipped {
+				t.Logf("skipped %s", s)
+			}
+			for _, e := range errs {
+				t.Error(e)
+			}
+		})
+	}
+}
+
+// f32Bytes returns x's bytes (little-endian float32s).
+func f32Bytes(x []float32) []byte {
+	b := make([]byte, 4*len(x))
+	for i, v := range x {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
+	}
+	return b
+}

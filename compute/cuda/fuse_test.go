@@ -370,7 +370,8 @@ func testHCNorm(t *testing.T, rng *rand.Rand, tc hcNormCase, T int, head, expand
 	// within fuseTol of the two-kernel boundary's (bit-identity logged), and
 	// the prefill kernels' are the one-kernel boundary's bits (the same
 	// finish code, hco_finish, on bit-identical partials); fuse_hc_finish4's
-	// are fuse_hc_finish's bits (same partials, same float32 operations),
+	// and fuse_hc_finish4s's are fuse_hc_finish's bits (same partials, same
+	// float32 operations),
 	// and fuse_hc_dots4's partials and x' are fuse_hc_dots's bits, so every
 	// variant with it gives the two-kernel boundary's bits.
 	rows := (2 + hc) * hc

@@ -524,13 +524,18 @@ extern "C" __global__ void __launch_bounds__(1024)
 //   - collapse block: fuse_hc_finish4's, but the gate lanes sum their row
 //     and the Σx² row in one loop.
 
-// hcf4_row_sum2 is hcf4_row_sum of two staged rows, interleaved: two
-// independent chains, each the sum of its row in index order.
+// hcf4_row_sum2 is hcf4_row_sum of two staged rows (S4 >= 1 float4s
+// each), interleaved: two independent chains, each the sum of its row in
+// index order. Each step's shared loads are issued a step ahead.
 __device__ __forceinline__ void hcf4_row_sum2(const float4 *ra, const float4 *rb, int S4, float &sa, float &sb) {
   float x = 0.f, y = 0.f;
+  float4 pn = ra[0], qn = rb[0];
 #pragma unroll 4
   for (int i = 0; i < S4; i++) {
-    const float4 p = ra[i], q = rb[i];
+    const float4 p = pn, q = qn;
+    const int nx = min(i + 1, S4 - 1);
+    pn = ra[nx];
+    qn = rb[nx];
     x += p.x;
     y += q.x;
     x += p.y;

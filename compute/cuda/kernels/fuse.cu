@@ -523,6 +523,13 @@ extern "C" __global__ void __launch_bounds__(1024)
 //     of warp 1 the pre and post gates (hc_gates_sinkhorn's operations);
 //   - collapse block: fuse_hc_finish4's, but the gate lanes sum their row
 //     and the Σx² row in one loop.
+// The collapse stays on one block: the RMSNorm's Σa² order (the rmsnorm
+// kernel's threads, then its warps in order) spans all of D, so more
+// blocks would each re-read all of x' or need a cross-block pass, and by
+// a cycle count the collapse block's chain (loads, the 64-add row sums,
+// a float64 sigmoid, two barriers) is about a third of the Sinkhorn
+// block's (40 dependent shuffle, add and divide steps after the same
+// loads and sums), which no float32-order-preserving change can shorten.
 
 // hcf4_row_sum2 is hcf4_row_sum of two staged rows (S4 >= 1 float4s
 // each), interleaved: two independent chains, each the sum of its row in

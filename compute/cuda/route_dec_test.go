@@ -393,7 +393,9 @@ int main() {
 // warps (V4-Flash's gate: one pass a warp) and by kw 2 (four passes a
 // warp), each with 1 warp a block (a row's warps spread over blocks) and 8
 // or 4 (whole rows a block), the first case's launches twice on the same
-// buffers (the partial sums poisoned between);
+// buffers (the partial sums poisoned between); and first, for many shapes,
+// that every L2 hint range grw_pf gives a block (MOXIE_PDL_PF) lies inside
+// one gate row and inside the words the block's warps read;
 // with bias, hash ids, 255 experts without bias and tied logits (duplicated
 // gate rows, top 8). Skipped with -short or without g++.
 func TestGateRouteWideEmulated(t *testing.T) {
@@ -405,7 +407,7 @@ func TestGateRouteWideEmulated(t *testing.T) {
 	if len(lines) == 0 || lines[len(lines)-1] != "done" {
 		t.Fatalf("emulation did not finish:\n%s", strings.Join(lines, "\n"))
 	}
-	const want = 1 + 2*2*2 + 4*2*2 // "done", the first case's 2 kw x 2 wb x 2 launches, the others' 2 x 2 x 1
+	const want = 2 + 2*2*2 + 4*2*2 // "pf ranges", "done", the first case's 2 kw x 2 wb x 2 launches, the others' 2 x 2 x 1
 	if len(lines) != want {
 		t.Fatalf("emulation printed %d lines, want %d:\n%s", len(lines), want, strings.Join(lines, "\n"))
 	}
@@ -421,6 +423,41 @@ int main() {
   std::mt19937 rng(7);
   std::normal_distribution<float> nd;
   int bad = 0;
+  // grw_pf: every range lies inside one gate row and inside the block's
+  // words (those its warps read: whole rows, or its slices of each pass);
+  // whole-row blocks ask for exactly their rows.
+  int pfbad = 0;
+  for (int E : {256, 255, 16, 8}) for (int cols : {4096, 7168, 512, 64}) for (int kw : {1, 2, 4, 8}) for (int wb : {1, 2, 4, 8}) {
+    if (kw % wb && wb % kw) continue;
+    const int nw = cols / 4, blocks = (E * kw + wb - 1) / wb;
+    blockDim = {(unsigned)(32 * wb), 1, 1};
+    for (int b = 0; b < blocks; b++) {
+      blockIdx = {(unsigned)b, 0, 0};
+      const GrwPF f = grw_pf(E, cols, kw);
+      std::vector<char> mine((size_t)E * nw, 0);
+      for (int wp = 0; wp < wb; wp++) {
+        const int u = b * wb + wp;
+        if (u >= E * kw) continue;
+        const int r = u / kw, q = u % kw;
+        for (int k0 = q * 128; k0 < nw; k0 += kw * 128) for (int j = k0; j < k0 + 128 && j < nw; j++) mine[(size_t)r * nw + j] = 1;
+      }
+      long long asked = 0;
+      for (int c = 0; c < f.count; c++) {
+        const long long lo = f.off + c * f.stride / 8, hi = lo + f.bytes / 8;
+        bool in = lo >= 0 && hi <= (long long)E * nw && hi > lo && (wb >= kw || lo / nw == (hi - 1) / nw);
+        for (long long j = lo; in && j < hi; j++) in = mine[j];
+        if (!in) { pfbad++; if (pfbad < 5) printf("pf E %d cols %d kw %d wb %d block %d range %d [%lld, %lld) outside the block's words FAIL\n", E, cols, kw, wb, b, c, lo, hi); }
+        asked += hi - lo;
+      }
+      if (wb >= kw) {
+        long long n = 0;
+        for (char m : mine) n += m;
+        if (asked != n) { pfbad++; if (pfbad < 5) printf("pf E %d cols %d kw %d wb %d block %d: asks %lld words of %lld FAIL\n", E, cols, kw, wb, b, asked, n); }
+      }
+    }
+  }
+  printf("pf ranges: %s\n", pfbad ? "FAIL" : "ok");
+  bad += pfbad;
   struct Case { const char *name; int E, K, bias, hash, ties; };
   Case cs[] = {{"v4 bias", 256, 6, 1, 0, 0}, {"v4 hash", 256, 6, 1, 1, 0}, {"255 experts", 255, 6, 0, 0, 0},
                {"ties top 8", 256, 8, 0, 0, 1}, {"16 experts", 16, 6, 1, 0, 0}};

@@ -190,6 +190,24 @@ __device__ u32 grw_arrivals;
 __device__ float grw_part[GR_MAXE * GR_MAXW];
 
 __device__ __forceinline__ u64 gr_max64(u64 a, u64 b) { return a > b ? a : b; }
+// GrwPF is the gate bytes a gate_route_w block reads, as MOXIE_PDL_PF's
+// (ptr, bytes, stride, count) ranges: whole rows, or (a row's warps spread
+// over blocks) the block's warp slices of each full pass over the row,
+// every range inside the row. off counts uint2 words from W.
+struct GrwPF {
+  long long off, bytes, stride;
+  int count;
+};
+__device__ __forceinline__ GrwPF grw_pf(int experts, int cols, int kw) {
+  const int wb = blockDim.x >> 5, u0 = blockIdx.x * wb, nw = cols >> 2, r0 = u0 / kw;
+  if (wb >= kw) {
+    const int r1 = (min(u0 + wb, experts * kw) - 1) / kw;
+    return GrwPF{(long long)r0 * nw, (long long)(r1 - r0 + 1) * cols * 2, 0, 1};
+  }
+  const int w0 = (u0 - r0 * kw) * 32 * GR_U;  // the block's first word of the row
+  return GrwPF{(long long)r0 * nw + w0, (long long)wb * 32 * GR_U * 8, (long long)kw * 32 * GR_U * 8,
+               (nw - w0) / (kw * 32 * GR_U)};
+}
 static_assert(GR_EPL == 8, "gate_route_w's selection takes the maximum of 8 words a lane as a tree");
 
 // gate_route_w: gate_route's results, bit for bit, from a wider grid. The
@@ -219,10 +237,8 @@ static_assert(GR_EPL == 8, "gate_route_w's selection takes the maximum of 8 word
 extern "C" __global__ void __launch_bounds__(256) gate_route_w(int *ids, float *weights, float *logits, const uint2 *W,
                                                                const float *x, const float *bias, const int *hash,
                                                                int experts, int cols, int k, float scale, int kw) {
-  MOXIE_PDL_PF(W + (long long)((int)blockIdx.x * (int)(blockDim.x >> 5) / kw) * (cols >> 2),
-               (long long)((min(((int)blockIdx.x + 1) * (int)(blockDim.x >> 5), experts * kw) - 1) / kw -
-                           (int)blockIdx.x * (int)(blockDim.x >> 5) / kw + 1) *
-                   cols * 2);
+  MOXIE_PDL_PF(W + grw_pf(experts, cols, kw).off, grw_pf(experts, cols, kw).bytes, grw_pf(experts, cols, kw).stride,
+               grw_pf(experts, cols, kw).count);
   __shared__ float red[GR_MAXW];
   __shared__ float p[GR_MAXE];
   __shared__ u64 wsm[GR_MAXE];

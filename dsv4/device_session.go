@@ -1379,6 +1379,11 @@ func (s *DeviceSession) moe(c *cuda.Ctx, b *devBlock, l, T, p0 int) error {
 		if err := s.ensureChosen(c, b, l); err != nil {
 			return err
 		}
+		// The default variant (cuda.MoELeanX) starts the shared expert
+		// before the routing kernel just launched has finished: its input
+		// s.a must come from further back (the HC boundary), which holds
+		// on every path here (gate and route, or GateRoute, launch after
+		// it).
 		if err := c.RunMoEDecode(dec, s.ids, s.rw, st); err != nil {
 			return err
 		}

@@ -204,8 +204,11 @@ func (v MoEVariant) String() string {
 // decode session runs unless told otherwise: the fastest variant measured
 // correct on the GPU (promoting another is this one line). On the H200
 // (2026-11-30, BenchmarkMoEDecode, V4-Flash shapes, both stages replayed as
-// a graph) wide1 took 53.2 us against u8's 60.4 (43% of HBM against 38%).
-const MoEPreferred = MoEWide1
+// a graph) wide1 took 53.2 us against u8's 60.4 (43% of HBM against 38%);
+// in session 5 lean 48.9 and leanx 45.9, and the 8-layer decode step 1.61
+// ms (wide1), 1.59 (lean), 1.55 (leanx). leanx carries a contract on its
+// caller (see MoELeanX): x is not written by the kernel just before.
+const MoEPreferred = MoELeanX
 
 // ParseMoEVariant returns the variant named s (its String form: u8, occ3,
 // u8cvt, persist, persistpf, wide, wide1, widepf, widep, wide3, wide1s,

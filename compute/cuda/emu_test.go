@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -86,4 +87,26 @@ func runHostEmulation(t *testing.T, files map[string]string, flags ...string) []
 		t.Fatalf("emulation: %v\n%s", err, out)
 	}
 	return lines
+}
+
+// cuDefinition returns the definition in src that starts with head (through
+// its balanced closing brace), for the emulation harnesses that compile
+// single functions of a kernel source.
+func cuDefinition(src, head string) (string, error) {
+	i := strings.Index(src, head)
+	if i < 0 {
+		return "", fmt.Errorf("no %q", head)
+	}
+	depth := 0
+	for k := i; k < len(src); k++ {
+		switch src[k] {
+		case '{':
+			depth++
+		case '}':
+			if depth--; depth == 0 {
+				return src[i : k+1], nil
+			}
+		}
+	}
+	return "", fmt.Errorf("no end of %q", head)
 }

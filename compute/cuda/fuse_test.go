@@ -1730,27 +1730,6 @@ func TestHCFinish4Emulated(t *testing.T) {
 	}
 }
 
-// cuDefinition returns the definition in src that starts with head (through
-// its balanced closing brace).
-func cuDefinition(src, head string) (string, error) {
-	i := strings.Index(src, head)
-	if i < 0 {
-		return "", fmt.Errorf("no %q", head)
-	}
-	depth := 0
-	for k := i; k < len(src); k++ {
-		switch src[k] {
-		case '{':
-			depth++
-		case '}':
-			if depth--; depth == 0 {
-				return src[i : k+1], nil
-			}
-		}
-	}
-	return "", fmt.Errorf("no end of %q", head)
-}
-
 // cuMacros returns the #define lines of names in src (ops.cu), in that order,
 // each ending in a newline.
 func cuMacros(src string, names ...string) (string, error) {

@@ -6,28 +6,6 @@ import (
 	"testing"
 )
 
-// gpSection returns src from the first occurrence of head to the brace
-// that closes the first brace after it (a definition), or an error naming
-// head.
-func gpSection(src, head string) (string, error) {
-	i := strings.Index(src, head)
-	if i < 0 {
-		return "", fmt.Errorf("gemv.cu: no %q; update the emulation", head)
-	}
-	depth := 0
-	for k := i; k < len(src); k++ {
-		switch src[k] {
-		case '{':
-			depth++
-		case '}':
-			if depth--; depth == 0 {
-				return src[i : k+1], nil
-			}
-		}
-	}
-	return "", fmt.Errorf("gemv.cu: no end of %q; update the emulation", head)
-}
-
 // gemvPairEmuSource returns what TestGemvPairEmulated compiles: gemv.cu's
 // GemvMat, gemv_e8m0 and gemv_dot_fp8, then the GemvPair section (from
 // GP_WARPS to the end) with each inline PTX statement replaced by its
@@ -39,7 +17,7 @@ func gemvPairEmuSource() (string, error) {
 	src := GemvSource()
 	var b strings.Builder
 	for _, h := range []string{"struct GemvMat {", "__device__ __forceinline__ float gemv_e8m0(", "__device__ __forceinline__ float gemv_dot_fp8("} {
-		def, err := gpSection(src, h)
+		def, err := cuDefinition(src, h)
 		if err != nil {
 			return "", err
 		}

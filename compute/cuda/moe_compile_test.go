@@ -194,23 +194,12 @@ func moeLeanEmuSource() (string, error) {
 		return nil
 	}
 	def := func(head string) error {
-		i := strings.Index(src, head)
-		if i < 0 {
-			return fmt.Errorf("kernels/moe.cu: no %q; update the emulation", head)
+		d, err := cuDefinition(src, head)
+		if err != nil {
+			return fmt.Errorf("kernels/moe.cu: %v; update the emulation", err)
 		}
-		depth := 0
-		for k := i; k < len(src); k++ {
-			switch src[k] {
-			case '{':
-				depth++
-			case '}':
-				if depth--; depth == 0 {
-					b.WriteString(src[i:k+1] + "\n")
-					return nil
-				}
-			}
-		}
-		return fmt.Errorf("kernels/moe.cu: %q is not closed", head)
+		b.WriteString(d + "\n")
+		return nil
 	}
 	if err := section("typedef unsigned char u8;", "__device__ __forceinline__ void moe_prefetch("); err != nil {
 		return "", err

@@ -250,35 +250,7 @@ func TestPDLUnless(t *testing.T) {
 			return nil
 		}
 		zero := func() error { return errors.Join(c.Memset(y, 0, 4*n, st), c.Memset(y2, 0, 4*n, st)) }
-		if err := zero(); err != nil {
-			return err
-		}
-		if err := enqueue(); err != nil {
-			return err
-		}
-		if err := check("plain launches", 1); err != nil {
-			return err
-		}
-		if err := zero(); err != nil {
-			return err
-		}
-		if err := c.BeginCapture(st); err != nil {
-			return err
-		}
-		if err := enqueue(); err != nil {
-			return err
-		}
-		g, err := c.EndCapture(st)
-		if err != nil {
-			return err
-		}
-		defer c.DestroyGraph(g)
-		for range 3 {
-			if err := c.LaunchGraph(g, st); err != nil {
-				return err
-			}
-		}
-		return check("graph replays", 3)
+		return plainThenGraph(c, st, zero, enqueue, check)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -346,35 +318,8 @@ func TestPDLChain(t *testing.T) {
 			}
 			return nil
 		}
-		if err := c.Memset(y, 0, 4*n, st); err != nil {
-			return err
-		}
-		if err := enqueue(); err != nil {
-			return err
-		}
-		if err := check("plain launches", 1); err != nil {
-			return err
-		}
-		if err := c.Memset(y, 0, 4*n, st); err != nil {
-			return err
-		}
-		if err := c.BeginCapture(st); err != nil {
-			return err
-		}
-		if err := enqueue(); err != nil {
-			return err
-		}
-		g, err := c.EndCapture(st)
-		if err != nil {
-			return err
-		}
-		defer c.DestroyGraph(g)
-		for range 3 {
-			if err := c.LaunchGraph(g, st); err != nil {
-				return err
-			}
-		}
-		return check("graph replays", 3)
+		zero := func() error { return c.Memset(y, 0, 4*n, st) }
+		return plainThenGraph(c, st, zero, enqueue, check)
 	})
 	for _, l := range log {
 		t.Log(l)
@@ -382,6 +327,41 @@ func TestPDLChain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// plainThenGraph runs a chain test's two passes on st: zero, enqueue as
+// plain launches, check(what, 1); then zero, enqueue captured as a graph
+// replayed 3 times, check(what, 3).
+func plainThenGraph(c *Ctx, st Stream, zero, enqueue func() error, check func(what string, times int) error) error {
+	if err := zero(); err != nil {
+		return err
+	}
+	if err := enqueue(); err != nil {
+		return err
+	}
+	if err := check("plain launches", 1); err != nil {
+		return err
+	}
+	if err := zero(); err != nil {
+		return err
+	}
+	if err := c.BeginCapture(st); err != nil {
+		return err
+	}
+	if err := enqueue(); err != nil {
+		return err
+	}
+	g, err := c.EndCapture(st)
+	if err != nil {
+		return err
+	}
+	defer c.DestroyGraph(g)
+	for range 3 {
+		if err := c.LaunchGraph(g, st); err != nil {
+			return err
+		}
+	}
+	return check("graph replays", 3)
 }
 
 // pfEmuHarness runs pdlPreamble's moxie_pdl_pf on the CPU: every thread of

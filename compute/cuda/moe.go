@@ -145,6 +145,17 @@ const (
 	// start every block with a wait (MOXIE_PDL or MOXIE_PDL_PF), as every
 	// moxie kernel but this one does.
 	MoELeanX
+	// MoELeanX2: MoELeanX whose stage 2 spreads each 16-row group's units
+	// over 3 blocks of 4 warps (moe2s: 768 blocks at V4 shapes, all
+	// resident at 6 an SM, at most 85 registers) taking 2 units a chunk (4
+	// KB in flight a warp against MoELean's 2 KB), the blocks' partial
+	// sums combined in a fixed order by the group's last block to arrive
+	// (an atomic ticket a group that it resets). Scratch: h plus
+	// moeSplitBytes(D) (partials and tickets; MoEDecodeScratch counts it).
+	MoELeanX2
+	// MoELeanX2P: MoELeanX2 whose stage-2 warps first ask L2 for their
+	// whole routed range (as MoELeanPF's).
+	MoELeanX2P
 	moeVariantCount
 )
 
@@ -173,6 +184,8 @@ var moeVariants = [moeVariantCount]struct {
 	pfr     bool
 	lean    bool
 	early   bool
+	split   int // lean stage 2 split over this many blocks a row group (moe2s), of nw warps
+	nw      int
 }{
 	MoEDefault:   {name: "u8", u1: 8, uf1: 2, u2: 8, uf2: 4, b: 2},
 	MoEOcc3:      {name: "occ3", u1: 4, uf1: 1, u2: 16, uf2: 4, b: 3},
@@ -191,6 +204,8 @@ var moeVariants = [moeVariantCount]struct {
 	MoELean:      {name: "lean", u1: 1, uf1: 1, u2: 1, uf2: 1, b: 7, b2: 2, lean: true},
 	MoELeanPF:    {name: "leanpf", u1: 1, uf1: 1, u2: 1, uf2: 1, b: 7, b2: 2, lean: true, pfr: true},
 	MoELeanX:     {name: "leanx", u1: 1, uf1: 1, u2: 1, uf2: 1, b: 7, b2: 2, lean: true, early: true},
+	MoELeanX2:    {name: "leanx2", u1: 1, uf1: 1, u2: 2, uf2: 2, b: 7, b2: 6, lean: true, early: true, split: 3, nw: 4},
+	MoELeanX2P:   {name: "leanx2p", u1: 1, uf1: 1, u2: 2, uf2: 2, b: 7, b2: 6, lean: true, early: true, pfr: true, split: 3, nw: 4},
 }
 
 func (v MoEVariant) String() string {
@@ -212,7 +227,7 @@ const MoEPreferred = MoELeanX
 
 // ParseMoEVariant returns the variant named s (its String form: u8, occ3,
 // u8cvt, persist, persistpf, wide, wide1, widepf, widep, wide3, wide1s,
-// wide1ss, wide1a, wide1p, lean, leanpf, leanx; "" is MoEPreferred), e.g. from an environment
+// wide1ss, wide1a, wide1p, lean, leanpf, leanx, leanx2, leanx2p; "" is MoEPreferred), e.g. from an environment
 // variable.
 func ParseMoEVariant(s string) (MoEVariant, error) {
 	if s == "" {
@@ -234,6 +249,13 @@ func moeKernelNames(v MoEVariant) (string, string) {
 	b2 := p.b
 	if p.b2 != 0 {
 		b2 = p.b2
+	}
+	if p.lean && p.split > 0 {
+		s2 := "moe2s"
+		if p.pfr {
+			s2 = "moe2sp"
+		}
+		return fmt.Sprintf("moe1lx_d%d_b%d", p.dec, p.b), fmt.Sprintf("%s_g%d_f%d_d%d_w%d_s%d_b%d", s2, p.u2, p.uf2, p.dec, p.nw, p.split, b2)
 	}
 	if p.lean {
 		s1, s2 := "moe1l", "moe2l"
@@ -302,7 +324,9 @@ func moeLean1Smem(D int) int {
 
 // threads returns the block sizes of v's stage 1 and stage 2 kernels.
 func (v MoEVariant) threads() (uint32, uint32) {
-	if moeVariants[v].lean {
+	if p := moeVariants[v]; p.split > 0 {
+		return moeLean1Threads, uint32(32 * p.nw)
+	} else if p.lean {
 		return moeLean1Threads, moeLean2Threads
 	}
 	return moeThreads, moeThreads
@@ -321,14 +345,23 @@ const moeMaxK = 64
 // 110 KiB, one above).
 const moeWideH = 160 << 10
 
-// moeArgs mirrors struct MoeArgs in kernels/moe.cu (136 bytes; the .cu
+// moeArgs mirrors struct MoeArgs in kernels/moe.cu (144 bytes; the .cu
 // file asserts the size).
 type moeArgs struct {
 	_                                                   structs.HostLayout
 	T13, T2, Ids, Rw, X, H, Out, S1, S3, S2, C1, C3, C2 uint64
 	E, K, D, I, Is, Bshift                              int32
 	Limit                                               float32
+	Part                                                uint64
 }
+
+// moeSplitMax bounds the blocks a row group of any split stage-2 variant
+// (moeVariants' split), for MoEDecodeScratch.
+const moeSplitMax = 3
+
+// moeSplitBytes is a split stage 2's scratch beyond h, bytes: sp·D float32
+// partial sums, then D/16 uint32 tickets.
+func moeSplitBytes(sp, D int) int { return 4*sp*D + 4*(D/16) }
 
 // MoEDecode is a prepared fused MoE decode step for one token: the routed
 // experts of an ExpertTable selected on the device (ids), SwiGLU with the
@@ -446,9 +479,17 @@ func moeAligned(t *ExpertTable, sh *SharedExpert) error {
 	return nil
 }
 
-// MoEDecodeScratch returns the bytes of device scratch a fused MoE decode of
-// K experts over t (and shared expert sh, or nil) allocates for h.
+// MoEDecodeScratch returns the most bytes of device scratch a fused MoE
+// decode of K experts over t (and shared expert sh, or nil) allocates in
+// one allocation, for any variant: h, and for a split stage 2 (MoELeanX2,
+// MoELeanX2P) its partial sums and tickets.
 func MoEDecodeScratch(t *ExpertTable, K int, sh *SharedExpert) int {
+	return moeHBytes(t, K, sh) + moeSplitBytes(moeSplitMax, t.Dim)
+}
+
+// moeHBytes is h's bytes: K routed rows of I and the shared row of Is,
+// each as hi/lo f16.
+func moeHBytes(t *ExpertTable, K int, sh *SharedExpert) int {
 	is := 0
 	if sh != nil && sh.W1 != nil {
 		is = sh.W1.Rows
@@ -467,7 +508,7 @@ func MoEDecodeScratch(t *ExpertTable, K int, sh *SharedExpert) int {
 // with x [D] and out [D] float32 device buffers the caller owns (out is
 // written, not accumulated; x and out must not overlap; the sum's order is
 // fixed, so results are bitwise reproducible). limit 0 means no clamp; sh
-// nil means no shared expert. The h scratch (MoEDecodeScratch bytes, plus 8
+// nil means no shared expert. The h scratch (at most MoEDecodeScratch bytes, plus 8
 // for a persistent variant's tile counter: MoEPersist, MoEPersistPF,
 // MoEWideP) is allocated in a and lives as long as the arena allocation.
 // The kernels read t's records at run time, so SetTableExpert /
@@ -493,7 +534,11 @@ func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert
 		return nil, err
 	}
 	n1, n2 := moeKernelNames(v)
-	m := &MoEDecode{variant: v, hBytes: MoEDecodeScratch(t, K, sh)}
+	m := &MoEDecode{variant: v, hBytes: moeHBytes(t, K, sh)}
+	split := moeVariants[v].split
+	if split > 0 {
+		m.hBytes += moeSplitBytes(split, t.Dim)
+	}
 	if err := c.loadKernels("moe", moeSrc, kernelRef{n1, &m.k1}, kernelRef{n2, &m.k2}); err != nil {
 		return nil, err
 	}
@@ -514,6 +559,16 @@ func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert
 	tiles := is/16 + K*I/16
 	m.grid1 = Dim3{X: uint32(tiles)}
 	m.grid2 = Dim3{X: uint32(D / 16)}
+	if split > 0 {
+		m.grid2.X *= uint32(split)
+		hb := moeHBytes(t, K, sh)
+		m.args.Part = uint64(m.h) + uint64(hb)
+		// The tickets (and partials) start at zero; the kernel leaves them so.
+		if err := c.CopyToDevice(m.h+DevicePtr(hb), make([]byte, moeSplitBytes(split, D))); err != nil {
+			_ = a.Free(m.h)
+			return nil, err
+		}
+	}
 	m.smem1 = 4 * D
 	if p := moeVariants[v]; p.async {
 		m.smem1 = 5*D + 8*((D+1023)/1024)*2048
@@ -581,7 +636,8 @@ func (m *MoEDecode) Variant() MoEVariant { return m.variant }
 // weights rw ([K] float32, device; 0 means weight 1). It reads ids and rw
 // only on the device, so it can be captured in a CUDA graph. Runs of one
 // MoEDecode must not overlap (one stream, or ordered by events): the
-// persistent variant's tile counter belongs to m.
+// persistent variant's tile counter, and a split variant's tickets,
+// belong to m.
 func (c *Ctx) RunMoEDecode(m *MoEDecode, ids, rw DevicePtr, s Stream) error {
 	if err := c.runMoEStage1(m, ids, rw, s); err != nil {
 		return err

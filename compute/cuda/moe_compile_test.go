@@ -116,12 +116,12 @@ func cubinResources(t *testing.T, cubin []byte) map[string]kernelResources {
 }
 
 // TestMoEArgsMirror checks the Go mirror of MoeArgs: its size is the one
-// kernels/moe.cu asserts, and E and Limit sit after 13 pointers and 6 ints
-// as C lays them out.
+// kernels/moe.cu asserts, and E, Limit and Part sit after 13 pointers and
+// 6 ints as C lays them out (Part 8-byte aligned after the float).
 func TestMoEArgsMirror(t *testing.T) {
 	var a moeArgs
-	if s := unsafe.Sizeof(a); s != 136 {
-		t.Errorf("moeArgs is %d bytes, kernels/moe.cu's MoeArgs 136", s)
+	if s := unsafe.Sizeof(a); s != 144 {
+		t.Errorf("moeArgs is %d bytes, kernels/moe.cu's MoeArgs 144", s)
 	}
 	if o := unsafe.Offsetof(a.E); o != 104 {
 		t.Errorf("moeArgs.E at %d, MoeArgs.E at 104", o)
@@ -129,7 +129,10 @@ func TestMoEArgsMirror(t *testing.T) {
 	if o := unsafe.Offsetof(a.Limit); o != 128 {
 		t.Errorf("moeArgs.Limit at %d, MoeArgs.limit at 128", o)
 	}
-	for _, want := range []string{"sizeof(MoeArgs) == 136", "sizeof(LinRec) == 80"} {
+	if o := unsafe.Offsetof(a.Part); o != 136 {
+		t.Errorf("moeArgs.Part at %d, MoeArgs.part at 136", o)
+	}
+	for _, want := range []string{"sizeof(MoeArgs) == 144", "sizeof(LinRec) == 80"} {
 		if !bytes.Contains([]byte(MoESource()), []byte(want)) {
 			t.Errorf("kernels/moe.cu no longer asserts %q", want)
 		}
@@ -139,8 +142,8 @@ func TestMoEArgsMirror(t *testing.T) {
 	}
 }
 
-// TestMoELeanEmulated runs the lean family's kernels (MoELean and
-// MoELeanPF, both stages) on the CPU through a g++ host emulation (every
+// TestMoELeanEmulated runs the lean family's kernels (MoELean, MoELeanPF,
+// MoELeanX, MoELeanX2, MoELeanX2P, both stages) on the CPU through a g++ host emulation (every
 // CUDA thread a std::thread, mma.sync m16n8k16 emulated from the PTX
 // fragment layouts in float64, f16 conversions by _Float16) and checks h
 // and out against a float64 evaluation of the MoE layer written in the
@@ -255,10 +258,11 @@ func moeLeanEmuSource() (string, error) {
 // moeLeanEmuHarness is TestMoELeanEmulated's C++ program (it includes
 // kern.inc, moeLeanEmuSource's output, and gen.inc, the cases: D, I, Is,
 // FP8 block, E, K, limit, stage 1's dynamic shared memory). Each case
-// draws weights, x and route weights, runs both lean variants' kernels
+// draws weights, x and route weights, runs each lean variant's kernels
 // twice, and prints the max relative errors of h and out against float64
-// (FAIL above 1e-4), FAIL when the two runs differ or when an id outside
-// the table does not make out NaN; then "worst <max>".
+// (FAIL above 1e-4), FAIL when the two runs differ, when an id outside
+// the table does not make out NaN, or when a split variant leaves a
+// ticket non-zero; then "worst <max>".
 const moeLeanEmuHarness = `#include <atomic>
 #include <barrier>
 #include <thread>
@@ -312,6 +316,11 @@ inline unsigned e4m3x2_f16x2(unsigned w) { return f2h((float)e4m3(w & 0xff)) | (
 inline unsigned ldw(const unsigned *p) { return *p; }
 inline uint4 ldw(const uint4 *p) { return *p; }
 inline void moe_prefetch(const void *) {}
+// The split stage 2's ticket: blocks run one at a time, so plain memory.
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline unsigned atomicAdd(unsigned *p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
+inline unsigned atomicExch(unsigned *p, unsigned v) { return std::atomic_ref<unsigned>(*p).exchange(v); }
+template <class T> inline T __ldcg(const T *p) { return *p; }
 // mma.sync.m16n8k16.row.col.f32.f16.f16.f32 over the warp's fragments (PTX
 // ISA layouts): A[r][k] in lane (r%8)·4 + (k%8)/2, register (r>=8) +
 // 2·(k>=8), half k%2; B[k][n] in lane 4n + (k%8)/2, register k>=8, half
@@ -453,14 +462,18 @@ int main() {
     if (Is > 0) { a.s1 = s1.W.data(); a.s3 = s3.W.data(); a.s2 = s2.W.data(); a.c1 = s1.S.data(); a.c3 = s3.S.data(); a.c2 = s2.S.data(); }
     a.E = E; a.K = K; a.D = D; a.I = I; a.Is = Is; a.bshift = bshift; a.limit = (float)c.limit;
     const unsigned grid1 = Is / 16 + K * I / 16;
-    struct V { const char *name; void (*k1)(MoeArgs); void (*k2)(MoeArgs); };
-    const V vs[] = {{"lean", moe1l_d0_b7, moe2l_g1_f1_d0_b2}, {"leanpf", moe1lp_d0_b7, moe2lp_g1_f1_d0_b2}, {"leanx", moe1lx_d0_b7, moe2l_g1_f1_d0_b2}};
+    struct V { const char *name; void (*k1)(MoeArgs); void (*k2)(MoeArgs); unsigned split, threads2; };
+    const V vs[] = {{"lean", moe1l_d0_b7, moe2l_g1_f1_d0_b2, 1, 512}, {"leanpf", moe1lp_d0_b7, moe2lp_g1_f1_d0_b2, 1, 512}, {"leanx", moe1lx_d0_b7, moe2l_g1_f1_d0_b2, 1, 512},
+                    {"leanx2", moe1lx_d0_b7, moe2s_g2_f2_d0_w4_s3_b6, 3, 128}, {"leanx2p", moe1lx_d0_b7, moe2sp_g2_f2_d0_w4_s3_b6, 3, 128}};
+    // A split stage 2's partials (3·D) and tickets (D/16), zero to start.
+    std::vector<float> part(3 * D + D / 16, 0.f);
+    a.part = part.data();
     if (c.smem1 > (int)sizeof(g_smem_bytes)) { printf("FAIL case %d: stage 1 shared memory %d over the harness's buffer\n", ci, c.smem1); continue; }
     for (const V &v : vs) {
       std::fill(hbuf.begin(), hbuf.end(), 0xffff);
       std::fill(out.begin(), out.end(), NAN);
       launch(v.k1, grid1, 128, a);
-      launch(v.k2, (unsigned)(D / 16), 512, a);
+      launch(v.k2, v.split * (D / 16), v.threads2, a);
       double eh = 0;
       for (int k = 0; k < K + (Is > 0); k++) {
         const bool sh = k == K;
@@ -476,8 +489,13 @@ int main() {
       const double eo = maxrel(out, outw);
       std::vector<float> first = out;
       launch(v.k1, grid1, 128, a);
-      launch(v.k2, (unsigned)(D / 16), 512, a);
+      launch(v.k2, v.split * (D / 16), v.threads2, a);
       const bool same = memcmp(first.data(), out.data(), 4 * D) == 0;
+      for (int i = 0; i < D / 16; i++)
+        if (v.split > 1 && reinterpret_cast<const unsigned *>(part.data() + v.split * D)[i] != 0) {
+          printf("FAIL case %d %s: ticket %d left at %u\n", ci, v.name, i, reinterpret_cast<const unsigned *>(part.data() + v.split * D)[i]);
+          break;
+        }
       printf("%s %s case %d (D %d, I %d, Is %d, K %d, limit %g): h max rel %.3g, out max rel %.3g%s\n", (eh > 1e-4 || eo > 1e-4 || !same) ? "FAIL" : "ok",
              v.name, ci, D, I, Is, K, c.limit, eh, eo, same ? "" : ", second run differs");
       worst = max(worst, max(eh, eo));
@@ -485,7 +503,7 @@ int main() {
       if (ci > 1) continue;
       ids[K - 1] = E;
       launch(v.k1, grid1, 128, a);
-      launch(v.k2, (unsigned)(D / 16), 512, a);
+      launch(v.k2, v.split * (D / 16), v.threads2, a);
       int finite = 0;
       for (float o : out) finite += std::isfinite(o);
       if (finite) printf("FAIL case %d %s: id %d outside the table left %d finite outputs\n", ci, v.name, E, finite);

@@ -394,6 +394,10 @@ func TestMoEShapes(t *testing.T) {
 		{"lean dim 11264", table(11264, 2048), 6, nil, 0, MoELean, ""},
 		{"leanpf v4", good, 6, shared, 10, MoELeanPF, ""},
 		{"leanx v4", good, 6, shared, 10, MoELeanX, ""},
+		{"leanx2 v4", good, 6, shared, 10, MoELeanX2, ""},
+		{"leanx2p v4", good, 6, shared, 10, MoELeanX2P, ""},
+		{"leanx2 K 64 shared", good, 64, shared, 0, MoELeanX2, ""},
+		{"leanx2 dim 11264", table(11264, 2048), 6, nil, 0, MoELeanX2, ""},
 		{"shared missing w2", good, 6, &SharedExpert{W1: shared.W1, W3: shared.W3}, 0, 0, "lacks a weight"},
 		{"shared mxfp4", good, 6, &SharedExpert{W1: mx(2048, 4096), W3: shared.W3, W2: shared.W2}, 0, 0, "shared expert w1 is mxfp4, want fp8"},
 		{"shared w3 shape", good, 6, &SharedExpert{W1: shared.W1, W3: f8(2048, 2048, 128), W2: shared.W2}, 0, 0, "w3 is [2048, 2048], want [2048, 4096]"},
@@ -424,8 +428,29 @@ func TestMoEShapes(t *testing.T) {
 	if _, err := ParseMoEVariant("u9"); err == nil || !strings.Contains(err.Error(), `"u9"`) {
 		t.Errorf(`ParseMoEVariant("u9"): error %v, want one naming "u9"`, err)
 	}
-	if n := MoEDecodeScratch(good, 6, shared); n != 4*(6*2048+2048) {
-		t.Errorf("MoEDecodeScratch = %d, want %d", n, 4*(6*2048+2048))
+	// h (hi/lo f16 of 6 routed rows of 2048 and the shared row), then the
+	// split stage 2's room: 3 blocks' float32 partials of 4096 rows and
+	// 256 row groups' uint32 tickets.
+	if n, want := MoEDecodeScratch(good, 6, shared), 4*(6*2048+2048)+4*3*4096+4*256; n != want {
+		t.Errorf("MoEDecodeScratch = %d, want %d", n, want)
+	}
+	// Every variant's allocation fits MoEDecodeScratch (dsv4 sizes its
+	// arena by it), and a split stage 2 runs split·D/16 blocks of nw warps.
+	for v := range moeVariantCount {
+		p := moeVariants[v]
+		need := 4 * (6*2048 + 2048)
+		if p.split > 0 {
+			need += 4*p.split*4096 + 4*(4096/16)
+			if p.split > moeSplitMax || p.nw <= 0 || !p.lean {
+				t.Errorf("variant %v: split %d over %d warps (lean %v): want a lean variant, split up to moeSplitMax %d", v, p.split, p.nw, p.lean, moeSplitMax)
+			}
+			if _, t2 := v.threads(); int(t2) != 32*p.nw {
+				t.Errorf("variant %v: stage 2 threads %d, want %d", v, t2, 32*p.nw)
+			}
+		}
+		if n := MoEDecodeScratch(good, 6, shared); n < need {
+			t.Errorf("variant %v needs %d bytes of scratch, MoEDecodeScratch gives %d", v, need, n)
+		}
 	}
 	// The lean stage 1's shared memory: 4 warps x (x hi/lo over 1024
 	// columns, 4 bytes each, + 8 groups of 128 bytes of scales) at D 4096;

@@ -76,8 +76,9 @@ struct MoeArgs {
   int E, K, D, I, Is;      // Is = 0: no shared expert
   int bshift;              // log2 of the shared expert's FP8 block edge
   float limit;             // routed clamp (0: none)
+  float *part;             // split stage 2 (moe2s): SP·D partial sums, then D/16 tickets (u32, zero between runs); else unused
 };
-static_assert(sizeof(MoeArgs) == 136, "MoeArgs must mirror moeArgs (136 bytes)");
+static_assert(sizeof(MoeArgs) == 144, "MoeArgs must mirror moeArgs (144 bytes)");
 
 #define MOE_WARPS 8
 #define MOE_THREADS (32 * MOE_WARPS)
@@ -1215,6 +1216,16 @@ __device__ __forceinline__ MoxiePF moe2_pf(const MoeArgs &a) {
   return MoxiePF{sh ? a.s2 + (long long)blockIdx.x * 16 * a.Is : nullptr, nullptr, min(share, MOXIE_PF_BYTES), share,
                  sh ? 16 * MOE_WARPS : 0};
 }
+// moe2_pf of a split stage 2 (SP blocks a row group): the group's last
+// part (the one whose units reach the shared expert's spans when SP
+// divides the units evenly enough; a hint either way) asks for its rows.
+template <int SP>
+__device__ __forceinline__ MoxiePF moe2s_pf(const MoeArgs &a) {
+  const int share = a.Is / MOE_WARPS;
+  const bool sh = a.Is > 0 && a.Is % MOE_WARPS == 0 && (int)blockIdx.x % SP == SP - 1;
+  return MoxiePF{sh ? a.s2 + (long long)(blockIdx.x / SP) * 16 * a.Is : nullptr, nullptr, min(share, MOXIE_PF_BYTES), share,
+                 sh ? 16 * MOE_WARPS : 0};
+}
 
 // Kernel names: moe1_u<U>_f<UF>_d<DEC>_b<B> (stage 1), moe1p_... (stage 1,
 // persistent), moe1pf_... (persistent, w2 asked into L2 at the end),
@@ -1311,6 +1322,17 @@ MOE1WP(1, 1, 0, 2)
 // chunk's h columns are copied by cp.async into the warp's ring slot when
 // the chunk's weight loads are issued (L2-hot, so they land before the
 // weights), two chunks in flight.
+//
+// Split stage 2 (moe2s): moe2l's body with the units of each 16-row group
+// spread over SP blocks of NW warps (block b: row group b / SP, part
+// b % SP; the group's NW·SP warps take contiguous shares in part-major
+// order), so that more, smaller blocks fill the SMs (at V4 shapes SP 3,
+// NW 4: 768 blocks, all resident at 6 an SM) with G 2 units a chunk (four
+// units, 4 KB, in flight a warp). Each block writes its 16 partial sums
+// to a.part; the last block of a row group to arrive (an atomic ticket
+// per group, reset by that block, so a run, or a graph replay, needs no
+// host reset) adds the SP partials in part order: the sum's order is
+// fixed, so results are bitwise reproducible.
 
 #define LEAN1_WARPS 4
 #define LEAN2_WARPS 16
@@ -1595,14 +1617,16 @@ struct Lean2Fp4 {
 // warp first asks L2 for its whole routed range (one hint a unit and row:
 // 16 rows x 64 bytes a unit), so it is in flight at once. (The shared
 // expert's rows were asked for before the PDL wait: moe2_pf.)
-template <int G, int UF, int DEC, bool PFR>
+template <int G, int UF, int DEC, bool PFR, int NW = LEAN2_WARPS, int SP = 1>
 __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
   static_assert(UF <= 2 * G, "a ring slot holds 2G FP8 spans");
-  __shared__ uint4 ring[LEAN2_WARPS][2][G * 32];
-  __shared__ float red[LEAN2_WARPS][8][2];
+  __shared__ uint4 ring[NW][2][G * 32];
+  __shared__ float red[NW][8][2];
   __shared__ const u8 *recW[MOE_MAXK], *recS[MOE_MAXK];
+  __shared__ int lastBlock;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int r0 = blockIdx.x * 16;
+  const int rg = blockIdx.x / SP, part = blockIdx.x - rg * SP;
+  const int r0 = rg * 16;
   for (int k = threadIdx.x; k < a.K; k += blockDim.x) {
     const int id = __ldg(a.ids + k);
     const bool ok = (unsigned)id < (unsigned)a.E;
@@ -1611,8 +1635,8 @@ __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
   }
   __syncthreads();
   const int gpe = a.I >> 7, R = a.K * gpe, S = a.Is >> 6, total = R + S;
-  const int per = (total + LEAN2_WARPS - 1) / LEAN2_WARPS;
-  const int u0 = warp * per, u1 = min(total, u0 + per);
+  const int per = (total + NW * SP - 1) / (NW * SP);
+  const int u0 = min(total, (part * NW + warp) * per), u1 = min(total, u0 + per);
   const long long rb = a.I >> 1, sb = a.I >> 5;
   u16 *slots = reinterpret_cast<u16 *>(&ring[warp][0][0]);  // slot i at slots + i·G·256
   float accR[4] = {0.f, 0.f, 0.f, 0.f}, accS[1][4] = {{0.f, 0.f, 0.f, 0.f}};
@@ -1705,10 +1729,37 @@ __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
     red[warp][g][1] = bad ? nan : r8v;
   }
   __syncthreads();
+  if (SP == 1) {
+    if (threadIdx.x < 16) {
+      const int i = threadIdx.x;
+      float s = 0.f;
+      for (int w = 0; w < NW; w++) s += red[w][i & 7][i >> 3];
+      a.out[r0 + i] = s;
+    }
+    return;
+  }
+  // Split: this block's partials, then the group's last block sums them.
   if (threadIdx.x < 16) {
     const int i = threadIdx.x;
     float s = 0.f;
-    for (int w = 0; w < LEAN2_WARPS; w++) s += red[w][i & 7][i >> 3];
+    for (int w = 0; w < NW; w++) s += red[w][i & 7][i >> 3];
+    a.part[(long long)blockIdx.x * 16 + i] = s;
+    __threadfence();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    u32 *ticket = reinterpret_cast<u32 *>(a.part + (long long)gridDim.x * 16) + rg;
+    const bool last = atomicAdd(ticket, 1u) == (u32)(SP - 1);
+    if (last) atomicExch(ticket, 0u);  // every part has arrived: ready for the next run
+    lastBlock = last;
+  }
+  __syncthreads();
+  if (lastBlock && threadIdx.x < 16) {
+    __threadfence();
+    const int i = threadIdx.x;
+    float s = 0.f;
+#pragma unroll
+    for (int p = 0; p < SP; p++) s += __ldcg(a.part + ((long long)rg * SP + p) * 16 + i);
     a.out[r0 + i] = s;
   }
 }
@@ -1724,6 +1775,15 @@ __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
   extern "C" __global__ void __launch_bounds__(32 * LEAN2_WARPS, B) moe2lp_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2_pf(a)); moe_stage2l<G, UF, DEC, true>(a); }
 
 MOE1L(0, 7) MOE2L(1, 1, 0, 2)
+
+// moe2s_g<G>_f<UF>_d<DEC>_w<NW>_s<SP>_b<B>: split stage 2 (see the
+// family's comment), NW warps a block, SP blocks a row group, B blocks an
+// SM; moe2sp_...: with PFR. Grid: SP·D/16 blocks; a.part as MoeArgs says.
+#define MOE2S(G, UF, DEC, NW, SP, B) \
+  extern "C" __global__ void __launch_bounds__(32 * NW, B) moe2s_g##G##_f##UF##_d##DEC##_w##NW##_s##SP##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2s_pf<SP>(a)); moe_stage2l<G, UF, DEC, false, NW, SP>(a); } \
+  extern "C" __global__ void __launch_bounds__(32 * NW, B) moe2sp_g##G##_f##UF##_d##DEC##_w##NW##_s##SP##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2s_pf<SP>(a)); moe_stage2l<G, UF, DEC, true, NW, SP>(a); }
+
+MOE2S(2, 2, 0, 4, 3, 6)
 
 // moe1lx_d<DEC>_b<B>: stage 1 lean whose shared-expert tiles (blocks
 // [0, Is/16), block-uniform) do not wait for the previous kernel on the

@@ -77,39 +77,17 @@ func median(v []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-// spinKernel returns linear.cu's spin kernel (timed's lead-in).
-func spinKernel(c *Ctx) (*Kernel, error) {
-	m, err := c.linearModule()
-	if err != nil {
-		return nil, err
-	}
-	return m.Kernel("spin")
-}
-
-// timed runs reps repetitions of: spin (so the host can queue ahead), event,
-// n launches, event; it returns the per-launch device times (µs).
-func timed(c *Ctx, spin *Kernel, n, reps int, launch func(i int) error) ([]float64, error) {
-	s := c.Stream()
-	out := make([]float64, 0, reps)
-	spinNS := int64(500_000 + n*15_000)
-	for range reps {
-		if err := c.Launch(spin, Dim3{X: 1}, Dim3{X: 1}, 0, s, unsafe.Pointer(&spinNS)); err != nil {
-			return nil, err
-		}
-		ms, err := deviceMS(c, s, func() error {
-			for i := range n {
-				if err := launch(i); err != nil {
-					return err
-				}
+// repeat returns a function that calls f n times, stopping at the first
+// error.
+func repeat(n int, f func() error) func() error {
+	return func() error {
+		for range n {
+			if err := f(); err != nil {
+				return err
 			}
-			return nil
-		})
-		if err != nil {
-			return nil, err
 		}
-		out = append(out, ms*1000/float64(n))
+		return nil
 	}
-	return out, nil
 }
 
 // randomWeight fills a weight of the given format with random, finite values

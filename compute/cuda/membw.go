@@ -14,9 +14,9 @@ const probeLaunches = 4
 // the median of reps timed passes of read_bw4, the float4 read kernel of the
 // default linear module that BenchmarkV4 also uses, over a buffer of size
 // bytes (make it several times the L2 cache; it is allocated and freed
-// here). Each pass is probeLaunches back-to-back launches between two CUDA
-// events, queued behind a spin kernel so that the host's launch latency is
-// not in the timed window. It is the ceiling that moxie bench --backend cuda
+// here). Each pass is probeLaunches back-to-back launches timed by timed
+// (CUDA events, queued behind a spin kernel so that the host's launch
+// latency is not in the timed window). It is the ceiling that moxie bench --backend cuda
 // reports efficiency against.
 func (d *Device) ReadBandwidth(size, reps int) (float64, error) {
 	if size < 1<<20 || reps < 1 {
@@ -47,16 +47,6 @@ func (d *Device) ReadBandwidth(size, reps int) (float64, error) {
 		if err := c.Memset(buf, 0, size, s); err != nil {
 			return err
 		}
-		start, err := c.NewEvent(true)
-		if err != nil {
-			return err
-		}
-		defer c.DestroyEvent(start)
-		end, err := c.NewEvent(true)
-		if err != nil {
-			return err
-		}
-		defer c.DestroyEvent(end)
 		n := int64(size / 16)
 		grid := uint32((n + 1023) / 1024) // 256 threads, 4 float4 each
 		launch := func() error {
@@ -66,35 +56,17 @@ func (d *Device) ReadBandwidth(size, reps int) (float64, error) {
 		if err := launch(); err != nil { // warm-up
 			return err
 		}
-		spin, err := mod.Kernel("spin")
+		spin, err := spinKernel(c)
 		if err != nil {
 			return err
 		}
-		spinNS := int64(200_000)
-		var rates []float64
-		for range reps {
-			if err := c.Launch(spin, Dim3{X: 1}, Dim3{X: 1}, 0, s, unsafe.Pointer(&spinNS)); err != nil {
-				return err
-			}
-			if err := c.Record(start, s); err != nil {
-				return err
-			}
-			for range probeLaunches {
-				if err := launch(); err != nil {
-					return err
-				}
-			}
-			if err := c.Record(end, s); err != nil {
-				return err
-			}
-			if err := c.WaitEvent(end); err != nil {
-				return err
-			}
-			ms, err := c.Elapsed(start, end)
-			if err != nil {
-				return err
-			}
-			rates = append(rates, float64(probeLaunches)*float64(size)/(ms/1e3))
+		us, err := timed(c, spin, probeLaunches, reps, func(int) error { return launch() })
+		if err != nil {
+			return err
+		}
+		rates := make([]float64, len(us))
+		for i, t := range us {
+			rates[i] = float64(size) / (t * 1e-6)
 		}
 		slices.Sort(rates)
 		out = rates[len(rates)/2]

@@ -644,12 +644,6 @@ func (s *DeviceSession) decodeSets(c *cuda.Ctx, b *devBlock) (*decodeSets, error
 		return nil, fmt.Errorf("compressor projections: %w", err)
 	}
 	cfg := s.m.Cfg
-	if ds.woA, err = set("wo", true, proj{b.woA, s.u, s.o, cfg.OGroups}); err != nil {
-		return nil, fmt.Errorf("wo_a: %w", err)
-	}
-	if ds.woB, err = set("wo", true, proj{b.woB, s.attnOut, s.u, 1}); err != nil {
-		return nil, fmt.Errorf("wo_b: %w", err)
-	}
 	if s.woPair {
 		p, err := c.PrepareGemvPair(s.arena, cuda.GemvProj{W: b.woA, Y: s.u, X: s.o, Groups: cfg.OGroups},
 			cuda.GemvProj{W: b.woB, Y: s.attnOut, X: s.u, Groups: 1}, cuda.GemvPairVariant{})
@@ -657,6 +651,13 @@ func (s *DeviceSession) decodeSets(c *cuda.Ctx, b *devBlock) (*decodeSets, error
 			return nil, fmt.Errorf("wo_a+wo_b pair: %w", err)
 		}
 		ds.wo = func(c *cuda.Ctx, st cuda.Stream) error { return c.LaunchGemvPair(p, st) }
+		return &ds, nil // woA and woB are not run
+	}
+	if ds.woA, err = set("wo", true, proj{b.woA, s.u, s.o, cfg.OGroups}); err != nil {
+		return nil, fmt.Errorf("wo_a: %w", err)
+	}
+	if ds.woB, err = set("wo", true, proj{b.woB, s.attnOut, s.u, 1}); err != nil {
+		return nil, fmt.Errorf("wo_b: %w", err)
 	}
 	return &ds, nil
 }

@@ -185,10 +185,11 @@ func (c *Ctx) AttentionDecode(p AttnParams, scratch DevicePtr, s Stream) error {
 // positions are p.Pos. Everything else is AttentionDecode's contract
 // (graph-capturable; bad sizes are errors naming the argument).
 func (c *Ctx) AttentionDecodeInvRoPE(p AttnParams, freq DevicePtr, nfreq int, scratch DevicePtr, s Stream) error {
-	if freq == 0 || nfreq <= 0 || 2*nfreq > p.Dim {
-		return fmt.Errorf("cuda attndec: inverse RoPE of %d frequencies (table %#x) for heads of width %d: want 1..width/2 and a table", nfreq, freq, p.Dim)
+	r := attnDecRoPE{freq: freq, nf: nfreq}
+	if err := r.check(p.Dim, true); err != nil {
+		return err
 	}
-	return c.attentionDecodeVR(p, scratch, attnDecVariants[0], attnDecRoPE{freq: freq, nf: nfreq}, s)
+	return c.attentionDecodeVR(p, scratch, attnDecVariants[0], r, s)
 }
 
 // attentionDecode is AttentionDecode with the named partial-kernel variant.
@@ -207,6 +208,15 @@ type attnDecRoPE struct {
 	nf   int
 }
 
+// check reports a rotation the combine cannot apply to heads of width dim
+// (nf 0, no rotation, is an error only when one is required).
+func (r attnDecRoPE) check(dim int, required bool) error {
+	if r.nf < 0 || 2*r.nf > dim || (r.nf > 0 && r.freq == 0) || (required && r.nf == 0) {
+		return fmt.Errorf("cuda attndec: inverse RoPE of %d frequencies (table %#x) for heads of width %d: want 1..width/2 and a table", r.nf, r.freq, dim)
+	}
+	return nil
+}
+
 // attentionDecodeV is AttentionDecode with partial-kernel variant v (its
 // MaxSplits may differ from the listed one's; scratch must hold
 // 4·T·v.splits(MaxKeys)·Heads·(Dim+2) bytes).
@@ -217,10 +227,11 @@ func (c *Ctx) attentionDecodeV(p AttnParams, scratch DevicePtr, v attnDecVariant
 // attentionDecodeVR is attentionDecodeV with the combine's inverse
 // rotation r.
 func (c *Ctx) attentionDecodeVR(p AttnParams, scratch DevicePtr, v attnDecVariant, r attnDecRoPE, s Stream) error {
+	if err := r.check(p.Dim, false); err != nil {
+		return err
+	}
 	keysErr := p.checkKeys("attndec")
 	switch {
-	case r.nf < 0 || 2*r.nf > p.Dim || (r.nf > 0 && r.freq == 0):
-		return fmt.Errorf("cuda attndec: inverse RoPE of %d frequencies (table %#x) for heads of width %d", r.nf, r.freq, p.Dim)
 	case v.MaxSplits <= 0 || v.MaxSplits > attnDecMaxSplits:
 		return fmt.Errorf("cuda attndec: %d splits, want 1..%d", v.MaxSplits, attnDecMaxSplits)
 	case p.O == 0 || p.Q == 0 || p.Ring == 0 || p.Sinks == 0 || p.Pos == 0 || scratch == 0:

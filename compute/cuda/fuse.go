@@ -307,24 +307,16 @@ func hcDots4Kernel(T int) string {
 	return "fuse_hc_dots4"
 }
 
-// ParseHCFinish parses a $MOXIE_CUDA_HCFIN value: "" or "new" (the
-// two-kernel boundary finishes with fuse_hc_finish4 where hcFinish4Fits),
-// "old" (with fuse_hc_finish); anything else is an error naming the
-// variable. On the H200 (2026-11-30, BenchmarkHCBoundary, V4, one token, in
-// a graph) a boundary took 7.76 us with fuse_hc_finish4 against 9.43, and
-// an 8-layer decode step 1.71 ms against 1.76. "short" (fuse_hc_finish4s,
-// see ParseHCFinishVariant) reads as true.
-func ParseHCFinish(v string) (bool, error) {
-	fv, err := ParseHCFinishVariant(v)
-	return err == nil && fv != HCFuseTwo, err
-}
-
 // ParseHCFinishVariant parses a $MOXIE_CUDA_HCFIN value into the
 // two-kernel boundary variant it selects: "old" HCFuseTwo (fuse_hc_finish),
 // "" or "new" HCFuseTwoFin4 (fuse_hc_finish4 where hcFinish4Fits), "short"
 // HCFuseTwoFin4S (fuse_hc_finish4s where hcFinish4Fits and
-// hcFinish4sFits; not measured on a GPU yet); anything else is an error
-// naming the variable. All three finish with the same bits.
+// hcFinish4sFits); anything else is an error naming the variable. All
+// three finish with the same bits. On the H200 (2026-11-30,
+// BenchmarkHCBoundary, V4, one token, in a graph) a boundary took 7.76 us
+// with fuse_hc_finish4 against 9.43, and an 8-layer decode step 1.71 ms
+// against 1.76; fuse_hc_finish4s 5.08 us against 5.20 alone but the step
+// 1.62 ms against 1.61 (session 5), so it is not the default.
 func ParseHCFinishVariant(v string) (HCFuseVariant, error) {
 	switch v {
 	case "old":

@@ -177,29 +177,15 @@ func TestHCDotsSwitch(t *testing.T) {
 	}
 }
 
-// TestHCFinishSwitch checks ParseHCFinish ($MOXIE_CUDA_HCFIN) and that
-// HCMixNorm reports a bad value before it launches anything.
+// TestHCFinishSwitch checks ParseHCFinishVariant ($MOXIE_CUDA_HCFIN) and
+// that HCMixNorm reports a bad value before it launches anything.
 func TestHCFinishSwitch(t *testing.T) {
-	for _, tc := range []struct {
-		in       string
-		fin4, ok bool
-	}{{"", true, true}, {"old", false, true}, {"new", true, true}, {"short", true, true}, {"New", false, false}, {"4", false, false}, {"wide", false, false}} {
-		t.Run(tc.in, func(t *testing.T) {
-			fin4, err := ParseHCFinish(tc.in)
-			switch {
-			case tc.ok && (err != nil || fin4 != tc.fin4):
-				t.Errorf("ParseHCFinish(%q) = %v, %v; want %v, nil", tc.in, fin4, err, tc.fin4)
-			case !tc.ok && (err == nil || !strings.Contains(err.Error(), "MOXIE_CUDA_HCFIN")):
-				t.Errorf("ParseHCFinish(%q) = %v, %v; want an error naming MOXIE_CUDA_HCFIN", tc.in, fin4, err)
-			}
-		})
-	}
 	for _, tc := range []struct {
 		in   string
 		want HCFuseVariant
 		ok   bool
 	}{{"", HCFuseTwoFin4, true}, {"new", HCFuseTwoFin4, true}, {"old", HCFuseTwo, true}, {"short", HCFuseTwoFin4S, true},
-		{"Short", HCFuseTwo, false}, {"wide", HCFuseTwo, false}} {
+		{"Short", HCFuseTwo, false}, {"New", HCFuseTwo, false}, {"4", HCFuseTwo, false}, {"wide", HCFuseTwo, false}} {
 		t.Run("variant/"+tc.in, func(t *testing.T) {
 			got, err := ParseHCFinishVariant(tc.in)
 			switch {

@@ -221,6 +221,7 @@ func moeLeanEmuSource() (string, error) {
 	for _, h := range []string{
 		"__device__ __forceinline__ u32 quarter(",
 		"__device__ __forceinline__ int perm8(",
+		"__device__ __forceinline__ void hilo8(",
 		"__device__ __forceinline__ float moe_sigmoid(",
 		"__device__ __forceinline__ float moe_swiglu(",
 		"template <int DEC, int NW = MOE_WARPS>",

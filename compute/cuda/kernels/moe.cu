@@ -323,6 +323,22 @@ __device__ __forceinline__ void hilo2(float a, float b, u32 &hi, u32 &lo) {
 // Position of column j of an 8-column block in the routed layout.
 __device__ __forceinline__ int perm8(int j) { return ((j & 3) << 1) | (j >> 2); }
 
+// Eight values (p then q) as hi/lo f16 pairs H and L, in the routed (perm:
+// columns [0,4,1,5,2,6,3,7]) or natural order.
+__device__ __forceinline__ void hilo8(const float4 &p, const float4 &q, bool perm, uint4 &H, uint4 &L) {
+  if (perm) {
+    hilo2(p.x, q.x, H.x, L.x);
+    hilo2(p.y, q.y, H.y, L.y);
+    hilo2(p.z, q.z, H.z, L.z);
+    hilo2(p.w, q.w, H.w, L.w);
+  } else {
+    hilo2(p.x, p.y, H.x, L.x);
+    hilo2(p.z, p.w, H.y, L.y);
+    hilo2(q.x, q.y, H.z, L.z);
+    hilo2(q.z, q.w, H.w, L.w);
+  }
+}
+
 // Stages v [n] (n a multiple of 8) as hi (xs[0..n)) and lo (xs[n..2n)),
 // in the routed (perm) or natural layout; all threads of the block.
 __device__ __forceinline__ void stage_hilo(const float *__restrict__ v, u16 *xs, int n, bool perm) {
@@ -330,17 +346,7 @@ __device__ __forceinline__ void stage_hilo(const float *__restrict__ v, u16 *xs,
   for (int i = threadIdx.x; i < n / 8; i += blockDim.x) {
     const float4 p = __ldg(v4 + 2 * i), q = __ldg(v4 + 2 * i + 1);
     uint4 H, L;
-    if (perm) {  // [0,4,1,5,2,6,3,7]
-      hilo2(p.x, q.x, H.x, L.x);
-      hilo2(p.y, q.y, H.y, L.y);
-      hilo2(p.z, q.z, H.z, L.z);
-      hilo2(p.w, q.w, H.w, L.w);
-    } else {
-      hilo2(p.x, p.y, H.x, L.x);
-      hilo2(p.z, p.w, H.y, L.y);
-      hilo2(q.x, q.y, H.z, L.z);
-      hilo2(q.z, q.w, H.w, L.w);
-    }
+    hilo8(p, q, perm, H, L);
     *reinterpret_cast<uint4 *>(xs + 8 * i) = H;
     *reinterpret_cast<uint4 *>(xs + n + 8 * i) = L;
   }
@@ -1355,17 +1361,7 @@ __device__ __forceinline__ void lean_stage_x(const float *__restrict__ v, u16 *x
   for (int i = lane; i < n / 8; i += 32) {
     const float4 p = __ldg(v4 + 2 * i), q = __ldg(v4 + 2 * i + 1);
     uint4 H, L;
-    if (perm) {  // [0,4,1,5,2,6,3,7]
-      hilo2(p.x, q.x, H.x, L.x);
-      hilo2(p.y, q.y, H.y, L.y);
-      hilo2(p.z, q.z, H.z, L.z);
-      hilo2(p.w, q.w, H.w, L.w);
-    } else {
-      hilo2(p.x, p.y, H.x, L.x);
-      hilo2(p.z, p.w, H.y, L.y);
-      hilo2(q.x, q.y, H.z, L.z);
-      hilo2(q.z, q.w, H.w, L.w);
-    }
+    hilo8(p, q, perm, H, L);
     *reinterpret_cast<uint4 *>(xw + 8 * i) = H;
     *reinterpret_cast<uint4 *>(xw + W + 8 * i) = L;
   }

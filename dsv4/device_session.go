@@ -112,6 +112,11 @@ type DeviceSession struct {
 	// wq_a+wkv, "q": wq_b+indexer wq_b, "bf": the BF16 compressor set, "wo":
 	// wo_a and wo_b); $MOXIE_CUDA_GEMV lists them (default "a,wo"; "off" none).
 	gemvSets map[string]bool
+	// gemvMMA: which of those sets take the tensor-core Gemv kernels
+	// (cuda.GemvVariant.MMA) where their shapes allow ("a", "q", "wo", as
+	// gemvSets names them; "q" then needs no "q" in gemvSets);
+	// $MOXIE_CUDA_GEMVM lists them (default none; "off" none).
+	gemvMMA map[string]bool
 	// fused: the sublayer boundaries (expand, HC mix, collapse, norm) and
 	// the attention's row operations run as fused kernels (compute/cuda
 	// fuse.go); off with MOXIE_CUDA_FUSE=off and while a layer hook is set.
@@ -461,6 +466,7 @@ func (s *DeviceSession) open(pl *allocPlan, size int) (*DeviceSession, error) {
 			}
 		}
 		s.gemvSets = gemvSetsFromEnv()
+		s.gemvMMA = setListFromEnv("MOXIE_CUDA_GEMVM", "")
 		// MOXIE_CUDA_MERGE=off keeps one launch per projection (for A/B
 		// measurements of the merged launches).
 		s.multi = os.Getenv("MOXIE_CUDA_MERGE") != "off"
@@ -575,9 +581,26 @@ func gemvSetsFromEnv() map[string]bool {
 		// compressor set (10.5 against 10.0).
 		v = "a,wo"
 	}
+	return setList(v)
+}
+
+// setListFromEnv reads a comma-separated list of names from the variable
+// name (def when unset or empty; "off" names none).
+func setListFromEnv(name, def string) map[string]bool {
+	v, ok := os.LookupEnv(name)
+	if !ok || v == "" {
+		v = def
+	}
+	return setList(v)
+}
+
+// setList is the names of a comma-separated list ("off" and "" are none).
+func setList(v string) map[string]bool {
 	m := map[string]bool{}
 	for _, n := range strings.Split(v, ",") {
-		m[strings.TrimSpace(n)] = true
+		if n = strings.TrimSpace(n); n != "" && n != "off" {
+			m[n] = true
+		}
 	}
 	return m
 }
@@ -608,6 +631,11 @@ func (s *DeviceSession) decodeSets(c *cuda.Ctx, b *devBlock) (*decodeSets, error
 		}
 		if len(ws) == 0 || len(ws) < 2 && !single {
 			return nil, nil
+		}
+		if s.gemvMMA[name] {
+			if g, err := c.PrepareGemv(gp, cuda.GemvVariant{MMA: true}); err == nil {
+				return func(c *cuda.Ctx, st cuda.Stream) error { return c.LaunchGemv(g, st) }, nil
+			}
 		}
 		if s.gemvSets[name] {
 			if g, err := c.PrepareGemv(gp, cuda.GemvVariant{U: 2}); err == nil {

@@ -59,15 +59,90 @@ type Gemv struct {
 	args   gemvArgs
 	kernel *Kernel
 	grid   Dim3
+	block  int // threads a block (0: 32·gemvWarps)
+	smem   int // dynamic shared memory a block
 	bytes  int
 }
 
 // Bytes returns the stored bytes of all the launch's weights.
 func (g *Gemv) Bytes() int { return g.bytes }
 
-// GemvVariant picks the loads in flight per lane and row (U: 2, 4 or 8; 0
-// means 2) of a Gemv launch.
-type GemvVariant struct{ U int }
+// GemvVariant picks a Gemv launch's kernel: the CUDA-core kernels of
+// kernels/gemv.cu with U loads in flight per lane and row (2, 4 or 8; 0
+// means 2), or with MMA the tensor-core tile kernels gemvm_f<U> of the moe
+// module (U spans of 64 columns a chunk: 1, 2 or 4; 0 means 2; FP8 blocks
+// only, see PrepareGemv).
+type GemvVariant struct {
+	U   int
+	MMA bool
+}
+
+// gemvmWarps is GEMVM_WARPS in kernels/moe.cu.
+const gemvmWarps = 8
+
+// gemvmMaxPer is the most 64-column spans one gemvm warp takes (its x
+// share in shared memory: 256 bytes a span).
+const gemvmMaxPer = 16
+
+// gemvmWPR picks the warps sharing a 16-row tile of a gemvm launch: the
+// fewest (a power of two, at most gemvmWarps, dividing the spans) that give
+// at least 12 warps an SM over the tiles and at most gemvmMaxPer spans a warp.
+func gemvmWPR(tiles, spans, sms int) int {
+	w := 1
+	for w < gemvmWarps && spans%(2*w) == 0 && (tiles*w < 12*sms || spans/w > gemvmMaxPer) {
+		w *= 2
+	}
+	return w
+}
+
+// prepareGemvM plans PrepareGemv's MMA variant: every product FP8 blocks
+// with a block edge of at least 64, rows and rows per group multiples of
+// 16, columns a multiple of 64 that leave each warp at most gemvmMaxPer
+// spans.
+func (c *Ctx) prepareGemvM(ps []GemvProj, u int) (*Gemv, error) {
+	if u == 0 {
+		u = 2
+	}
+	if u != 1 && u != 2 && u != 4 {
+		return nil, fmt.Errorf("cuda gemv: MMA chunk of %d spans, want 1, 2 or 4", u)
+	}
+	g := &Gemv{block: 32 * gemvmWarps}
+	blocks, maxPer := 0, 0
+	for i, p := range ps {
+		w := p.W
+		if w == nil || p.Y == 0 || p.X == 0 || p.X%16 != 0 {
+			return nil, fmt.Errorf("cuda gemv: product %d: nil weight or buffers, or x %#x not 16-byte aligned", i, p.X)
+		}
+		groups := max(p.Groups, 1)
+		if w.Format != compute.FP8Block || w.Block < 64 || w.Block&(w.Block-1) != 0 {
+			return nil, fmt.Errorf("cuda gemv: product %d: %v weights, block %d: the MMA kernels want FP8 blocks of a power-of-two edge of at least 64", i, w.Format, w.Block)
+		}
+		if w.Rows%groups != 0 || (w.Rows/groups)%16 != 0 || w.Cols%64 != 0 {
+			return nil, fmt.Errorf("cuda gemv: product %d: [%d, %d] in %d groups: the MMA kernels want rows per group a multiple of 16 and columns a multiple of 64", i, w.Rows, w.Cols, groups)
+		}
+		tiles, spans := w.Rows/16, w.Cols/64
+		wpr := gemvmWPR(tiles, spans, c.d.info.SMs)
+		per := spans / wpr
+		if per > gemvmMaxPer {
+			return nil, fmt.Errorf("cuda gemv: product %d: %d columns: the MMA kernels take at most %d", i, w.Cols, 64*gemvmMaxPer*gemvmWarps)
+		}
+		maxPer = max(maxPer, per)
+		m := gemvMat{W: uint64(w.Data), S: uint64(w.Scale), X: uint64(p.X), Y: uint64(p.Y), Rows: int32(w.Rows), Cols: int32(w.Cols),
+			Rpg: int32(w.Rows / groups), Bshift: int32(bits.TrailingZeros(uint(w.Block))), Sstride: int32((w.Cols + w.Block - 1) / w.Block),
+			Fmt: 1, Wpr: int32(wpr), Blk0: int32(blocks)}
+		tpb := gemvmWarps / wpr
+		blocks += (tiles + tpb - 1) / tpb
+		g.args.M[i] = m
+		g.bytes += w.Bytes
+	}
+	g.args.N = int32(len(ps))
+	g.grid = Dim3{X: uint32(blocks)}
+	g.smem = gemvmWarps * 256 * maxPer
+	if err := c.loadKernels("moe", moeSrc, kernelRef{fmt.Sprintf("gemvm_f%d", u), &g.kernel}); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
 
 // gemvWPR picks the warps splitting each row group's columns: enough warps
 // over all rows to fill the device (about 16 per SM), at most 8, and only
@@ -87,6 +162,9 @@ func gemvWPR(rows, cols, cpl, sms int) int {
 func (c *Ctx) PrepareGemv(ps []GemvProj, v GemvVariant) (*Gemv, error) {
 	if len(ps) == 0 || len(ps) > GemvMax {
 		return nil, fmt.Errorf("cuda gemv: %d products, want 1..%d", len(ps), GemvMax)
+	}
+	if v.MMA {
+		return c.prepareGemvM(ps, v.U)
 	}
 	u := v.U
 	if u == 0 {
@@ -145,7 +223,11 @@ func (c *Ctx) LaunchGemv(g *Gemv, s Stream) error {
 	if g == nil || g.kernel == nil {
 		return fmt.Errorf("cuda gemv: launch of an unprepared Gemv")
 	}
-	return c.Launch(g.kernel, g.grid, Dim3{X: 32 * gemvWarps}, 0, s, unsafe.Pointer(&g.args))
+	block := g.block
+	if block == 0 {
+		block = 32 * gemvWarps
+	}
+	return c.Launch(g.kernel, g.grid, Dim3{X: uint32(block)}, g.smem, s, unsafe.Pointer(&g.args))
 }
 
 // gemvPairWarps is GP_WARPS in kernels/gemv.cu: a GemvPair block has

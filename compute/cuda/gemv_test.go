@@ -50,7 +50,8 @@ func TestGemvWPR(t *testing.T) {
 func TestGemv(t *testing.T) {
 	sets := append(gemvV4Sets(),
 		gemvSet{"fp8 small odd scale rows", []gemvShape{{compute.FP8Block, 130, 512, 1}, {compute.FP8Block, 6, 1024, 3}}},
-		gemvSet{"mixed", []gemvShape{{compute.BF16, 256, 256, 1}, {compute.FP8Block, 64, 512, 2}}})
+		gemvSet{"mixed", []gemvShape{{compute.BF16, 256, 256, 1}, {compute.FP8Block, 64, 512, 2}}},
+		gemvSet{"fp8 tiles past the grid", []gemvShape{{compute.FP8Block, 48, 1024, 1}, {compute.FP8Block, 16, 64, 1}, {compute.FP8Block, 96, 8192, 3}}})
 	withFwd(t, func(e *fwdEnv) {
 		for si, set := range sets {
 			rng := rand.New(rand.NewPCG(uint64(si), 17))
@@ -68,10 +69,14 @@ func TestGemv(t *testing.T) {
 				ps = append(ps, GemvProj{W: w, Y: e.poisoned(m.rows), X: e.up(x), Groups: m.groups})
 				wants = append(wants, want)
 			}
-			for _, u := range []int{2, 4, 8} {
-				g, err := e.c.PrepareGemv(ps, GemvVariant{U: u})
+			for _, v := range gemvTestVariants {
+				u := v.U
+				g, err := e.c.PrepareGemv(ps, v)
+				if err != nil && v.MMA && !gemvmTakes(set) {
+					continue // BF16 or shapes the MMA kernels refuse (checked below)
+				}
 				if err != nil {
-					t.Fatalf("%s: %v", set.name, err)
+					t.Fatalf("%s, %+v: %v", set.name, v, err)
 				}
 				var first [][]float32
 				for run := range 2 {
@@ -83,12 +88,12 @@ func TestGemv(t *testing.T) {
 						if run == 0 {
 							first = append(first, got)
 							if r := computetest.MaxRel(got, wants[i]); !(r <= computetest.TolLinear) {
-								t.Errorf("%s, U %d, product %d [%d, %d]: max relative error %.3g > %.3g", set.name, u, i, p.W.Rows, p.W.Cols, r, computetest.TolLinear)
+								t.Errorf("%s, %+v, product %d [%d, %d]: max relative error %.3g > %.3g", set.name, v, i, p.W.Rows, p.W.Cols, r, computetest.TolLinear)
 							} else if u == 4 {
-								t.Logf("%s, product %d: max relative error %.3g", set.name, i, r)
+								t.Logf("%s, %+v, product %d: max relative error %.3g", set.name, v, i, r)
 							}
 						} else if j := bitEqual32(got, first[i]); j >= 0 {
-							t.Errorf("%s, U %d, product %d: a second run differs at %d", set.name, u, i, j)
+							t.Errorf("%s, %+v, product %d: a second run differs at %d", set.name, v, i, j)
 						}
 					}
 				}
@@ -103,7 +108,60 @@ func TestGemv(t *testing.T) {
 		if _, err := e.c.PrepareGemv([]GemvProj{{W: w, Y: e.poisoned(8), X: e.up(make([]float32, 100))}}, GemvVariant{}); err == nil {
 			t.Error("FP8 weight of 100 columns accepted")
 		}
+		// The MMA kernels refuse what they cannot tile, naming the product.
+		for _, c := range []struct {
+			name string
+			m    gemvShape
+		}{
+			{"BF16", gemvShape{compute.BF16, 256, 256, 1}},
+			{"rows not a multiple of 16", gemvShape{compute.FP8Block, 130, 512, 1}},
+			{"row groups of 8", gemvShape{compute.FP8Block, 64, 512, 8}},
+			{"too many columns", gemvShape{compute.FP8Block, 16, 16384, 1}},
+		} {
+			d := computetest.RandomWeight(rand.New(rand.NewPCG(2, 2)), c.m.f, c.m.rows, c.m.cols, 0.05)
+			w, err := e.c.UploadWeight(e.a, d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ok := GemvProj{W: w, Y: e.poisoned(c.m.rows), X: e.up(make([]float32, c.m.groups*c.m.cols)), Groups: c.m.groups}
+			if _, err := e.c.PrepareGemv([]GemvProj{ok, ok}, GemvVariant{MMA: true}); err == nil || !strings.Contains(err.Error(), "product 0") {
+				t.Errorf("MMA, %s: error %v, want one naming product 0", c.name, err)
+			}
+		}
 	})
+}
+
+// gemvTestVariants is every Gemv variant TestGemv runs.
+var gemvTestVariants = []GemvVariant{{U: 2}, {U: 4}, {U: 8}, {MMA: true, U: 1}, {MMA: true, U: 2}, {MMA: true, U: 4}}
+
+// gemvmTakes reports whether every product of set is one the MMA kernels
+// take (prepareGemvM's conditions, for the test weights' 128 block edge).
+func gemvmTakes(set gemvSet) bool {
+	for _, m := range set.ms {
+		if m.f != compute.FP8Block || m.rows%m.groups != 0 || (m.rows/m.groups)%16 != 0 || m.cols%64 != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// TestGemvMWPR checks the MMA kernels' tile split on 132 SMs against values
+// worked out by hand from its rule (double while tiles x warps < 1,584 or a
+// warp would take more than 16 spans; at most 8; the spans divide evenly).
+func TestGemvMWPR(t *testing.T) {
+	for _, tc := range []struct{ tiles, spans, want int }{
+		{2048, 16, 1}, // wq_b 32768x1024: 2,048 tiles fill it
+		{512, 16, 4},  // indexer wq_b 8192x1024: 512 -> 1,024 -> 2,048
+		{256, 128, 8}, // wo_b 4096x8192: 128 spans need 8 warps anyway
+		{512, 64, 4},  // wo_a 8192x4096
+		{64, 64, 8},   // wq_a 1024x4096: the cap
+		{3, 1, 1},     // one span: no split
+		{10, 6, 2},    // 6 spans: 2 divides, 4 does not
+	} {
+		if got := gemvmWPR(tc.tiles, tc.spans, 132); got != tc.want {
+			t.Errorf("gemvmWPR(%d, %d) = %d, want %d", tc.tiles, tc.spans, got, tc.want)
+		}
+	}
 }
 
 // gemvShape is one product of a Gemv set: a [rows, cols] weight, groups
@@ -127,6 +185,7 @@ func gemvV4Sets() []gemvSet {
 		{"wo_b_fp8_4096x8192", []gemvShape{{compute.FP8Block, 4096, 8192, 1}}},
 		{"wo_a_fp8_8192x4096_g8", []gemvShape{{compute.FP8Block, 8192, 4096, 8}}},
 		{"wq_a+wkv_fp8", []gemvShape{{compute.FP8Block, 1024, 4096, 1}, {compute.FP8Block, 512, 4096, 1}}},
+		{"wq_b+idx_wq_b_fp8", []gemvShape{{compute.FP8Block, 32768, 1024, 1}, {compute.FP8Block, 8192, 1024, 1}}},
 		{"compressors_bf16_x5", []gemvShape{{compute.BF16, 1024, 4096, 1}, {compute.BF16, 1024, 4096, 1}, {compute.BF16, 256, 4096, 1}, {compute.BF16, 256, 4096, 1}, {compute.BF16, 64, 4096, 1}}},
 	}
 }
@@ -206,6 +265,23 @@ func BenchmarkGemv(b *testing.B) {
 					ls = append(ls, func() error { return c.LaunchGemv(g, c.Stream()) })
 				}
 				time(fmt.Sprintf("gemv_u%d", u), ls)
+			}
+			for _, u := range []int{1, 2, 4} {
+				var ls []func() error
+				for k := range copies {
+					var ps []GemvProj
+					for j, w := range ws[k] {
+						ps = append(ps, GemvProj{W: w, Y: ys[j], X: xs[j], Groups: gs[j]})
+					}
+					g, err := c.PrepareGemv(ps, GemvVariant{MMA: true, U: u})
+					if err != nil {
+						break // BF16: the MMA kernels take FP8 blocks only
+					}
+					ls = append(ls, func() error { return c.LaunchGemv(g, c.Stream()) })
+				}
+				if len(ls) == copies {
+					time(fmt.Sprintf("gemvm_f%d", u), ls)
+				}
 			}
 			// The linear kernels' automatic choice.
 			a, err := c.NewArena(1 << 20)

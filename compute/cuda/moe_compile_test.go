@@ -5,6 +5,7 @@ import (
 	"debug/elf"
 	"encoding/binary"
 	"fmt"
+	"moxie/compute"
 	"strings"
 	"testing"
 	"unsafe"
@@ -30,6 +31,18 @@ func TestMoECompile(t *testing.T) {
 				continue
 			}
 			t.Logf("%v: %s: %d registers, %d-byte stack frame", v, n, r.regs, r.frame)
+		}
+	}
+	// The Gemv MMA kernels (PrepareGemv with GemvVariant.MMA) live in this
+	// module too.
+	for _, u := range []int{1, 2, 4} {
+		n := fmt.Sprintf("gemvm_f%d", u)
+		requireKernels(t, img, n)
+		if r, ok := res[n]; ok {
+			t.Logf("%s: %d registers, %d-byte stack frame", n, r.regs, r.frame)
+			if r.frame != 0 {
+				t.Errorf("%s: %d-byte stack frame, want none (a spill)", n, r.frame)
+			}
 		}
 	}
 }
@@ -509,6 +522,143 @@ int main() {
       for (float o : out) finite += std::isfinite(o);
       if (finite) printf("FAIL case %d %s: id %d outside the table left %d finite outputs\n", ci, v.name, E, finite);
       ids[K - 1] = ((K - 1) * 7 + ci) % E;
+    }
+  }
+  printf("worst %.3g\n", worst);
+}
+`
+
+// TestGemvMEmulated runs the Gemv MMA kernels (gemvm_f1, f2, f4) on the CPU
+// through the lean family's host emulation (moeLeanEmuSource, the harness's
+// emulated CUDA and mma) and checks y against a float64 product of the FP8
+// weights' values (E4M3 codes times E8M0 block scales): several products
+// in one launch, row groups, tiles past the last row, warps sharing a tile
+// (wpr 1 to 8); and that a second run gives the same bits. Skipped with
+// -short or without g++.
+func TestGemvMEmulated(t *testing.T) {
+	inc, err := moeLeanEmuSource()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := moeLeanEmuHarness
+	i := strings.Index(h, "struct Case {")
+	if i < 0 {
+		t.Fatal("moeLeanEmuHarness: no struct Case; update this test")
+	}
+	var b strings.Builder
+	b.WriteString(h[:i])
+	b.WriteString("struct Mx { std::vector<unsigned char> W, S; std::vector<double> v; };\n")
+	for _, head := range []string{"static double maxrel("} {
+		d, err := cuDefinition(h, head)
+		if err != nil {
+			t.Fatalf("moeLeanEmuHarness: %v; update this test", err)
+		}
+		b.WriteString(d + "\n")
+	}
+	b.WriteString(gemvmEmuMain)
+	// Launch shapes: each product's wpr and blocks as prepareGemvM plans
+	// them on a 2-SM device (so that the splits happen at small sizes).
+	var gen strings.Builder
+	for ci, c := range [][]gemvShape{
+		{{compute.FP8Block, 48, 512, 1}},                                   // 3 tiles: wpr 8, one per block
+		{{compute.FP8Block, 16, 64, 1}, {compute.FP8Block, 64, 256, 2}},    // one span; grouped
+		{{compute.FP8Block, 96, 1024, 3}, {compute.FP8Block, 512, 128, 1}}, // tiles past the grid's last row
+	} {
+		blocks, maxPer := 0, 0
+		fmt.Fprintf(&gen, "{%d, {", len(c))
+		for _, m := range c {
+			tiles, spans := m.rows/16, m.cols/64
+			wpr := gemvmWPR(tiles, spans, 2)
+			per := spans / wpr
+			maxPer = max(maxPer, per)
+			fmt.Fprintf(&gen, "{%d, %d, %d, %d, %d},", m.rows, m.cols, m.groups, wpr, blocks)
+			tpb := gemvmWarps / wpr
+			blocks += (tiles + tpb - 1) / tpb
+		}
+		fmt.Fprintf(&gen, "}, %d, %d}, // case %d\n", blocks, gemvmWarps*256*maxPer, ci+1)
+	}
+	lines := runHostEmulation(t, map[string]string{"kern.inc": inc, "gen.inc": gen.String(), "emu.cpp": b.String()})
+	for _, l := range lines {
+		t.Log(l)
+	}
+	if len(lines) == 0 || !strings.HasPrefix(lines[len(lines)-1], "worst ") {
+		t.Fatalf("emulation did not finish: %q", lines)
+	}
+}
+
+// gemvmEmuMain is TestGemvMEmulated's cases (gen.inc: products with rows,
+// cols, groups, wpr, first block; the grid; the dynamic shared memory) and
+// main: FP8 weights of block edge 128 (64 for 64 columns), x and the float64 products, each
+// gemvm kernel run twice; FAIL above a relative error of 1e-5 or when the
+// runs differ; then "worst <max>".
+const gemvmEmuMain = `
+struct P { int rows, cols, groups, wpr, blk0; };
+struct GCase { int n; P p[8]; unsigned grid; int smem; };
+static const GCase gcases[] = {
+#include "gen.inc"
+};
+// An FP8 block [rows, cols] weight, E4M3 bytes (no NaN), E8M0 scales per
+// blk x blk block (partial blocks at the edges), and its float64 values.
+static Mx fp8c(std::mt19937 &rng, int rows, int cols, int blk) {
+  const int sr = (rows + blk - 1) / blk, sc = (cols + blk - 1) / blk;
+  Mx m{std::vector<unsigned char>(rows * cols), std::vector<unsigned char>(sr * sc), std::vector<double>(rows * cols)};
+  for (auto &b : m.W) do b = rng() & 0xff; while ((b & 0x7f) == 0x7f);
+  for (auto &s : m.S) s = 127 - 10 + rng() % 4;
+  for (int r = 0; r < rows; r++)
+    for (int c = 0; c < cols; c++) m.v[r * cols + c] = e4m3(m.W[r * cols + c]) * std::ldexp(1.0, m.S[(r / blk) * sc + c / blk] - 127);
+  return m;
+}
+int main() {
+  double worst = 0;
+  int ci = 0;
+  for (const GCase &c : gcases) {
+    ci++;
+    std::mt19937 rng(77 + ci);
+    std::normal_distribution<double> nd(0, 1);
+    std::vector<Mx> ws;
+    std::vector<std::vector<float>> xs, ys;
+    std::vector<std::vector<double>> want;
+    GemvArgsM a{};
+    a.n = c.n;
+    for (int i = 0; i < c.n; i++) {
+      const P &p = c.p[i];
+      ws.push_back(fp8c(rng, p.rows, p.cols, p.cols >= 128 ? 128 : 64));
+    }
+    for (int i = 0; i < c.n; i++) {
+      const P &p = c.p[i];
+      std::vector<float> x(p.groups * p.cols);
+      for (auto &v : x) v = (float)nd(rng);
+      xs.push_back(x);
+      ys.push_back(std::vector<float>(p.rows, NAN));
+    }
+    for (int i = 0; i < c.n; i++) {
+      const P &p = c.p[i];
+      const int blk = p.cols >= 128 ? 128 : 64, rpg = p.rows / p.groups;
+      int bshift = 0;
+      while ((1 << bshift) < blk) bshift++;
+      std::vector<double> w(p.rows);
+      for (int r = 0; r < p.rows; r++) {
+        double s = 0;
+        for (int k = 0; k < p.cols; k++) s += ws[i].v[r * p.cols + k] * xs[i][(r / rpg) * p.cols + k];
+        w[r] = s;
+      }
+      want.push_back(w);
+      a.m[i] = GemvMatM{ws[i].W.data(), ws[i].S.data(), xs[i].data(), ys[i].data(), p.rows, p.cols, rpg, bshift, (p.cols + blk - 1) / blk, 1, p.wpr, p.blk0};
+    }
+    if (c.smem > (int)sizeof(g_smem_bytes)) { printf("FAIL case %d: shared memory %d over the harness's buffer\n", ci, c.smem); continue; }
+    struct V { const char *name; void (*k)(const GemvArgsM); };
+    const V vs[] = {{"gemvm_f1", gemvm_f1}, {"gemvm_f2", gemvm_f2}, {"gemvm_f4", gemvm_f4}};
+    for (const V &v : vs) {
+      for (auto &y : ys) std::fill(y.begin(), y.end(), NAN);
+      launch<const GemvArgsM>(v.k, c.grid, 256, a);
+      double e = 0;
+      std::vector<std::vector<float>> first = ys;
+      for (int i = 0; i < c.n; i++) e = max(e, maxrel(ys[i], want[i]));
+      launch<const GemvArgsM>(v.k, c.grid, 256, a);
+      bool same = true;
+      for (int i = 0; i < c.n; i++) same = same && memcmp(first[i].data(), ys[i].data(), 4 * ys[i].size()) == 0;
+      printf("%s %s case %d: max rel %.3g%s\n", (e > 1e-5 || !same) ? "FAIL" : "ok", v.name, ci, e, same ? "" : ", second run differs");
+      worst = max(worst, e);
     }
   }
   printf("worst %.3g\n", worst);

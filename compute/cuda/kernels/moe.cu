@@ -1792,3 +1792,97 @@ MOE2S(2, 2, 0, 4, 3, 6)
   extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1lx_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_UNLESS((int)blockIdx.x < (a.Is >> 4)); moe_stage1l<DEC, false>(a); }
 
 MOE1LX(0, 7)
+
+// ---- One-token FP8-block products on the lean tiles (gemvm_*) ----
+//
+// y = W·x for the FP8-block products of a Gemv launch (GemvArgsM mirrors
+// struct GemvArgs of kernels/gemv.cu and gemvArgs of gemv.go; only fmt 1
+// products, 16-row tiles that never straddle a row group or a scale block,
+// columns in 64-column spans inside one scale block: PrepareGemv checks),
+// on LeanFp8's tensor-core arithmetic (the shared expert's in stage 1):
+// a block of GEMVM_WARPS warps holds GEMVM_WARPS / wpr 16-row tiles, the
+// wpr warps of a tile taking contiguous equal shares of its spans. A warp
+// issues its first two chunks of weight loads (UF spans each, rows g and
+// g+8, 16 bytes a lane a row) before it waits for the previous kernel
+// (MOXIE_PDL: the weights are never written, x is), then stages its own
+// columns of x as hi/lo f16 (lean_stage_x, natural layout) and walks its
+// spans with two chunks in flight. A row's sum is d_hi + d_lo·2^-11 (lanes
+// t = 0), the wpr warps' sums added in warp order through shared memory:
+// the order is fixed, so results are reproducible. Dynamic shared memory:
+// GEMVM_WARPS · 256·per bytes (per: the largest share, in spans).
+#define GEMVM_WARPS 8
+
+struct GemvMatM {
+  const u8 *w;
+  const u8 *s;
+  const float *x;
+  float *y;
+  int rows, cols, rpg, bshift, sstride, fmt, wpr, blk0;
+};
+struct GemvArgsM {
+  GemvMatM m[8];
+  int n;
+};
+static_assert(sizeof(GemvArgsM) == 520, "GemvArgsM must mirror GemvArgs (520 bytes)");
+
+template <int UF>
+__device__ __forceinline__ void gemvm_body(const GemvMatM &m, int blk) {
+  extern __shared__ uint4 moe_smem[];
+  __shared__ float red[GEMVM_WARPS][16];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int wpr = m.wpr, part = warp % wpr;
+  const int r0 = (blk * (GEMVM_WARPS / wpr) + warp / wpr) * 16;
+  const int per = (m.cols >> 6) / wpr, W = 64 * per;
+  const int s0 = part * per, end = s0 + per;
+  u16 *xw = reinterpret_cast<u16 *>(moe_smem) + warp * 2 * W;  // hi [W], lo [W]
+  const bool live = r0 < m.rows;
+  float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+  if (live) {
+    const float *xg = m.x + (long long)(r0 / m.rpg) * m.cols;
+    const u8 *const pw[1] = {m.w + (long long)(r0 + g) * m.cols + 16 * t};
+    const u8 *const ps[1] = {m.s + (long long)(r0 >> m.bshift) * m.sstride};
+    const bool bl = g < 2;
+    const u16 *xb = xw + (g & 1) * W - s0 * 64;  // column c's hi/lo at xb[c]
+    using Ch = LeanFp8<1, UF>;
+    wide_walk<Ch>(
+        s0, end, UF, [&](Ch &c, int s) { c.template load<true>(pw, 8LL * m.cols, ps, m.bshift, s, end); },
+        [&](const Ch &c, int s) { c.template compute<true>(xb, bl, s, end, t, acc); },
+        [&] {
+          MOXIE_PDL();
+          lean_stage_x(xg, xw, s0 * 64, W, W, false);
+        });
+  }
+  const float y0 = fmaf(acc[0][1], 1.f / 2048.f, acc[0][0]), y1 = fmaf(acc[0][3], 1.f / 2048.f, acc[0][2]);
+  if (wpr == 1) {  // grid-uniform for this matrix's blocks
+    if (live && t == 0) {
+      m.y[r0 + g] = y0;
+      m.y[r0 + g + 8] = y1;
+    }
+    return;
+  }
+  if (t == 0) {
+    red[warp][g] = y0;
+    red[warp][g + 8] = y1;
+  }
+  __syncthreads();
+  if (live && part == 0 && lane < 16) {
+    float s = 0.f;
+    for (int p = 0; p < wpr; p++) s += red[warp + p][lane];
+    m.y[r0 + lane] = s;
+  }
+}
+
+// The product of a that this block works on (blocks [blk0, next blk0)).
+__device__ __forceinline__ const GemvMatM &gemvm_mat(const GemvArgsM &a) {
+  int i = 0;
+#pragma unroll
+  for (int k = 1; k < 8; k++)
+    if (k < a.n && (int)blockIdx.x >= a.m[k].blk0) i = k;
+  return a.m[i];
+}
+
+// gemvm_f<UF>: UF spans a chunk (two chunks, 64·UF bytes a lane, in flight).
+#define GEMVM(UF) \
+  extern "C" __global__ void __launch_bounds__(32 * GEMVM_WARPS) gemvm_f##UF(const GemvArgsM a) { const GemvMatM &m = gemvm_mat(a); gemvm_body<UF>(m, blockIdx.x - m.blk0); }
+
+GEMVM(1) GEMVM(2) GEMVM(4)

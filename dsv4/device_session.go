@@ -114,8 +114,9 @@ type DeviceSession struct {
 	gemvSets map[string]bool
 	// gemvMMA: which of those sets take the tensor-core Gemv kernels
 	// (cuda.GemvVariant.MMA) where their shapes allow ("a", "q", "wo", as
-	// gemvSets names them; "q" then needs no "q" in gemvSets);
-	// $MOXIE_CUDA_GEMVM lists them (default none; "off" none).
+	// gemvSets names them; "q" then needs no "q" in gemvSets), and the
+	// kernel ("u1", "u2", "u4": GemvVariant.U, default 2; "b4":
+	// MinBlocks 4); $MOXIE_CUDA_GEMVM lists them (default none; "off" none).
 	gemvMMA map[string]bool
 	// fused: the sublayer boundaries (expand, HC mix, collapse, norm) and
 	// the attention's row operations run as fused kernels (compute/cuda
@@ -633,7 +634,16 @@ func (s *DeviceSession) decodeSets(c *cuda.Ctx, b *devBlock) (*decodeSets, error
 			return nil, nil
 		}
 		if s.gemvMMA[name] {
-			if g, err := c.PrepareGemv(gp, cuda.GemvVariant{MMA: true}); err == nil {
+			v := cuda.GemvVariant{MMA: true}
+			for _, u := range []int{1, 2, 4} {
+				if s.gemvMMA[fmt.Sprintf("u%d", u)] {
+					v.U = u
+				}
+			}
+			if s.gemvMMA["b4"] {
+				v.MinBlocks = 4
+			}
+			if g, err := c.PrepareGemv(gp, v); err == nil {
 				return func(c *cuda.Ctx, st cuda.Stream) error { return c.LaunchGemv(g, st) }, nil
 			}
 		}

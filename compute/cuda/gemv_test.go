@@ -132,7 +132,7 @@ func TestGemv(t *testing.T) {
 }
 
 // gemvTestVariants is every Gemv variant TestGemv runs.
-var gemvTestVariants = []GemvVariant{{U: 2}, {U: 4}, {U: 8}, {MMA: true, U: 1}, {MMA: true, U: 2}, {MMA: true, U: 4}}
+var gemvTestVariants = []GemvVariant{{U: 2}, {U: 4}, {U: 8}, {MMA: true, U: 1}, {MMA: true, U: 2}, {MMA: true, U: 4}, {MMA: true, U: 1, MinBlocks: 4}}
 
 // gemvmTakes reports whether every product of set is one the MMA kernels
 // take (prepareGemvM's conditions, for the test weights' 128 block edge).
@@ -266,21 +266,21 @@ func BenchmarkGemv(b *testing.B) {
 				}
 				time(fmt.Sprintf("gemv_u%d", u), ls)
 			}
-			for _, u := range []int{1, 2, 4} {
+			for _, mv := range []GemvVariant{{MMA: true, U: 1}, {MMA: true, U: 2}, {MMA: true, U: 4}, {MMA: true, U: 1, MinBlocks: 4}} {
 				var ls []func() error
 				for k := range copies {
 					var ps []GemvProj
 					for j, w := range ws[k] {
 						ps = append(ps, GemvProj{W: w, Y: ys[j], X: xs[j], Groups: gs[j]})
 					}
-					g, err := c.PrepareGemv(ps, GemvVariant{MMA: true, U: u})
+					g, err := c.PrepareGemv(ps, mv)
 					if err != nil {
 						break // BF16: the MMA kernels take FP8 blocks only
 					}
 					ls = append(ls, func() error { return c.LaunchGemv(g, c.Stream()) })
 				}
 				if len(ls) == copies {
-					time(fmt.Sprintf("gemvm_f%d", u), ls)
+					time(fmt.Sprintf("gemvm_f%d_b%d", mv.U, mv.MinBlocks), ls)
 				}
 			}
 			// The linear kernels' automatic choice.

@@ -35,8 +35,7 @@ func TestMoECompile(t *testing.T) {
 	}
 	// The Gemv MMA kernels (PrepareGemv with GemvVariant.MMA) live in this
 	// module too.
-	for _, u := range []int{1, 2, 4} {
-		n := fmt.Sprintf("gemvm_f%d", u)
+	for _, n := range []string{"gemvm_f1", "gemvm_f2", "gemvm_f4", "gemvm_f1_b4"} {
 		requireKernels(t, img, n)
 		if r, ok := res[n]; ok {
 			t.Logf("%s: %d registers, %d-byte stack frame", n, r.regs, r.frame)
@@ -647,7 +646,7 @@ int main() {
     }
     if (c.smem > (int)sizeof(g_smem_bytes)) { printf("FAIL case %d: shared memory %d over the harness's buffer\n", ci, c.smem); continue; }
     struct V { const char *name; void (*k)(const GemvArgsM); };
-    const V vs[] = {{"gemvm_f1", gemvm_f1}, {"gemvm_f2", gemvm_f2}, {"gemvm_f4", gemvm_f4}};
+    const V vs[] = {{"gemvm_f1", gemvm_f1}, {"gemvm_f2", gemvm_f2}, {"gemvm_f4", gemvm_f4}, {"gemvm_f1_b4", gemvm_f1_b4}};
     for (const V &v : vs) {
       for (auto &y : ys) std::fill(y.begin(), y.end(), NAN);
       launch<const GemvArgsM>(v.k, c.grid, 256, a);

@@ -1885,4 +1885,8 @@ __device__ __forceinline__ const GemvMatM &gemvm_mat(const GemvArgsM &a) {
 #define GEMVM(UF) \
   extern "C" __global__ void __launch_bounds__(32 * GEMVM_WARPS) gemvm_f##UF(const GemvArgsM a) { const GemvMatM &m = gemvm_mat(a); gemvm_body<UF>(m, blockIdx.x - m.blk0); }
 
-GEMVM(1) GEMVM(2) GEMVM(4)
+// gemvm_f<UF>_b<B>: the same with at least B blocks an SM (a register cap).
+#define GEMVM_B(UF, B) \
+  extern "C" __global__ void __launch_bounds__(32 * GEMVM_WARPS, B) gemvm_f##UF##_b##B(const GemvArgsM a) { const GemvMatM &m = gemvm_mat(a); gemvm_body<UF>(m, blockIdx.x - m.blk0); }
+
+GEMVM(1) GEMVM(2) GEMVM(4) GEMVM_B(1, 4)

@@ -116,7 +116,8 @@ type DeviceSession struct {
 	// (cuda.GemvVariant.MMA) where their shapes allow ("a", "q", "wo", as
 	// gemvSets names them; "q" then needs no "q" in gemvSets), and the
 	// kernel ("u1", "u2", "u4": GemvVariant.U, default 2; "b4":
-	// MinBlocks 4); $MOXIE_CUDA_GEMVM lists them (default none; "off" none).
+	// MinBlocks 4); $MOXIE_CUDA_GEMVM lists them (default "a,q,wo,u4";
+	// "off" none: the sets then take the Gemv or multi-linear kernels).
 	gemvMMA map[string]bool
 	// fused: the sublayer boundaries (expand, HC mix, collapse, norm) and
 	// the attention's row operations run as fused kernels (compute/cuda
@@ -467,7 +468,11 @@ func (s *DeviceSession) open(pl *allocPlan, size int) (*DeviceSession, error) {
 			}
 		}
 		s.gemvSets = gemvSetsFromEnv()
-		s.gemvMMA = setListFromEnv("MOXIE_CUDA_GEMVM", "")
+		// On the H200 (BenchmarkGemv, 2026-11-30, session 6) gemvm_f4 beat
+		// the kernels these sets used: wo_b 10.4 against 13.8 µs, wo_a 10.6
+		// against 13.3, wq_a+wkv 3.0 against 6.3, wq_b+indexer wq_b 13.3
+		// against 16.6 (multi-linear vec); the 8-layer step 1.55 → 1.46 ms.
+		s.gemvMMA = setListFromEnv("MOXIE_CUDA_GEMVM", "a,q,wo,u4")
 		// MOXIE_CUDA_MERGE=off keeps one launch per projection (for A/B
 		// measurements of the merged launches).
 		s.multi = os.Getenv("MOXIE_CUDA_MERGE") != "off"

@@ -156,6 +156,20 @@ const (
 	// MoELeanX2P: MoELeanX2 whose stage-2 warps first ask L2 for their
 	// whole routed range (as MoELeanPF's).
 	MoELeanX2P
+	// MoELeanXG2: MoELeanX whose stage 2 takes 2 units a chunk (two
+	// chunks, 4 KB a warp, in flight; one block of 16 warps an SM, at most
+	// 128 registers), the lesson of the Gemv MMA kernels (gemvm_f4, 256
+	// bytes a lane in flight, beat 64 and 128). (4 units a chunk would
+	// need 66 KB of static shared memory for the h ring: not built.)
+	MoELeanXG2
+	// MoELeanX1G2: MoELeanX whose stage 1 takes 2 routed groups (and 2
+	// shared FP8 spans) a chunk (two chunks, 256 bytes a lane, in flight),
+	// compiled for 4 blocks an SM (119 registers; at 5 it spills);
+	// MoELeanX1G4: 4 a chunk, 2 blocks an SM (193 registers; at 3 it
+	// spills); MoELeanX1G2G2: MoELeanX1G2's stage 1 with MoELeanXG2's stage 2.
+	MoELeanX1G2
+	MoELeanX1G4
+	MoELeanX1G2G2
 	moeVariantCount
 )
 
@@ -187,25 +201,29 @@ var moeVariants = [moeVariantCount]struct {
 	split   int // lean stage 2 split over this many blocks a row group (moe2s), of nw warps
 	nw      int
 }{
-	MoEDefault:   {name: "u8", u1: 8, uf1: 2, u2: 8, uf2: 4, b: 2},
-	MoEOcc3:      {name: "occ3", u1: 4, uf1: 1, u2: 16, uf2: 4, b: 3},
-	MoECvt:       {name: "u8cvt", u1: 8, uf1: 2, u2: 8, uf2: 4, dec: 1, b: 2},
-	MoEPersist:   {name: "persist", u1: 8, uf1: 1, u2: 8, uf2: 4, b: 2, persist: true},
-	MoEPersistPF: {name: "persistpf", u1: 8, uf1: 1, u2: 8, uf2: 4, b: 2, persist: true, pf: true},
-	MoEWide:      {name: "wide", u1: 2, uf1: 2, u2: 4, uf2: 4, b: 2, wide: true},
-	MoEWide1:     {name: "wide1", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true},
-	MoEWidePF:    {name: "widepf", u1: 2, uf1: 2, u2: 4, uf2: 4, b: 2, wide: true, pf: true},
-	MoEWideP:     {name: "widep", u1: 1, uf1: 1, u2: 4, uf2: 4, b: 2, wide: true, persist: true},
-	MoEWide3:     {name: "wide3", u1: 1, uf1: 1, u2: 4, uf2: 4, b: 3, b2: 2, wide: true},
-	MoEWide1S:    {name: "wide1s", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true},
-	MoEWide1SS:   {name: "wide1ss", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true, ss2: true},
-	MoEWide1P:    {name: "wide1p", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true, ss2: true, pfr: true},
-	MoEWide1A:    {name: "wide1a", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true, ss2: true, async: true, pfr: true},
-	MoELean:      {name: "lean", u1: 1, uf1: 1, u2: 1, uf2: 1, b: 7, b2: 2, lean: true},
-	MoELeanPF:    {name: "leanpf", u1: 1, uf1: 1, u2: 1, uf2: 1, b: 7, b2: 2, lean: true, pfr: true},
-	MoELeanX:     {name: "leanx", u1: 1, uf1: 1, u2: 1, uf2: 1, b: 7, b2: 2, lean: true, early: true},
-	MoELeanX2:    {name: "leanx2", u1: 1, uf1: 1, u2: 2, uf2: 2, b: 7, b2: 6, lean: true, early: true, split: 3, nw: 4},
-	MoELeanX2P:   {name: "leanx2p", u1: 1, uf1: 1, u2: 2, uf2: 2, b: 7, b2: 6, lean: true, early: true, pfr: true, split: 3, nw: 4},
+	MoEDefault:    {name: "u8", u1: 8, uf1: 2, u2: 8, uf2: 4, b: 2},
+	MoEOcc3:       {name: "occ3", u1: 4, uf1: 1, u2: 16, uf2: 4, b: 3},
+	MoECvt:        {name: "u8cvt", u1: 8, uf1: 2, u2: 8, uf2: 4, dec: 1, b: 2},
+	MoEPersist:    {name: "persist", u1: 8, uf1: 1, u2: 8, uf2: 4, b: 2, persist: true},
+	MoEPersistPF:  {name: "persistpf", u1: 8, uf1: 1, u2: 8, uf2: 4, b: 2, persist: true, pf: true},
+	MoEWide:       {name: "wide", u1: 2, uf1: 2, u2: 4, uf2: 4, b: 2, wide: true},
+	MoEWide1:      {name: "wide1", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true},
+	MoEWidePF:     {name: "widepf", u1: 2, uf1: 2, u2: 4, uf2: 4, b: 2, wide: true, pf: true},
+	MoEWideP:      {name: "widep", u1: 1, uf1: 1, u2: 4, uf2: 4, b: 2, wide: true, persist: true},
+	MoEWide3:      {name: "wide3", u1: 1, uf1: 1, u2: 4, uf2: 4, b: 3, b2: 2, wide: true},
+	MoEWide1S:     {name: "wide1s", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true},
+	MoEWide1SS:    {name: "wide1ss", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true, ss2: true},
+	MoEWide1P:     {name: "wide1p", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true, ss2: true, pfr: true},
+	MoEWide1A:     {name: "wide1a", u1: 1, uf1: 2, u2: 2, uf2: 4, b: 2, wide: true, ss: true, ss2: true, async: true, pfr: true},
+	MoELean:       {name: "lean", u1: 1, uf1: 1, u2: 1, uf2: 1, b: 7, b2: 2, lean: true},
+	MoELeanPF:     {name: "leanpf", u1: 1, uf1: 1, u2: 1, uf2: 1, b: 7, b2: 2, lean: true, pfr: true},
+	MoELeanX:      {name: "leanx", u1: 1, uf1: 1, u2: 1, uf2: 1, b: 7, b2: 2, lean: true, early: true},
+	MoELeanX2:     {name: "leanx2", u1: 1, uf1: 1, u2: 2, uf2: 2, b: 7, b2: 6, lean: true, early: true, split: 3, nw: 4},
+	MoELeanX2P:    {name: "leanx2p", u1: 1, uf1: 1, u2: 2, uf2: 2, b: 7, b2: 6, lean: true, early: true, pfr: true, split: 3, nw: 4},
+	MoELeanXG2:    {name: "leanxg2", u1: 1, uf1: 1, u2: 2, uf2: 2, b: 7, b2: 1, lean: true, early: true},
+	MoELeanX1G2:   {name: "leanx1g2", u1: 2, uf1: 2, u2: 1, uf2: 1, b: 4, b2: 2, lean: true, early: true},
+	MoELeanX1G4:   {name: "leanx1g4", u1: 4, uf1: 4, u2: 1, uf2: 1, b: 2, b2: 2, lean: true, early: true},
+	MoELeanX1G2G2: {name: "leanx1g2g2", u1: 2, uf1: 2, u2: 2, uf2: 2, b: 4, b2: 1, lean: true, early: true},
 }
 
 func (v MoEVariant) String() string {
@@ -227,7 +245,7 @@ const MoEPreferred = MoELeanX
 
 // ParseMoEVariant returns the variant named s (its String form: u8, occ3,
 // u8cvt, persist, persistpf, wide, wide1, widepf, widep, wide3, wide1s,
-// wide1ss, wide1a, wide1p, lean, leanpf, leanx, leanx2, leanx2p; "" is MoEPreferred), e.g. from an environment
+// wide1ss, wide1a, wide1p, lean, leanpf, leanx, leanx2, leanx2p, leanxg2, leanx1g2, leanx1g4, leanx1g2g2; "" is MoEPreferred), e.g. from an environment
 // variable.
 func ParseMoEVariant(s string) (MoEVariant, error) {
 	if s == "" {
@@ -262,6 +280,8 @@ func moeKernelNames(v MoEVariant) (string, string) {
 		switch {
 		case p.pfr:
 			s1, s2 = "moe1lp", "moe2lp"
+		case p.early && p.u1 > 1:
+			s1 = fmt.Sprintf("moe1lx_g%d", p.u1)
 		case p.early:
 			s1 = "moe1lx"
 		}

@@ -1391,15 +1391,22 @@ __device__ __forceinline__ void lean_group(const uint4 &w0, const uint4 &w1, flo
   acc[3] = fmaf(d[3], fb, acc[3]);
 }
 
-// Stage 1's routed chunk: one group of w1 and w3 (rows g and g+8). p1,
-// p3: this lane's first word of row g of w1 and w3 (+ rs: row g+8).
+// Stage 1's routed chunk: NG groups of w1 and w3 (rows g and g+8) from
+// group q on, those below end. p1, p3: this lane's first word of row g of
+// w1 and w3 (+ rs: row g+8).
+template <int NG = 1>
 struct Lean1Fp4 {
-  uint4 w[2][2];
-  __device__ __forceinline__ void load(const u8 *p1, const u8 *p3, int rs, int q) {
-    w[0][0] = ldw(reinterpret_cast<const uint4 *>(p1 + 64 * q));
-    w[0][1] = ldw(reinterpret_cast<const uint4 *>(p1 + rs + 64 * q));
-    w[1][0] = ldw(reinterpret_cast<const uint4 *>(p3 + 64 * q));
-    w[1][1] = ldw(reinterpret_cast<const uint4 *>(p3 + rs + 64 * q));
+  uint4 w[NG][2][2];
+  __device__ __forceinline__ void load(const u8 *p1, const u8 *p3, int rs, int q, int end) {
+#pragma unroll
+    for (int i = 0; i < NG; i++) {
+      if (NG > 1 && q + i >= end) break;
+      const int o = 64 * (q + i);
+      w[i][0][0] = ldw(reinterpret_cast<const uint4 *>(p1 + o));
+      w[i][0][1] = ldw(reinterpret_cast<const uint4 *>(p1 + rs + o));
+      w[i][1][0] = ldw(reinterpret_cast<const uint4 *>(p3 + o));
+      w[i][1][1] = ldw(reinterpret_cast<const uint4 *>(p3 + rs + o));
+    }
   }
 };
 
@@ -1493,7 +1500,7 @@ struct LeanFp8 {
 // beyond the first 256-byte fetch of each row), so its whole range is in
 // flight at once. (The shared tiles' rows were asked for before the PDL
 // wait: moe1_pf.)
-template <int DEC, bool PFR>
+template <int DEC, bool PFR, int NG = 1>
 __device__ __forceinline__ void moe_stage1l(const MoeArgs &a) {
   extern __shared__ uint4 moe_smem[];
   __shared__ float red[LEAN1_WARPS][8][4];
@@ -1516,10 +1523,10 @@ __device__ __forceinline__ void moe_stage1l(const MoeArgs &a) {
     const u8 *ps[2] = {a.c1 + (long long)(r0 >> a.bshift) * sstride, a.c3 + (long long)(r0 >> a.bshift) * sstride};
     const bool bl = g < 2;
     const u16 *xb = xw + (g & 1) * W - s0 * 64;  // column c's hi/lo at xb[c]
-    using Ch = LeanFp8<2, 1>;
+    using Ch = LeanFp8<2, NG>;
     wide_walk<Ch>(
-        s0, end, 1, [&](Ch &c, int s) { c.template load<false>(pw, 8LL * a.D, ps, a.bshift, s, end); },
-        [&](const Ch &c, int s) { c.template compute<false>(xb, bl, s, end, t, acc); },
+        s0, end, NG, [&](Ch &c, int s) { c.template load<(NG > 1)>(pw, 8LL * a.D, ps, a.bshift, s, end); },
+        [&](const Ch &c, int s) { c.template compute<(NG > 1)>(xb, bl, s, end, t, acc); },
         [&] {
           if (s0 < end) lean_stage_x(a.x, xw, s0 * 64, (end - s0) * 64, W, false);
         });
@@ -1539,12 +1546,18 @@ __device__ __forceinline__ void moe_stage1l(const MoeArgs &a) {
   const bool bl = (g >> 1) == t;
   const u16 *xb = xw + (g & 1) * W - q0 * 128 + t * 32;  // + 128q: this lane's B of group q
   const u32 *sw = ssw - 32 * q0 + g;                     // + 32q + ((t ^ (q - q0) & 3) << 3): group q's scales
-  wide_walk<Lean1Fp4>(
-      q0, end, 1, [&](Lean1Fp4 &c, int q) { c.load(p1, p3, 8 * rb, q); },
-      [&](const Lean1Fp4 &c, int q) {
-        const u32 s4 = sw[32 * q + ((t ^ ((q - q0) & 3)) << 3)];
-        lean_group<DEC>(c.w[0][0], c.w[0][1], e8m0_byte<0>(s4), e8m0_byte<1>(s4), xb + 128 * q, bl, acc[0]);
-        lean_group<DEC>(c.w[1][0], c.w[1][1], e8m0_byte<2>(s4), e8m0_byte<3>(s4), xb + 128 * q, bl, acc[1]);
+  using Ch4 = Lean1Fp4<NG>;
+  wide_walk<Ch4>(
+      q0, end, NG, [&](Ch4 &c, int q) { c.load(p1, p3, 8 * rb, q, end); },
+      [&](const Ch4 &c, int q0c) {
+#pragma unroll
+        for (int i = 0; i < NG; i++) {
+          const int q = q0c + i;
+          if (NG > 1 && q >= end) break;
+          const u32 s4 = sw[32 * q + ((t ^ ((q - q0) & 3)) << 3)];
+          lean_group<DEC>(c.w[i][0][0], c.w[i][0][1], e8m0_byte<0>(s4), e8m0_byte<1>(s4), xb + 128 * q, bl, acc[0]);
+          lean_group<DEC>(c.w[i][1][0], c.w[i][1][1], e8m0_byte<2>(s4), e8m0_byte<3>(s4), xb + 128 * q, bl, acc[1]);
+        }
       },
       [&] {
         if (PFR && q0 < end) {  // lane i: row i & 15, matrix (i >> 4) & 1, 128-byte line i >> 5 of the range
@@ -1770,7 +1783,7 @@ __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
   extern "C" __global__ void __launch_bounds__(32 * LEAN2_WARPS, B) moe2l_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2_pf(a)); moe_stage2l<G, UF, DEC, false>(a); } \
   extern "C" __global__ void __launch_bounds__(32 * LEAN2_WARPS, B) moe2lp_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2_pf(a)); moe_stage2l<G, UF, DEC, true>(a); }
 
-MOE1L(0, 7) MOE2L(1, 1, 0, 2)
+MOE1L(0, 7) MOE2L(1, 1, 0, 2) MOE2L(2, 2, 0, 1)
 
 // moe2s_g<G>_f<UF>_d<DEC>_w<NW>_s<SP>_b<B>: split stage 2 (see the
 // family's comment), NW warps a block, SP blocks a row group, B blocks an
@@ -1792,6 +1805,13 @@ MOE2S(2, 2, 0, 4, 3, 6)
   extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1lx_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_UNLESS((int)blockIdx.x < (a.Is >> 4)); moe_stage1l<DEC, false>(a); }
 
 MOE1LX(0, 7)
+
+// moe1lx_g<NG>_d<DEC>_b<B>: moe1lx with NG routed groups (and NG FP8
+// spans) a chunk: two chunks, 128·NG bytes a lane, in flight.
+#define MOE1LXG(NG, DEC, B) \
+  extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1lx_g##NG##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_UNLESS((int)blockIdx.x < (a.Is >> 4)); moe_stage1l<DEC, false, NG>(a); }
+
+MOE1LXG(2, 0, 4) MOE1LXG(4, 0, 2)
 
 // ---- One-token FP8-block products on the lean tiles (gemvm_*) ----
 //

@@ -209,6 +209,9 @@ type decodeSets struct {
 	// wo: both output projections in one persistent launch (cuda.GemvPair;
 	// $MOXIE_CUDA_WOPAIR); when set, woA and woB are not run.
 	wo launchFn
+	// qNormed: byQ reads the raw qlat and applies its RMSNorm itself
+	// (cuda.GemvProj.Norm), so the step does not normalize qlat.
+	qNormed bool
 }
 
 // launchFn enqueues a prepared launch on a stream.
@@ -611,6 +614,21 @@ func setList(v string) map[string]bool {
 	return m
 }
 
+// gemvMMAVariant is the MMA Gemv kernel $MOXIE_CUDA_GEMVM names (see
+// gemvMMA).
+func (s *DeviceSession) gemvMMAVariant() cuda.GemvVariant {
+	v := cuda.GemvVariant{MMA: true}
+	for _, u := range []int{1, 2, 4} {
+		if s.gemvMMA[fmt.Sprintf("u%d", u)] {
+			v.U = u
+		}
+	}
+	if s.gemvMMA["b4"] {
+		v.MinBlocks = 4
+	}
+	return v
+}
+
 // fusedOn reports whether this pass uses the fused kernels (see fused).
 func (s *DeviceSession) fusedOn() bool { return s.fused && s.layerHook == nil }
 
@@ -639,16 +657,7 @@ func (s *DeviceSession) decodeSets(c *cuda.Ctx, b *devBlock) (*decodeSets, error
 			return nil, nil
 		}
 		if s.gemvMMA[name] {
-			v := cuda.GemvVariant{MMA: true}
-			for _, u := range []int{1, 2, 4} {
-				if s.gemvMMA[fmt.Sprintf("u%d", u)] {
-					v.U = u
-				}
-			}
-			if s.gemvMMA["b4"] {
-				v.MinBlocks = 4
-			}
-			if g, err := c.PrepareGemv(gp, v); err == nil {
+			if g, err := c.PrepareGemv(gp, s.gemvMMAVariant()); err == nil {
 				return func(c *cuda.Ctx, st cuda.Stream) error { return c.LaunchGemv(g, st) }, nil
 			}
 		}
@@ -671,7 +680,20 @@ func (s *DeviceSession) decodeSets(c *cuda.Ctx, b *devBlock) (*decodeSets, error
 	if ds.byA, err = set("a", false, proj{b.wqA, s.qlat, s.a, 1}, proj{b.wkv, s.kv, s.a, 1}); err != nil {
 		return nil, fmt.Errorf("wq_a+wkv: %w", err)
 	}
-	if b.idxWqB != nil {
+	// wq_b (and the indexer's) on the raw qlat with its RMSNorm in the
+	// launch (the MMA Gemv), so that no kernel between wq_a and wq_b
+	// normalizes it; else a merged set on the normalized qlat.
+	if s.gemvMMA["q"] && s.gemvMMA["qnorm"] {
+		ps := []cuda.GemvProj{{W: b.wqB, Y: s.q, X: s.qlat, Norm: b.qNorm, Eps: float32(s.m.Cfg.NormEps)}}
+		if b.idxWqB != nil {
+			ps = append(ps, cuda.GemvProj{W: b.idxWqB, Y: s.qi, X: s.qlat, Norm: b.qNorm, Eps: float32(s.m.Cfg.NormEps)})
+		}
+		if g, err := c.PrepareGemv(ps, s.gemvMMAVariant()); err == nil {
+			ds.byQ = func(c *cuda.Ctx, st cuda.Stream) error { return c.LaunchGemv(g, st) }
+			ds.qNormed = true
+		}
+	}
+	if b.idxWqB != nil && !ds.qNormed {
 		if ds.byQ, err = set("q", false, proj{b.wqB, s.q, s.qlat, 1}, proj{b.idxWqB, s.qi, s.qlat, 1}); err != nil {
 			return nil, fmt.Errorf("wq_b+indexer wq_b: %w", err)
 		}
@@ -1106,8 +1128,10 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 		return func() error { return m(c, st) }
 	}
 	var byA, byQ, bf, woA, woB launchFn
+	qNormed := false // byQ normalizes qlat itself (decodeSets.qNormed)
 	if dec != nil {
 		byA, byQ, bf, woA, woB = dec.byA, dec.byQ, dec.bf, dec.woA, dec.woB
+		qNormed = dec.qNormed
 		if dec.wo != nil { // both in one launch
 			woA, woB = dec.wo, func(*cuda.Ctx, cuda.Stream) error { return nil }
 		}
@@ -1153,6 +1177,9 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 		// RoPE and ring store; the queries' norm and RoPE with the indexer
 		// queries' RoPE and the scaling of its head weights.
 		qOps := []cuda.RowOp{{Y: s.q, X: s.q, Rows: T * H, Dim: hd, Heads: H, Norm: true, Eps: eps, NFreq: nf, Freq: freq, Pos: s.posBuf}}
+		// The window KV's norm, RoPE and ring store (attention reads the
+		// ring after the side stream's join).
+		kvOp := cuda.RowOp{Y: ls.ring, X: s.kv, Rows: T, Dim: hd, Norm: true, W: b.kvNorm, Eps: eps, NFreq: nf, Freq: freq, Pos: s.posBuf, RingRows: ls.ringRows}
 		if b.icomp != nil {
 			qOps = append(qOps,
 				cuda.RowOp{Y: s.qi, X: s.qi, Rows: T * IH, Dim: ID, Heads: IH, NFreq: nf, Freq: freq, Pos: s.posBuf},
@@ -1182,13 +1209,22 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 						}
 						return s.compStep(c, b.comp, ls.comp, T, freq, s.cin, s.zin, false, side)
 					},
+					func() error {
+						if !qNormed {
+							return nil // with the qlat norm on the main stream, below
+						}
+						return c.RowOps([]cuda.RowOp{kvOp}, side)
+					},
 					func() error { return c.Record(s.evJoin, side) })
 			},
 			func() error {
-				return c.RowOps([]cuda.RowOp{
-					{Y: s.qlat, X: s.qlat, Rows: T, Dim: cfg.QLoraRank, Norm: true, W: b.qNorm, Eps: eps},
-					{Y: ls.ring, X: s.kv, Rows: T, Dim: hd, Norm: true, W: b.kvNorm, Eps: eps, NFreq: nf, Freq: freq, Pos: s.posBuf, RingRows: ls.ringRows},
-				}, st)
+				switch {
+				case !qNormed:
+					return c.RowOps([]cuda.RowOp{{Y: s.qlat, X: s.qlat, Rows: T, Dim: cfg.QLoraRank, Norm: true, W: b.qNorm, Eps: eps}, kvOp}, st)
+				case !forked:
+					return c.RowOps([]cuda.RowOp{kvOp}, st)
+				}
+				return nil // the window KV on the side stream; qlat normalized by byQ
 			})
 		if forked {
 			steps = append(steps, projQ[:2]...) // bf ran on the side stream
@@ -1199,7 +1235,12 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 		steps = append(steps, func() error { return c.RowOps(qOps, st) })
 	} else {
 		steps = append(proj,
-			func() error { return c.RMSNorm(s.qlat, s.qlat, b.qNorm, T, cfg.QLoraRank, eps, st) },
+			func() error {
+				if qNormed {
+					return nil // byQ normalizes qlat itself
+				}
+				return c.RMSNorm(s.qlat, s.qlat, b.qNorm, T, cfg.QLoraRank, eps, st)
+			},
 			func() error { return c.RMSNorm(s.kv, s.kv, b.kvNorm, T, hd, eps, st) },
 			func() error { return c.RoPE(s.kv, s.posBuf, freq, T, hd, hd, nf, false, st) },
 			func() error { return d.fwd.RingStore(c, ls.ring, s.kv, s.posBuf, T, ls.ringRows, hd, st) })

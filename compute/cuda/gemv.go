@@ -36,10 +36,12 @@ type gemvMat struct {
 }
 
 type gemvArgs struct {
-	_ structs.HostLayout
-	M [GemvMax]gemvMat
-	N int32
-	_ int32
+	_   structs.HostLayout
+	M   [GemvMax]gemvMat
+	N   int32
+	_   int32
+	NW  [GemvMax]uint64 // GemvProj.Norm (gemvm kernels only)
+	Eps [GemvMax]float32
 }
 
 // GemvProj is one product of a Gemv launch: Y [W.Rows] = W·X for X of
@@ -50,6 +52,11 @@ type GemvProj struct {
 	W      *DeviceWeight
 	Y, X   DevicePtr
 	Groups int
+	// Norm, when not 0, is an RMSNorm weight (float32 [W.Cols]): the
+	// product is then W·(RMSNorm(X)·Norm) with ε Eps, the norm computed
+	// inside the launch (the MMA kernels only, one group).
+	Norm DevicePtr
+	Eps  float32
 }
 
 // Gemv is a prepared launch of up to GemvMax one-token products (FP8 blocks
@@ -131,6 +138,10 @@ func (c *Ctx) prepareGemvM(ps []GemvProj, u, minBlocks int) (*Gemv, error) {
 		if w.Rows%groups != 0 || (w.Rows/groups)%16 != 0 || w.Cols%64 != 0 {
 			return nil, fmt.Errorf("cuda gemv: product %d: [%d, %d] in %d groups: the MMA kernels want rows per group a multiple of 16 and columns a multiple of 64", i, w.Rows, w.Cols, groups)
 		}
+		if p.Norm != 0 && (groups != 1 || p.Norm%16 != 0 || !(p.Eps >= 0)) {
+			return nil, fmt.Errorf("cuda gemv: product %d: normalized x with %d groups, weight %#x, eps %g: want one group, a 16-byte aligned weight and eps >= 0", i, groups, p.Norm, p.Eps)
+		}
+		g.args.NW[i], g.args.Eps[i] = uint64(p.Norm), p.Eps
 		tiles, spans := w.Rows/16, w.Cols/64
 		wpr := gemvmWPR(tiles, spans, c.d.info.SMs)
 		per := spans / wpr
@@ -190,6 +201,9 @@ func (c *Ctx) PrepareGemv(ps []GemvProj, v GemvVariant) (*Gemv, error) {
 		w := p.W
 		if w == nil || p.Y == 0 || p.X == 0 || p.X%16 != 0 {
 			return nil, fmt.Errorf("cuda gemv: product %d: nil weight or buffers, or x %#x not 16-byte aligned", i, p.X)
+		}
+		if p.Norm != 0 {
+			return nil, fmt.Errorf("cuda gemv: product %d: a normalized x needs the MMA kernels (GemvVariant.MMA)", i)
 		}
 		groups := max(p.Groups, 1)
 		m := gemvMat{W: uint64(w.Data), S: uint64(w.Scale), X: uint64(p.X), Y: uint64(p.Y), Rows: int32(w.Rows), Cols: int32(w.Cols)}

@@ -3,6 +3,7 @@ package cuda
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -22,6 +23,9 @@ func TestGemvLayout(t *testing.T) {
 	var a gemvArgs
 	if o := unsafe.Offsetof(a.N); o != 64*GemvMax {
 		t.Errorf("GemvArgs.n at %d, want %d", o, 64*GemvMax)
+	}
+	if o, s := unsafe.Offsetof(a.NW), unsafe.Sizeof(a); o != 520 || s != 616 {
+		t.Errorf("GemvArgs.nw at %d, size %d; want 520 and 616 (the static_asserts of gemv.cu and moe.cu)", o, s)
 	}
 }
 
@@ -95,6 +99,58 @@ func TestGemv(t *testing.T) {
 						} else if j := bitEqual32(got, first[i]); j >= 0 {
 							t.Errorf("%s, %+v, product %d: a second run differs at %d", set.name, v, i, j)
 						}
+					}
+				}
+			}
+		}
+		// x RMS-normalized inside the launch (GemvProj.Norm: the decode
+		// step's wq_b and indexer wq_b on the raw qlat), MMA kernels only,
+		// against RMSNorm(x)·w then the product in float64.
+		{
+			rng := rand.New(rand.NewPCG(9, 9))
+			const cols, eps = 1024, 1e-6
+			x := computetest.Normal(rng, cols, 3)
+			nw := computetest.Normal(rng, cols, 1)
+			ss := 0.0
+			for _, v := range x {
+				ss += float64(v) * float64(v)
+			}
+			inv := 1 / math.Sqrt(ss/cols+eps)
+			xn := make([]float64, cols)
+			for i, v := range x {
+				xn[i] = float64(v) * inv * float64(nw[i])
+			}
+			var ps []GemvProj
+			var wants [][]float64
+			for _, rows := range []int{32768, 8192} {
+				d := randomWeightPar(rng.Uint64(), compute.FP8Block, rows, cols, 0.05)
+				w, err := e.c.UploadWeight(e.a, d)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ps = append(ps, GemvProj{W: w, Y: e.poisoned(rows), X: e.up(x), Norm: e.up(nw), Eps: eps})
+				wants = append(wants, ref.ParallelGroupedLinear(ref.ParallelDequant(d), rows, cols, xn, 1, 1))
+			}
+			for _, v := range gemvTestVariants {
+				g, err := e.c.PrepareGemv(ps, v)
+				if !v.MMA {
+					if err == nil || !strings.Contains(err.Error(), "product 0") {
+						t.Errorf("normalized x, %+v: error %v, want one naming product 0", v, err)
+					}
+					continue
+				}
+				if err != nil {
+					t.Fatalf("normalized x, %+v: %v", v, err)
+				}
+				if err := e.c.LaunchGemv(g, e.c.Stream()); err != nil {
+					t.Fatal(err)
+				}
+				for i, p := range ps {
+					got := e.down(p.Y, p.W.Rows)
+					if r := computetest.MaxRel(got, wants[i]); !(r <= computetest.TolLinear) {
+						t.Errorf("normalized x, %+v, product %d: max relative error %.3g > %.3g", v, i, r, computetest.TolLinear)
+					} else {
+						t.Logf("normalized x, %+v, product %d: max relative error %.3g", v, i, r)
 					}
 				}
 			}

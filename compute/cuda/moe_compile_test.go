@@ -294,6 +294,8 @@ inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return
 alignas(16) static unsigned char g_smem_bytes[1 << 17];
 uint4 *const g_moe_smem = reinterpret_cast<uint4 *>(g_smem_bytes);
 inline float __int_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 template <class T> inline T __ldg(const T *p) { return *p; }
 inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
   const uint64_t v = ((uint64_t)y << 32) | x;
@@ -534,7 +536,8 @@ int main() {
 // emulated CUDA and mma) and checks y against a float64 product of the FP8
 // weights' values (E4M3 codes times E8M0 block scales): several products
 // in one launch, row groups, tiles past the last row, warps sharing a tile
-// (wpr 1 to 8); and that a second run gives the same bits. Skipped with
+// (wpr 1 to 8), x RMS-normalized in the launch (GemvProj.Norm, against
+// RMSNorm(x)·w in float64); and that a second run gives the same bits. Skipped with
 // -short or without g++.
 func TestGemvMEmulated(t *testing.T) {
 	inc, err := moeLeanEmuSource()
@@ -560,19 +563,23 @@ func TestGemvMEmulated(t *testing.T) {
 	// Launch shapes: each product's wpr and blocks as prepareGemvM plans
 	// them on a 2-SM device (so that the splits happen at small sizes).
 	var gen strings.Builder
+	// groups 0 in a shape: one group, x normalized (GemvProj.Norm).
 	for ci, c := range [][]gemvShape{
 		{{compute.FP8Block, 48, 512, 1}},                                   // 3 tiles: wpr 8, one per block
 		{{compute.FP8Block, 16, 64, 1}, {compute.FP8Block, 64, 256, 2}},    // one span; grouped
 		{{compute.FP8Block, 96, 1024, 3}, {compute.FP8Block, 512, 128, 1}}, // tiles past the grid's last row
+		{{compute.FP8Block, 64, 1024, 0}, {compute.FP8Block, 32, 512, 0}},  // normalized x
 	} {
 		blocks, maxPer := 0, 0
 		fmt.Fprintf(&gen, "{%d, {", len(c))
 		for _, m := range c {
+			norm := m.groups == 0
+			m.groups = max(m.groups, 1)
 			tiles, spans := m.rows/16, m.cols/64
 			wpr := gemvmWPR(tiles, spans, 2)
 			per := spans / wpr
 			maxPer = max(maxPer, per)
-			fmt.Fprintf(&gen, "{%d, %d, %d, %d, %d},", m.rows, m.cols, m.groups, wpr, blocks)
+			fmt.Fprintf(&gen, "{%d, %d, %d, %d, %d, %t},", m.rows, m.cols, m.groups, wpr, blocks, norm)
 			tpb := gemvmWarps / wpr
 			blocks += (tiles + tpb - 1) / tpb
 		}
@@ -588,12 +595,13 @@ func TestGemvMEmulated(t *testing.T) {
 }
 
 // gemvmEmuMain is TestGemvMEmulated's cases (gen.inc: products with rows,
-// cols, groups, wpr, first block; the grid; the dynamic shared memory) and
+// cols, groups, wpr, first block, normalized x; the grid; the dynamic
+// shared memory) and
 // main: FP8 weights of block edge 128 (64 for 64 columns), x and the float64 products, each
 // gemvm kernel run twice; FAIL above a relative error of 1e-5 or when the
 // runs differ; then "worst <max>".
 const gemvmEmuMain = `
-struct P { int rows, cols, groups, wpr, blk0; };
+struct P { int rows, cols, groups, wpr, blk0; bool norm; };
 struct GCase { int n; P p[8]; unsigned grid; int smem; };
 static const GCase gcases[] = {
 #include "gen.inc"
@@ -617,7 +625,7 @@ int main() {
     std::mt19937 rng(77 + ci);
     std::normal_distribution<double> nd(0, 1);
     std::vector<Mx> ws;
-    std::vector<std::vector<float>> xs, ys;
+    std::vector<std::vector<float>> xs, ys, nws;
     std::vector<std::vector<double>> want;
     GemvArgsM a{};
     a.n = c.n;
@@ -627,9 +635,11 @@ int main() {
     }
     for (int i = 0; i < c.n; i++) {
       const P &p = c.p[i];
-      std::vector<float> x(p.groups * p.cols);
-      for (auto &v : x) v = (float)nd(rng);
+      std::vector<float> x(p.groups * p.cols), nw(p.cols);
+      for (auto &v : x) v = (float)(p.norm ? 3 * nd(rng) : nd(rng));
+      for (auto &v : nw) v = (float)(0.5 + (rng() % 1000) / 1000.0);
       xs.push_back(x);
+      nws.push_back(nw);
       ys.push_back(std::vector<float>(p.rows, NAN));
     }
     for (int i = 0; i < c.n; i++) {
@@ -637,10 +647,20 @@ int main() {
       const int blk = p.cols >= 128 ? 128 : 64, rpg = p.rows / p.groups;
       int bshift = 0;
       while ((1 << bshift) < blk) bshift++;
+      std::vector<double> xd(p.groups * p.cols);
+      for (size_t k = 0; k < xd.size(); k++) xd[k] = xs[i][k];
+      if (p.norm) {  // RMSNorm(x)·w in float64, eps 1e-6
+        double ss = 0;
+        for (double v : xd) ss += v * v;
+        const double inv = 1 / std::sqrt(ss / p.cols + 1e-6);
+        for (int k = 0; k < p.cols; k++) xd[k] = xd[k] * inv * nws[i][k];
+        a.nw[i] = nws[i].data();
+        a.eps[i] = 1e-6f;
+      }
       std::vector<double> w(p.rows);
       for (int r = 0; r < p.rows; r++) {
         double s = 0;
-        for (int k = 0; k < p.cols; k++) s += ws[i].v[r * p.cols + k] * xs[i][(r / rpg) * p.cols + k];
+        for (int k = 0; k < p.cols; k++) s += ws[i].v[r * p.cols + k] * xd[(r / rpg) * p.cols + k];
         w[r] = s;
       }
       want.push_back(w);

@@ -42,7 +42,10 @@ struct GemvMat {
 struct GemvArgs {
   GemvMat m[GEMV_MAX];
   int n;
+  const float *nw[GEMV_MAX];  // product i's x RMS-normalized first (gemvm kernels only; null here)
+  float eps[GEMV_MAX];
 };
+static_assert(sizeof(GemvArgs) == 616, "gemvArgs in gemv.go mirrors this layout");
 
 __device__ __forceinline__ float gemv_e8m0(u32 s) {
   // 2^(s-127): s = 0 gives 2^-127 and s = 255 NaN, as E8M0 defines them.

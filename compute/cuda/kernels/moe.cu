@@ -1842,11 +1842,49 @@ struct GemvMatM {
 struct GemvArgsM {
   GemvMatM m[8];
   int n;
+  const float *nw[8];  // non-null: product i's x is RMSNorm(x)·nw[i] (ε eps[i]) before the product
+  float eps[8];
 };
-static_assert(sizeof(GemvArgsM) == 520, "GemvArgsM must mirror GemvArgs (520 bytes)");
+static_assert(sizeof(GemvArgsM) == 616, "GemvArgsM must mirror GemvArgs (616 bytes)");
+
+// Stages v[c0, c0 + n) of a row of cols values (n a multiple of 8) as
+// RMSNorm(v)·w, hi/lo, natural layout (lean_stage_x's), computing the
+// row's 1/RMS itself: Σv² over the row by the warp (float4 loads, lane
+// order, then a butterfly: every lane, and every warp, gets the same
+// bits), inv = rsqrt(Σ/cols + eps), each value (v·inv)·w as RMSNorm's
+// kernel forms it. Then __syncwarp.
+__device__ __forceinline__ void gemvm_stage_xn(const float *__restrict__ v, const float *__restrict__ w, float eps, int cols, u16 *xw, int c0, int n,
+                                               int W) {
+  const int lane = threadIdx.x & 31;
+  const float4 *v4 = reinterpret_cast<const float4 *>(v);
+  float ss = 0.f;
+  for (int i = lane; i < cols / 4; i += 32) {
+    const float4 p = __ldg(v4 + i);
+    ss = fmaf(p.x, p.x, ss);
+    ss = fmaf(p.y, p.y, ss);
+    ss = fmaf(p.z, p.z, ss);
+    ss = fmaf(p.w, p.w, ss);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  const float inv = rsqrtf(ss / (float)cols + eps);
+  const float4 *w4 = reinterpret_cast<const float4 *>(w + c0);
+  v4 = reinterpret_cast<const float4 *>(v + c0);
+  for (int i = lane; i < n / 8; i += 32) {
+    float4 p = __ldg(v4 + 2 * i), q = __ldg(v4 + 2 * i + 1);
+    const float4 a = __ldg(w4 + 2 * i), b = __ldg(w4 + 2 * i + 1);
+    p = make_float4(p.x * inv * a.x, p.y * inv * a.y, p.z * inv * a.z, p.w * inv * a.w);
+    q = make_float4(q.x * inv * b.x, q.y * inv * b.y, q.z * inv * b.z, q.w * inv * b.w);
+    uint4 H, L;
+    hilo8(p, q, false, H, L);
+    *reinterpret_cast<uint4 *>(xw + 8 * i) = H;
+    *reinterpret_cast<uint4 *>(xw + W + 8 * i) = L;
+  }
+  __syncwarp();
+}
 
 template <int UF>
-__device__ __forceinline__ void gemvm_body(const GemvMatM &m, int blk) {
+__device__ __forceinline__ void gemvm_body(const GemvMatM &m, int blk, const float *nw, float eps) {
   extern __shared__ uint4 moe_smem[];
   __shared__ float red[GEMVM_WARPS][16];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -1869,7 +1907,8 @@ __device__ __forceinline__ void gemvm_body(const GemvMatM &m, int blk) {
         [&](const Ch &c, int s) { c.template compute<true>(xb, bl, s, end, t, acc); },
         [&] {
           MOXIE_PDL();
-          lean_stage_x(xg, xw, s0 * 64, W, W, false);
+          if (nw) gemvm_stage_xn(xg, nw, eps, m.cols, xw, s0 * 64, W, W);
+          else lean_stage_x(xg, xw, s0 * 64, W, W, false);
         });
   }
   const float y0 = fmaf(acc[0][1], 1.f / 2048.f, acc[0][0]), y1 = fmaf(acc[0][3], 1.f / 2048.f, acc[0][2]);
@@ -1892,21 +1931,22 @@ __device__ __forceinline__ void gemvm_body(const GemvMatM &m, int blk) {
   }
 }
 
-// The product of a that this block works on (blocks [blk0, next blk0)).
-__device__ __forceinline__ const GemvMatM &gemvm_mat(const GemvArgsM &a) {
+// The index of the product of a that this block works on (blocks
+// [blk0, next blk0)).
+__device__ __forceinline__ int gemvm_mat(const GemvArgsM &a) {
   int i = 0;
 #pragma unroll
   for (int k = 1; k < 8; k++)
     if (k < a.n && (int)blockIdx.x >= a.m[k].blk0) i = k;
-  return a.m[i];
+  return i;
 }
 
 // gemvm_f<UF>: UF spans a chunk (two chunks, 64·UF bytes a lane, in flight).
 #define GEMVM(UF) \
-  extern "C" __global__ void __launch_bounds__(32 * GEMVM_WARPS) gemvm_f##UF(const GemvArgsM a) { const GemvMatM &m = gemvm_mat(a); gemvm_body<UF>(m, blockIdx.x - m.blk0); }
+  extern "C" __global__ void __launch_bounds__(32 * GEMVM_WARPS) gemvm_f##UF(const GemvArgsM a) { const int i = gemvm_mat(a); gemvm_body<UF>(a.m[i], blockIdx.x - a.m[i].blk0, a.nw[i], a.eps[i]); }
 
 // gemvm_f<UF>_b<B>: the same with at least B blocks an SM (a register cap).
 #define GEMVM_B(UF, B) \
-  extern "C" __global__ void __launch_bounds__(32 * GEMVM_WARPS, B) gemvm_f##UF##_b##B(const GemvArgsM a) { const GemvMatM &m = gemvm_mat(a); gemvm_body<UF>(m, blockIdx.x - m.blk0); }
+  extern "C" __global__ void __launch_bounds__(32 * GEMVM_WARPS, B) gemvm_f##UF##_b##B(const GemvArgsM a) { const int i = gemvm_mat(a); gemvm_body<UF>(a.m[i], blockIdx.x - a.m[i].blk0, a.nw[i], a.eps[i]); }
 
 GEMVM(1) GEMVM(2) GEMVM(4) GEMVM_B(1, 4)

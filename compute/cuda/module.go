@@ -63,6 +63,15 @@ const pdlMarker = "//@pdl"
 // kernel's arguments (by value), blockIdx, blockDim and constants alone,
 // as MOXIE_PDL_PF's arguments are.
 //
+// MOXIE_PDL_INSIDE() (a no-op) marks a kernel that calls MOXIE_PDL()
+// later in its body, every thread on every path before it reads anything
+// another kernel writes, or writes anything: before that it reads only
+// the kernel's arguments and weights (memory no kernel writes), so a
+// programmatic launch lets its weight loads fly while the previous kernel
+// still runs (the gemvm kernels of moe.cu issue their first weight chunks
+// this way). pdl_test.go accepts it as a kernel's first statement; the
+// wait inside is the kernel's own contract, checked by its tests.
+//
 // MOXIE_PDL_PF(...) first asks L2 for weight bytes the block will read
 // early (prefetch.global.L2, one hint per 128-byte line, the lines spread
 // over the block's threads) and then does MOXIE_PDL(), so that with a
@@ -125,6 +134,7 @@ __device__ __forceinline__ void moxie_pdl_pf(const void *p, long long bytes, lon
 __device__ __forceinline__ void moxie_pdl_pf(const void *p, long long bytes) { moxie_pdl_pf(MoxiePF{p, nullptr, bytes, 0, 1}); }
 #define MOXIE_PDL_PF(...) do { moxie_pdl_pf(__VA_ARGS__); MOXIE_PDL(); } while (0)
 #define MOXIE_PDL_UNLESS(cond) do { if (!(cond)) MOXIE_PDL_WAIT(); MOXIE_PDL_TRIGGER(); } while (0)
+#define MOXIE_PDL_INSIDE() do {} while (0)
 #line 1
 `
 

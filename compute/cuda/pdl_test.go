@@ -43,7 +43,7 @@ func pdlViolations(src string) []string {
 	var bad []string
 	for _, m := range globalFn.FindAllStringIndex(src, -1) {
 		body := strings.TrimLeft(src[m[1]:], " \t\r\n\\")
-		if strings.HasPrefix(body, "MOXIE_PDL();") || pdlArgStatement(body, "MOXIE_PDL_PF(") || pdlArgStatement(body, "MOXIE_PDL_UNLESS(") {
+		if strings.HasPrefix(body, "MOXIE_PDL();") || strings.HasPrefix(body, "MOXIE_PDL_INSIDE();") || pdlArgStatement(body, "MOXIE_PDL_PF(") || pdlArgStatement(body, "MOXIE_PDL_UNLESS(") {
 			continue
 		}
 		if strings.HasPrefix(body, "MOXIE_PDL_WAIT();") && strings.Contains(braceBody(src[m[1]:]), "MOXIE_PDL_TRIGGER()") {
@@ -136,9 +136,11 @@ func TestPDLMarkers(t *testing.T) {
 			"extern \"C\" __global__ void m(A a) { MOXIE_PDL_UNLESS((int)blockIdx.x < (a.n >> 4)); p1(a); }\n" +
 			"extern \"C\" __global__ void n(A a) { MOXIE_PDL_UNLESS(a.ids[0] > 0); p1(a); }\n" +
 			"extern \"C\" __global__ void o(A a) { MOXIE_PDL_UNLESS(__ldg(a.ids) > 0); p1(a); }\n" +
-			"extern \"C\" __global__ void p(A a) { p1(a); MOXIE_PDL_UNLESS(1); }\n"
-		if got := pdlViolations(src); !slices.Equal(got, []string{"b", "d", "f", "g", "h", "j", "k", "l", "n", "o", "p"}) {
-			t.Fatalf("violations %q, want [b d f g h j k l n o p]", got)
+			"extern \"C\" __global__ void p(A a) { p1(a); MOXIE_PDL_UNLESS(1); }\n" +
+			"extern \"C\" __global__ void q(A a) { MOXIE_PDL_INSIDE(); body(a); }\n" +
+			"extern \"C\" __global__ void r(A a) { body(a); MOXIE_PDL_INSIDE(); }\n"
+		if got := pdlViolations(src); !slices.Equal(got, []string{"b", "d", "f", "g", "h", "j", "k", "l", "n", "o", "p", "r"}) {
+			t.Fatalf("violations %q, want [b d f g h j k l n o p r]", got)
 		}
 	})
 	opted := 0

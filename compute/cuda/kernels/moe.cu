@@ -1943,10 +1943,10 @@ __device__ __forceinline__ int gemvm_mat(const GemvArgsM &a) {
 
 // gemvm_f<UF>: UF spans a chunk (two chunks, 64·UF bytes a lane, in flight).
 #define GEMVM(UF) \
-  extern "C" __global__ void __launch_bounds__(32 * GEMVM_WARPS) gemvm_f##UF(const GemvArgsM a) { const int i = gemvm_mat(a); gemvm_body<UF>(a.m[i], blockIdx.x - a.m[i].blk0, a.nw[i], a.eps[i]); }
+  extern "C" __global__ void __launch_bounds__(32 * GEMVM_WARPS) gemvm_f##UF(const GemvArgsM a) { MOXIE_PDL_INSIDE(); const int i = gemvm_mat(a); gemvm_body<UF>(a.m[i], blockIdx.x - a.m[i].blk0, a.nw[i], a.eps[i]); }
 
 // gemvm_f<UF>_b<B>: the same with at least B blocks an SM (a register cap).
 #define GEMVM_B(UF, B) \
-  extern "C" __global__ void __launch_bounds__(32 * GEMVM_WARPS, B) gemvm_f##UF##_b##B(const GemvArgsM a) { const int i = gemvm_mat(a); gemvm_body<UF>(a.m[i], blockIdx.x - a.m[i].blk0, a.nw[i], a.eps[i]); }
+  extern "C" __global__ void __launch_bounds__(32 * GEMVM_WARPS, B) gemvm_f##UF##_b##B(const GemvArgsM a) { MOXIE_PDL_INSIDE(); const int i = gemvm_mat(a); gemvm_body<UF>(a.m[i], blockIdx.x - a.m[i].blk0, a.nw[i], a.eps[i]); }
 
 GEMVM(1) GEMVM(2) GEMVM(4) GEMVM_B(1, 4)

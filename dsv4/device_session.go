@@ -114,9 +114,9 @@ type DeviceSession struct {
 	gemvSets map[string]bool
 	// gemvMMA: which of those sets take the tensor-core Gemv kernels
 	// (cuda.GemvVariant.MMA) where their shapes allow ("a", "q", "wo", as
-	// gemvSets names them; "q" then needs no "q" in gemvSets), and the
-	// kernel ("u1", "u2", "u4": GemvVariant.U, default 2; "b4":
-	// MinBlocks 4); $MOXIE_CUDA_GEMVM lists them (default "a,q,wo,u4";
+	// gemvSets names them; "q" then needs no "q" in gemvSets), the kernel
+	// ("u1", "u2", "u4": GemvVariant.U, default 2) and "qnorm" (wq_b's
+	// launch normalizes qlat itself: measured slower, off); $MOXIE_CUDA_GEMVM lists them (default "a,q,wo,u4";
 	// "off" none: the sets then take the Gemv or multi-linear kernels).
 	gemvMMA map[string]bool
 	// fused: the sublayer boundaries (expand, HC mix, collapse, norm) and
@@ -622,9 +622,6 @@ func (s *DeviceSession) gemvMMAVariant() cuda.GemvVariant {
 		if s.gemvMMA[fmt.Sprintf("u%d", u)] {
 			v.U = u
 		}
-	}
-	if s.gemvMMA["b4"] {
-		v.MinBlocks = 4
 	}
 	return v
 }

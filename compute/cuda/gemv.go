@@ -82,10 +82,6 @@ func (g *Gemv) Bytes() int { return g.bytes }
 type GemvVariant struct {
 	U   int
 	MMA bool
-	// MinBlocks (MMA, U 1 only): 4 caps the kernel's registers at 64 so
-	// that four blocks fit an SM (gemvm_f1_b4; at U 2 the cap spills); 0
-	// leaves it to ptxas.
-	MinBlocks int
 }
 
 // gemvmWarps is GEMVM_WARPS in kernels/moe.cu.
@@ -110,7 +106,7 @@ func gemvmWPR(tiles, spans, sms int) int {
 // with a block edge of at least 64, rows and rows per group multiples of
 // 16, columns a multiple of 64 that leave each warp at most gemvmMaxPer
 // spans.
-func (c *Ctx) prepareGemvM(ps []GemvProj, u, minBlocks int) (*Gemv, error) {
+func (c *Ctx) prepareGemvM(ps []GemvProj, u int) (*Gemv, error) {
 	if u == 0 {
 		u = 2
 	}
@@ -118,12 +114,6 @@ func (c *Ctx) prepareGemvM(ps []GemvProj, u, minBlocks int) (*Gemv, error) {
 		return nil, fmt.Errorf("cuda gemv: MMA chunk of %d spans, want 1, 2 or 4", u)
 	}
 	name := fmt.Sprintf("gemvm_f%d", u)
-	switch {
-	case minBlocks == 4 && u == 1:
-		name += "_b4"
-	case minBlocks != 0:
-		return nil, fmt.Errorf("cuda gemv: MMA with at least %d blocks an SM at U %d: want 0, or 4 with U 1", minBlocks, u)
-	}
 	g := &Gemv{block: 32 * gemvmWarps}
 	blocks, maxPer := 0, 0
 	for i, p := range ps {
@@ -186,7 +176,7 @@ func (c *Ctx) PrepareGemv(ps []GemvProj, v GemvVariant) (*Gemv, error) {
 		return nil, fmt.Errorf("cuda gemv: %d products, want 1..%d", len(ps), GemvMax)
 	}
 	if v.MMA {
-		return c.prepareGemvM(ps, v.U, v.MinBlocks)
+		return c.prepareGemvM(ps, v.U)
 	}
 	u := v.U
 	if u == 0 {

@@ -188,7 +188,7 @@ func TestGemv(t *testing.T) {
 }
 
 // gemvTestVariants is every Gemv variant TestGemv runs.
-var gemvTestVariants = []GemvVariant{{U: 2}, {U: 4}, {U: 8}, {MMA: true, U: 1}, {MMA: true, U: 2}, {MMA: true, U: 4}, {MMA: true, U: 1, MinBlocks: 4}}
+var gemvTestVariants = []GemvVariant{{U: 2}, {U: 4}, {U: 8}, {MMA: true, U: 1}, {MMA: true, U: 2}, {MMA: true, U: 4}}
 
 // gemvmTakes reports whether every product of set is one the MMA kernels
 // take (prepareGemvM's conditions, for the test weights' 128 block edge).
@@ -322,7 +322,7 @@ func BenchmarkGemv(b *testing.B) {
 				}
 				time(fmt.Sprintf("gemv_u%d", u), ls)
 			}
-			for _, mv := range []GemvVariant{{MMA: true, U: 1}, {MMA: true, U: 2}, {MMA: true, U: 4}, {MMA: true, U: 1, MinBlocks: 4}} {
+			for _, mv := range []GemvVariant{{MMA: true, U: 1}, {MMA: true, U: 2}, {MMA: true, U: 4}} {
 				var ls []func() error
 				for k := range copies {
 					var ps []GemvProj
@@ -336,7 +336,7 @@ func BenchmarkGemv(b *testing.B) {
 					ls = append(ls, func() error { return c.LaunchGemv(g, c.Stream()) })
 				}
 				if len(ls) == copies {
-					time(fmt.Sprintf("gemvm_f%d_b%d", mv.U, mv.MinBlocks), ls)
+					time(fmt.Sprintf("gemvm_f%d", mv.U), ls)
 				}
 			}
 			// The linear kernels' automatic choice.

@@ -170,6 +170,12 @@ const (
 	MoELeanX1G2
 	MoELeanX1G4
 	MoELeanX1G2G2
+	// MoELeanXE: MoELeanX whose stage 2 (moe2le) reads the ids and expert
+	// records and asks L2 for each warp's whole range before it waits for
+	// stage 1, so that prologue overlaps stage 1's tail. The ids are read
+	// two kernels after the routing wrote them: the stage 1 in front must
+	// have blocks that wait (moe1lx's routed tiles do).
+	MoELeanXE
 	moeVariantCount
 )
 
@@ -198,7 +204,8 @@ var moeVariants = [moeVariantCount]struct {
 	pfr     bool
 	lean    bool
 	early   bool
-	split   int // lean stage 2 split over this many blocks a row group (moe2s), of nw warps
+	early2  bool // lean stage 2 that waits inside (moe2le)
+	split   int  // lean stage 2 split over this many blocks a row group (moe2s), of nw warps
 	nw      int
 }{
 	MoEDefault:    {name: "u8", u1: 8, uf1: 2, u2: 8, uf2: 4, b: 2},
@@ -224,6 +231,7 @@ var moeVariants = [moeVariantCount]struct {
 	MoELeanX1G2:   {name: "leanx1g2", u1: 2, uf1: 2, u2: 1, uf2: 1, b: 4, b2: 2, lean: true, early: true},
 	MoELeanX1G4:   {name: "leanx1g4", u1: 4, uf1: 4, u2: 1, uf2: 1, b: 2, b2: 2, lean: true, early: true},
 	MoELeanX1G2G2: {name: "leanx1g2g2", u1: 2, uf1: 2, u2: 2, uf2: 2, b: 4, b2: 1, lean: true, early: true},
+	MoELeanXE:     {name: "leanxe", u1: 1, uf1: 1, u2: 1, uf2: 1, b: 7, b2: 2, lean: true, early: true, early2: true},
 }
 
 func (v MoEVariant) String() string {
@@ -245,7 +253,7 @@ const MoEPreferred = MoELeanX
 
 // ParseMoEVariant returns the variant named s (its String form: u8, occ3,
 // u8cvt, persist, persistpf, wide, wide1, widepf, widep, wide3, wide1s,
-// wide1ss, wide1a, wide1p, lean, leanpf, leanx, leanx2, leanx2p, leanxg2, leanx1g2, leanx1g4, leanx1g2g2; "" is MoEPreferred), e.g. from an environment
+// wide1ss, wide1a, wide1p, lean, leanpf, leanx, leanx2, leanx2p, leanxg2, leanx1g2, leanx1g4, leanx1g2g2, leanxe; "" is MoEPreferred), e.g. from an environment
 // variable.
 func ParseMoEVariant(s string) (MoEVariant, error) {
 	if s == "" {
@@ -284,6 +292,9 @@ func moeKernelNames(v MoEVariant) (string, string) {
 			s1 = fmt.Sprintf("moe1lx_g%d", p.u1)
 		case p.early:
 			s1 = "moe1lx"
+		}
+		if p.early2 {
+			s2 = "moe2le"
 		}
 		return fmt.Sprintf("%s_d%d_b%d", s1, p.dec, p.b), fmt.Sprintf("%s_g%d_f%d_d%d_b%d", s2, p.u2, p.uf2, p.dec, b2)
 	}

@@ -35,7 +35,7 @@ func TestMoECompile(t *testing.T) {
 	}
 	// The Gemv MMA kernels (PrepareGemv with GemvVariant.MMA) live in this
 	// module too.
-	for _, n := range []string{"gemvm_f1", "gemvm_f2", "gemvm_f4", "gemvm_f1_b4"} {
+	for _, n := range []string{"gemvm_f1", "gemvm_f2", "gemvm_f4"} {
 		requireKernels(t, img, n)
 		if r, ok := res[n]; ok {
 			t.Logf("%s: %d registers, %d-byte stack frame", n, r.regs, r.frame)
@@ -155,7 +155,7 @@ func TestMoEArgsMirror(t *testing.T) {
 }
 
 // TestMoELeanEmulated runs the lean family's kernels (MoELean, MoELeanPF,
-// MoELeanX, MoELeanX2, MoELeanX2P, MoELeanXG2, MoELeanX1G2, MoELeanX1G4, both stages) on the CPU through a g++ host emulation (every
+// MoELeanX, MoELeanX2, MoELeanX2P, MoELeanXG2, MoELeanX1G2, MoELeanX1G4, MoELeanXE, both stages) on the CPU through a g++ host emulation (every
 // CUDA thread a std::thread, mma.sync m16n8k16 emulated from the PTX
 // fragment layouts in float64, f16 conversions by _Float16) and checks h
 // and out against a float64 evaluation of the MoE layer written in the
@@ -481,7 +481,7 @@ int main() {
     const V vs[] = {{"lean", moe1l_d0_b7, moe2l_g1_f1_d0_b2, 1, 512}, {"leanpf", moe1lp_d0_b7, moe2lp_g1_f1_d0_b2, 1, 512}, {"leanx", moe1lx_d0_b7, moe2l_g1_f1_d0_b2, 1, 512},
                     {"leanx2", moe1lx_d0_b7, moe2s_g2_f2_d0_w4_s3_b6, 3, 128}, {"leanx2p", moe1lx_d0_b7, moe2sp_g2_f2_d0_w4_s3_b6, 3, 128},
                     {"leanxg2", moe1lx_d0_b7, moe2l_g2_f2_d0_b1, 1, 512}, {"leanx1g2", moe1lx_g2_d0_b4, moe2l_g1_f1_d0_b2, 1, 512},
-                    {"leanx1g4", moe1lx_g4_d0_b2, moe2l_g1_f1_d0_b2, 1, 512}};
+                    {"leanx1g4", moe1lx_g4_d0_b2, moe2l_g1_f1_d0_b2, 1, 512}, {"leanxe", moe1lx_d0_b7, moe2le_g1_f1_d0_b2, 1, 512}};
     // A split stage 2's partials (3·D) and tickets (D/16), zero to start.
     std::vector<float> part(3 * D + D / 16, 0.f);
     a.part = part.data();
@@ -668,7 +668,7 @@ int main() {
     }
     if (c.smem > (int)sizeof(g_smem_bytes)) { printf("FAIL case %d: shared memory %d over the harness's buffer\n", ci, c.smem); continue; }
     struct V { const char *name; void (*k)(const GemvArgsM); };
-    const V vs[] = {{"gemvm_f1", gemvm_f1}, {"gemvm_f2", gemvm_f2}, {"gemvm_f4", gemvm_f4}, {"gemvm_f1_b4", gemvm_f1_b4}};
+    const V vs[] = {{"gemvm_f1", gemvm_f1}, {"gemvm_f2", gemvm_f2}, {"gemvm_f4", gemvm_f4}};
     for (const V &v : vs) {
       for (auto &y : ys) std::fill(y.begin(), y.end(), NAN);
       launch<const GemvArgsM>(v.k, c.grid, 256, a);

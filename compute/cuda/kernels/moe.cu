@@ -1626,7 +1626,7 @@ struct Lean2Fp4 {
 // warp first asks L2 for its whole routed range (one hint a unit and row:
 // 16 rows x 64 bytes a unit), so it is in flight at once. (The shared
 // expert's rows were asked for before the PDL wait: moe2_pf.)
-template <int G, int UF, int DEC, bool PFR, int NW = LEAN2_WARPS, int SP = 1>
+template <int G, int UF, int DEC, bool PFR, int NW = LEAN2_WARPS, int SP = 1, bool EARLY = false>
 __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
   static_assert(UF <= 2 * G, "a ring slot holds 2G FP8 spans");
   __shared__ uint4 ring[NW][2][G * 32];
@@ -1657,6 +1657,11 @@ __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
       const int ui = u0 + (i >> 4), k = ui / gpe, q = ui - k * gpe;
       if (recW[k]) moe_prefetch(recW[k] + (r0 + (i & 15)) * rb + 64 * q);
     }
+  }
+  if (EARLY) {  // the shared expert's spans of this warp asked for too, then the wait (h is stage 1's)
+    const int sa = max(u0, R) - R, n = max(0, u1 - R - sa);
+    for (int i = lane; i < 16 * n; i += 32) moe_prefetch(a.s2 + (long long)(r0 + (i & 15)) * a.Is + 64 * (sa + (i >> 4)));
+    MOXIE_PDL();
   }
   if (u0 < R) {
     const int uend = min(u1, R);
@@ -1784,6 +1789,17 @@ __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
   extern "C" __global__ void __launch_bounds__(32 * LEAN2_WARPS, B) moe2lp_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2_pf(a)); moe_stage2l<G, UF, DEC, true>(a); }
 
 MOE1L(0, 7) MOE2L(1, 1, 0, 2) MOE2L(2, 2, 0, 1)
+
+// moe2le_g<G>_f<UF>_d<DEC>_b<B>: moe2lp whose blocks read the expert ids and
+// records, and ask L2 for every warp's routed and shared range, before they
+// wait for stage 1 (MOXIE_PDL inside, before h is read or out written): the
+// ids are the routing kernel's, two kernels back, visible once every block
+// of stage 1 has let this kernel launch, some of them (the routed tiles)
+// after waiting for the routing (the MOXIE_PDL_UNLESS rule of module.go).
+#define MOE2LE(G, UF, DEC, B) \
+  extern "C" __global__ void __launch_bounds__(32 * LEAN2_WARPS, B) moe2le_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_INSIDE(); moe_stage2l<G, UF, DEC, true, LEAN2_WARPS, 1, true>(a); }
+
+MOE2LE(1, 1, 0, 2)
 
 // moe2s_g<G>_f<UF>_d<DEC>_w<NW>_s<SP>_b<B>: split stage 2 (see the
 // family's comment), NW warps a block, SP blocks a row group, B blocks an
@@ -1945,8 +1961,4 @@ __device__ __forceinline__ int gemvm_mat(const GemvArgsM &a) {
 #define GEMVM(UF) \
   extern "C" __global__ void __launch_bounds__(32 * GEMVM_WARPS) gemvm_f##UF(const GemvArgsM a) { MOXIE_PDL_INSIDE(); const int i = gemvm_mat(a); gemvm_body<UF>(a.m[i], blockIdx.x - a.m[i].blk0, a.nw[i], a.eps[i]); }
 
-// gemvm_f<UF>_b<B>: the same with at least B blocks an SM (a register cap).
-#define GEMVM_B(UF, B) \
-  extern "C" __global__ void __launch_bounds__(32 * GEMVM_WARPS, B) gemvm_f##UF##_b##B(const GemvArgsM a) { MOXIE_PDL_INSIDE(); const int i = gemvm_mat(a); gemvm_body<UF>(a.m[i], blockIdx.x - a.m[i].blk0, a.nw[i], a.eps[i]); }
-
-GEMVM(1) GEMVM(2) GEMVM(4) GEMVM_B(1, 4)
+GEMVM(1) GEMVM(2) GEMVM(4)

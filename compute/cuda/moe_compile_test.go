@@ -393,13 +393,14 @@ static Mx mxfp4(std::mt19937 &rng, int rows, int cols) {
   return m;
 }
 // An FP8 block [rows, cols] weight: E4M3 bytes (no NaN), E8M0 scales per
-// blk x blk block.
+// blk x blk block (partial blocks at the edges), and its float64 values.
 static Mx fp8(std::mt19937 &rng, int rows, int cols, int blk) {
-  Mx m{std::vector<unsigned char>(rows * cols), std::vector<unsigned char>((rows / blk) * (cols / blk)), std::vector<double>(rows * cols)};
+  const int sr = (rows + blk - 1) / blk, sc = (cols + blk - 1) / blk;
+  Mx m{std::vector<unsigned char>(rows * cols), std::vector<unsigned char>(sr * sc), std::vector<double>(rows * cols)};
   for (auto &b : m.W) do b = rng() & 0xff; while ((b & 0x7f) == 0x7f);
   for (auto &s : m.S) s = 127 - 10 + rng() % 4;
   for (int r = 0; r < rows; r++)
-    for (int c = 0; c < cols; c++) m.v[r * cols + c] = e4m3(m.W[r * cols + c]) * std::ldexp(1.0, m.S[(r / blk) * (cols / blk) + c / blk] - 127);
+    for (int c = 0; c < cols; c++) m.v[r * cols + c] = e4m3(m.W[r * cols + c]) * std::ldexp(1.0, m.S[(r / blk) * sc + c / blk] - 127);
   return m;
 }
 static std::vector<double> matvec(const Mx &m, int rows, int cols, const std::vector<double> &x) {
@@ -552,7 +553,7 @@ func TestGemvMEmulated(t *testing.T) {
 	var b strings.Builder
 	b.WriteString(h[:i])
 	b.WriteString("struct Mx { std::vector<unsigned char> W, S; std::vector<double> v; };\n")
-	for _, head := range []string{"static double maxrel("} {
+	for _, head := range []string{"static Mx fp8(", "static double maxrel("} {
 		d, err := cuDefinition(h, head)
 		if err != nil {
 			t.Fatalf("moeLeanEmuHarness: %v; update this test", err)
@@ -606,17 +607,6 @@ struct GCase { int n; P p[8]; unsigned grid; int smem; };
 static const GCase gcases[] = {
 #include "gen.inc"
 };
-// An FP8 block [rows, cols] weight, E4M3 bytes (no NaN), E8M0 scales per
-// blk x blk block (partial blocks at the edges), and its float64 values.
-static Mx fp8c(std::mt19937 &rng, int rows, int cols, int blk) {
-  const int sr = (rows + blk - 1) / blk, sc = (cols + blk - 1) / blk;
-  Mx m{std::vector<unsigned char>(rows * cols), std::vector<unsigned char>(sr * sc), std::vector<double>(rows * cols)};
-  for (auto &b : m.W) do b = rng() & 0xff; while ((b & 0x7f) == 0x7f);
-  for (auto &s : m.S) s = 127 - 10 + rng() % 4;
-  for (int r = 0; r < rows; r++)
-    for (int c = 0; c < cols; c++) m.v[r * cols + c] = e4m3(m.W[r * cols + c]) * std::ldexp(1.0, m.S[(r / blk) * sc + c / blk] - 127);
-  return m;
-}
 int main() {
   double worst = 0;
   int ci = 0;
@@ -631,7 +621,7 @@ int main() {
     a.n = c.n;
     for (int i = 0; i < c.n; i++) {
       const P &p = c.p[i];
-      ws.push_back(fp8c(rng, p.rows, p.cols, p.cols >= 128 ? 128 : 64));
+      ws.push_back(fp8(rng, p.rows, p.cols, p.cols >= 128 ? 128 : 64));
     }
     for (int i = 0; i < c.n; i++) {
       const P &p = c.p[i];

@@ -116,8 +116,9 @@ type DeviceSession struct {
 	// (cuda.GemvVariant.MMA) where their shapes allow ("a", "q", "wo", as
 	// gemvSets names them; "q" then needs no "q" in gemvSets), the kernel
 	// ("u1", "u2", "u4": GemvVariant.U, default 2) and "qnorm" (wq_b's
-	// launch normalizes qlat itself: measured slower, off); $MOXIE_CUDA_GEMVM lists them (default "a,q,wo,u4";
-	// "off" none: the sets then take the Gemv or multi-linear kernels).
+	// launch normalizes qlat itself: measured slower, off).
+	// $MOXIE_CUDA_GEMVM lists them (default "a,q,wo,u4"; "off" none: the
+	// sets then take the Gemv or multi-linear kernels).
 	gemvMMA map[string]bool
 	// fused: the sublayer boundaries (expand, HC mix, collapse, norm) and
 	// the attention's row operations run as fused kernels (compute/cuda

@@ -170,7 +170,10 @@ func gemvWPR(rows, cols, cpl, sms int) int {
 // PrepareGemv validates the products and plans their launch: each weight
 // FP8Block (a power-of-two block edge of at least 16, columns a multiple of
 // 512) or BF16 (columns a multiple of 256), an even row count, rows per
-// group a multiple of 2, and at most GemvMax products.
+// group a multiple of 2, no Norm, and at most GemvMax products. With
+// v.MMA instead: FP8 blocks of an edge of at least 64, rows per group a
+// multiple of 16, columns a multiple of 64 (at most 8,192), Norm only with
+// one group (prepareGemvM). Errors name the product.
 func (c *Ctx) PrepareGemv(ps []GemvProj, v GemvVariant) (*Gemv, error) {
 	if len(ps) == 0 || len(ps) > GemvMax {
 		return nil, fmt.Errorf("cuda gemv: %d products, want 1..%d", len(ps), GemvMax)

@@ -176,6 +176,14 @@ const (
 	// two kernels after the routing wrote them: the stage 1 in front must
 	// have blocks that wait (moe1lx's routed tiles do).
 	MoELeanXE
+	// MoELeanXW8G4: MoELeanX whose stage 2 has 8-warp blocks, one per 16
+	// output rows (a warp 16 units at V4 shapes), 4 units a chunk (256
+	// bytes a lane in flight), two blocks an SM: the shape of the
+	// tensor-core Gemv's best kernel (gemvm_f4). MoELeanXW8G2: 2 units a
+	// chunk. Compiled and checked in the host emulation; not yet run on a
+	// GPU (session 6 left them for the next).
+	MoELeanXW8G4
+	MoELeanXW8G2
 	moeVariantCount
 )
 
@@ -232,6 +240,8 @@ var moeVariants = [moeVariantCount]struct {
 	MoELeanX1G4:   {name: "leanx1g4", u1: 4, uf1: 4, u2: 1, uf2: 1, b: 2, b2: 2, lean: true, early: true},
 	MoELeanX1G2G2: {name: "leanx1g2g2", u1: 2, uf1: 2, u2: 2, uf2: 2, b: 4, b2: 1, lean: true, early: true},
 	MoELeanXE:     {name: "leanxe", u1: 1, uf1: 1, u2: 1, uf2: 1, b: 7, b2: 2, lean: true, early: true, early2: true},
+	MoELeanXW8G4:  {name: "leanxw8g4", u1: 1, uf1: 1, u2: 4, uf2: 4, b: 7, b2: 2, lean: true, early: true, split: 1, nw: 8},
+	MoELeanXW8G2:  {name: "leanxw8g2", u1: 1, uf1: 1, u2: 2, uf2: 2, b: 7, b2: 2, lean: true, early: true, split: 1, nw: 8},
 }
 
 func (v MoEVariant) String() string {
@@ -253,7 +263,7 @@ const MoEPreferred = MoELeanX
 
 // ParseMoEVariant returns the variant named s (its String form: u8, occ3,
 // u8cvt, persist, persistpf, wide, wide1, widepf, widep, wide3, wide1s,
-// wide1ss, wide1a, wide1p, lean, leanpf, leanx, leanx2, leanx2p, leanxg2, leanx1g2, leanx1g4, leanx1g2g2, leanxe; "" is MoEPreferred), e.g. from an environment
+// wide1ss, wide1a, wide1p, lean, leanpf, leanx, leanx2, leanx2p, leanxg2, leanx1g2, leanx1g4, leanx1g2g2, leanxe, leanxw8g4, leanxw8g2; "" is MoEPreferred), e.g. from an environment
 // variable.
 func ParseMoEVariant(s string) (MoEVariant, error) {
 	if s == "" {
@@ -567,7 +577,7 @@ func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert
 	n1, n2 := moeKernelNames(v)
 	m := &MoEDecode{variant: v, hBytes: moeHBytes(t, K, sh)}
 	split := moeVariants[v].split
-	if split > 0 {
+	if split > 1 { // a partial sum a block, then tickets (split 1: moe2s's body, one block a row group)
 		m.hBytes += moeSplitBytes(split, t.Dim)
 	}
 	if err := c.loadKernels("moe", moeSrc, kernelRef{n1, &m.k1}, kernelRef{n2, &m.k2}); err != nil {
@@ -590,7 +600,7 @@ func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert
 	tiles := is/16 + K*I/16
 	m.grid1 = Dim3{X: uint32(tiles)}
 	m.grid2 = Dim3{X: uint32(D / 16)}
-	if split > 0 {
+	if split > 1 {
 		m.grid2.X *= uint32(split)
 		hb := moeHBytes(t, K, sh)
 		m.args.Part = uint64(m.h) + uint64(hb)

@@ -155,7 +155,7 @@ func TestMoEArgsMirror(t *testing.T) {
 }
 
 // TestMoELeanEmulated runs the lean family's kernels (MoELean, MoELeanPF,
-// MoELeanX, MoELeanX2, MoELeanX2P, MoELeanXG2, MoELeanX1G2, MoELeanX1G4, MoELeanXE, both stages) on the CPU through a g++ host emulation (every
+// MoELeanX, MoELeanX2, MoELeanX2P, MoELeanXG2, MoELeanX1G2, MoELeanX1G4, MoELeanXE, MoELeanXW8G4, MoELeanXW8G2, both stages) on the CPU through a g++ host emulation (every
 // CUDA thread a std::thread, mma.sync m16n8k16 emulated from the PTX
 // fragment layouts in float64, f16 conversions by _Float16) and checks h
 // and out against a float64 evaluation of the MoE layer written in the
@@ -482,7 +482,8 @@ int main() {
     const V vs[] = {{"lean", moe1l_d0_b7, moe2l_g1_f1_d0_b2, 1, 512}, {"leanpf", moe1lp_d0_b7, moe2lp_g1_f1_d0_b2, 1, 512}, {"leanx", moe1lx_d0_b7, moe2l_g1_f1_d0_b2, 1, 512},
                     {"leanx2", moe1lx_d0_b7, moe2s_g2_f2_d0_w4_s3_b6, 3, 128}, {"leanx2p", moe1lx_d0_b7, moe2sp_g2_f2_d0_w4_s3_b6, 3, 128},
                     {"leanxg2", moe1lx_d0_b7, moe2l_g2_f2_d0_b1, 1, 512}, {"leanx1g2", moe1lx_g2_d0_b4, moe2l_g1_f1_d0_b2, 1, 512},
-                    {"leanx1g4", moe1lx_g4_d0_b2, moe2l_g1_f1_d0_b2, 1, 512}, {"leanxe", moe1lx_d0_b7, moe2le_g1_f1_d0_b2, 1, 512}};
+                    {"leanx1g4", moe1lx_g4_d0_b2, moe2l_g1_f1_d0_b2, 1, 512}, {"leanxe", moe1lx_d0_b7, moe2le_g1_f1_d0_b2, 1, 512},
+                    {"leanxw8g4", moe1lx_d0_b7, moe2s_g4_f4_d0_w8_s1_b2, 1, 256}, {"leanxw8g2", moe1lx_d0_b7, moe2s_g2_f2_d0_w8_s1_b2, 1, 256}};
     // A split stage 2's partials (3·D) and tickets (D/16), zero to start.
     std::vector<float> part(3 * D + D / 16, 0.f);
     a.part = part.data();

@@ -1810,6 +1810,12 @@ MOE2LE(1, 1, 0, 2)
 
 MOE2S(2, 2, 0, 4, 3, 6)
 
+// Not split (SP 1): 8-warp blocks, one a row group, each warp 16 units at
+// V4 shapes (16 KB) with G units a chunk, two chunks in flight (G 4: 256
+// bytes a lane, the tensor-core Gemv's best; G 2: 128), two blocks an SM
+// (all 256 row groups resident at once on an H200).
+MOE2S(4, 4, 0, 8, 1, 2) MOE2S(2, 2, 0, 8, 1, 2)
+
 // moe1lx_d<DEC>_b<B>: stage 1 lean whose shared-expert tiles (blocks
 // [0, Is/16), block-uniform) do not wait for the previous kernel on the
 // stream (MOXIE_PDL_UNLESS, module.go): they read x, the shared weights

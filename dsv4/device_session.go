@@ -218,6 +218,11 @@ type decodeSets struct {
 // launchFn enqueues a prepared launch on a stream.
 type launchFn func(c *cuda.Ctx, st cuda.Stream) error
 
+// gemvLaunch is the launchFn of a prepared Gemv.
+func gemvLaunch(g *cuda.Gemv) launchFn {
+	return func(c *cuda.Ctx, st cuda.Stream) error { return c.LaunchGemv(g, st) }
+}
+
 // allocPlan collects device buffers and allocates them from one arena.
 type allocPlan struct {
 	items []struct {
@@ -583,15 +588,11 @@ func sharedOf(b *devBlock) *cuda.SharedExpert {
 // unset means "a,wo" (the measured winners), "off" none, else a comma-separated list; unknown
 // names are ignored.
 func gemvSetsFromEnv() map[string]bool {
-	v, ok := os.LookupEnv("MOXIE_CUDA_GEMV")
-	if !ok || v == "" {
-		// On the H200 (BenchmarkGemv, 2026-11-30) Gemv beat the linear
-		// kernels on wq_a+wkv (6.8 against 10.2 µs) and wo_a/wo_b (14.6/14.9
-		// against 19.2), and lost on wq_b (17.5 against 11.7) and the BF16
-		// compressor set (10.5 against 10.0).
-		v = "a,wo"
-	}
-	return setList(v)
+	// On the H200 (BenchmarkGemv, 2026-11-30) Gemv beat the linear kernels
+	// on wq_a+wkv (6.8 against 10.2 µs) and wo_a/wo_b (14.6/14.9 against
+	// 19.2), and lost on wq_b (17.5 against 11.7) and the BF16 compressor
+	// set (10.5 against 10.0).
+	return setListFromEnv("MOXIE_CUDA_GEMV", "a,wo")
 }
 
 // setListFromEnv reads a comma-separated list of names from the variable
@@ -656,12 +657,12 @@ func (s *DeviceSession) decodeSets(c *cuda.Ctx, b *devBlock) (*decodeSets, error
 		}
 		if s.gemvMMA[name] {
 			if g, err := c.PrepareGemv(gp, s.gemvMMAVariant()); err == nil {
-				return func(c *cuda.Ctx, st cuda.Stream) error { return c.LaunchGemv(g, st) }, nil
+				return gemvLaunch(g), nil
 			}
 		}
 		if s.gemvSets[name] {
 			if g, err := c.PrepareGemv(gp, cuda.GemvVariant{U: 2}); err == nil {
-				return func(c *cuda.Ctx, st cuda.Stream) error { return c.LaunchGemv(g, st) }, nil
+				return gemvLaunch(g), nil
 			}
 		}
 		if single {
@@ -687,7 +688,7 @@ func (s *DeviceSession) decodeSets(c *cuda.Ctx, b *devBlock) (*decodeSets, error
 			ps = append(ps, cuda.GemvProj{W: b.idxWqB, Y: s.qi, X: s.qlat, Norm: b.qNorm, Eps: float32(s.m.Cfg.NormEps)})
 		}
 		if g, err := c.PrepareGemv(ps, s.gemvMMAVariant()); err == nil {
-			ds.byQ = func(c *cuda.Ctx, st cuda.Stream) error { return c.LaunchGemv(g, st) }
+			ds.byQ = gemvLaunch(g)
 			ds.qNormed = true
 		}
 	}

@@ -59,6 +59,15 @@ type GemvProj struct {
 	Eps  float32
 }
 
+// checkBuffers is PrepareGemv's check of product i's weight and buffers,
+// common to both kernel families.
+func (p GemvProj) checkBuffers(i int) error {
+	if p.W == nil || p.Y == 0 || p.X == 0 || p.X%16 != 0 {
+		return fmt.Errorf("cuda gemv: product %d: nil weight or buffers, or x %#x not 16-byte aligned", i, p.X)
+	}
+	return nil
+}
+
 // Gemv is a prepared launch of up to GemvMax one-token products (FP8 blocks
 // or BF16 weights) as one kernel. Its arguments travel by value, so the
 // launch can be captured in a CUDA graph.
@@ -66,7 +75,7 @@ type Gemv struct {
 	args   gemvArgs
 	kernel *Kernel
 	grid   Dim3
-	block  int // threads a block (0: 32·gemvWarps)
+	block  int // threads a block
 	smem   int // dynamic shared memory a block
 	bytes  int
 }
@@ -118,8 +127,8 @@ func (c *Ctx) prepareGemvM(ps []GemvProj, u int) (*Gemv, error) {
 	blocks, maxPer := 0, 0
 	for i, p := range ps {
 		w := p.W
-		if w == nil || p.Y == 0 || p.X == 0 || p.X%16 != 0 {
-			return nil, fmt.Errorf("cuda gemv: product %d: nil weight or buffers, or x %#x not 16-byte aligned", i, p.X)
+		if err := p.checkBuffers(i); err != nil {
+			return nil, err
 		}
 		groups := max(p.Groups, 1)
 		if w.Format != compute.FP8Block || w.Block < 64 || w.Block&(w.Block-1) != 0 {
@@ -188,12 +197,12 @@ func (c *Ctx) PrepareGemv(ps []GemvProj, v GemvVariant) (*Gemv, error) {
 	if u != 2 && u != 4 && u != 8 {
 		return nil, fmt.Errorf("cuda gemv: U %d, want 2, 4 or 8", u)
 	}
-	g := &Gemv{}
+	g := &Gemv{block: 32 * gemvWarps}
 	blocks := 0
 	for i, p := range ps {
 		w := p.W
-		if w == nil || p.Y == 0 || p.X == 0 || p.X%16 != 0 {
-			return nil, fmt.Errorf("cuda gemv: product %d: nil weight or buffers, or x %#x not 16-byte aligned", i, p.X)
+		if err := p.checkBuffers(i); err != nil {
+			return nil, err
 		}
 		if p.Norm != 0 {
 			return nil, fmt.Errorf("cuda gemv: product %d: a normalized x needs the MMA kernels (GemvVariant.MMA)", i)
@@ -241,11 +250,7 @@ func (c *Ctx) LaunchGemv(g *Gemv, s Stream) error {
 	if g == nil || g.kernel == nil {
 		return fmt.Errorf("cuda gemv: launch of an unprepared Gemv")
 	}
-	block := g.block
-	if block == 0 {
-		block = 32 * gemvWarps
-	}
-	return c.Launch(g.kernel, g.grid, Dim3{X: uint32(block)}, g.smem, s, unsafe.Pointer(&g.args))
+	return c.Launch(g.kernel, g.grid, Dim3{X: uint32(g.block)}, g.smem, s, unsafe.Pointer(&g.args))
 }
 
 // gemvPairWarps is GP_WARPS in kernels/gemv.cu: a GemvPair block has

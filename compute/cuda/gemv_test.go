@@ -187,7 +187,7 @@ func TestGemv(t *testing.T) {
 	})
 }
 
-// gemvTestVariants is every Gemv variant TestGemv runs.
+// gemvTestVariants is every Gemv variant TestGemv and BenchmarkGemv run.
 var gemvTestVariants = []GemvVariant{{U: 2}, {U: 4}, {U: 8}, {MMA: true, U: 1}, {MMA: true, U: 2}, {MMA: true, U: 4}}
 
 // gemvmTakes reports whether every product of set is one the MMA kernels
@@ -257,7 +257,8 @@ func bitEqual32(a, b []float32) int {
 
 // BenchmarkGemv times one-token products at V4-Flash shapes, each launch
 // reading one of 8 copies of its weights in turn (past L2), 32 launches per
-// captured graph (graphTime): the Gemv kernels at U 2/4/8 against the
+// captured graph (graphTime): the Gemv kernels (gemvTestVariants: the
+// CUDA-core ones at U 2/4/8, the MMA ones at U 1/2/4 where they apply) against the
 // linear kernels' automatic choice (Linear, GroupedLinear, or one
 // multi-linear launch for sets). Reports µs and %HBM of the weight bytes.
 func BenchmarkGemv(b *testing.B) {
@@ -307,36 +308,28 @@ func BenchmarkGemv(b *testing.B) {
 				us, err := graphTime(b, c, calls, func() error { i++; return launches[i%copies]() })
 				results = append(results, result{set.name + "/" + name, us, bytes, err})
 			}
-			for _, u := range []int{2, 4, 8} {
+			for _, v := range gemvTestVariants {
+				name := fmt.Sprintf("gemv_u%d", v.U)
+				if v.MMA {
+					name = fmt.Sprintf("gemvm_f%d", v.U)
+				}
 				var ls []func() error
 				for k := range copies {
 					var ps []GemvProj
 					for j, w := range ws[k] {
 						ps = append(ps, GemvProj{W: w, Y: ys[j], X: xs[j], Groups: gs[j]})
 					}
-					g, err := c.PrepareGemv(ps, GemvVariant{U: u})
+					g, err := c.PrepareGemv(ps, v)
+					if err != nil && v.MMA && !gemvmTakes(set) {
+						break // BF16: the MMA kernels take FP8 blocks only
+					}
 					if err != nil {
 						return err
 					}
 					ls = append(ls, func() error { return c.LaunchGemv(g, c.Stream()) })
 				}
-				time(fmt.Sprintf("gemv_u%d", u), ls)
-			}
-			for _, mv := range []GemvVariant{{MMA: true, U: 1}, {MMA: true, U: 2}, {MMA: true, U: 4}} {
-				var ls []func() error
-				for k := range copies {
-					var ps []GemvProj
-					for j, w := range ws[k] {
-						ps = append(ps, GemvProj{W: w, Y: ys[j], X: xs[j], Groups: gs[j]})
-					}
-					g, err := c.PrepareGemv(ps, mv)
-					if err != nil {
-						break // BF16: the MMA kernels take FP8 blocks only
-					}
-					ls = append(ls, func() error { return c.LaunchGemv(g, c.Stream()) })
-				}
 				if len(ls) == copies {
-					time(fmt.Sprintf("gemvm_f%d", mv.U), ls)
+					time(name, ls)
 				}
 			}
 			// The linear kernels' automatic choice.

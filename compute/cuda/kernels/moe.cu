@@ -1354,12 +1354,21 @@ __device__ __forceinline__ int lean1_width(int D) {
 
 // One warp: x columns [c0, c0 + n) (n a multiple of 8) as hi (xw[0..n))
 // and lo (xw[W..W + n)), routed (perm) or natural layout; then __syncwarp.
-__device__ __forceinline__ void lean_stage_x(const float *__restrict__ v, u16 *xw, int c0, int n, int W, bool perm) {
+// With nw (gemvm_stage_xn's use) each value is first (v·inv)·nw[c],
+// RMSNorm's order.
+__device__ __forceinline__ void lean_stage_x(const float *__restrict__ v, u16 *xw, int c0, int n, int W, bool perm,
+                                             const float *__restrict__ nw = nullptr, float inv = 1.f) {
   const int lane = threadIdx.x & 31;
   const float4 *v4 = reinterpret_cast<const float4 *>(v + c0);
 #pragma unroll 2
   for (int i = lane; i < n / 8; i += 32) {
-    const float4 p = __ldg(v4 + 2 * i), q = __ldg(v4 + 2 * i + 1);
+    float4 p = __ldg(v4 + 2 * i), q = __ldg(v4 + 2 * i + 1);
+    if (nw) {
+      const float4 *w4 = reinterpret_cast<const float4 *>(nw + c0);
+      const float4 a = __ldg(w4 + 2 * i), b = __ldg(w4 + 2 * i + 1);
+      p = make_float4(p.x * inv * a.x, p.y * inv * a.y, p.z * inv * a.z, p.w * inv * a.w);
+      q = make_float4(q.x * inv * b.x, q.y * inv * b.y, q.z * inv * b.z, q.w * inv * b.w);
+    }
     uint4 H, L;
     hilo8(p, q, perm, H, L);
     *reinterpret_cast<uint4 *>(xw + 8 * i) = H;
@@ -1870,7 +1879,7 @@ struct GemvArgsM {
 static_assert(sizeof(GemvArgsM) == 616, "GemvArgsM must mirror GemvArgs (616 bytes)");
 
 // Stages v[c0, c0 + n) of a row of cols values (n a multiple of 8) as
-// RMSNorm(v)·w, hi/lo, natural layout (lean_stage_x's), computing the
+// RMSNorm(v)·w, hi/lo, natural layout (lean_stage_x), computing the
 // row's 1/RMS itself: Σv² over the row by the warp (float4 loads, lane
 // order, then a butterfly: every lane, and every warp, gets the same
 // bits), inv = rsqrt(Σ/cols + eps), each value (v·inv)·w as RMSNorm's
@@ -1889,20 +1898,7 @@ __device__ __forceinline__ void gemvm_stage_xn(const float *__restrict__ v, cons
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  const float inv = rsqrtf(ss / (float)cols + eps);
-  const float4 *w4 = reinterpret_cast<const float4 *>(w + c0);
-  v4 = reinterpret_cast<const float4 *>(v + c0);
-  for (int i = lane; i < n / 8; i += 32) {
-    float4 p = __ldg(v4 + 2 * i), q = __ldg(v4 + 2 * i + 1);
-    const float4 a = __ldg(w4 + 2 * i), b = __ldg(w4 + 2 * i + 1);
-    p = make_float4(p.x * inv * a.x, p.y * inv * a.y, p.z * inv * a.z, p.w * inv * a.w);
-    q = make_float4(q.x * inv * b.x, q.y * inv * b.y, q.z * inv * b.z, q.w * inv * b.w);
-    uint4 H, L;
-    hilo8(p, q, false, H, L);
-    *reinterpret_cast<uint4 *>(xw + 8 * i) = H;
-    *reinterpret_cast<uint4 *>(xw + W + 8 * i) = L;
-  }
-  __syncwarp();
+  lean_stage_x(v, xw, c0, n, W, false, w, rsqrtf(ss / (float)cols + eps));
 }
 
 template <int UF>

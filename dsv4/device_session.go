@@ -198,8 +198,8 @@ type devLayerState struct {
 // decodeSets are a layer's one-token projections merged by shared input
 // into multi-linear launches (prepared once per session, batch 1):
 // byA: wq_a → qlat and wkv → kv, both FP8 reading the attention input a;
-// byQ: wq_b → q and the indexer's wq_b → qi, reading the normed qlat (nil
-// without an indexer); bf: the BF16 compressor projections (κ and z of the
+// byQ: wq_b → q and the indexer's wq_b → qi, reading the normed qlat
+// (without an indexer wq_b alone, where a Gemv takes it; else nil); bf: the BF16 compressor projections (κ and z of the
 // main compressor into cin/zin, of the indexer's into cin1/zin1) and the
 // indexer's weights_proj → wts, reading a (nil when the layer has none).
 type decodeSets struct {
@@ -692,8 +692,10 @@ func (s *DeviceSession) decodeSets(c *cuda.Ctx, b *devBlock) (*decodeSets, error
 			ds.qNormed = true
 		}
 	}
-	if b.idxWqB != nil && !ds.qNormed {
-		if ds.byQ, err = set("q", false, proj{b.wqB, s.q, s.qlat, 1}, proj{b.idxWqB, s.qi, s.qlat, 1}); err != nil {
+	// Without an indexer (the HCA layers) wq_b alone is the set: a Gemv
+	// where the set takes one, else c.Linear as before.
+	if !ds.qNormed {
+		if ds.byQ, err = set("q", b.idxWqB == nil, proj{b.wqB, s.q, s.qlat, 1}, proj{b.idxWqB, s.qi, s.qlat, 1}); err != nil {
 			return nil, fmt.Errorf("wq_b+indexer wq_b: %w", err)
 		}
 	}

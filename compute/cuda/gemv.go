@@ -159,7 +159,7 @@ func (c *Ctx) prepareGemvM(ps []GemvProj, u int) (*Gemv, error) {
 	g.args.N = int32(len(ps))
 	g.grid = Dim3{X: uint32(blocks)}
 	g.smem = gemvmWarps * 256 * maxPer
-	if err := c.loadMoEKernels(kernelRef{name, &g.kernel}); err != nil {
+	if err := c.loadKernels("moe", moeSrc, kernelRef{name, &g.kernel}); err != nil {
 		return nil, err
 	}
 	return g, nil

@@ -201,21 +201,3 @@ func TestCopyTableExpert(t *testing.T) {
 		t.Fatal(err)
 	}
 }
-
-// TestLdwDefines checks how $MOXIE_CUDA_LDW's value becomes NVRTC
-// definitions (no GPU needed).
-func TestLdwDefines(t *testing.T) {
-	for _, c := range []struct{ in, want string }{
-		{"", ""},
-		{"s1r=0", "-DMOXIE_LDW_S1R=0"},
-		{"gm=1, s1r=0,s2r=1", "-DMOXIE_LDW_S1R=0 -DMOXIE_LDW_S2R=1 -DMOXIE_LDW_GM=1"},
-		{"sh=0,sh=1", "-DMOXIE_LDW_SH=1"},
-		{"s1r=2,xx=0,s2r,gm=0", "-DMOXIE_LDW_GM=0"},
-	} {
-		t.Run(c.in, func(t *testing.T) {
-			if got := strings.Join(ldwDefines(c.in), " "); got != c.want {
-				t.Errorf("ldwDefines(%q) = %q, want %q", c.in, got, c.want)
-			}
-		})
-	}
-}

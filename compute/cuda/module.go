@@ -3,7 +3,6 @@ package cuda
 import (
 	"fmt"
 	"os"
-	"slices"
 	"strings"
 	"time"
 	"unsafe"
@@ -163,32 +162,6 @@ func (c *Ctx) CompileOptions() []string {
 	return opts
 }
 
-// ldwKeys are the weight-load uses of kernels/moe.cu whose L2 hint
-// $MOXIE_CUDA_LDW sets (MOXIE_LDW_<KEY>, see ldwh there; the moe module
-// is compiled with ldwDefines' options, see loadMoEKernels).
-var ldwKeys = []string{"s1r", "s2r", "sh", "gm"}
-
-// ldwDefines reads $MOXIE_CUDA_LDW's value, a comma list of KEY=0 or
-// KEY=1 (KEY one of ldwKeys; 1 the L2::256B hint, 0 a plain load), as
-// -DMOXIE_LDW_KEY=V options in ldwKeys' order. Entries of other forms are
-// ignored (an A/B switch; kernels/moe.cu's definitions are the defaults).
-func ldwDefines(v string) []string {
-	set := map[string]string{}
-	for _, f := range strings.Split(v, ",") {
-		k, val, ok := strings.Cut(strings.TrimSpace(f), "=")
-		if ok && (val == "0" || val == "1") && slices.Contains(ldwKeys, k) {
-			set[k] = val
-		}
-	}
-	var out []string
-	for _, k := range ldwKeys {
-		if val, ok := set[k]; ok {
-			out = append(out, "-DMOXIE_LDW_"+strings.ToUpper(k)+"="+val)
-		}
-	}
-	return out
-}
-
 // Module compiles (or loads from the disk cache) a CUDA C++ source for this
 // device and loads it; the result is memoised per device by cache key.
 // Compile errors carry NVRTC's log.
@@ -291,13 +264,7 @@ type kernelRef struct {
 // loadKernels compiles (or loads from the disk cache) src as module name
 // and stores each referenced kernel in its dst. Errors name the module.
 func (c *Ctx) loadKernels(name, src string, refs ...kernelRef) error {
-	return c.loadKernelsWith(name, src, nil, refs...)
-}
-
-// loadKernelsWith is loadKernels for a module compiled with extra NVRTC
-// options (moduleWith).
-func (c *Ctx) loadKernelsWith(name, src string, extra []string, refs ...kernelRef) error {
-	m, err := c.moduleWith(name, src, extra)
+	m, err := c.Module(name, src)
 	if err != nil {
 		return fmt.Errorf("cuda %s module: %w", name, err)
 	}
@@ -329,10 +296,4 @@ func (c *Ctx) raiseDynamicShared(k *Kernel, need int) error {
 		return fmt.Errorf("%s: %w", k.name, err)
 	}
 	return nil
-}
-
-// loadMoEKernels loads refs from the moe module (kernels/moe.cu), compiled
-// with the weight-load hints $MOXIE_CUDA_LDW sets (ldwDefines).
-func (c *Ctx) loadMoEKernels(refs ...kernelRef) error {
-	return c.loadKernelsWith("moe", moeSrc, ldwDefines(os.Getenv("MOXIE_CUDA_LDW")), refs...)
 }

@@ -581,7 +581,7 @@ func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert
 	if split > 1 { // a partial sum a block, then tickets (split 1: moe2s's body, one block a row group)
 		m.hBytes += moeSplitBytes(split, t.Dim)
 	}
-	if err := c.loadMoEKernels(kernelRef{n1, &m.k1}, kernelRef{n2, &m.k2}); err != nil {
+	if err := c.loadKernels("moe", moeSrc, kernelRef{n1, &m.k1}, kernelRef{n2, &m.k2}); err != nil {
 		return nil, err
 	}
 	if m.h, err = a.Alloc(m.hBytes); err != nil {

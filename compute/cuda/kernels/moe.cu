@@ -169,32 +169,6 @@ __device__ __forceinline__ uint4 ldw(const uint4 *p) {
   return v;
 }
 
-// ldwh<H>: ldw (H 1) or the plain read-only load without the L2 hint (H
-// 0). The lean stages and gemvm choose per use, by the MOXIE_LDW_*
-// definitions below (CompileOptions sets them from $MOXIE_CUDA_LDW for
-// A/B runs): S1R stage 1's routed MXFP4 words, S2R stage 2's, SH the
-// shared expert's FP8 words (both stages), GM gemvm's FP8 words. On the
-// H200 a read of stage 1's routed pattern took 17.3 us without the hint
-// and 19.4 with it; stage 2's 9.4 without and 9.0 with (session 7).
-#ifndef MOXIE_LDW_S1R
-#define MOXIE_LDW_S1R 1
-#endif
-#ifndef MOXIE_LDW_S2R
-#define MOXIE_LDW_S2R 1
-#endif
-#ifndef MOXIE_LDW_SH
-#define MOXIE_LDW_SH 1
-#endif
-#ifndef MOXIE_LDW_GM
-#define MOXIE_LDW_GM 1
-#endif
-template <int H> __device__ __forceinline__ uint4 ldwh(const uint4 *p) {
-  if (H) return ldw(p);
-  uint4 v;
-  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-
 // One chunk of U MXFP4 spans (32 columns each) of NM matrices' 16-row
 // tiles, in registers: load() issues every word and scale load (and, with
 // GB 1, the B vectors from global memory), compute() uses them (GB 0
@@ -1437,10 +1411,10 @@ struct Lean1Fp4 {
     for (int i = 0; i < NG; i++) {
       if (NG > 1 && q + i >= end) break;
       const int o = 64 * (q + i);
-      w[i][0][0] = ldwh<MOXIE_LDW_S1R>(reinterpret_cast<const uint4 *>(p1 + o));
-      w[i][0][1] = ldwh<MOXIE_LDW_S1R>(reinterpret_cast<const uint4 *>(p1 + rs + o));
-      w[i][1][0] = ldwh<MOXIE_LDW_S1R>(reinterpret_cast<const uint4 *>(p3 + o));
-      w[i][1][1] = ldwh<MOXIE_LDW_S1R>(reinterpret_cast<const uint4 *>(p3 + rs + o));
+      w[i][0][0] = ldw(reinterpret_cast<const uint4 *>(p1 + o));
+      w[i][0][1] = ldw(reinterpret_cast<const uint4 *>(p1 + rs + o));
+      w[i][1][0] = ldw(reinterpret_cast<const uint4 *>(p3 + o));
+      w[i][1][1] = ldw(reinterpret_cast<const uint4 *>(p3 + rs + o));
     }
   }
 };
@@ -1474,9 +1448,8 @@ __device__ __forceinline__ void lean_stage_scales(const u8 *S1, const u8 *S3, in
 // tiles: pw[m] is this lane's first 16-byte word of row g of matrix m (+
 // rs: row g+8), ps[m] the tile's row of block scales, bshift log2 of the
 // block edge. compute() is Fp8Chunk's arithmetic with B (natural layout)
-// at xb + 64s + 16t (s the absolute span). H: the weight loads' L2 hint
-// (ldwh).
-template <int NM, int UF, int H = MOXIE_LDW_SH>
+// at xb + 64s + 16t (s the absolute span).
+template <int NM, int UF>
 struct LeanFp8 {
   uint4 w[UF][NM][2];
   u32 sc[UF][NM];
@@ -1489,8 +1462,8 @@ struct LeanFp8 {
       const bool ok = !GUARD || s < spans;
 #pragma unroll
       for (int m = 0; m < NM; m++) {
-        w[u][m][0] = ok ? ldwh<H>(reinterpret_cast<const uint4 *>(pw[m] + 64 * s)) : make_uint4(0u, 0u, 0u, 0u);
-        w[u][m][1] = ok ? ldwh<H>(reinterpret_cast<const uint4 *>(pw[m] + rs + 64 * s)) : make_uint4(0u, 0u, 0u, 0u);
+        w[u][m][0] = ok ? ldw(reinterpret_cast<const uint4 *>(pw[m] + 64 * s)) : make_uint4(0u, 0u, 0u, 0u);
+        w[u][m][1] = ok ? ldw(reinterpret_cast<const uint4 *>(pw[m] + rs + 64 * s)) : make_uint4(0u, 0u, 0u, 0u);
         sc[u][m] = ok ? (u32)__ldg(ps[m] + ((s * 64) >> bshift)) : 0u;
       }
     }
@@ -1713,7 +1686,7 @@ __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
               const u8 *Sk = recS[k];
 #pragma unroll
               for (int r = 0; r < 2; r++) {
-                c.w[i][r] = ldwh<MOXIE_LDW_S2R>(reinterpret_cast<const uint4 *>(Wk + (r0 + g + 8 * r) * rb) + 4 * q + t);
+                c.w[i][r] = ldw(reinterpret_cast<const uint4 *>(Wk + (r0 + g + 8 * r) * rb) + 4 * q + t);
                 c.sc[i][r] = __ldg(Sk + (r0 + g + 8 * r) * sb + 4 * q + t);
               }
               // h: lane L copies 16 bytes: hi (L < 16) or lo, columns 128q + 8(L & 15).
@@ -1946,7 +1919,7 @@ __device__ __forceinline__ void gemvm_body(const GemvMatM &m, int blk, const flo
     const u8 *const ps[1] = {m.s + (long long)(r0 >> m.bshift) * m.sstride};
     const bool bl = g < 2;
     const u16 *xb = xw + (g & 1) * W - s0 * 64;  // column c's hi/lo at xb[c]
-    using Ch = LeanFp8<1, UF, MOXIE_LDW_GM>;
+    using Ch = LeanFp8<1, UF>;
     wide_walk<Ch>(
         s0, end, UF, [&](Ch &c, int s) { c.template load<true>(pw, 8LL * m.cols, ps, m.bshift, s, end); },
         [&](const Ch &c, int s) { c.template compute<true>(xb, bl, s, end, t, acc); },

@@ -134,8 +134,13 @@ type DeviceSession struct {
 	// forked after wq_a+wkv and joined before the indexer scores, so it
 	// overlaps the query path (a fork in the captured graph); sideOK false:
 	// one stream (MOXIE_CUDA_FORK=off, or the stream could not be made).
+	// sideEarly: the fork is at the layer's attention input instead, so
+	// the compressors' projections also overlap wq_a+wkv
+	// (MOXIE_CUDA_FORK=early; not with byQ normalizing qlat, whose
+	// window-KV ops then run on the side stream and read wkv's output).
 	side           cuda.Stream
 	sideOK         bool
+	sideEarly      bool
 	evFork, evJoin cuda.Event
 	// tcAttn: chunks of several queries use the tensor-core attention
 	// (Fwd.AttentionPrefill); MOXIE_CUDA_ATTN=ring keeps AttentionRing.
@@ -436,8 +441,8 @@ func (s *DeviceSession) open(pl *allocPlan, size int) (*DeviceSession, error) {
 			return err
 		}
 		s.pf.open(cc)
-		if os.Getenv("MOXIE_CUDA_FORK") != "off" {
-			s.sideOK = true
+		if fk := os.Getenv("MOXIE_CUDA_FORK"); fk != "off" {
+			s.sideOK, s.sideEarly = true, fk == "early"
 			if s.side, err = cc.NewStream(); err != nil {
 				s.sideOK = false
 			} else if s.evFork, err = cc.NewEvent(false); err != nil {
@@ -1186,38 +1191,44 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 				cuda.RowOp{Y: s.qi, X: s.qi, Rows: T * IH, Dim: ID, Heads: IH, NFreq: nf, Freq: freq, Pos: s.posBuf},
 				cuda.RowOp{Y: s.wts, X: s.wts, Rows: T, Dim: IH, Scale: true, A: wsc}) // a row per token: T blocks
 		}
-		steps = append(proj,
-			func() error {
-				if !forked {
-					return nil
-				}
-				// The compressors' chain on the side stream: the merged BF16
-				// projections of a, then each compressor's store and close.
-				side := s.side
-				return errs(
-					func() error { return c.Record(s.evFork, st) },
-					func() error { return c.StreamWait(side, s.evFork) },
-					func() error { return bf(c, side) },
-					func() error {
-						if b.icomp == nil {
-							return nil
-						}
-						return s.compStep(c, b.icomp, ls.icomp, T, freq, s.cin1, s.zin1, false, side)
-					},
-					func() error {
-						if b.comp == nil {
-							return nil
-						}
-						return s.compStep(c, b.comp, ls.comp, T, freq, s.cin, s.zin, false, side)
-					},
-					func() error {
-						if !qNormed {
-							return nil // with the qlat norm on the main stream, below
-						}
-						return c.RowOps([]cuda.RowOp{kvOp}, side)
-					},
-					func() error { return c.Record(s.evJoin, side) })
-			},
+		early := s.sideEarly && !qNormed
+		fork := func() error {
+			if !forked {
+				return nil
+			}
+			// The compressors' chain on the side stream: the merged BF16
+			// projections of a, then each compressor's store and close.
+			side := s.side
+			return errs(
+				func() error { return c.Record(s.evFork, st) },
+				func() error { return c.StreamWait(side, s.evFork) },
+				func() error { return bf(c, side) },
+				func() error {
+					if b.icomp == nil {
+						return nil
+					}
+					return s.compStep(c, b.icomp, ls.icomp, T, freq, s.cin1, s.zin1, false, side)
+				},
+				func() error {
+					if b.comp == nil {
+						return nil
+					}
+					return s.compStep(c, b.comp, ls.comp, T, freq, s.cin, s.zin, false, side)
+				},
+				func() error {
+					if !qNormed {
+						return nil // with the qlat norm on the main stream, below
+					}
+					return c.RowOps([]cuda.RowOp{kvOp}, side)
+				},
+				func() error { return c.Record(s.evJoin, side) })
+		}
+		if early {
+			steps = append([]func() error{fork}, proj...)
+		} else {
+			steps = append(proj, fork)
+		}
+		steps = append(steps,
 			func() error {
 				switch {
 				case !qNormed:

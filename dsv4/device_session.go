@@ -153,6 +153,10 @@ type DeviceSession struct {
 	// of the output as it writes it (Ctx.AttentionDecodeInvRoPE) instead of
 	// a separate rope launch; MOXIE_CUDA_INVROPE=off keeps the launch.
 	invRoPE bool
+	// qPrep: with invRoPE, decode attention also normalizes and rotates
+	// the queries as it stages them (Ctx.AttentionDecodeNormQ) instead of
+	// the row-op kernel after wq_b; MOXIE_CUDA_QPREP=off keeps the row op.
+	qPrep bool
 	// woPair: a one-token step runs wo_a and wo_b as one cuda.GemvPair
 	// launch ($MOXIE_CUDA_WOPAIR=on).
 	woPair      bool
@@ -320,7 +324,7 @@ func (m *Model) planDeviceSession(T int) (*DeviceSession, *allocPlan, int, error
 	s := &DeviceSession{m: m, d: d, limit: d.maxCtx, chunk: T, graphs: true, grouped: true, devMoE: true,
 		fused: os.Getenv("MOXIE_CUDA_FUSE") != "off", tcAttn: os.Getenv("MOXIE_CUDA_ATTN") != "ring",
 		attnDec: os.Getenv("MOXIE_CUDA_ATTNDEC") != "off" && cuda.DecodeAttentionFits(m.Cfg.NHeads, m.Cfg.HeadDim),
-		invRoPE: os.Getenv("MOXIE_CUDA_INVROPE") != "off", woPair: os.Getenv("MOXIE_CUDA_WOPAIR") == "on"}
+		invRoPE: os.Getenv("MOXIE_CUDA_INVROPE") != "off", qPrep: os.Getenv("MOXIE_CUDA_QPREP") != "off", woPair: os.Getenv("MOXIE_CUDA_WOPAIR") == "on"}
 	D, hc, K := c.Dim, c.HCMult, c.NActivatedExperts
 	s.topk = c.IndexTopK
 	s.entries = max(s.limit/config.CSARatio, 1)
@@ -1177,12 +1181,18 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 	// forked: this decode step runs the compressors' chain on the side
 	// stream (see DeviceSession.side); it needs the merged BF16 launch.
 	forked := bf != nil && s.sideOK && s.fusedOn()
+	// qPrep: decode attention normalizes and rotates the queries as it
+	// stages them (Ctx.AttentionDecodeNormQ), so no row-op kernel does.
+	qPrep := s.qPrep && T == 1 && s.attnDec && s.invRoPE && s.fusedOn()
 	var steps []func() error
 	if s.fusedOn() {
 		// Row operations fused: the qlat norm with the window KV's norm,
 		// RoPE and ring store; the queries' norm and RoPE with the indexer
 		// queries' RoPE and the scaling of its head weights.
-		qOps := []cuda.RowOp{{Y: s.q, X: s.q, Rows: T * H, Dim: hd, Heads: H, Norm: true, Eps: eps, NFreq: nf, Freq: freq, Pos: s.posBuf}}
+		var qOps []cuda.RowOp
+		if !qPrep {
+			qOps = append(qOps, cuda.RowOp{Y: s.q, X: s.q, Rows: T * H, Dim: hd, Heads: H, Norm: true, Eps: eps, NFreq: nf, Freq: freq, Pos: s.posBuf})
+		}
 		// The window KV's norm, RoPE and ring store (attention reads the
 		// ring after the side stream's join).
 		kvOp := cuda.RowOp{Y: ls.ring, X: s.kv, Rows: T, Dim: hd, Norm: true, W: b.kvNorm, Eps: eps, NFreq: nf, Freq: freq, Pos: s.posBuf, RingRows: ls.ringRows}
@@ -1244,7 +1254,12 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 		} else {
 			steps = append(steps, projQ...)
 		}
-		steps = append(steps, func() error { return c.RowOps(qOps, st) })
+		steps = append(steps, func() error {
+			if len(qOps) == 0 {
+				return nil // the queries are prepared by decode attention (qPrep)
+			}
+			return c.RowOps(qOps, st)
+		})
 	} else {
 		steps = append(proj,
 			func() error {
@@ -1331,6 +1346,10 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 			// (MOXIE_CUDA_ATTN=ring keeps the CUDA-core one).
 			attn := d.fwd.AttentionRing
 			switch {
+			case qPrep:
+				attn = func(c *cuda.Ctx, p cuda.AttnParams, st cuda.Stream) error {
+					return c.AttentionDecodeNormQ(p, eps, freq, nf, s.attnScratch, st)
+				}
 			case fold:
 				attn = func(c *cuda.Ctx, p cuda.AttnParams, st cuda.Stream) error {
 					return c.AttentionDecodeInvRoPE(p, freq, nf, s.attnScratch, st)

@@ -3,6 +3,7 @@ package cuda
 import (
 	_ "embed"
 	"fmt"
+	"math"
 	"structs"
 	"unsafe"
 )
@@ -117,7 +118,15 @@ type attnDecArgs struct {
 	Splits, NQ, KT, RoPENF                                        int32
 	Scale, Pad2                                                   float32
 	RoPEFreq                                                      uint64
+	QPrep                                                         int32
+	QEps                                                          float32
 }
+
+// qprep flags of ADArgs (AD_QNORM, AD_QROPE in kernels/attndec.cu).
+const (
+	attnDecQNorm = 1
+	attnDecQRoPE = 2
+)
 
 // attnDecModule returns the device's decode attention module, compiling (or
 // loading from the disk cache) it on first use and raising its partial
@@ -192,6 +201,29 @@ func (c *Ctx) AttentionDecodeInvRoPE(p AttnParams, freq DevicePtr, nfreq int, sc
 	return c.attentionDecodeVR(p, scratch, attnDecVariants[0], r, s)
 }
 
+// AttentionDecodeNormQ is AttentionDecodeInvRoPE on queries that p.Q holds
+// before their per-head RMSNorm and RoPE: the partial kernel normalizes
+// each head's Dim values (no weight, ε eps; 1/sqrtf(Σv²/Dim + eps) as
+// RowOp.Norm forms it, the sum in another order) and rotates their last
+// 2·nfreq dims forward by the angle float32(Pos[i])·freq[k] (RowOp's
+// rotation) as it stages them, then the combine rotates the output back
+// with the same table. So the results are those of RowOps([{Y: Q, X: Q,
+// Rows: T·Heads, Dim, Heads, Norm: true, Eps: eps, NFreq: nfreq, Freq:
+// freq, Pos}]) followed by AttentionDecodeInvRoPE, within rounding; p.Q is
+// not written. eps must be positive and finite; everything else is
+// AttentionDecodeInvRoPE's contract.
+func (c *Ctx) AttentionDecodeNormQ(p AttnParams, eps float32, freq DevicePtr, nfreq int, scratch DevicePtr, s Stream) error {
+	r := attnDecRoPE{freq: freq, nf: nfreq}
+	if err := r.check(p.Dim, true); err != nil {
+		return err
+	}
+	if !(eps > 0) || math.IsInf(float64(eps), 0) {
+		return fmt.Errorf("cuda attndec: query norm epsilon %g, want a positive finite value", eps)
+	}
+	r.qprep, r.qeps = attnDecQNorm|attnDecQRoPE, eps
+	return c.attentionDecodeVR(p, scratch, attnDecVariants[0], r, s)
+}
+
 // attentionDecode is AttentionDecode with the named partial-kernel variant.
 func (c *Ctx) attentionDecode(p AttnParams, scratch DevicePtr, variant string, s Stream) error {
 	v, ok := attnDecFind(variant)
@@ -206,6 +238,10 @@ func (c *Ctx) attentionDecode(p AttnParams, scratch DevicePtr, variant string, s
 type attnDecRoPE struct {
 	freq DevicePtr
 	nf   int
+	// qprep (attnDecQNorm|attnDecQRoPE) and qeps: the partial kernel
+	// prepares the queries (AttentionDecodeNormQ); 0: stored as they are.
+	qprep int32
+	qeps  float32
 }
 
 // check reports a rotation the combine cannot apply to heads of width dim
@@ -261,7 +297,8 @@ func (c *Ctx) attentionDecodeVR(p AttnParams, scratch DevicePtr, v attnDecVarian
 	a := attnDecArgs{O: uint64(p.O), Q: uint64(p.Q), Ring: uint64(p.Ring), Comp: uint64(p.Comp), Idx: uint64(p.Idx), Sinks: uint64(p.Sinks),
 		Pos: uint64(p.Pos), Part: uint64(scratch), RingRows: int32(p.RingRows), Window: int32(p.Window), Ratio: int32(max(p.Ratio, 1)),
 		IdxStride: int32(p.IdxStride), TopK: int32(p.TopK), Heads: int32(p.Heads), Dim: int32(p.Dim), MaxKeys: int32(p.MaxKeys),
-		Splits: int32(S), NQ: int32(p.T), KT: int32(v.KT), Scale: p.Scale, RoPENF: int32(r.nf), RoPEFreq: uint64(r.freq)}
+		Splits: int32(S), NQ: int32(p.T), KT: int32(v.KT), Scale: p.Scale, RoPENF: int32(r.nf), RoPEFreq: uint64(r.freq),
+		QPrep: r.qprep, QEps: r.qeps}
 	if err := c.Launch(kp, Dim3{X: uint32(p.Heads / v.G), Y: uint32(S), Z: uint32(p.T)}, Dim3{X: attnDecThreads}, v.shared(p.Dim), s, unsafe.Pointer(&a)); err != nil {
 		return err
 	}

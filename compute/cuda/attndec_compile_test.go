@@ -14,9 +14,9 @@ import (
 // every kernel AttentionDecode launches is in the image and that each fits
 // the H200's opt-in shared memory.
 func TestAttnDecCompiles(t *testing.T) {
-	// kernels/attndec.cu static_asserts sizeof(ADArgs) == 128.
-	if n := unsafe.Sizeof(attnDecArgs{}); n != 128 {
-		t.Errorf("attnDecArgs is %d bytes, struct ADArgs 128", n)
+	// kernels/attndec.cu static_asserts sizeof(ADArgs) == 136.
+	if n := unsafe.Sizeof(attnDecArgs{}); n != 136 {
+		t.Errorf("attnDecArgs is %d bytes, struct ADArgs 136", n)
 	}
 	img := compileModuleForTest(t, "attndec", AttnDecSource())
 	requireKernels(t, img, "attndec_combine")
@@ -32,7 +32,8 @@ func TestAttnDecCompiles(t *testing.T) {
 // on the CPU (no GPU needed): testdata/attndec_emu.cpp turns every CUDA
 // thread into a std::thread with barriers for __syncthreads and the warp
 // shuffles, runs window, HCA and CSA problems (padding, multi-tile splits,
-// MaxKeys truncation, T up to 4, dims 128/256/512, every variant) and
+// MaxKeys truncation, T up to 4, dims 128/256/512, every variant; the
+// default variant also with AttentionDecodeNormQ's query preparation) and
 // compares with its own float64 attention. Skipped with -short or without
 // g++ (C++20).
 func TestAttnDecEmulated(t *testing.T) {
@@ -81,7 +82,16 @@ func TestAttnDecEmulated(t *testing.T) {
 	if err != nil || !(worst <= attnDecTol) {
 		t.Errorf("emulation's last line %q: want worst <= %g", last, attnDecTol)
 	}
-	t.Logf("%d results, max relative error %.3g vs float64", len(lines)-1, worst)
+	qprep := 0
+	for _, l := range lines {
+		if strings.Contains(l, " qprep ") {
+			qprep++
+		}
+	}
+	if qprep < 12 { // one per case: the default variant with AttentionDecodeNormQ's query preparation
+		t.Errorf("emulation printed %d results with the query preparation, want one per case (12)", qprep)
+	}
+	t.Logf("%d results (%d with the query preparation), max relative error %.3g vs float64", len(lines)-1, qprep, worst)
 }
 
 // TestAttnDecRoPEEmulated runs kernels/attndec.cu's combine kernel on the

@@ -483,3 +483,126 @@ func TestAttentionDecodeInvRoPERejects(t *testing.T) {
 		t.Errorf("rotation without a table: %v, want an error naming the inverse RoPE", err)
 	}
 }
+
+// TestAttentionDecodeNormQ checks AttentionDecodeNormQ on raw queries
+// against the chain it replaces (RowOps' per-head RMSNorm and RoPE of the
+// queries, then AttentionDecodeInvRoPE: within attnDecTol, the sums of
+// squares running in another order) and against float64 (the queries
+// normalized and rotated, the attention, the output rotated back:
+// attnDecTol), and that it leaves the queries as they were.
+func TestAttentionDecodeNormQ(t *testing.T) {
+	const eps = 1e-6
+	withFwd(t, func(e *fwdEnv) {
+		if err := e.c.LoadAttnDec(); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.c.LoadFuse(); err != nil {
+			t.Fatal(err)
+		}
+		for ci, tc := range attnDecCases {
+			nf := map[int]int{512: 32, 256: 64, 128: 5}[tc.dim]
+			// Not a subtest: t.Run would move the case off the device's
+			// locked OS thread (CUDA_ERROR_INVALID_CONTEXT).
+			d := tc.data(uint64(200 + ci))
+			n := tc.T * tc.heads * tc.dim
+			scale := 1 / math.Sqrt(float64(tc.dim))
+			freq := ropeFreqs(nf)
+			dfreq := e.up(freq)
+			raw := e.up(d.q)
+			p := AttnParams{O: e.poisoned(n), Q: raw, Ring: e.up(d.ring), Sinks: e.up(d.sinks), Pos: e.positions(tc.p0, tc.T),
+				RingRows: tc.ringRows, Window: tc.window, T: tc.T, Ratio: tc.ratio, IdxStride: d.idxStride, TopK: tc.topk,
+				Heads: tc.heads, Dim: tc.dim, MaxKeys: d.maxKeys, Scale: float32(scale)}
+			if tc.kind != "window" {
+				p.Comp = e.up(d.ent)
+			}
+			if tc.kind == "csa" {
+				p.Idx = e.upInts(d.idx)
+			}
+			scratch, err := e.a.Alloc(AttentionDecodeScratchBytes(tc.heads, tc.dim, tc.T, d.maxKeys))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := e.c.Stream()
+			// The chain, on a prepared copy of the queries.
+			prepped := e.up(d.q)
+			if err := e.c.RowOps([]RowOp{{Y: prepped, X: prepped, Rows: tc.T * tc.heads, Dim: tc.dim, Heads: tc.heads, Norm: true, Eps: eps,
+				NFreq: nf, Freq: dfreq, Pos: p.Pos}}, s); err != nil {
+				t.Fatal(err)
+			}
+			pc := p
+			pc.Q = prepped
+			if err := e.c.AttentionDecodeInvRoPE(pc, dfreq, nf, scratch, s); err != nil {
+				t.Fatal(err)
+			}
+			chain := e.down(p.O, n)
+			if err := e.c.Memset(p.O, 0xff, 4*n, s); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.c.AttentionDecodeNormQ(p, eps, dfreq, nf, scratch, s); err != nil {
+				t.Fatal(err)
+			}
+			got := e.down(p.O, n)
+			if r := computetest.MaxRel(got, f64s(chain)); !(r <= attnDecTol) {
+				t.Errorf("%s: vs RowOps+AttentionDecodeInvRoPE max rel. error %.3g > %.3g", tc.name, r, attnDecTol)
+			}
+			if q := e.down(raw, n); !bitsEqual(q, d.q) {
+				t.Errorf("%s: the queries were written", tc.name)
+			}
+			var worst float64
+			for qi := range tc.T {
+				qd := f64s(d.q[qi*tc.heads*tc.dim : (qi+1)*tc.heads*tc.dim])
+				for h := range tc.heads {
+					v := qd[h*tc.dim : (h+1)*tc.dim]
+					var ss float64
+					for _, x := range v {
+						ss += x * x
+					}
+					inv := 1 / math.Sqrt(ss/float64(tc.dim)+eps)
+					for i := range v {
+						v[i] *= inv
+					}
+				}
+				ropeInvRef(qd, -(tc.p0 + qi), freq, tc.dim) // the forward rotation: the angle's sign flipped
+				qf := make([]float32, len(qd))
+				for i, x := range qd {
+					qf[i] = float32(x)
+				}
+				want := attnDecRef(qf, tc.keyList(d, qi), d.sinks, tc.heads, tc.dim, scale)
+				ropeInvRef(want, tc.p0+qi, freq, tc.dim)
+				rq := computetest.MaxRel(got[qi*tc.heads*tc.dim:(qi+1)*tc.heads*tc.dim], want)
+				worst = max(worst, rq)
+				if !(rq <= attnDecTol) {
+					t.Errorf("%s: query %d (position %d): max rel. error %.3g vs float64 > %.3g", tc.name, qi, tc.p0+qi, rq, attnDecTol)
+				}
+			}
+			t.Logf("%s: %d frequencies, vs float64 %.3g", tc.name, nf, worst)
+		}
+	})
+}
+
+// TestAttentionDecodeNormQRejects checks that a bad query epsilon or
+// rotation is an error naming it, before anything touches the device (no
+// GPU needed).
+func TestAttentionDecodeNormQRejects(t *testing.T) {
+	ok := AttnParams{O: 1, Q: 1, Ring: 1, Sinks: 1, Pos: 1, RingRows: 131, Window: 128, T: 1, Heads: 64, Dim: 512, MaxKeys: 640, Scale: 1}
+	var c *Ctx // never reached: every case fails validation first
+	for _, tc := range []struct {
+		name string
+		eps  float32
+		nf   int
+		want string
+	}{
+		{"zero epsilon", 0, 32, "epsilon 0"},
+		{"negative epsilon", -1e-6, 32, "epsilon -1e-06"},
+		{"NaN epsilon", float32(math.NaN()), 32, "epsilon NaN"},
+		{"infinite epsilon", float32(math.Inf(1)), 32, "epsilon +Inf"},
+		{"no frequencies", 1e-6, 0, "inverse RoPE of 0 frequencies"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := c.AttentionDecodeNormQ(ok, tc.eps, 1, tc.nf, 1, Stream{})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -50,8 +50,21 @@ struct ADArgs {
   int rope_nf;  // > 0: the combine rotates the last 2*rope_nf dims of each head back (see below)
   float scale, pad2;
   const float *rope_freq;  // [rope_nf] when rope_nf > 0
+  int qprep;               // AD_QNORM | AD_QROPE: the partial kernel prepares q as it stages it (below)
+  float qeps;              // the RMS norm's epsilon with AD_QNORM
 };
-static_assert(sizeof(ADArgs) == 128, "ADArgs must match attnDecArgs in attndec.go");
+static_assert(sizeof(ADArgs) == 136, "ADArgs must match attnDecArgs in attndec.go");
+
+// qprep: the partial kernel stages q[i, h] prepared as the row ops kernel
+// (fuse.cu fuse_rows) prepares it, instead of as stored: AD_QNORM divides
+// each head's row by its RMS (1/sqrtf(Σv²/D + qeps), no weight; Σv² summed
+// per float4, then the warp's tree, then the head's warps in order: another
+// order than fuse_rows', so the products may differ in the last bits),
+// AD_QROPE then rotates the last 2·rope_nf dims forward by the angle
+// float(pos[i])·rope_freq[k] (fuse_rows' float32 and float64 operations).
+// q itself is not written.
+#define AD_QNORM 1
+#define AD_QROPE 2
 
 #define AD_NT 256      // threads of the partial kernel
 #define AD_NW 8        // its warps
@@ -106,6 +119,65 @@ __device__ __forceinline__ const float *ad_key(const ADArgs &a, int i, int j, in
   return e < 0 ? (const float *)0 : a.comp + (long long)e * a.dim;
 }
 
+// ad_rope_fwd rotates the pair (re, im) by the angle pos * fr: fuse_rows'
+// rotation, operation for operation.
+__device__ __forceinline__ void ad_rope_fwd(float &re, float &im, float pos, float fr) {
+  const float ang = __fmul_rn(pos, fr);
+  double sd, cd;
+  sincos((double)ang, &sd, &cd);
+  const float c = (float)cd, s = (float)sd;
+  const float x0 = re, x1 = im;
+  re = x0 * c - x1 * s;
+  im = x0 * s + x1 * c;
+}
+
+// ad_qprep applies a.qprep to the block's staged query values: qr[r] is
+// float4 column (tid + r·AD_NT) mod D/4 of head (tid + r·AD_NT) / (D/4) of
+// the block's G heads (each head's D/4 columns lie in whole warps: D/4 is a
+// multiple of 32). All threads of the block call it (it has a barrier).
+template <int GP, int D>
+__device__ __forceinline__ void ad_qprep(const ADArgs &a, float4 (&qr)[GP], int t, int tid) {
+  constexpr int D4 = D / 4, WH = D4 / 32;  // warps per head
+  static_assert(D4 % 32 == 0, "a head's columns fill whole warps");
+  __shared__ float qss[GP][AD_NW];
+  const int lane = tid & 31, w = tid >> 5;
+  if (a.qprep & AD_QNORM) {
+#pragma unroll
+    for (int r = 0; r < GP; r++) {
+      const float4 v = qr[r];
+      float ss = v.x * v.x;
+      ss = fmaf(v.y, v.y, ss);
+      ss = fmaf(v.z, v.z, ss);
+      ss = fmaf(v.w, v.w, ss);
+      ss = ad_warp_sum(ss);
+      if (lane == 0) qss[r][w] = ss;
+    }
+    __syncthreads();
+    const int w0 = w / WH * WH;  // the first warp of this thread's head (the same for every r)
+#pragma unroll
+    for (int r = 0; r < GP; r++) {
+      float tot = 0.f;
+#pragma unroll
+      for (int k = 0; k < WH; k++) tot += qss[r][w0 + k];
+      const float inv = 1.0f / sqrtf(tot / (float)D + a.qeps);
+      qr[r].x = qr[r].x * inv;
+      qr[r].y = qr[r].y * inv;
+      qr[r].z = qr[r].z * inv;
+      qr[r].w = qr[r].w * inv;
+    }
+  }
+  if ((a.qprep & AD_QROPE) && a.rope_nf > 0) {
+    const float pf = (float)t;
+    const int c = tid % D4;                  // the same column for every r (AD_NT is a multiple of D4)
+    const int e0 = 4 * c - (D - 2 * a.rope_nf);  // this column's first dim within the rotated part
+#pragma unroll
+    for (int r = 0; r < GP; r++) {
+      if (e0 >= 0) ad_rope_fwd(qr[r].x, qr[r].y, pf, a.rope_freq[e0 >> 1]);
+      if (e0 + 2 >= 0) ad_rope_fwd(qr[r].z, qr[r].w, pf, a.rope_freq[(e0 + 2) >> 1]);
+    }
+  }
+}
+
 // Dynamic shared memory of ad_partial<G, D, KT, NB>, in bytes
 // (attnDecVariant.shared in attndec.go must agree).
 #define AD_SHARED(G, D, KT, NB) (16 * ((G) * ((D) / 4) + (NB) * (KT) * ((D) / 4 + 1)) + 4 * (AD_NW * (G) * (KT) + (KT) * (G)))
@@ -154,6 +226,7 @@ __device__ __forceinline__ void ad_partial(const ADArgs &a) {
     }
     return;
   }
+  if (a.qprep) ad_qprep<GP, D>(a, qr, first + nw - 1, tid);  // position t = first + nw - 1
 #pragma unroll
   for (int r = 0; r < GP; r++) qs[tid + r * AD_NT] = qr[r];
   if (tid < G) {

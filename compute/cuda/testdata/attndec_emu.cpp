@@ -104,6 +104,30 @@ int main(int argc, char **argv) {
     int maxKeys = c.maxKeys ? c.maxKeys : c.window + (!strcmp(c.kind, "csa") ? c.topk : !strcmp(c.kind, "hca") ? nEnt : 0);
     std::vector<int> pos(c.T); for (int i = 0; i < c.T; i++) pos[i] = c.p0 + i;
     double scale = 1 / std::sqrt((double)D);
+    // The query preparation of AttentionDecodeNormQ (qprep, mode 1): per
+    // head RMS with eps, then the last 2·nf dims rotated forward; the
+    // combine rotates the output back with the same table.
+    const int nf = D / 8;
+    const float qeps = 1e-6f;
+    std::vector<float> freq(nf);
+    for (int k = 0; k < nf; k++) freq[k] = std::pow(10000.f, -2.f * k / (2 * nf)) * (k % 2 ? 1.f : 1.3f);
+    for (int mode = 0; mode < 2; mode++) {
+    std::vector<double> qd(q.begin(), q.end());
+    if (mode == 1)
+      for (int qi = 0; qi < c.T; qi++)
+        for (int h = 0; h < H; h++) {
+          double *v = &qd[(qi * H + h) * D], ss = 0;
+          for (int x = 0; x < D; x++) ss += v[x] * v[x];
+          const double inv = 1 / std::sqrt(ss / D + qeps);
+          for (int x = 0; x < D; x++) v[x] *= inv;
+          for (int k = 0; k < nf; k++) {
+            const double ang = (double)(float)((float)(c.p0 + qi) * freq[k]);
+            double *e = &v[D - 2 * nf + 2 * k];
+            const double re = e[0], im = e[1];
+            e[0] = re * std::cos(ang) - im * std::sin(ang);
+            e[1] = re * std::sin(ang) + im * std::cos(ang);
+          }
+        }
     // reference
     std::vector<double> want(c.T * H * D, 0);
     for (int qi = 0; qi < c.T; qi++) {
@@ -116,14 +140,23 @@ int main(int argc, char **argv) {
       std::vector<const float *> kl; for (auto p : list) if (p) kl.push_back(p);
       for (int h = 0; h < H; h++) {
         std::vector<double> s(kl.size()); double M = -INFINITY;
-        for (size_t i = 0; i < kl.size(); i++) { double d = 0; for (int x = 0; x < D; x++) d += (double)q[(qi * H + h) * D + x] * kl[i][x]; s[i] = d * scale; M = std::max(M, s[i]); }
+        for (size_t i = 0; i < kl.size(); i++) { double d = 0; for (int x = 0; x < D; x++) d += qd[(qi * H + h) * D + x] * kl[i][x]; s[i] = d * scale; M = std::max(M, s[i]); }
         double den = std::exp(sinks[h] - M);
         for (auto &v : s) { v = std::exp(v - M); den += v; }
         for (size_t i = 0; i < kl.size(); i++) for (int x = 0; x < D; x++) want[(qi * H + h) * D + x] += s[i] / den * kl[i][x];
+        if (mode == 1)
+          for (int k = 0; k < nf; k++) {
+            const double ang = -(double)(float)((float)t * freq[k]);
+            double *e = &want[(qi * H + h) * D + D - 2 * nf + 2 * k];
+            const double re = e[0], im = e[1];
+            e[0] = re * std::cos(ang) - im * std::sin(ang);
+            e[1] = re * std::sin(ang) + im * std::cos(ang);
+          }
       }
     }
     for (auto &v : vars) {
       if (std::find(v.dims.begin(), v.dims.end(), D) == v.dims.end() || H % v.G) continue;
+      if (mode == 1 && &v != &vars[0]) continue;  // the query preparation: the default variant
       int S = max(1, min(v.maxS, (maxKeys + v.KT - 1) / v.KT));
       std::vector<float> part(c.T * S * H * (D + 2), NAN), out(c.T * H * D, NAN);
       ADArgs a{};
@@ -131,6 +164,7 @@ int main(int argc, char **argv) {
       a.idx = !strcmp(c.kind, "csa") ? idx.data() : nullptr; a.sinks = sinks.data(); a.pos = pos.data(); a.part = part.data();
       a.ring_rows = c.ringRows; a.window = c.window; a.ratio = max(c.ratio, 1); a.idx_stride = stride; a.topk = c.topk;
       a.heads = H; a.dim = D; a.max_keys = maxKeys; a.splits = S; a.nq = c.T; a.kt = v.KT; a.scale = (float)scale;
+      if (mode == 1) { a.qprep = AD_QNORM | AD_QROPE; a.qeps = qeps; a.rope_nf = nf; a.rope_freq = freq.data(); }
       auto k = kernel(v.name, D);
       if (!k) { printf("no kernel %s d%d  FAIL\n", v.name, D); return 1; }
       launch(k, {(unsigned)(H / v.G), (unsigned)S, (unsigned)c.T}, 256, a);
@@ -138,7 +172,8 @@ int main(int argc, char **argv) {
       double e = 0, m = 0;
       for (size_t i = 0; i < out.size(); i++) { if (std::isnan(out[i])) { e = INFINITY; break; } e = std::max(e, std::fabs(out[i] - want[i])); m = std::max(m, std::fabs(want[i])); }
       double r = e / m; worstAll = std::max(worstAll, r);
-      printf("%-24s %-7s S=%-3d maxKeys=%-4d rel %.3g%s\n", c.name, v.name, S, maxKeys, r, r > 1e-5 ? "  FAIL" : "");
+      printf("%-24s %-7s%s S=%-3d maxKeys=%-4d rel %.3g%s\n", c.name, v.name, mode ? " qprep" : "", S, maxKeys, r, r > 1e-5 ? "  FAIL" : "");
+    }
     }
   }
   printf("worst %.3g\n", worstAll);

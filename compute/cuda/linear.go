@@ -41,42 +41,9 @@ func LinearTCSource() (string, error) {
 // module's (common + bench) and the tensor-core tile module's (common + tc).
 // Text before the first marker is dropped.
 func splitLinearSource(src string) (def, bench, tc string, err error) {
-	sec := map[string]string{}
-	name := ""
-	var b strings.Builder
-	flush := func() error {
-		if name == "" {
-			return nil
-		}
-		if _, dup := sec[name]; dup {
-			return fmt.Errorf("cuda: kernels/linear.cu has two %q sections", name)
-		}
-		sec[name] = b.String()
-		b.Reset()
-		return nil
-	}
-	for line := range strings.Lines(src) {
-		if rest, ok := strings.CutPrefix(line, "//@module "); ok {
-			if err := flush(); err != nil {
-				return "", "", "", err
-			}
-			name = strings.TrimSpace(rest)
-			if name != "common" && name != "linear" && name != "bench" && name != "tc" {
-				return "", "", "", fmt.Errorf("cuda: kernels/linear.cu has an unknown section %q (want common, linear, bench, tc)", name)
-			}
-			continue
-		}
-		if name != "" {
-			b.WriteString(line)
-		}
-	}
-	if err := flush(); err != nil {
+	sec, err := splitSections("linear.cu", src, "common", "linear", "bench", "tc")
+	if err != nil {
 		return "", "", "", err
-	}
-	for _, n := range []string{"common", "linear", "bench", "tc"} {
-		if _, ok := sec[n]; !ok {
-			return "", "", "", fmt.Errorf("cuda: kernels/linear.cu lacks its %q section", n)
-		}
 	}
 	return sec["common"] + sec["linear"], sec["common"] + sec["bench"], sec["common"] + sec["tc"], nil
 }

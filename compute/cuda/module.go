@@ -3,6 +3,7 @@ package cuda
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 	"unsafe"
@@ -144,6 +145,56 @@ func ModuleSource(src string) string { return pdlPreamble + src }
 // hasPDLMarker reports whether src opts in to programmatic dependent launch.
 func hasPDLMarker(src string) bool {
 	return strings.HasPrefix(src, pdlMarker+"\n") || strings.Contains(src, "\n"+pdlMarker+"\n")
+}
+
+// moduleMarker starts a "//@module NAME" line: a kernel file split into
+// several NVRTC modules (linear.cu, moe.cu) names each section so, every
+// section running to the next such line.
+const moduleMarker = "//@module "
+
+// splitSections splits the kernel file text src (file names it in errors)
+// at its moduleMarker lines into the sections named names, returned by
+// name without their marker lines. Text before the first marker is
+// dropped. Every name must occur exactly once, and no other.
+func splitSections(file, src string, names ...string) (map[string]string, error) {
+	sec := map[string]string{}
+	name := ""
+	var b strings.Builder
+	flush := func() error {
+		if name == "" {
+			return nil
+		}
+		if _, dup := sec[name]; dup {
+			return fmt.Errorf("cuda: kernels/%s has two %q sections", file, name)
+		}
+		sec[name] = b.String()
+		b.Reset()
+		return nil
+	}
+	for line := range strings.Lines(src) {
+		if rest, ok := strings.CutPrefix(line, moduleMarker); ok {
+			if err := flush(); err != nil {
+				return nil, err
+			}
+			name = strings.TrimSpace(rest)
+			if !slices.Contains(names, name) {
+				return nil, fmt.Errorf("cuda: kernels/%s has an unknown section %q (want %s)", file, name, strings.Join(names, ", "))
+			}
+			continue
+		}
+		if name != "" {
+			b.WriteString(line)
+		}
+	}
+	if err := flush(); err != nil {
+		return nil, err
+	}
+	for _, n := range names {
+		if _, ok := sec[n]; !ok {
+			return nil, fmt.Errorf("cuda: kernels/%s lacks its %q section", file, n)
+		}
+	}
+	return sec, nil
 }
 
 // Name returns the kernel's symbol name.

@@ -85,9 +85,11 @@ func (g *Gemv) Bytes() int { return g.bytes }
 
 // GemvVariant picks a Gemv launch's kernel: the CUDA-core kernels of
 // kernels/gemv.cu with U loads in flight per lane and row (2, 4 or 8; 0
-// means 2), or with MMA the tensor-core tile kernels gemvm_f<U> of the moe
-// module (U spans of 64 columns a chunk: 1, 2 or 4; 0 means 2; FP8 blocks
-// only, see PrepareGemv).
+// means 2), or with MMA the tensor-core tile kernels gemvm_f<U> of
+// kernels/moe.cu (U spans of 64 columns a chunk: 1, 2 or 4; 0 means 2; FP8
+// blocks only, see PrepareGemv). gemvm_f4, a decode session's default, is
+// in the default moe module; f1 and f2 compile the moe benchmark module on
+// first use (MoEModuleSources).
 type GemvVariant struct {
 	U   int
 	MMA bool
@@ -159,7 +161,7 @@ func (c *Ctx) prepareGemvM(ps []GemvProj, u int) (*Gemv, error) {
 	g.args.N = int32(len(ps))
 	g.grid = Dim3{X: uint32(blocks)}
 	g.smem = gemvmWarps * 256 * maxPer
-	if err := c.loadKernels("moe", moeSrc, kernelRef{name, &g.kernel}); err != nil {
+	if err := c.moeKernels(kernelRef{name, &g.kernel}); err != nil {
 		return nil, err
 	}
 	return g, nil

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/bits"
 	"structs"
+	"sync"
 	"unsafe"
 
 	"moxie/compute"
@@ -13,9 +14,69 @@ import (
 //go:embed kernels/moe.cu
 var moeSrc string
 
-// MoESource returns the CUDA source of the fused MoE decode kernels
-// (kernels/moe.cu).
+// MoESource returns the CUDA source of the fused MoE decode kernels and
+// the Gemv MMA kernels: the whole of kernels/moe.cu, both modules'
+// sections (nvcc compiles it as one unit).
 func MoESource() string { return moeSrc }
+
+// MoEModuleSources returns the sources of the two moe modules: def, the
+// default module (the kernels of MoEPreferred and the gemvm_f4 Gemv MMA
+// kernel), compiled on the first PrepareMoEDecode or MMA PrepareGemv;
+// bench, every other variant's kernels, compiled only when one of them is
+// first asked for (moeKernels).
+func MoEModuleSources() (def, bench string, err error) {
+	srcs, err := moeModuleSources()
+	return srcs[0], srcs[1], err
+}
+
+// moeModuleSources is splitMoESource(moeSrc), computed once (a decode
+// session prepares its MoE decodes and Gemv launches layer by layer).
+var moeModuleSources = sync.OnceValues(func() ([2]string, error) {
+	def, bench, err := splitMoESource(moeSrc)
+	return [2]string{def, bench}, err
+})
+
+// splitMoESource splits a moe.cu text at its "//@module NAME" lines into
+// the default module's source (common + moe) and the benchmark module's
+// (common + bench). Text before the first marker is dropped.
+func splitMoESource(src string) (def, bench string, err error) {
+	sec, err := splitSections("moe.cu", src, "common", "moe", "bench")
+	if err != nil {
+		return "", "", err
+	}
+	return sec["common"] + sec["moe"], sec["common"] + sec["bench"], nil
+}
+
+// moeKernels stores each referenced kernel in its dst, taken from the
+// default moe module (compiled, or read from the disk cache, on first use)
+// or, for a kernel that module lacks, from the benchmark module, which is
+// compiled only then. Errors name the module and the kernel.
+func (c *Ctx) moeKernels(refs ...kernelRef) error {
+	def, bench, err := MoEModuleSources()
+	if err != nil {
+		return err
+	}
+	m, err := c.Module("moe", def)
+	if err != nil {
+		return fmt.Errorf("cuda moe module: %w", err)
+	}
+	var bm *Module
+	for _, r := range refs {
+		k, err := m.Kernel(r.name)
+		if err != nil {
+			if bm == nil {
+				if bm, err = c.Module("moe_bench", bench); err != nil {
+					return fmt.Errorf("cuda moe_bench module (for kernel %s): %w", r.name, err)
+				}
+			}
+			if k, err = bm.Kernel(r.name); err != nil {
+				return fmt.Errorf("cuda moe: no kernel %s in either moe module: %w", r.name, err)
+			}
+		}
+		*r.dst = k
+	}
+	return nil
+}
 
 // SharedExpert is an always-active expert of a MoE layer in FP8Block format:
 // W1 and W3 [Is, D], W2 [D, Is], one FP8 block edge (a power of two of at
@@ -581,7 +642,7 @@ func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert
 	if split > 1 { // a partial sum a block, then tickets (split 1: moe2s's body, one block a row group)
 		m.hBytes += moeSplitBytes(split, t.Dim)
 	}
-	if err := c.loadKernels("moe", moeSrc, kernelRef{n1, &m.k1}, kernelRef{n2, &m.k2}); err != nil {
+	if err := c.moeKernels(kernelRef{n1, &m.k1}, kernelRef{n2, &m.k2}); err != nil {
 		return nil, err
 	}
 	if m.h, err = a.Alloc(m.hBytes); err != nil {

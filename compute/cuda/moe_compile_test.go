@@ -5,43 +5,169 @@ import (
 	"debug/elf"
 	"encoding/binary"
 	"fmt"
-	"moxie/compute"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"unsafe"
+
+	"moxie/compute"
 )
 
-// TestMoECompile compiles kernels/moe.cu for sm_90 (compileModuleForTest:
-// no GPU needed, skipped without NVRTC) and checks that the CUBIN defines
-// both kernels of every MoEVariant, with their register counts and stack
-// frames logged (NVRTC 11.8: the stage 1 kernels at 128 registers keep
-// 8-32 bytes of frame, spilled around the double-precision sigmoid's
-// slow-path call). The .cu file's static_asserts check the MoeArgs/LinRec
-// sizes at compile time.
-func TestMoECompile(t *testing.T) {
-	img := compileModuleForTest(t, "moe", MoESource())
-	res := cubinResources(t, img)
-	for v := range moeVariantCount {
-		n1, n2 := moeKernelNames(v)
-		requireKernels(t, img, n1, n2)
-		for _, n := range []string{n1, n2} {
-			r, ok := res[n]
-			if !ok {
-				t.Errorf("%v: %s has no register count in the CUBIN's .nv.info", v, n)
-				continue
+// gemvmDecodeU is the gemvm chunk a decode session uses by default: dsv4's
+// $MOXIE_CUDA_GEMVM default "a,q,wo,u4" (GemvVariant{MMA: true, U: 4}).
+const gemvmDecodeU = 4
+
+// moeDefaultKernels returns the kernels a decode session launches from the
+// moe modules by default, each with why: MoEPreferred's two (the variant
+// ParseMoEVariant("") picks; moeKernelNames does not depend on the shapes)
+// and the gemvm chunk dsv4 asks for by default. They must be in the
+// default module, and nothing else should.
+func moeDefaultKernels(t *testing.T) map[string]string {
+	v, err := ParseMoEVariant("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n1, n2 := moeKernelNames(v)
+	want := map[string]string{n1: fmt.Sprintf("MoE decode variant %v, stage 1", v), n2: fmt.Sprintf("MoE decode variant %v, stage 2", v)}
+	want[fmt.Sprintf("gemvm_f%d", gemvmDecodeU)] = fmt.Sprintf("Gemv MMA U %d", gemvmDecodeU)
+	return want
+}
+
+// TestMoEModuleSources checks the split of kernels/moe.cu into the default
+// and benchmark modules (no NVRTC needed): the instantiations each holds,
+// and that both carry the //@pdl marker (Module sets Kernel.pdl from it)
+// with every kernel starting as pdlMarker requires.
+func TestMoEModuleSources(t *testing.T) {
+	def, bench, err := MoEModuleSources()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, src string
+		want      []string
+		notWant   []string
+	}{
+		{"default", def, []string{"struct MoeArgs", "static_assert(sizeof(MoeArgs) == 144", "MOE1LX(0, 7) MOE2L(1, 1, 0, 2)", "GEMVM(4)"},
+			[]string{"GEMVM(1)", "GEMVM(2)", "MOE1L(0, 7)", "MOE2LP(1, 1, 0, 2)", "MOE1(8, 2, 0, 2)", "MOE1W(2, 2, 0, 2)", "MOE2S(2, 2, 0, 4, 3, 6)", "//@module"}},
+		{"bench", bench, []string{"struct MoeArgs", "GEMVM(1) GEMVM(2)", "MOE1(8, 2, 0, 2)", "MOE1L(0, 7) MOE2LP(1, 1, 0, 2)", "MOE1WP(1, 1, 0, 2)", "MOE1LXG(2, 0, 4)"},
+			[]string{"GEMVM(4)", "MOE1LX(0, 7)", "MOE2L(1, 1, 0, 2)", "//@module"}},
+	} {
+		for _, w := range tc.want {
+			if !strings.Contains(tc.src, w) {
+				t.Errorf("%s module source lacks %q", tc.name, w)
 			}
-			t.Logf("%v: %s: %d registers, %d-byte stack frame", v, n, r.regs, r.frame)
+		}
+		for _, w := range tc.notWant {
+			if strings.Contains(tc.src, w) {
+				t.Errorf("%s module source contains %q", tc.name, w)
+			}
+		}
+		if !hasPDLMarker(tc.src) {
+			t.Errorf("%s module source lacks the %s marker", tc.name, pdlMarker)
+		}
+		if bad := pdlViolations(tc.src); len(bad) > 0 {
+			t.Errorf("%s module: kernels that do not start as %s requires: %v", tc.name, pdlMarker, bad)
 		}
 	}
-	// The Gemv MMA kernels (PrepareGemv with GemvVariant.MMA) live in this
-	// module too.
-	for _, n := range []string{"gemvm_f1", "gemvm_f2", "gemvm_f4"} {
-		requireKernels(t, img, n)
-		if r, ok := res[n]; ok {
-			t.Logf("%s: %d registers, %d-byte stack frame", n, r.regs, r.frame)
-			if r.frame != 0 {
-				t.Errorf("%s: %d-byte stack frame, want none (a spill)", n, r.frame)
+	if len(def)+len(bench) <= len(moeSrc) {
+		t.Errorf("module sources (%d + %d bytes) do not both carry the common section of moe.cu (%d bytes)", len(def), len(bench), len(moeSrc))
+	}
+	for _, bad := range []struct{ src, err string }{
+		{"//@module common\nC\n//@module moe\nM\n", `lacks its "bench" section`},
+		{"//@module common\nC\n//@module linear\nL\n", `unknown section "linear" (want common, moe, bench)`},
+	} {
+		if _, _, err := splitMoESource(bad.src); err == nil || !strings.Contains(err.Error(), bad.err) || !strings.Contains(err.Error(), "moe.cu") {
+			t.Errorf("splitMoESource(%q): error %v, want one naming moe.cu and containing %q", bad.src, err, bad.err)
+		}
+	}
+	if d, b, err := splitMoESource("head\n//@module bench\nB\n//@module common\nC\n//@module moe\nM\n"); err != nil || d != "C\nM\n" || b != "C\nB\n" {
+		t.Errorf("splitMoESource = %q, %q, %v; want \"C\\nM\\n\", \"C\\nB\\n\"", d, b, err)
+	}
+}
+
+// TestMoECompile compiles the two moe modules (MoEModuleSources) for sm_90
+// (compileModuleForTest: no GPU needed, skipped without NVRTC) and checks
+// that the default module holds exactly the kernels a decode session
+// launches by default (moeDefaultKernels), that both kernels of every
+// MoEVariant and every gemvm chunk are in one of the two modules, and that
+// no kernel is in both; register counts and stack frames are logged
+// (NVRTC 11.8: the stage 1 kernels at 128 registers keep 8-32 bytes of
+// frame, spilled around the double-precision sigmoid's slow-path call; the
+// gemvm kernels must keep none). The benchmark module (the slow one) is
+// skipped in -short mode unless MOXIE_COMPILE_BENCH is set. The .cu file's
+// static_asserts check the MoeArgs/LinRec sizes at compile time.
+func TestMoECompile(t *testing.T) {
+	def, bench, err := MoEModuleSources()
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := map[string]kernelResources{}
+	compile := func(name, src string) map[string]bool {
+		img := compileModuleForTest(t, name, src)
+		syms := kernelSymbols(t, img)
+		t.Logf("%s module: %d kernels", name, len(syms))
+		for n, r := range cubinResources(t, img) {
+			res[n] = r
+		}
+		return syms
+	}
+	wantDef := moeDefaultKernels(t)
+	defSyms := compile("moe", def)
+	for name, why := range wantDef {
+		if !defSyms[name] {
+			t.Errorf("default moe module lacks %s (%s)", name, why)
+		}
+	}
+	for name := range defSyms {
+		if _, ok := wantDef[name]; !ok {
+			t.Errorf("default moe module has %s, which no default launches (move it to the bench section)", name)
+		}
+	}
+	var benchSyms map[string]bool
+	if testing.Short() && os.Getenv("MOXIE_COMPILE_BENCH") == "" {
+		t.Log("-short: benchmark module not compiled (set MOXIE_COMPILE_BENCH=1)")
+	} else {
+		benchSyms = compile("moe_bench", bench)
+		for name := range benchSyms {
+			if defSyms[name] {
+				t.Errorf("kernel %s is in both moe modules", name)
 			}
+		}
+	}
+	logRes := func(what, n string) {
+		if r, ok := res[n]; ok {
+			t.Logf("%s: %s: %d registers, %d-byte stack frame", what, n, r.regs, r.frame)
+		} else {
+			t.Errorf("%s: %s has no register count in the CUBIN's .nv.info", what, n)
+		}
+	}
+	present := func(what, n string) bool {
+		if defSyms[n] || benchSyms[n] {
+			return true
+		}
+		if benchSyms != nil {
+			t.Errorf("%s: no moe module has %s", what, n)
+		}
+		return false
+	}
+	for v := range moeVariantCount {
+		n1, n2 := moeKernelNames(v)
+		for _, n := range []string{n1, n2} {
+			if present(v.String(), n) {
+				logRes(v.String(), n)
+			}
+		}
+	}
+	// The Gemv MMA kernels (PrepareGemv with GemvVariant.MMA).
+	for _, u := range []int{1, 2, 4} {
+		n := fmt.Sprintf("gemvm_f%d", u)
+		if !present("Gemv MMA", n) {
+			continue
+		}
+		logRes("Gemv MMA", n)
+		if r := res[n]; r.frame != 0 {
+			t.Errorf("%s: %d-byte stack frame, want none (a spill)", n, r.frame)
 		}
 	}
 }
@@ -244,11 +370,22 @@ func moeLeanEmuSource() (string, error) {
 			return "", err
 		}
 	}
-	i := strings.Index(src, "#define LEAN1_WARPS")
+	sec, err := splitSections("moe.cu", src, "common", "moe", "bench")
+	if err != nil {
+		return "", err
+	}
+	i := strings.Index(sec["common"], "#define LEAN1_WARPS")
 	if i < 0 {
 		return "", fmt.Errorf("kernels/moe.cu: no lean section; update the emulation")
 	}
-	lean := src[i:]
+	lean := sec["common"][i:]
+	// The lean and gemvm kernels: the lines of both modules' sections that
+	// instantiate the macros the lean part of common defines.
+	inst, err := emuInstantiations(lean, sec["moe"]+sec["bench"])
+	if err != nil {
+		return "", err
+	}
+	lean += inst
 	for _, r := range []struct{ old, new string }{
 		{"extern __shared__ uint4 moe_smem[];", "uint4 *moe_smem = g_moe_smem;"},
 		{`  const u32 d = (u32)__cvta_generic_to_shared(dst);
@@ -265,6 +402,47 @@ func moeLeanEmuSource() (string, error) {
 		return "", fmt.Errorf("kernels/moe.cu: the lean section has inline PTX the emulation does not replace")
 	}
 	b.WriteString(lean)
+	return b.String(), nil
+}
+
+var (
+	cuMacroDef  = regexp.MustCompile(`(?m)^#define ([A-Z][A-Z0-9_]*)\(`)
+	cuMacroCall = regexp.MustCompile(`\b([A-Z][A-Z0-9_]*)\(`)
+)
+
+// emuInstantiations returns the lines of sections (moe.cu's module
+// sections: instantiation lines and comments) that call macros defined in
+// part (moe.cu's lean and gemvm text), the other instantiation lines
+// dropped; a line calling both kinds is an error (keep the families on
+// separate lines).
+func emuInstantiations(part, sections string) (string, error) {
+	defined := map[string]bool{}
+	for _, m := range cuMacroDef.FindAllStringSubmatch(part, -1) {
+		defined[m[1]] = true
+	}
+	var b strings.Builder
+	for line := range strings.Lines(sections) {
+		if strings.HasPrefix(strings.TrimSpace(line), "//") {
+			continue
+		}
+		in, out := 0, 0
+		for _, m := range cuMacroCall.FindAllStringSubmatch(line, -1) {
+			if defined[m[1]] {
+				in++
+			} else {
+				out++
+			}
+		}
+		switch {
+		case in > 0 && out > 0:
+			return "", fmt.Errorf("kernels/moe.cu: %q instantiates lean and other kernels on one line; split it for the emulation", strings.TrimSpace(line))
+		case in > 0:
+			b.WriteString(line)
+		}
+	}
+	if b.Len() == 0 {
+		return "", fmt.Errorf("kernels/moe.cu: no lean or gemvm instantiation in the module sections; update the emulation")
+	}
 	return b.String(), nil
 }
 

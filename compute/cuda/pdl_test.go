@@ -18,12 +18,19 @@ import (
 	"moxie/compute/ref"
 )
 
-// kernelSources is every embedded kernel source, by module file name.
+// kernelSources is every embedded kernel source, by module file name, and
+// the moe modules' sources as split from moe.cu (each must carry the
+// marker itself: Module reads it from the source it compiles).
 func kernelSources(t *testing.T) map[string]string {
 	t.Helper()
+	moeDef, moeBench, err := MoEModuleSources()
+	if err != nil {
+		t.Fatal(err)
+	}
 	return map[string]string{
 		"attn.cu": AttnSource(), "attndec.cu": AttnDecSource(), "fuse.cu": FuseSource(), "fwd.cu": FwdSource(),
 		"gemv.cu": GemvSource(), "idxdec.cu": IdxDecSource(), "linear.cu": LinearSource(), "moe.cu": MoESource(),
+		"moe.cu (module moe)": moeDef, "moe.cu (module moe_bench)": moeBench,
 		"ops.cu": OpsSource(), "prefetch.cu": PrefetchSource(), "route.cu": RouteSource(),
 	}
 }

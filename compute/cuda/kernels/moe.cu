@@ -44,6 +44,16 @@
 // last wave runs, and stage 1's while the kernel before it finishes; the
 // one-tile-a-block kernels with MOXIE_PDL_PF (moe1_pf, moe2_pf: the shared
 // expert's weights asked into L2 while they wait).
+//
+// The file has three sections, split by the "//@module" lines
+// (compute/cuda/moe.go, MoEModuleSources): "common" (types, decoders,
+// templates, the kernel-defining macros; no kernels) is part of both
+// modules; "moe" is the default module, the kernels a decode session
+// launches by default, compiled on a user's first run; "bench" holds every
+// other variant, compiled only when one of its kernels is first asked for.
+// nvcc can compile the whole file as one unit.
+
+//@module common
 //@pdl
 
 typedef unsigned char u8;
@@ -1246,11 +1256,6 @@ __device__ __forceinline__ MoxiePF moe2s_pf(const MoeArgs &a) {
 #define MOE2(U, UF, DEC, B) \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe2_u##U##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2_pf(a)); moe_stage2<U, UF, DEC>(a); }
 
-MOE1(8, 2, 0, 2) MOE2(8, 4, 0, 2)
-MOE1(4, 1, 0, 3) MOE2(16, 4, 0, 3)
-MOE1(8, 2, 1, 2) MOE2(8, 4, 1, 2)
-MOE1P(8, 1, 0, 2)
-
 // The wide family: moe1w_g<G>_f<UF>_d<DEC>_b<B> (moe1wpf_...: with
 // moe_prefetch_w2), moe2w_g<G>_f<UF>_d<DEC>_b<B>.
 #define MOE1W(G, UF, DEC, B) \
@@ -1275,33 +1280,20 @@ MOE1P(8, 1, 0, 2)
 #define MOE1WA(UF, DEC, B) \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1wa_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe1_pf(a)); moe_stage1w<1, UF, DEC, false, true, true>(a); }
 
-MOE1W(2, 2, 0, 2) MOE2W(4, 4, 0, 2)
-MOE1W(1, 2, 0, 2) MOE2W(2, 4, 0, 2)
-MOE1WPF(2, 2, 0, 2)
-MOE1W(1, 1, 0, 3)
-MOE1WS(1, 2, 0, 2) MOE2WS(2, 4, 0, 2)
-MOE1WA(2, 0, 2)
-
 // moe2wsp_g<G>_f<UF>_d<DEC>_b<B>: moe2ws_... whose warps first ask L2 for
 // their whole routed range.
 #define MOE2WSP(G, UF, DEC, B) \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe2wsp_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2_pf(a)); moe_stage2w<G, UF, DEC, true, true>(a); }
-
-MOE2WSP(2, 4, 0, 2)
 
 // moe1wsp_g<G>_f<UF>_d<DEC>_b<B>: moe1ws_... whose warps first ask L2 for
 // their whole routed range.
 #define MOE1WSP(G, UF, DEC, B) \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1wsp_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe1_pf(a)); moe_stage1w<G, UF, DEC, false, true, false, true>(a); }
 
-MOE1WSP(1, 2, 0, 2)
-
 // The wide family's routed tiles in moe_stage1p's persistent blocks:
 // moe1wp_g<G>_f<UF>_d<DEC>_b<B>.
 #define MOE1WP(G, UF, DEC, B) \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS, B) moe1wp_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a, int *ctr) { MOXIE_PDL(); moe_stage1p<G, UF, DEC, false, true>(a, ctr); }
-
-MOE1WP(1, 1, 0, 2)
 
 // ---- The lean family (moe1l_*, moe2l_*) ----
 //
@@ -1789,15 +1781,16 @@ __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
 
 // moe1l_d<DEC>_b<B>: stage 1 lean, 128 threads, B blocks an SM;
 // moe2l_g<G>_f<UF>_d<DEC>_b<B>: stage 2 lean, 512 threads; moe1lp_...,
-// moe2lp_...: with PFR.
+// moe2lp_...: with PFR (MOE1L defines both stage 1 kernels; MOE2L and
+// MOE2LP one stage 2 kernel each, so that leanx's moe2l can sit in the
+// default module without its moe2lp).
 #define MOE1L(DEC, B) \
   extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1l_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe1_pf(a)); moe_stage1l<DEC, false>(a); } \
   extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1lp_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe1_pf(a)); moe_stage1l<DEC, true>(a); }
 #define MOE2L(G, UF, DEC, B) \
-  extern "C" __global__ void __launch_bounds__(32 * LEAN2_WARPS, B) moe2l_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2_pf(a)); moe_stage2l<G, UF, DEC, false>(a); } \
+  extern "C" __global__ void __launch_bounds__(32 * LEAN2_WARPS, B) moe2l_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2_pf(a)); moe_stage2l<G, UF, DEC, false>(a); }
+#define MOE2LP(G, UF, DEC, B) \
   extern "C" __global__ void __launch_bounds__(32 * LEAN2_WARPS, B) moe2lp_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2_pf(a)); moe_stage2l<G, UF, DEC, true>(a); }
-
-MOE1L(0, 7) MOE2L(1, 1, 0, 2) MOE2L(2, 2, 0, 1)
 
 // moe2le_g<G>_f<UF>_d<DEC>_b<B>: moe2lp whose blocks read the expert ids and
 // records, and ask L2 for every warp's routed and shared range, before they
@@ -1808,22 +1801,12 @@ MOE1L(0, 7) MOE2L(1, 1, 0, 2) MOE2L(2, 2, 0, 1)
 #define MOE2LE(G, UF, DEC, B) \
   extern "C" __global__ void __launch_bounds__(32 * LEAN2_WARPS, B) moe2le_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_INSIDE(); moe_stage2l<G, UF, DEC, true, LEAN2_WARPS, 1, true>(a); }
 
-MOE2LE(1, 1, 0, 2)
-
 // moe2s_g<G>_f<UF>_d<DEC>_w<NW>_s<SP>_b<B>: split stage 2 (see the
 // family's comment), NW warps a block, SP blocks a row group, B blocks an
 // SM; moe2sp_...: with PFR. Grid: SP·D/16 blocks; a.part as MoeArgs says.
 #define MOE2S(G, UF, DEC, NW, SP, B) \
   extern "C" __global__ void __launch_bounds__(32 * NW, B) moe2s_g##G##_f##UF##_d##DEC##_w##NW##_s##SP##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2s_pf<SP>(a)); moe_stage2l<G, UF, DEC, false, NW, SP>(a); } \
   extern "C" __global__ void __launch_bounds__(32 * NW, B) moe2sp_g##G##_f##UF##_d##DEC##_w##NW##_s##SP##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2s_pf<SP>(a)); moe_stage2l<G, UF, DEC, true, NW, SP>(a); }
-
-MOE2S(2, 2, 0, 4, 3, 6)
-
-// Not split (SP 1): 8-warp blocks, one a row group, each warp 16 units at
-// V4 shapes (16 KB) with G units a chunk, two chunks in flight (G 4: 256
-// bytes a lane, the tensor-core Gemv's best; G 2: 128), two blocks an SM
-// (all 256 row groups resident at once on an H200).
-MOE2S(4, 4, 0, 8, 1, 2) MOE2S(2, 2, 0, 8, 1, 2)
 
 // moe1lx_d<DEC>_b<B>: stage 1 lean whose shared-expert tiles (blocks
 // [0, Is/16), block-uniform) do not wait for the previous kernel on the
@@ -1835,14 +1818,10 @@ MOE2S(4, 4, 0, 8, 1, 2) MOE2S(2, 2, 0, 8, 1, 2)
 #define MOE1LX(DEC, B) \
   extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1lx_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_UNLESS((int)blockIdx.x < (a.Is >> 4)); moe_stage1l<DEC, false>(a); }
 
-MOE1LX(0, 7)
-
 // moe1lx_g<NG>_d<DEC>_b<B>: moe1lx with NG routed groups (and NG FP8
 // spans) a chunk: two chunks, 128·NG bytes a lane, in flight.
 #define MOE1LXG(NG, DEC, B) \
   extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1lx_g##NG##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_UNLESS((int)blockIdx.x < (a.Is >> 4)); moe_stage1l<DEC, false, NG>(a); }
-
-MOE1LXG(2, 0, 4) MOE1LXG(4, 0, 2)
 
 // ---- One-token FP8-block products on the lean tiles (gemvm_*) ----
 //
@@ -1963,4 +1942,42 @@ __device__ __forceinline__ int gemvm_mat(const GemvArgsM &a) {
 #define GEMVM(UF) \
   extern "C" __global__ void __launch_bounds__(32 * GEMVM_WARPS) gemvm_f##UF(const GemvArgsM a) { MOXIE_PDL_INSIDE(); const int i = gemvm_mat(a); gemvm_body<UF>(a.m[i], blockIdx.x - a.m[i].blk0, a.nw[i], a.eps[i]); }
 
-GEMVM(1) GEMVM(2) GEMVM(4)
+//@module moe
+// The default module, compiled (or read from the disk cache) on first use:
+// the two kernels of MoEPreferred (MoELeanX: moe1lx_d0_b7, moe2l_g1_f1_d0_b2;
+// their names do not depend on the shapes) and the tensor-core Gemv kernel
+// a decode session launches by default (gemvm_f4: $MOXIE_CUDA_GEMVM's
+// default "a,q,wo,u4" in dsv4).
+MOE1LX(0, 7) MOE2L(1, 1, 0, 2)
+GEMVM(4)
+
+//@module bench
+// Every other variant's kernels, compiled only when a prepare asks for a
+// kernel the default module lacks (moeKernels in compute/cuda/moe.go).
+// u8, occ3, u8cvt; persist and persistpf (MOE1P defines both).
+MOE1(8, 2, 0, 2) MOE2(8, 4, 0, 2)
+MOE1(4, 1, 0, 3) MOE2(16, 4, 0, 3)
+MOE1(8, 2, 1, 2) MOE2(8, 4, 1, 2)
+MOE1P(8, 1, 0, 2)
+// The wide family.
+MOE1W(2, 2, 0, 2) MOE2W(4, 4, 0, 2)
+MOE1W(1, 2, 0, 2) MOE2W(2, 4, 0, 2)
+MOE1WPF(2, 2, 0, 2)
+MOE1W(1, 1, 0, 3)
+MOE1WS(1, 2, 0, 2) MOE2WS(2, 4, 0, 2)
+MOE1WA(2, 0, 2)
+MOE2WSP(2, 4, 0, 2)
+MOE1WSP(1, 2, 0, 2)
+MOE1WP(1, 1, 0, 2)
+// The lean family but leanx's pair.
+MOE1L(0, 7) MOE2LP(1, 1, 0, 2) MOE2L(2, 2, 0, 1) MOE2LP(2, 2, 0, 1)
+MOE2LE(1, 1, 0, 2)
+MOE2S(2, 2, 0, 4, 3, 6)
+// Not split (SP 1): 8-warp blocks, one a row group, each warp 16 units at
+// V4 shapes (16 KB) with G units a chunk, two chunks in flight (G 4: 256
+// bytes a lane, the tensor-core Gemv's best; G 2: 128), two blocks an SM
+// (all 256 row groups resident at once on an H200).
+MOE2S(4, 4, 0, 8, 1, 2) MOE2S(2, 2, 0, 8, 1, 2)
+MOE1LXG(2, 0, 4) MOE1LXG(4, 0, 2)
+// The other Gemv MMA chunks (GemvVariant{MMA: true} with U 1, or 0 or 2).
+GEMVM(1) GEMVM(2)

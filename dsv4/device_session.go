@@ -154,8 +154,10 @@ type DeviceSession struct {
 	// a separate rope launch; MOXIE_CUDA_INVROPE=off keeps the launch.
 	invRoPE bool
 	// qPrep: with invRoPE, decode attention also normalizes and rotates
-	// the queries as it stages them (Ctx.AttentionDecodeNormQ) instead of
-	// the row-op kernel after wq_b; MOXIE_CUDA_QPREP=off keeps the row op.
+	// the queries as it stages them (Ctx.AttentionDecodeNormQ), and the
+	// indexer's scores kernel rotates its queries and scales its weights
+	// (IdxDec.IndexScoresPrep), instead of the row-op kernel after wq_b;
+	// MOXIE_CUDA_QPREP=off keeps the row op.
 	qPrep bool
 	// woPair: a one-token step runs wo_a and wo_b as one cuda.GemvPair
 	// launch ($MOXIE_CUDA_WOPAIR=on).
@@ -1184,6 +1186,9 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 	// qPrep: decode attention normalizes and rotates the queries as it
 	// stages them (Ctx.AttentionDecodeNormQ), so no row-op kernel does.
 	qPrep := s.qPrep && T == 1 && s.attnDec && s.invRoPE && s.fusedOn()
+	// idxPrep: likewise the indexer's scores kernel rotates its queries and
+	// scales its head weights as it loads them (IdxDec.IndexScoresPrep).
+	idxPrep := s.qPrep && T == 1 && s.fusedOn() && b.icomp != nil && cuda.IndexScoresPrepFits(cfg.IndexNHeads, cfg.IndexHeadDim)
 	var steps []func() error
 	if s.fusedOn() {
 		// Row operations fused: the qlat norm with the window KV's norm,
@@ -1196,7 +1201,7 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 		// The window KV's norm, RoPE and ring store (attention reads the
 		// ring after the side stream's join).
 		kvOp := cuda.RowOp{Y: ls.ring, X: s.kv, Rows: T, Dim: hd, Norm: true, W: b.kvNorm, Eps: eps, NFreq: nf, Freq: freq, Pos: s.posBuf, RingRows: ls.ringRows}
-		if b.icomp != nil {
+		if b.icomp != nil && !idxPrep {
 			qOps = append(qOps,
 				cuda.RowOp{Y: s.qi, X: s.qi, Rows: T * IH, Dim: ID, Heads: IH, NFreq: nf, Freq: freq, Pos: s.posBuf},
 				cuda.RowOp{Y: s.wts, X: s.wts, Rows: T, Dim: IH, Scale: true, A: wsc}) // a row per token: T blocks
@@ -1256,7 +1261,7 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 		}
 		steps = append(steps, func() error {
 			if len(qOps) == 0 {
-				return nil // the queries are prepared by decode attention (qPrep)
+				return nil // the queries are prepared by decode attention and the indexer (qPrep, idxPrep)
 			}
 			return c.RowOps(qOps, st)
 		})
@@ -1308,6 +1313,9 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 				maxN := (p0 + T) / R
 				if graph {
 					maxN = s.entries
+				}
+				if idxPrep {
+					return d.idx.IndexScoresPrep(c, s.scores, s.qi, s.wts, ls.icomp.entries, s.posBuf, T, maxN, R, IH, ID, s.entries, freq, nf, wsc, st)
 				}
 				return d.idx.IndexScores(c, s.scores, s.qi, s.wts, ls.icomp.entries, s.posBuf, T, maxN, R, IH, ID, s.entries, st)
 			},

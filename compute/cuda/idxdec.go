@@ -4,6 +4,7 @@ import (
 	_ "embed"
 	"fmt"
 	"os"
+	"structs"
 	"unsafe"
 )
 
@@ -23,6 +24,7 @@ func IdxDecSource() string { return idxdecSrc }
 // and enqueue asynchronously on s.
 type IdxDec struct {
 	scores        [4]*Kernel // idx_scores_h1, h2, h4, h8
+	prep          [4]*Kernel // idx_scores_p_h1 … h8 (IndexScoresPrep)
 	generic, topk *Kernel
 	sel           *Kernel // idx_topk_sel
 	// oldTopK: TopKRows launches idx_topk instead of idx_topk_sel
@@ -64,6 +66,8 @@ func (c *Ctx) IdxDec() (*IdxDec, error) {
 	err := c.loadKernels("idxdec", idxdecSrc,
 		kernelRef{"idx_scores_h1", &x.scores[0]}, kernelRef{"idx_scores_h2", &x.scores[1]},
 		kernelRef{"idx_scores_h4", &x.scores[2]}, kernelRef{"idx_scores_h8", &x.scores[3]},
+		kernelRef{"idx_scores_p_h1", &x.prep[0]}, kernelRef{"idx_scores_p_h2", &x.prep[1]},
+		kernelRef{"idx_scores_p_h4", &x.prep[2]}, kernelRef{"idx_scores_p_h8", &x.prep[3]},
 		kernelRef{"idx_scores_generic", &x.generic}, kernelRef{"idx_topk", &x.topk},
 		kernelRef{"idx_topk_sel", &x.sel})
 	if err != nil {
@@ -111,6 +115,50 @@ func (x *IdxDec) IndexScores(c *Ctx, sc, q, w, keys, pos DevicePtr, T, maxN, rat
 		return c.Launch(x.generic, Dim3{X: uint32(min((n+7)/8, 1024)), Y: uint32(T)}, Dim3{X: 256}, 0, s, args...)
 	}
 	return c.Launch(x.scores[v], Dim3{X: uint32(min((n+idxTile-1)/idxTile, idxMaxGrid)), Y: uint32(T)}, Dim3{X: 32 * idxWarps}, 0, s, args...)
+}
+
+// idxPrep mirrors struct IdxPrep of kernels/idxdec.cu (passed by value).
+type idxPrep struct {
+	_      structs.HostLayout
+	Freq   uint64
+	NF     int32
+	WScale float32
+}
+
+// IndexScoresPrepFits reports whether IndexScoresPrep takes heads of width
+// dim: at most 64 heads of at most 128 (DeepSeek-V4-Flash: 64 of 128).
+func IndexScoresPrepFits(heads, dim int) bool {
+	return heads > 0 && dim > 0 && idxHeadsPerWarp(heads, dim) >= 0
+}
+
+// IndexScoresPrep is IndexScores on queries and weights as the projections
+// store them, before their row ops: the kernel rotates the last 2·nfreq
+// dims of each query head forward by the angle float32(pos[i])·freq[k]
+// and multiplies each weight by wscale as it loads them, with RowOps'
+// float32 and float64 operations (RowOp NFreq and Scale), so the scores
+// are those of RowOps([{q: NFreq}, {w: Scale, A: wscale}]) followed by
+// IndexScores. q and w are not written. freq is float32 [nfreq] device
+// memory (0 ≤ nfreq ≤ dim/2; nfreq 0 rotates nothing); it needs
+// IndexScoresPrepFits(heads, dim). Bad sizes are errors naming them.
+func (x *IdxDec) IndexScoresPrep(c *Ctx, sc, q, w, keys, pos DevicePtr, T, maxN, ratio, heads, dim, stride int, freq DevicePtr, nfreq int, wscale float32, s Stream) error {
+	switch {
+	case T <= 0 || T > 65535 || ratio <= 0 || heads <= 0 || dim <= 0 || stride <= 0 || pos == 0:
+		return fmt.Errorf("cuda idx_scores_p: T %d, ratio %d, heads %d, dim %d, stride %d", T, ratio, heads, dim, stride)
+	case !IndexScoresPrepFits(heads, dim):
+		return fmt.Errorf("cuda idx_scores_p: %d heads of width %d (want at most %d of at most %d)", heads, dim, idxMaxHeads, idxMaxDim)
+	case nfreq < 0 || 2*nfreq > dim || (nfreq > 0 && freq == 0):
+		return fmt.Errorf("cuda idx_scores_p: %d frequencies (table %#x) for heads of width %d: want 0..width/2 and a table", nfreq, freq, dim)
+	}
+	n := min(maxN, stride)
+	if n <= 0 {
+		return nil
+	}
+	a1, a2, a3, a4 := int32(ratio), int32(heads), int32(dim), int32(stride)
+	pp := idxPrep{Freq: uint64(freq), NF: int32(nfreq), WScale: wscale}
+	v := idxHeadsPerWarp(heads, dim)
+	return c.Launch(x.prep[v], Dim3{X: uint32(min((n+idxTile-1)/idxTile, idxMaxGrid)), Y: uint32(T)}, Dim3{X: 32 * idxWarps}, 0, s,
+		unsafe.Pointer(&sc), unsafe.Pointer(&q), unsafe.Pointer(&w), unsafe.Pointer(&keys), unsafe.Pointer(&pos),
+		unsafe.Pointer(&a1), unsafe.Pointer(&a2), unsafe.Pointer(&a3), unsafe.Pointer(&a4), unsafe.Pointer(&pp))
 }
 
 // TopKRows enqueues the indexer's selection for T queries: row i of sc

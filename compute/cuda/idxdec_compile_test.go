@@ -16,7 +16,8 @@ const idxTopKSelStatic = 2048*8 + 1024*8 + 256*4 + 32*4 + 5*4
 // idx_topk_sel's key cache fits beside its static shared memory.
 func TestIdxDecCompiles(t *testing.T) {
 	requireKernels(t, compileModuleForTest(t, "idxdec", IdxDecSource()),
-		"idx_scores_h1", "idx_scores_h2", "idx_scores_h4", "idx_scores_h8", "idx_scores_generic", "idx_topk", "idx_topk_sel")
+		"idx_scores_h1", "idx_scores_h2", "idx_scores_h4", "idx_scores_h8", "idx_scores_p_h1", "idx_scores_p_h2", "idx_scores_p_h4",
+		"idx_scores_p_h8", "idx_scores_generic", "idx_topk", "idx_topk_sel")
 	requireSharedFits(t, "idx_topk_sel", 4*idxTopKCache+idxTopKSelStatic)
 }
 
@@ -191,5 +192,81 @@ int main() {
   }
   printf("done\n");
   return bad;
+}
+`
+
+// TestIdxScoresPrepEmulated runs idx_scores_p_h<HPW> of kernels/idxdec.cu
+// on the CPU (emuHarness; no GPU needed; contraction off) on raw queries
+// and weights, and idx_scores_h<HPW> on the same inputs prepared by the
+// driver with fuse.cu fuse_rows' float32 and float64 operations (RoPE of
+// each head's last 2·nf dims, then the weights' scale): the scores must be
+// the same bits, for V4's shape (64 heads of 128, 32 frequencies: h8), 30
+// heads of 64 with 5 frequencies (h4) and 8 heads of 100, all rotated (h1).
+func TestIdxScoresPrepEmulated(t *testing.T) {
+	kern := "#define MOXIE_PDL()\ninline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }\n" +
+		"inline float __fmul_rn(float a, float b) { return a * b; }\n" +
+		cutSource(t, "idxdec.cu", IdxDecSource(), "#define IDX_TE", "__device__ __forceinline__ float idx_warp_sum")
+	lines := runHostEmulation(t, map[string]string{"harness.h": emuHarness, "kern.inc": kern, "emu.cpp": idxPrepEmuMain}, "-ffp-contract=off")
+	if len(lines) != 4 || lines[3] != "done" {
+		t.Fatalf("emulation printed %d lines, want 3 cases and done:\n%s", len(lines), strings.Join(lines, "\n"))
+	}
+	for _, l := range lines[:3] {
+		t.Log(l)
+		if !strings.Contains(l, " ok") {
+			t.Error(l)
+		}
+	}
+}
+
+const idxPrepEmuMain = `#include "harness.h"
+#include "kern.inc"
+int main() {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  struct Case { const char *name; int heads, dim, nf, p0; };
+  Case cs[] = {{"v4 h8", 64, 128, 32, 400}, {"h4 5 frequencies", 30, 64, 5, 300}, {"h1 all rotated", 8, 100, 50, 99}};
+  for (const Case &c : cs) {
+    const int H = c.heads, D = c.dim, nf = c.nf, ratio = 4, n = (c.p0 + 1) / ratio, stride = n + 3;
+    std::vector<float> q(H * D), w(H), keys(n * D), freq(nf);
+    for (auto &v : q) v = nd(rng);
+    for (auto &v : w) v = nd(rng);
+    for (auto &v : keys) v = nd(rng);
+    for (int k = 0; k < nf; k++) freq[k] = std::pow(10000.f, -2.f * k / (2 * nf)) * (k % 2 ? 1.f : 1.3f);
+    const float wscale = 0.0110485f;
+    // fuse_rows' preparation, operation for operation.
+    std::vector<float> qp = q, wp = w;
+    const float fp = (float)c.p0;
+    for (int h = 0; h < H; h++)
+      for (int k = 0; k < nf; k++) {
+        const int e = D - 2 * nf + 2 * k;
+        const float re = qp[h * D + e], im = qp[h * D + e + 1];
+        const float ang = fp * freq[k];
+        double sd, cd;
+        sincos((double)ang, &sd, &cd);
+        const float cs = (float)cd, sn = (float)sd;
+        qp[h * D + e] = re * cs - im * sn;
+        qp[h * D + e + 1] = re * sn + im * cs;
+      }
+    for (auto &v : wp) v = v * wscale;
+    std::vector<int> pos = {c.p0};
+    std::vector<float> want(stride, NAN), got(stride, NAN);
+    const int blocks = (n + IDX_TE - 1) / IDX_TE;
+    const float *pq = q.data(), *pw = w.data(), *pqp = qp.data(), *pwp = wp.data(), *pk = keys.data();
+    const int *ppos = pos.data();
+    float *pwant = want.data(), *pgot = got.data();
+    IdxPrep pp{freq.data(), nf, wscale};
+    auto run = [&](bool prep) {
+      if (H <= 8) { if (prep) launch(blocks, 256, [=] { idx_scores_p_h1(pgot, pq, pw, pk, ppos, ratio, H, D, stride, pp); }); else launch(blocks, 256, [=] { idx_scores_h1(pwant, pqp, pwp, pk, ppos, ratio, H, D, stride); }); }
+      else if (H <= 32) { if (prep) launch(blocks, 256, [=] { idx_scores_p_h4(pgot, pq, pw, pk, ppos, ratio, H, D, stride, pp); }); else launch(blocks, 256, [=] { idx_scores_h4(pwant, pqp, pwp, pk, ppos, ratio, H, D, stride); }); }
+      else { if (prep) launch(blocks, 256, [=] { idx_scores_p_h8(pgot, pq, pw, pk, ppos, ratio, H, D, stride, pp); }); else launch(blocks, 256, [=] { idx_scores_h8(pwant, pqp, pwp, pk, ppos, ratio, H, D, stride); }); }
+    };
+    run(false);
+    run(true);
+    int bad = 0;
+    for (int s = 0; s < n; s++) if (memcmp(&want[s], &got[s], 4)) bad++;
+    for (int s = n; s < stride; s++) if (got[s] == got[s]) bad++;
+    printf("%s: %d entries, %d differ%s\n", c.name, n, bad, bad ? " FAIL" : " ok");
+  }
+  printf("done\n");
 }
 `

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"moxie/compute"
@@ -88,6 +89,106 @@ func TestIdxDecIndexScores(t *testing.T) {
 		}
 		if err := x.IndexScores(e.c, 1, 1, 1, 1, 0, 9, 4, 4, 16, 32, 8, e.c.Stream()); err == nil {
 			t.Error("a null position buffer was accepted")
+		}
+	})
+}
+
+// TestIdxDecIndexScoresPrep checks IdxDec.IndexScoresPrep on raw queries
+// and weights against the chain it replaces (RowOps' RoPE of the queries
+// and scaling of the weights, then IndexScores: the same float32 and
+// float64 operations, so within 1e-6, bit-identity logged) and against
+// float64 scores of queries rotated and weights scaled in float64, for
+// every heads-per-warp variant, V4's 32 frequencies on heads of 128, odd
+// frequency counts and none; the inputs must stay as they were.
+func TestIdxDecIndexScoresPrep(t *testing.T) {
+	withFwd(t, func(e *fwdEnv) {
+		x, err := e.c.IdxDec()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.c.LoadFuse(); err != nil {
+			t.Fatal(err)
+		}
+		for i, tc := range []struct {
+			name                                 string
+			p0, T, ratio, heads, dim, stride, nf int
+		}{
+			{"decode v4", 8191, 1, 4, 64, 128, 2048, 32},
+			{"decode v4 early", 68, 1, 4, 64, 128, 2048, 32},
+			{"T3 heads 30 dim 64, 5 frequencies", 300, 3, 4, 30, 64, 100, 5},
+			{"heads 8 dim 100, all rotated", 99, 2, 4, 8, 100, 40, 50},
+			{"heads 5 dim 128, no rotation", 200, 2, 4, 5, 128, 64, 0},
+		} {
+			rng := rand.New(rand.NewPCG(uint64(i), 37))
+			n := (tc.p0 + tc.T) / tc.ratio
+			q := computetest.Normal(rng, tc.T*tc.heads*tc.dim, 1)
+			w := computetest.Normal(rng, tc.T*tc.heads, 1)
+			keys := computetest.Normal(rng, max(n, 1)*tc.dim, 1)
+			const wscale = 0.0110485 // V4's 1/sqrt(128)/sqrt(64), rounded
+			freq := ropeFreqs(max(tc.nf, 1))[:tc.nf]
+			dfreq := DevicePtr(0)
+			if tc.nf > 0 {
+				dfreq = e.up(freq)
+			}
+			dq, dw, dk, dp := e.up(q), e.up(w), e.up(keys), e.positions(tc.p0, tc.T)
+			s := e.c.Stream()
+			// The chain, on prepared copies.
+			cq, cw := e.up(q), e.up(w)
+			ops := []RowOp{{Y: cw, X: cw, Rows: tc.T, Dim: tc.heads, Scale: true, A: wscale}}
+			if tc.nf > 0 {
+				ops = append(ops, RowOp{Y: cq, X: cq, Rows: tc.T * tc.heads, Dim: tc.dim, Heads: tc.heads, NFreq: tc.nf, Freq: dfreq, Pos: dp})
+			}
+			if err := e.c.RowOps(ops, s); err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			chainSc, sc := e.poisoned(tc.T*tc.stride), e.poisoned(tc.T*tc.stride)
+			if err := x.IndexScores(e.c, chainSc, cq, cw, dk, dp, tc.T, n, tc.ratio, tc.heads, tc.dim, tc.stride, s); err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			if err := x.IndexScoresPrep(e.c, sc, dq, dw, dk, dp, tc.T, n, tc.ratio, tc.heads, tc.dim, tc.stride, dfreq, tc.nf, wscale, s); err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			got, chain := e.down(sc, tc.T*tc.stride), e.down(chainSc, tc.T*tc.stride)
+			if !bitsEqual(e.down(dq, len(q)), q) || !bitsEqual(e.down(dw, len(w)), w) {
+				t.Errorf("%s: the queries or weights were written", tc.name)
+			}
+			same := true
+			for qi := range tc.T {
+				ni := min((tc.p0+qi+1)/tc.ratio, tc.stride)
+				row, crow := got[qi*tc.stride:qi*tc.stride+ni], chain[qi*tc.stride:qi*tc.stride+ni]
+				same = same && bitsEqual(row, crow)
+				if r := computetest.MaxRel(row, f64s(crow)); !(r <= 1e-6) {
+					t.Errorf("%s: query %d: vs RowOps+IndexScores max rel. error %.3g", tc.name, qi, r)
+				}
+				qd := f64s(q[qi*tc.heads*tc.dim : (qi+1)*tc.heads*tc.dim])
+				if tc.nf > 0 {
+					ropeInvRef(qd, -(tc.p0 + qi), freq, tc.dim) // the forward rotation: the angle's sign flipped
+				}
+				wd := f64s(w[qi*tc.heads : (qi+1)*tc.heads])
+				for h := range wd {
+					wd[h] *= float64(float32(wscale))
+				}
+				want := ref.IndexScores(qd, wd, f64s(keys), ni, tc.heads, tc.dim)
+				if r := computetest.MaxRel(row, want); !(r <= computetest.TolAttention) {
+					t.Errorf("%s: query %d (%d entries): max relative error %.3g vs float64", tc.name, qi, ni, r)
+				}
+			}
+			t.Logf("%s: bit-identical to the chain: %v", tc.name, same)
+		}
+		for _, bad := range []struct {
+			heads, dim, nf int
+			freq           DevicePtr
+			want           string
+		}{
+			{70, 64, 4, 1, "70 heads of width 64"},
+			{8, 160, 4, 1, "8 heads of width 160"},
+			{8, 64, 33, 1, "33 frequencies"},
+			{8, 64, 4, 0, "4 frequencies (table 0x0)"},
+		} {
+			err := x.IndexScoresPrep(e.c, 1, 1, 1, 1, 1, 1, 4, 4, bad.heads, bad.dim, 8, bad.freq, bad.nf, 1, e.c.Stream())
+			if err == nil || !strings.Contains(err.Error(), bad.want) {
+				t.Errorf("heads %d dim %d nf %d: error %v, want one containing %q", bad.heads, bad.dim, bad.nf, err, bad.want)
+			}
 		}
 	})
 }

@@ -31,9 +31,22 @@ typedef unsigned long long u64;
 #define IDX_DPL 4
 #define IDX_MAXH 64
 
-template <int HPW>
+// IdxPrep: idx_scores_p_h<HPW> first prepares the queries and weights as
+// the row-op kernel (fuse.cu fuse_rows) would have stored them: each
+// head's last 2·nf dims rotated forward by the angle float(pos[i])·freq[k]
+// (fuse_rows' float32 and float64 operations; a pair's two columns sit on
+// lanes l and l^1, exchanged by a shuffle) and each weight times wscale
+// (its Scale op's product). q and w are not written. nf 0: no rotation.
+struct IdxPrep {
+  const float *freq;
+  int nf;
+  float wscale;
+};
+
+template <int HPW, bool PREP = false>
 __device__ __forceinline__ void idx_scores_body(float *sc, const float *q, const float *w, const float *keys,
-                                                const int *pos, int ratio, int heads, int dim, int stride) {
+                                                const int *pos, int ratio, int heads, int dim, int stride,
+                                                IdxPrep pp = IdxPrep{nullptr, 0, 1.f}) {
   __shared__ float kt[IDX_TE * 32 * IDX_DPL];
   __shared__ float dsm[IDX_TE][IDX_MAXH + 1];
   __shared__ float ws[IDX_MAXH];
@@ -52,7 +65,29 @@ __device__ __forceinline__ void idx_scores_body(float *sc, const float *q, const
       qr[j][d] = h < heads && c < dim ? qi[(size_t)h * dim + c] : 0.f;
     }
   }
-  if (threadIdx.x < heads) ws[threadIdx.x] = w[(size_t)i * heads + threadIdx.x];
+  if (PREP && pp.nf > 0) {  // uniform over the block: every lane shuffles
+    const int r0 = dim - 2 * pp.nf;
+    const float fp = (float)pos[i];
+#pragma unroll
+    for (int d = 0; d < IDX_DPL; d++) {
+      const int c = lane + 32 * d;
+      const bool rot = c >= r0 && c < dim;
+      float cs = 1.f, sn = 0.f;
+      if (rot) {
+        const float ang = __fmul_rn(fp, pp.freq[(c - r0) >> 1]);
+        double sd, cd;
+        sincos((double)ang, &sd, &cd);
+        cs = (float)cd;
+        sn = (float)sd;
+      }
+#pragma unroll
+      for (int j = 0; j < HPW; j++) {
+        const float own = qr[j][d], other = __shfl_xor_sync(FULL, own, 1);
+        if (rot) qr[j][d] = (c & 1) == 0 ? own * cs - other * sn : other * sn + own * cs;  // (re, im) = (c even, c odd)
+      }
+    }
+  }
+  if (threadIdx.x < heads) ws[threadIdx.x] = PREP ? w[(size_t)i * heads + threadIdx.x] * pp.wscale : w[(size_t)i * heads + threadIdx.x];
   constexpr int LG = HPW == 1 ? 0 : HPW == 2 ? 1 : HPW == 4 ? 2 : 3;
   const bool writer = (lane & ((32 >> LG) - 1)) == 0;
   const int hw = wp * HPW + (lane >> (5 - LG));  // the head this lane holds after the reduction
@@ -135,6 +170,21 @@ extern "C" __global__ void __launch_bounds__(256) idx_scores_h8(float *sc, const
                                                                 int dim, int stride) { MOXIE_PDL();
   idx_scores_body<8>(sc, q, w, keys, pos, ratio, heads, dim, stride);
 }
+
+// idx_scores_p_h<HPW>: idx_scores_h<HPW> on queries and weights prepared
+// in the kernel (IdxPrep). The rotated pairs must start at an even column
+// (dim - 2·nf even).
+#define IDX_SCORES_P(HPW)                                                                                               \
+  extern "C" __global__ void __launch_bounds__(256) idx_scores_p_h##HPW(float *sc, const float *q, const float *w,   \
+                                                                       const float *keys, const int *pos, int ratio, \
+                                                                       int heads, int dim, int stride, IdxPrep pp) { \
+    MOXIE_PDL();                                                                                                      \
+    idx_scores_body<HPW, true>(sc, q, w, keys, pos, ratio, heads, dim, stride, pp);                                   \
+  }
+IDX_SCORES_P(1)
+IDX_SCORES_P(2)
+IDX_SCORES_P(4)
+IDX_SCORES_P(8)
 
 __device__ __forceinline__ float idx_warp_sum(float v) {
 #pragma unroll

@@ -46,7 +46,7 @@ func TestAttnDecEmulated(t *testing.T) {
 		name = strings.TrimSuffix(name, "[];")
 		src = strings.Replace(src, m, "float4 *"+name+" = (float4 *)g_dyn;", 1)
 	}
-	// The harness predates the combine's rotation (ad_rope_inv): give it
+	// The harness predates the combine's rotation (ad_rope): give it
 	// the one intrinsic that uses beyond the harness's own.
 	src = "inline float __fmul_rn(float a, float b) { return a * b; }\n" + src
 	var gen strings.Builder

@@ -72,6 +72,22 @@ type attnDecData struct {
 	ring                []float32
 }
 
+// params are the case's AttnParams with d's inputs uploaded (compressed
+// entries unless a window case, the selection for a CSA case) and a
+// poisoned output.
+func (tc attnDecCase) params(e *fwdEnv, d attnDecData, scale float64) AttnParams {
+	p := AttnParams{O: e.poisoned(tc.T * tc.heads * tc.dim), Q: e.up(d.q), Ring: e.up(d.ring), Sinks: e.up(d.sinks), Pos: e.positions(tc.p0, tc.T),
+		RingRows: tc.ringRows, Window: tc.window, T: tc.T, Ratio: tc.ratio, IdxStride: d.idxStride, TopK: tc.topk,
+		Heads: tc.heads, Dim: tc.dim, MaxKeys: d.maxKeys, Scale: float32(scale)}
+	if tc.kind != "window" {
+		p.Comp = e.up(d.ent)
+	}
+	if tc.kind == "csa" {
+		p.Idx = e.upInts(d.idx)
+	}
+	return p
+}
+
 func (tc attnDecCase) data(seed uint64) attnDecData {
 	rng := rand.New(rand.NewPCG(seed, 13))
 	last := tc.p0 + tc.T - 1
@@ -185,15 +201,7 @@ func TestAttentionDecode(t *testing.T) {
 				d := tc.data(uint64(ci))
 				n := tc.T * tc.heads * tc.dim
 				scale := 1 / math.Sqrt(float64(tc.dim))
-				p := AttnParams{O: e.poisoned(n), Q: e.up(d.q), Ring: e.up(d.ring), Sinks: e.up(d.sinks), Pos: e.positions(tc.p0, tc.T),
-					RingRows: tc.ringRows, Window: tc.window, T: tc.T, Ratio: tc.ratio, IdxStride: d.idxStride, TopK: tc.topk,
-					Heads: tc.heads, Dim: tc.dim, MaxKeys: d.maxKeys, Scale: float32(scale)}
-				if tc.kind != "window" {
-					p.Comp = e.up(d.ent)
-				}
-				if tc.kind == "csa" {
-					p.Idx = e.upInts(d.idx)
-				}
+				p := tc.params(e, d, scale)
 				want := make([][]float64, tc.T)
 				for qi := range tc.T {
 					want[qi] = attnDecRef(d.q[qi*tc.heads*tc.dim:(qi+1)*tc.heads*tc.dim], tc.keyList(d, qi), d.sinks, tc.heads, tc.dim, scale)
@@ -370,15 +378,7 @@ func TestAttentionDecodeInvRoPE(t *testing.T) {
 				n := tc.T * tc.heads * tc.dim
 				scale := 1 / math.Sqrt(float64(tc.dim))
 				freq := ropeFreqs(nf)
-				p := AttnParams{O: e.poisoned(n), Q: e.up(d.q), Ring: e.up(d.ring), Sinks: e.up(d.sinks), Pos: e.positions(tc.p0, tc.T),
-					RingRows: tc.ringRows, Window: tc.window, T: tc.T, Ratio: tc.ratio, IdxStride: d.idxStride, TopK: tc.topk,
-					Heads: tc.heads, Dim: tc.dim, MaxKeys: d.maxKeys, Scale: float32(scale)}
-				if tc.kind != "window" {
-					p.Comp = e.up(d.ent)
-				}
-				if tc.kind == "csa" {
-					p.Idx = e.upInts(d.idx)
-				}
+				p := tc.params(e, d, scale)
 				dfreq := e.up(freq)
 				scratchBytes := AttentionDecodeScratchBytes(tc.heads, tc.dim, tc.T, d.maxKeys)
 				scratch, err := e.a.Alloc(scratchBytes)
@@ -508,16 +508,8 @@ func TestAttentionDecodeNormQ(t *testing.T) {
 			scale := 1 / math.Sqrt(float64(tc.dim))
 			freq := ropeFreqs(nf)
 			dfreq := e.up(freq)
-			raw := e.up(d.q)
-			p := AttnParams{O: e.poisoned(n), Q: raw, Ring: e.up(d.ring), Sinks: e.up(d.sinks), Pos: e.positions(tc.p0, tc.T),
-				RingRows: tc.ringRows, Window: tc.window, T: tc.T, Ratio: tc.ratio, IdxStride: d.idxStride, TopK: tc.topk,
-				Heads: tc.heads, Dim: tc.dim, MaxKeys: d.maxKeys, Scale: float32(scale)}
-			if tc.kind != "window" {
-				p.Comp = e.up(d.ent)
-			}
-			if tc.kind == "csa" {
-				p.Idx = e.upInts(d.idx)
-			}
+			p := tc.params(e, d, scale)
+			raw := p.Q
 			scratch, err := e.a.Alloc(AttentionDecodeScratchBytes(tc.heads, tc.dim, tc.T, d.maxKeys))
 			if err != nil {
 				t.Fatal(err)

@@ -30,16 +30,7 @@ func TestLinearModuleSources(t *testing.T) {
 		{"bench", bench, []string{"struct LinArgs", "LINV_U(LINV, fp8, FMT_FP8, 2, 0, 0)", "LINW_NB(fp8"}, []string{"void spin(", "LIN_NB(fp8, FMT_FP8, 2, 4, 0, _d0)", "LINV_U(LINV, fp8, FMT_FP8, 1, 0, 0)", "LINTC1(128, 128, 2, 4, 3, 1)"}},
 		{"tc", tcs, []string{"struct LinArgs", "tc_gemm", "LINTC1(128, 128, 2, 4, 3, 1)", "LINTC1(256, 64, 8, 2, 4, 1)"}, []string{"void spin(", "LIN_NB(fp8, FMT_FP8", "LINV_U(LINV, fp8, FMT_FP8, 2", "LINTC3(64, 32, 2, 2, 4, 1)", "LINTM(mxfp4, FMT_MXFP4, 128, 64, 4, 2, 4, 1)"}},
 	} {
-		for _, w := range tc.want {
-			if !strings.Contains(tc.src, w) {
-				t.Errorf("%s module source lacks %q", tc.name, w)
-			}
-		}
-		for _, w := range tc.notWant {
-			if strings.Contains(tc.src, w) {
-				t.Errorf("%s module source contains %q", tc.name, w)
-			}
-		}
+		checkModuleSource(t, tc.name, tc.src, tc.want, tc.notWant)
 	}
 	if len(def)+len(bench)+len(tcs) <= len(linearSrc)/2 {
 		t.Errorf("module sources (%d + %d bytes) miss most of linear.cu (%d bytes)", len(def), len(bench), len(linearSrc))
@@ -462,6 +453,22 @@ func TestPlanTC(t *testing.T) {
 		p, ok, err := planMultiTC(mc.f, mc.shapes, 128, mc.batch, mc.v, sms, optin)
 		if err != nil || !ok || p.name != mc.kernel || p.grid != (Dim3{X: mc.gx, Y: mc.gy, Z: mc.gz}) {
 			t.Errorf("%s: plan %+v ok %v err %v, want %s grid (%d, %d, %d)", mc.name, p, ok, err, mc.kernel, mc.gx, mc.gy, mc.gz)
+		}
+	}
+}
+
+// checkModuleSource fails t for each of want that the named module's
+// source lacks and each of notWant that it contains.
+func checkModuleSource(t *testing.T, name, src string, want, notWant []string) {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(src, w) {
+			t.Errorf("%s module source lacks %q", name, w)
+		}
+	}
+	for _, w := range notWant {
+		if strings.Contains(src, w) {
+			t.Errorf("%s module source contains %q", name, w)
 		}
 	}
 }

@@ -53,16 +53,7 @@ func TestMoEModuleSources(t *testing.T) {
 		{"bench", bench, []string{"struct MoeArgs", "GEMVM(1) GEMVM(2)", "MOE1(8, 2, 0, 2)", "MOE1L(0, 7) MOE2LP(1, 1, 0, 2)", "MOE1WP(1, 1, 0, 2)", "MOE1LXG(2, 0, 4)"},
 			[]string{"GEMVM(4)", "MOE1LX(0, 7)", "MOE2L(1, 1, 0, 2)", "//@module"}},
 	} {
-		for _, w := range tc.want {
-			if !strings.Contains(tc.src, w) {
-				t.Errorf("%s module source lacks %q", tc.name, w)
-			}
-		}
-		for _, w := range tc.notWant {
-			if strings.Contains(tc.src, w) {
-				t.Errorf("%s module source contains %q", tc.name, w)
-			}
-		}
+		checkModuleSource(t, tc.name, tc.src, tc.want, tc.notWant)
 		if !hasPDLMarker(tc.src) {
 			t.Errorf("%s module source lacks the %s marker", tc.name, pdlMarker)
 		}

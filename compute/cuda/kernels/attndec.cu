@@ -119,10 +119,14 @@ __device__ __forceinline__ const float *ad_key(const ADArgs &a, int i, int j, in
   return e < 0 ? (const float *)0 : a.comp + (long long)e * a.dim;
 }
 
-// ad_rope_fwd rotates the pair (re, im) by the angle pos * fr: fuse_rows'
-// rotation, operation for operation.
-__device__ __forceinline__ void ad_rope_fwd(float &re, float &im, float pos, float fr) {
-  const float ang = __fmul_rn(pos, fr);
+// ad_rope rotates the pair (re, im) by the angle pos * fr, or back by it
+// (INV): fuse_rows' rotation, and ops.cu's rope kernel with inverse set,
+// operation for operation (the float32 product, negated for INV; its sine
+// and cosine in double).
+template <bool INV>
+__device__ __forceinline__ void ad_rope(float &re, float &im, float pos, float fr) {
+  float ang = __fmul_rn(pos, fr);
+  if (INV) ang = -ang;
   double sd, cd;
   sincos((double)ang, &sd, &cd);
   const float c = (float)cd, s = (float)sd;
@@ -172,8 +176,8 @@ __device__ __forceinline__ void ad_qprep(const ADArgs &a, float4 (&qr)[GP], int 
     const int e0 = 4 * c - (D - 2 * a.rope_nf);  // this column's first dim within the rotated part
 #pragma unroll
     for (int r = 0; r < GP; r++) {
-      if (e0 >= 0) ad_rope_fwd(qr[r].x, qr[r].y, pf, a.rope_freq[e0 >> 1]);
-      if (e0 + 2 >= 0) ad_rope_fwd(qr[r].z, qr[r].w, pf, a.rope_freq[(e0 + 2) >> 1]);
+      if (e0 >= 0) ad_rope<false>(qr[r].x, qr[r].y, pf, a.rope_freq[e0 >> 1]);
+      if (e0 + 2 >= 0) ad_rope<false>(qr[r].z, qr[r].w, pf, a.rope_freq[(e0 + 2) >> 1]);
     }
   }
 }
@@ -393,19 +397,6 @@ AD_KERNEL(attndec_g8k16db_d128, 8, 128, 16, 2)
 AD_KERNEL(attndec_g8k16db_d256, 8, 256, 16, 2)
 AD_KERNEL(attndec_g8k16db_d512, 8, 512, 16, 2)
 
-// ad_rope_inv rotates the pair (re, im) back by the angle pos * fr: ops.cu's
-// rope kernel with inverse set, operation for operation.
-__device__ __forceinline__ void ad_rope_inv(float &re, float &im, float pos, float fr) {
-  float ang = __fmul_rn(pos, fr);
-  ang = -ang;
-  double sd, cd;
-  sincos((double)ang, &sd, &cd);
-  const float c = (float)cd, s = (float)sd;
-  const float x0 = re, x1 = im;
-  re = x0 * c - x1 * s;
-  im = x0 * s + x1 * c;
-}
-
 // Combine: grid (heads, T), blockDim.x = D/4 * SP threads (SP split parts,
 // a power of two). Only the splits that hold keys are read (the first
 // ceil(nk/chunk), as the partial kernel computes them; each of them wrote
@@ -463,8 +454,8 @@ extern "C" __global__ void __launch_bounds__(1024) attndec_combine(ADArgs a) { M
     if (a.rope_nf > 0) {
       const int e0 = 4 * c - (D - 2 * a.rope_nf);  // this column's first dim within the rotated part
       const float pf = (float)a.pos[i];
-      if (e0 >= 0) ad_rope_inv(acc.x, acc.y, pf, a.rope_freq[e0 >> 1]);
-      if (e0 + 2 >= 0) ad_rope_inv(acc.z, acc.w, pf, a.rope_freq[(e0 + 2) >> 1]);
+      if (e0 >= 0) ad_rope<true>(acc.x, acc.y, pf, a.rope_freq[e0 >> 1]);
+      if (e0 + 2 >= 0) ad_rope<true>(acc.z, acc.w, pf, a.rope_freq[(e0 + 2) >> 1]);
     }
     ((float4 *)(a.o + ((long long)i * a.heads + h) * D))[c] = acc;
   }

@@ -156,8 +156,9 @@ type DeviceSession struct {
 	// qPrep: with invRoPE, decode attention also normalizes and rotates
 	// the queries as it stages them (Ctx.AttentionDecodeNormQ), and the
 	// indexer's scores kernel rotates its queries and scales its weights
-	// (IdxDec.IndexScoresPrep), instead of the row-op kernel after wq_b;
-	// MOXIE_CUDA_QPREP=off keeps the row op.
+	// (IdxDec.IndexScoresPrep), instead of the row-op kernel after wq_b.
+	// Off unless MOXIE_CUDA_QPREP=on: six 8-layer A/Bs (session 8) found
+	// no gain (664.8 against 666.7 tok/s, mean of three each).
 	qPrep bool
 	// woPair: a one-token step runs wo_a and wo_b as one cuda.GemvPair
 	// launch ($MOXIE_CUDA_WOPAIR=on).
@@ -326,7 +327,7 @@ func (m *Model) planDeviceSession(T int) (*DeviceSession, *allocPlan, int, error
 	s := &DeviceSession{m: m, d: d, limit: d.maxCtx, chunk: T, graphs: true, grouped: true, devMoE: true,
 		fused: os.Getenv("MOXIE_CUDA_FUSE") != "off", tcAttn: os.Getenv("MOXIE_CUDA_ATTN") != "ring",
 		attnDec: os.Getenv("MOXIE_CUDA_ATTNDEC") != "off" && cuda.DecodeAttentionFits(m.Cfg.NHeads, m.Cfg.HeadDim),
-		invRoPE: os.Getenv("MOXIE_CUDA_INVROPE") != "off", qPrep: os.Getenv("MOXIE_CUDA_QPREP") != "off", woPair: os.Getenv("MOXIE_CUDA_WOPAIR") == "on"}
+		invRoPE: os.Getenv("MOXIE_CUDA_INVROPE") != "off", qPrep: os.Getenv("MOXIE_CUDA_QPREP") == "on", woPair: os.Getenv("MOXIE_CUDA_WOPAIR") == "on"}
 	D, hc, K := c.Dim, c.HCMult, c.NActivatedExperts
 	s.topk = c.IndexTopK
 	s.entries = max(s.limit/config.CSARatio, 1)

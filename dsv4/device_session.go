@@ -160,6 +160,10 @@ type DeviceSession struct {
 	// Off unless MOXIE_CUDA_QPREP=on: six 8-layer A/Bs (session 8) found
 	// no gain (664.8 against 666.7 tok/s, mean of three each).
 	qPrep bool
+	// compOne: a one-token step stores and closes its compressors in one
+	// Fwd.CompStep launch (both in a CSA layer) instead of a CompStore and
+	// a CompClose each; MOXIE_CUDA_COMPSTEP=off keeps the four launches.
+	compOne bool
 	// woPair: a one-token step runs wo_a and wo_b as one cuda.GemvPair
 	// launch ($MOXIE_CUDA_WOPAIR=on).
 	woPair      bool
@@ -327,7 +331,8 @@ func (m *Model) planDeviceSession(T int) (*DeviceSession, *allocPlan, int, error
 	s := &DeviceSession{m: m, d: d, limit: d.maxCtx, chunk: T, graphs: true, grouped: true, devMoE: true,
 		fused: os.Getenv("MOXIE_CUDA_FUSE") != "off", tcAttn: os.Getenv("MOXIE_CUDA_ATTN") != "ring",
 		attnDec: os.Getenv("MOXIE_CUDA_ATTNDEC") != "off" && cuda.DecodeAttentionFits(m.Cfg.NHeads, m.Cfg.HeadDim),
-		invRoPE: os.Getenv("MOXIE_CUDA_INVROPE") != "off", qPrep: os.Getenv("MOXIE_CUDA_QPREP") == "on", woPair: os.Getenv("MOXIE_CUDA_WOPAIR") == "on"}
+		invRoPE: os.Getenv("MOXIE_CUDA_INVROPE") != "off", qPrep: os.Getenv("MOXIE_CUDA_QPREP") == "on",
+		compOne: os.Getenv("MOXIE_CUDA_COMPSTEP") != "off", woPair: os.Getenv("MOXIE_CUDA_WOPAIR") == "on"}
 	D, hc, K := c.Dim, c.HCMult, c.NActivatedExperts
 	s.topk = c.IndexTopK
 	s.entries = max(s.limit/config.CSARatio, 1)
@@ -1219,18 +1224,7 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 				func() error { return c.Record(s.evFork, st) },
 				func() error { return c.StreamWait(side, s.evFork) },
 				func() error { return bf(c, side) },
-				func() error {
-					if b.icomp == nil {
-						return nil
-					}
-					return s.compStep(c, b.icomp, ls.icomp, T, freq, s.cin1, s.zin1, false, side)
-				},
-				func() error {
-					if b.comp == nil {
-						return nil
-					}
-					return s.compStep(c, b.comp, ls.comp, T, freq, s.cin, s.zin, false, side)
-				},
+				func() error { return s.compSteps(c, b, ls, freq, side) },
 				func() error {
 					if !qNormed {
 						return nil // with the qlat norm on the main stream, below
@@ -1305,10 +1299,13 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 		R := b.icomp.ratio
 		if err := errs(
 			func() error {
-				if forked {
+				switch {
+				case forked:
 					return nil // on the side stream, joined above
+				case bf != nil: // one token, projected: both compressors now
+					return s.compSteps(c, b, ls, freq, st)
 				}
-				return s.compStep(c, b.icomp, ls.icomp, T, freq, icin, izin, bf == nil, st)
+				return s.compStep(c, b.icomp, ls.icomp, T, freq, icin, izin, true, st)
 			},
 			func() error {
 				maxN := (p0 + T) / R
@@ -1334,10 +1331,16 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 	var comp cuda.DevicePtr
 	maxKeys := cfg.Window
 	if b.comp != nil {
-		if !forked {
-			if err := s.compStep(c, b.comp, ls.comp, T, freq, ccin, czin, bf == nil, st); err != nil {
-				return err
-			}
+		var err error
+		switch {
+		case forked, bf != nil && b.icomp != nil: // on the side stream, or with the indexer's above
+		case bf != nil:
+			err = s.compSteps(c, b, ls, freq, st)
+		default:
+			err = s.compStep(c, b.comp, ls.comp, T, freq, ccin, czin, true, st)
+		}
+		if err != nil {
+			return err
 		}
 		comp = ls.comp.entries
 		if b.kind == config.CSA {
@@ -1433,6 +1436,35 @@ func (s *DeviceSession) compStep(c *cuda.Ctx, cp *devComp, cs *devCompState, T i
 				Eps: float32(s.m.Cfg.NormEps), Freq: freq, NFreq: s.d.nfreq}, st)
 		},
 	)
+}
+
+// compSteps enqueues a one-token step's store and close for the block's
+// compressors (the indexer's, then the main one), their projections
+// already in cin1/zin1 and cin/zin (the merged BF16 launch): in one
+// Fwd.CompStep launch, or with compOne off a compStep for each.
+func (s *DeviceSession) compSteps(c *cuda.Ctx, b *devBlock, ls *devLayerState, freq cuda.DevicePtr, st cuda.Stream) error {
+	var jobs []cuda.CompJob
+	for _, j := range []struct {
+		cp       *devComp
+		cs       *devCompState
+		cin, zin cuda.DevicePtr
+	}{{b.icomp, ls.icomp, s.cin1, s.zin1}, {b.comp, ls.comp, s.cin, s.zin}} {
+		if j.cp == nil {
+			continue
+		}
+		if !s.compOne {
+			if err := s.compStep(c, j.cp, j.cs, 1, freq, j.cin, j.zin, false, st); err != nil {
+				return err
+			}
+			continue
+		}
+		jobs = append(jobs, cuda.CompJob{Out: j.cs.entries, RingKV: j.cs.ringKV, RingZ: j.cs.ringZ, KV: j.cin, Z: j.zin, APE: j.cp.ape,
+			Norm: j.cp.norm, RingRows: j.cs.rows, Ratio: j.cp.ratio, Width: j.cp.c * j.cp.dw, DW: j.cp.dw, Overlap: j.cp.c == 2})
+	}
+	if len(jobs) == 0 {
+		return nil
+	}
+	return s.d.fwd.CompStep(c, jobs, s.posBuf, freq, s.d.nfreq, float32(s.m.Cfg.NormEps), st)
 }
 
 // reportSelections downloads the chunk's indexer selections for selHook.

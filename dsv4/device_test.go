@@ -202,21 +202,22 @@ func TestDeviceTiny(t *testing.T) {
 		hostMoE   bool
 		headRows  int    // > 0: the LM head runs in blocks of this many rows
 		prefetch  string // $MOXIE_CUDA_PREFETCH for the session
-		qprep     bool   // $MOXIE_CUDA_QPREP=on: the queries prepared inside attention and the indexer
+		env       string // NAME=value set for the session (a MOXIE_CUDA_ switch)
 	}{
-		{"prefill40", []int{40}, false, false, false, 0, "", false},
-		{"prefill40 one head per block", []int{40}, false, true, false, 0, "", false},
-		{"prefill40 experts grouped on the host", []int{40}, false, false, true, 0, "", false},
-		{"chunked 13+11+16", []int{13, 11, 16}, false, false, false, 0, "", false},
-		{"prefill17 then decode", decodeSchedule(40, 17), false, false, false, 0, "", false},
-		{"prefill17 then decode without graphs", decodeSchedule(40, 17), true, false, false, 0, "", false},
-		{"decode only", decodeSchedule(40, 1), false, false, false, 0, "", false},
-		{"chunks 3+5+8+1+23", []int{3, 5, 8, 1, 23}, false, false, false, 0, "", false},
-		{"prefill40 head in blocks of 7", []int{40}, false, false, false, 7, "", false},
-		{"chunks 13+11+16 head in blocks of 1", []int{13, 11, 16}, false, false, false, 1, "", false},
-		{"prefill17 then decode with every L2 prefetch", decodeSchedule(40, 17), false, false, false, 0, "all", false},
-		{"decode only with L2 prefetch by lines", decodeSchedule(40, 1), false, false, false, 0, "q,o,s:lines", false},
-		{"prefill17 then decode, queries prepared in the kernels", decodeSchedule(40, 17), false, false, false, 0, "", true},
+		{"prefill40", []int{40}, false, false, false, 0, "", ""},
+		{"prefill40 one head per block", []int{40}, false, true, false, 0, "", ""},
+		{"prefill40 experts grouped on the host", []int{40}, false, false, true, 0, "", ""},
+		{"chunked 13+11+16", []int{13, 11, 16}, false, false, false, 0, "", ""},
+		{"prefill17 then decode", decodeSchedule(40, 17), false, false, false, 0, "", ""},
+		{"prefill17 then decode without graphs", decodeSchedule(40, 17), true, false, false, 0, "", ""},
+		{"decode only", decodeSchedule(40, 1), false, false, false, 0, "", ""},
+		{"chunks 3+5+8+1+23", []int{3, 5, 8, 1, 23}, false, false, false, 0, "", ""},
+		{"prefill40 head in blocks of 7", []int{40}, false, false, false, 7, "", ""},
+		{"chunks 13+11+16 head in blocks of 1", []int{13, 11, 16}, false, false, false, 1, "", ""},
+		{"prefill17 then decode with every L2 prefetch", decodeSchedule(40, 17), false, false, false, 0, "all", ""},
+		{"decode only with L2 prefetch by lines", decodeSchedule(40, 1), false, false, false, 0, "q,o,s:lines", ""},
+		{"prefill17 then decode, queries prepared in the kernels", decodeSchedule(40, 17), false, false, false, 0, "", "MOXIE_CUDA_QPREP=on"},
+		{"decode only, compressors stored and closed by four launches", decodeSchedule(40, 1), false, false, false, 0, "", "MOXIE_CUDA_COMPSTEP=off"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -227,12 +228,15 @@ func TestDeviceTiny(t *testing.T) {
 			if tc.prefetch != "" {
 				t.Setenv("MOXIE_CUDA_PREFETCH", tc.prefetch)
 			}
-			if tc.qprep {
-				t.Setenv("MOXIE_CUDA_QPREP", "on")
+			if name, value, ok := strings.Cut(tc.env, "="); ok {
+				t.Setenv(name, value)
 			}
 			ds := newDeviceSession(t, md)
-			if ds.qPrep != tc.qprep {
-				t.Errorf("MOXIE_CUDA_QPREP on: %v, the session's qPrep %v", tc.qprep, ds.qPrep)
+			if on := tc.env == "MOXIE_CUDA_QPREP=on"; ds.qPrep != on {
+				t.Errorf("%s: the session's qPrep is %v", tc.env, ds.qPrep)
+			}
+			if on := tc.env != "MOXIE_CUDA_COMPSTEP=off"; ds.compOne != on {
+				t.Errorf("%s: the session's compOne is %v", tc.env, ds.compOne)
 			}
 			if tc.prefetch != "" && !ds.pf.ok {
 				t.Errorf("MOXIE_CUDA_PREFETCH=%s: prefetching is off in the session", tc.prefetch)

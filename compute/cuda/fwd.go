@@ -23,6 +23,7 @@ func FwdSource() string { return fwdSrc }
 // are errors naming the kernel and the argument.
 type Fwd struct {
 	attn, attnHG, ringStore, compStore, compClose, indexScores, topk *Kernel
+	compStep                                                         *Kernel
 	moeArgs, addRows, gather, scatter, gatherI32                     *Kernel
 	moePlan, moeTiles, moeCombine                                    *Kernel
 	moeCount, moeOffsets, moeScatter                                 *Kernel
@@ -40,7 +41,7 @@ func (c *Ctx) Fwd() (*Fwd, error) {
 	f := &Fwd{}
 	err := c.loadKernels("fwd", fwdSrc, []kernelRef{
 		{"fwd_attention", &f.attn}, {"fwd_attention_hg", &f.attnHG}, {"fwd_ring_store", &f.ringStore}, {"fwd_comp_store", &f.compStore},
-		{"fwd_comp_close", &f.compClose}, {"fwd_index_scores", &f.indexScores}, {"fwd_topk", &f.topk},
+		{"fwd_comp_close", &f.compClose}, {"fwd_comp_step1", &f.compStep}, {"fwd_index_scores", &f.indexScores}, {"fwd_topk", &f.topk},
 		{"fwd_moe_args", &f.moeArgs}, {"fwd_add_rows", &f.addRows},
 		{"fwd_gather_rows", &f.gather}, {"fwd_scatter_add", &f.scatter}, {"fwd_gather_i32", &f.gatherI32},
 		{"fwd_moe_plan", &f.moePlan}, {"fwd_moe_tiles", &f.moeTiles}, {"fwd_moe_combine", &f.moeCombine},
@@ -219,6 +220,80 @@ func (f *Fwd) CompClose(c *Ctx, p CompCloseParams, s Stream) error {
 		unsafe.Pointer(&p.Out), unsafe.Pointer(&p.RingKV), unsafe.Pointer(&p.RingZ), unsafe.Pointer(&rr), unsafe.Pointer(&ra),
 		unsafe.Pointer(&wi), unsafe.Pointer(&dw), unsafe.Pointer(&ov), unsafe.Pointer(&p.Pos), unsafe.Pointer(&t),
 		unsafe.Pointer(&p.Norm), unsafe.Pointer(&eps), unsafe.Pointer(&p.Freq), unsafe.Pointer(&nf))
+}
+
+// CompJob is one compressor's part of a CompStep: its rings and entries
+// (as in CompStore and CompClose), this token's projections KV and Z
+// [Width], APE [Ratio, Width] and Norm [DW].
+type CompJob struct {
+	Out, RingKV, RingZ DevicePtr
+	KV, Z, APE, Norm   DevicePtr
+	RingRows, Ratio    int
+	Width, DW          int  // Width = 2·DW when Overlap (CSA), DW otherwise
+	Overlap            bool // CSA: previous window's A halves + this window's B halves
+}
+
+// CompStepMaxJobs is the most compressors one CompStep takes.
+const CompStepMaxJobs = 2
+
+// compJob and compStepArgs mirror struct CompJob and CompStepArgs of
+// kernels/fwd.cu (passed by value).
+type compJob struct {
+	_                                         structs.HostLayout
+	RingKV, RingZ, Out, KV, Z, APE, Norm      uint64
+	RingRows, Ratio, Width, DW, Overlap, Pad int32
+}
+
+type compStepArgs struct {
+	_             structs.HostLayout
+	J             [CompStepMaxJobs]compJob
+	Pos, Freq     uint64
+	Eps           float32
+	NFreq, N, Pad int32
+}
+
+// CompStep enqueues, in one launch, what CompStore then CompClose do for
+// one token (T = 1, position Pos[0]) for each of the jobs (at most
+// CompStepMaxJobs, each a different compressor): the store of the token's
+// rows, then, when the token closes an entry, its pooling, RMSNorm (Eps)
+// and RoPE (Freq [NFreq]). The results are the bits of that chain. Each job
+// needs Width a multiple of 4, its KV, Z, APE, RingKV and RingZ 16-byte
+// aligned, and RingRows ≥ 2·Ratio.
+func (f *Fwd) CompStep(c *Ctx, jobs []CompJob, pos, freq DevicePtr, nfreq int, eps float32, s Stream) error {
+	if len(jobs) == 0 || len(jobs) > CompStepMaxJobs || pos == 0 || freq == 0 || nfreq < 0 {
+		return fmt.Errorf("cuda fwd_comp_step1: %d jobs (want 1 to %d), pos %#x, freq %#x, nfreq %d", len(jobs), CompStepMaxJobs, pos, freq, nfreq)
+	}
+	a := compStepArgs{Pos: uint64(pos), Freq: uint64(freq), Eps: eps, NFreq: int32(nfreq), N: int32(len(jobs))}
+	dw := 0
+	for i, j := range jobs {
+		want := j.DW
+		if j.Overlap {
+			want = 2 * j.DW
+		}
+		aligned := true
+		for _, p := range []DevicePtr{j.KV, j.Z, j.APE, j.RingKV, j.RingZ} {
+			aligned = aligned && p != 0 && p%16 == 0
+		}
+		switch {
+		case j.Ratio <= 0 || j.DW <= 0 || j.Width != want || j.Width%4 != 0 || 2*nfreq > j.DW:
+			return fmt.Errorf("cuda fwd_comp_step1: job %d: ratio %d, width %d, dw %d, overlap %v, nfreq %d (want width = dw or 2·dw with overlap, a multiple of 4, and 2·nfreq <= dw)",
+				i, j.Ratio, j.Width, j.DW, j.Overlap, nfreq)
+		case j.RingRows < 2*j.Ratio || 4*j.DW > maxStaticShared:
+			return fmt.Errorf("cuda fwd_comp_step1: job %d: ring rows %d for ratio %d, dw %d", i, j.RingRows, j.Ratio, j.DW)
+		case !aligned || j.Out == 0 || j.Norm == 0:
+			return fmt.Errorf("cuda fwd_comp_step1: job %d: kv %#x, z %#x, ape %#x, rings %#x %#x (want non-zero and 16-byte aligned), out %#x, norm %#x",
+				i, j.KV, j.Z, j.APE, j.RingKV, j.RingZ, j.Out, j.Norm)
+		}
+		ov := int32(0)
+		if j.Overlap {
+			ov = 1
+		}
+		a.J[i] = compJob{RingKV: uint64(j.RingKV), RingZ: uint64(j.RingZ), Out: uint64(j.Out), KV: uint64(j.KV), Z: uint64(j.Z),
+			APE: uint64(j.APE), Norm: uint64(j.Norm), RingRows: int32(j.RingRows), Ratio: int32(j.Ratio), Width: int32(j.Width),
+			DW: int32(j.DW), Overlap: ov}
+		dw = max(dw, j.DW)
+	}
+	return c.Launch(f.compStep, Dim3{X: uint32(len(jobs))}, Dim3{X: 256}, 4*dw, s, unsafe.Pointer(&a))
 }
 
 // IndexScores enqueues the indexer scores of T queries (positions pos[i],

@@ -299,28 +299,7 @@ func TestFwdCompressor(t *testing.T) {
 				t.Fatalf("%s: no window closes", tc.name)
 			}
 			for en := e0; en < e1; en++ {
-				var kv, z []float64
-				addRow := func(p, off int) {
-					for c := range tc.dw {
-						kv = append(kv, float64(kvAll[p*width+off+c]))
-						z = append(z, float64(zAll[p*width+off+c])+float64(ape[(p%tc.ratio)*width+off+c]))
-					}
-				}
-				if tc.overlap && en > 0 {
-					for r := range tc.ratio {
-						addRow((en-1)*tc.ratio+r, 0)
-					}
-				}
-				off := 0
-				if tc.overlap {
-					off = tc.dw
-				}
-				for r := range tc.ratio {
-					addRow(en*tc.ratio+r, off)
-				}
-				want := ref.CompressPool(kv, z, len(kv)/tc.dw, tc.dw)
-				want = ref.RMSNorm(want, f64s(norm), tc.dw, 1e-6)
-				want = ref.RoPE(want, en*tc.ratio, freq, tc.dw, false)
+				want := compEntryRef(kvAll, zAll, ape, norm, freq, tc.ratio, tc.dw, tc.overlap, en)
 				if r := computetest.MaxRel(got[en*tc.dw:(en+1)*tc.dw], want); !(r <= 2*computetest.TolElemwise) {
 					t.Errorf("%s: entry %d: max relative error %.3g > %.3g", tc.name, en, r, 2*computetest.TolElemwise)
 				}
@@ -333,6 +312,198 @@ func TestFwdCompressor(t *testing.T) {
 			}
 		}
 	})
+}
+
+// compEntryRef is compressed entry en in float64 (dsv4-flash.md §4.5): the
+// softmax pool of the window's rows (kvAll, zAll: every position's rows of
+// width floats before ape), RMSNorm with norm (eps 1e-6), RoPE at en·ratio.
+func compEntryRef(kvAll, zAll, ape, norm, freq []float32, ratio, dw int, overlap bool, en int) []float64 {
+	width := dw
+	if overlap {
+		width = 2 * dw
+	}
+	var kv, z []float64
+	addRow := func(p, off int) {
+		for c := range dw {
+			kv = append(kv, float64(kvAll[p*width+off+c]))
+			z = append(z, float64(zAll[p*width+off+c])+float64(ape[(p%ratio)*width+off+c]))
+		}
+	}
+	if overlap && en > 0 {
+		for r := range ratio {
+			addRow((en-1)*ratio+r, 0)
+		}
+	}
+	off := 0
+	if overlap {
+		off = dw
+	}
+	for r := range ratio {
+		addRow(en*ratio+r, off)
+	}
+	want := ref.CompressPool(kv, z, len(kv)/dw, dw)
+	want = ref.RMSNorm(want, f64s(norm), dw, 1e-6)
+	return ref.RoPE(want, en*ratio, freq, dw, false)
+}
+
+// TestFwdCompStep runs one-token compressor steps (CompStep, one or two
+// compressors a launch) from p0 through p0+n−1: every entry they close
+// against the float64 reference, and the rings and entries bit for bit
+// against CompStore then CompClose at T = 1 on copies of the same state.
+func TestFwdCompStep(t *testing.T) {
+	type comp struct {
+		ratio, dw int
+		overlap   bool
+		ringRows  int
+	}
+	cases := []struct {
+		name  string
+		comps []comp
+		p0, n int
+		nfreq int
+	}{
+		{"csa from entry 0, with wrap", []comp{{4, 32, true, 9}}, 0, 14, 8},
+		{"hca with wrap", []comp{{8, 48, false, 17}}, 5, 22, 8},
+		{"csa and hca in one launch", []comp{{4, 32, true, 11}, {8, 48, false, 19}}, 3, 19, 8},
+		{"flash csa and its indexer", []comp{{4, 512, true, 24}, {4, 128, true, 24}}, 40, 9, 32},
+	}
+	withFwd(t, func(e *fwdEnv) {
+		for i, tc := range cases {
+			rng := rand.New(rand.NewPCG(uint64(i), 23))
+			freq := compute.RopeFreqs(160000, 2*tc.nfreq, &compute.YaRN{Factor: 16, OriginalSeqLen: 64, BetaFast: 32, BetaSlow: 1})
+			dFreq := e.up(freq)
+			last := tc.p0 + tc.n - 1
+			type state struct {
+				comp
+				width                int
+				kvAll, zAll, ape, nm []float32
+				rk, rz, out          [2]DevicePtr // [0] CompStep's, [1] the chain's
+				kv, z, dApe, dNorm   DevicePtr
+				entries              int
+			}
+			st := make([]*state, len(tc.comps))
+			for k, cp := range tc.comps {
+				s := &state{comp: cp, width: cp.dw}
+				if cp.overlap {
+					s.width = 2 * cp.dw
+				}
+				s.kvAll = computetest.Normal(rng, (last+1)*s.width, 1)
+				s.zAll = computetest.Normal(rng, (last+1)*s.width, 1)
+				s.ape = computetest.Normal(rng, cp.ratio*s.width, 0.5)
+				s.nm = computetest.Normal(rng, cp.dw, 1)
+				ringKV := make([]float32, cp.ringRows*s.width)
+				ringZ := make([]float32, cp.ringRows*s.width)
+				for p := max(0, tc.p0-2*cp.ratio); p < tc.p0; p++ {
+					for c := range s.width {
+						ringKV[(p%cp.ringRows)*s.width+c] = s.kvAll[p*s.width+c]
+						ringZ[(p%cp.ringRows)*s.width+c] = s.zAll[p*s.width+c] + s.ape[(p%cp.ratio)*s.width+c]
+					}
+				}
+				s.entries = (last+1)/cp.ratio + 1
+				for v := range 2 {
+					s.rk[v], s.rz[v] = e.up(ringKV), e.up(ringZ)
+					s.out[v] = e.poisoned(s.entries * cp.dw)
+				}
+				s.kv, s.z = e.poisoned(s.width), e.poisoned(s.width)
+				s.dApe, s.dNorm = e.up(s.ape), e.up(s.nm)
+				st[k] = s
+			}
+			for p := tc.p0; p <= last; p++ {
+				pos := e.positions(p, 1)
+				var jobs []CompJob
+				for _, s := range st {
+					if err := e.c.CopyFloatsToDevice(s.kv, s.kvAll[p*s.width:(p+1)*s.width]); err != nil {
+						t.Fatal(err)
+					}
+					if err := e.c.CopyFloatsToDevice(s.z, s.zAll[p*s.width:(p+1)*s.width]); err != nil {
+						t.Fatal(err)
+					}
+					jobs = append(jobs, CompJob{Out: s.out[0], RingKV: s.rk[0], RingZ: s.rz[0], KV: s.kv, Z: s.z, APE: s.dApe, Norm: s.dNorm,
+						RingRows: s.ringRows, Ratio: s.ratio, Width: s.width, DW: s.dw, Overlap: s.overlap})
+					if err := e.f.CompStore(e.c, s.rk[1], s.rz[1], s.kv, s.z, s.dApe, pos, 1, s.ratio, s.ringRows, s.width, e.c.Stream()); err != nil {
+						t.Fatalf("%s: %v", tc.name, err)
+					}
+					if err := e.f.CompClose(e.c, CompCloseParams{Out: s.out[1], RingKV: s.rk[1], RingZ: s.rz[1], RingRows: s.ringRows, Ratio: s.ratio,
+						Width: s.width, DW: s.dw, Overlap: s.overlap, Pos: pos, T: 1, Norm: s.dNorm, Eps: 1e-6, Freq: dFreq, NFreq: tc.nfreq}, e.c.Stream()); err != nil {
+						t.Fatalf("%s: %v", tc.name, err)
+					}
+				}
+				if err := e.f.CompStep(e.c, jobs, pos, dFreq, tc.nfreq, 1e-6, e.c.Stream()); err != nil {
+					t.Fatalf("%s: %v", tc.name, err)
+				}
+			}
+			for k, s := range st {
+				got := e.down(s.out[0], s.entries*s.dw)
+				closed := 0
+				for en := range s.entries {
+					row := got[en*s.dw : (en+1)*s.dw]
+					if (en+1)*s.ratio-1 < tc.p0 || (en+1)*s.ratio-1 > last { // not closed by these steps: untouched
+						if v := row[0]; v == v {
+							t.Errorf("%s: compressor %d: entry %d (not closed) was written: %g", tc.name, k, en, v)
+						}
+						continue
+					}
+					closed++
+					want := compEntryRef(s.kvAll, s.zAll, s.ape, s.nm, freq, s.ratio, s.dw, s.overlap, en)
+					if r := computetest.MaxRel(row, want); !(r <= 2*computetest.TolElemwise) {
+						t.Errorf("%s: compressor %d: entry %d: max relative error %.3g > %.3g", tc.name, k, en, r, 2*computetest.TolElemwise)
+					}
+				}
+				if closed == 0 {
+					t.Errorf("%s: compressor %d: no entry closed", tc.name, k)
+				}
+				n := s.ringRows * s.width
+				for _, c := range []struct {
+					what string
+					a, b DevicePtr
+					n    int
+				}{{"entries", s.out[0], s.out[1], s.entries * s.dw}, {"kv ring", s.rk[0], s.rk[1], n}, {"z ring", s.rz[0], s.rz[1], n}} {
+					if !bitsEqual(e.down(c.a, c.n), e.down(c.b, c.n)) {
+						t.Errorf("%s: compressor %d: %s differ from CompStore then CompClose", tc.name, k, c.what)
+					}
+				}
+			}
+		}
+	})
+}
+
+// TestFwdCompStepArgs checks CompStep's argument checks (no launch) and
+// the mirrored argument layout.
+func TestFwdCompStepArgs(t *testing.T) {
+	if a, b := unsafe.Sizeof(compJob{}), unsafe.Sizeof(compStepArgs{}); a != 80 || b != 192 {
+		t.Fatalf("compJob %d bytes, compStepArgs %d: want 80 and 192 (struct CompJob, CompStepArgs in kernels/fwd.cu)", a, b)
+	}
+	ok := CompJob{Out: 256, RingKV: 512, RingZ: 768, KV: 1024, Z: 1280, APE: 1536, Norm: 1792, RingRows: 9, Ratio: 4, Width: 64, DW: 32, Overlap: true}
+	f := &Fwd{}
+	for _, tc := range []struct {
+		name string
+		edit func(j *CompJob)
+		jobs int
+		want string
+	}{
+		{"no jobs", nil, 0, "0 jobs"},
+		{"three jobs", nil, 3, "3 jobs"},
+		{"width not 2·dw with overlap", func(j *CompJob) { j.Width = 32 }, 1, "job 0: ratio 4, width 32"},
+		{"width not a multiple of 4", func(j *CompJob) { j.Overlap, j.DW, j.Width = false, 30, 30 }, 1, "a multiple of 4"},
+		{"ring too short", func(j *CompJob) { j.RingRows = 7 }, 1, "ring rows 7 for ratio 4"},
+		{"kv misaligned", func(j *CompJob) { j.KV += 4 }, 1, "16-byte aligned"},
+		{"no norm", func(j *CompJob) { j.Norm = 0 }, 1, "norm 0x0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := ok
+			if tc.edit != nil {
+				tc.edit(&j)
+			}
+			jobs := make([]CompJob, tc.jobs)
+			for i := range jobs {
+				jobs[i] = j
+			}
+			err := f.CompStep(nil, jobs, 2048, 4096, 8, 1e-6, Stream{})
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "fwd_comp_step1") {
+				t.Errorf("error %v, want one naming fwd_comp_step1 and %q", err, tc.want)
+			}
+		})
+	}
 }
 
 func TestFwdIndexScores(t *testing.T) {

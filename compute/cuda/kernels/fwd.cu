@@ -252,24 +252,16 @@ extern "C" __global__ void fwd_comp_store(float *ring_kv, float *ring_z, const f
   }
 }
 
-// Compressor close: the T tokens at positions pos[0] .. pos[0]+T-1 close
-// entries e0 = pos[0]/ratio .. (pos[0]+T)/ratio - 1; block b handles entry
-// e0 + b (blocks past the last exit). Each pools its window per channel
-// (softmax over slots of z, weights on kv), RMS-normalises with norm [dw]
-// and rotates the last 2*nfreq dims at position e*ratio, into out[e, dw].
-// overlap (CSA): the slots are the A halves (channels 0..dw-1) of the
-// previous window's rows (when e > 0), then the B halves (dw..2dw-1) of this
-// window's rows; otherwise (HCA) this window's rows, channels 0..dw-1.
-// Dynamic shared memory: dw floats.
-extern "C" __global__ void __launch_bounds__(256) fwd_comp_close(float *out, const float *ring_kv, const float *ring_z,
-                                                               int ring_rows, int ratio, int width, int dw, int overlap,
-                                                               const int *pos, int T, const float *norm, float eps,
-                                                               const float *freq, int nfreq) { MOXIE_PDL();
-  extern __shared__ float buf[];
-  __shared__ float red[32];
-  const int e0 = pos[0] / ratio, e1 = (pos[0] + T) / ratio;
-  const int e = e0 + blockIdx.x;
-  if (e >= e1) return;
+// comp_close_entry pools compressed entry e into out[e, dw]: per channel a
+// softmax over the window's slots of z weighting its kv, RMS-normalised with
+// norm [dw], the last 2*nfreq dims rotated at position e*ratio. overlap
+// (CSA): the slots are the A halves (channels 0..dw-1) of the previous
+// window's rows (when e > 0), then the B halves (dw..2dw-1) of this window's
+// rows; otherwise (HCA) this window's rows, channels 0..dw-1. Called by
+// every thread of the block; buf holds dw floats (shared), red 32.
+__device__ void comp_close_entry(float *out, const float *ring_kv, const float *ring_z, int ring_rows, int ratio,
+                                 int width, int dw, int overlap, int e, const float *norm, float eps, const float *freq,
+                                 int nfreq, float *buf, float *red) {
   float ss = 0.f;
   for (int ch = threadIdx.x; ch < dw; ch += blockDim.x) {
     float m = __int_as_float(0xff800000u);
@@ -319,6 +311,70 @@ extern "C" __global__ void __launch_bounds__(256) fwd_comp_close(float *out, con
     const float re = buf[r0 + 2 * f], im = buf[r0 + 2 * f + 1];
     dst[ch] = ((ch - r0) & 1) == 0 ? re * c - im * s : re * s + im * c;
   }
+}
+
+// Compressor close: the T tokens at positions pos[0] .. pos[0]+T-1 close
+// entries e0 = pos[0]/ratio .. (pos[0]+T)/ratio - 1; block b handles entry
+// e0 + b (blocks past the last exit) with comp_close_entry. Dynamic shared
+// memory: dw floats.
+extern "C" __global__ void __launch_bounds__(256) fwd_comp_close(float *out, const float *ring_kv, const float *ring_z,
+                                                               int ring_rows, int ratio, int width, int dw, int overlap,
+                                                               const int *pos, int T, const float *norm, float eps,
+                                                               const float *freq, int nfreq) { MOXIE_PDL();
+  extern __shared__ float buf[];
+  __shared__ float red[32];
+  const int e0 = pos[0] / ratio, e1 = (pos[0] + T) / ratio;
+  const int e = e0 + blockIdx.x;
+  if (e >= e1) return;
+  comp_close_entry(out, ring_kv, ring_z, ring_rows, ratio, width, dw, overlap, e, norm, eps, freq, nfreq, buf, red);
+}
+
+// Compressor step of one token (a decode step) for up to COMP_MAXJ
+// compressors in one launch: block j is compressor a.j[j]. At position p =
+// pos[0] it does fwd_comp_store's store (ring_kv[p mod ring_rows] = kv,
+// ring_z[p mod ring_rows] = z + ape[p mod ratio], the same float adds) with
+// 16-byte accesses, then, when p closes an entry ((p+1) mod ratio == 0),
+// a block barrier and fwd_comp_close's pooling of entry p/ratio: the bits
+// of fwd_comp_store followed by fwd_comp_close at T = 1. Needs width % 4 ==
+// 0 and kv, z, ape, ring_kv, ring_z 16-byte aligned (CompStep checks).
+// Dynamic shared memory: the largest dw floats.
+#define COMP_MAXJ 2
+struct CompJob {
+  float *ring_kv, *ring_z, *out;
+  const float *kv, *z, *ape, *norm;
+  int ring_rows, ratio, width, dw, overlap, pad;
+};
+struct CompStepArgs {
+  CompJob j[COMP_MAXJ];
+  const int *pos;
+  const float *freq;
+  float eps;
+  int nfreq, n, pad;
+};
+static_assert(sizeof(CompJob) == 80, "CompJob must mirror compJob (compute/cuda/fwd.go)");
+static_assert(sizeof(CompStepArgs) == 192, "CompStepArgs must mirror compStepArgs (compute/cuda/fwd.go)");
+extern "C" __global__ void __launch_bounds__(256) fwd_comp_step1(const CompStepArgs a) { MOXIE_PDL();
+  extern __shared__ float buf[];
+  __shared__ float red[32];
+  const CompJob &j = a.j[blockIdx.x];
+  const int p = a.pos[0];
+  const long long dst = (long long)(p % j.ring_rows) * j.width;
+  const float *ap = j.ape + (long long)(p % j.ratio) * j.width;
+  for (int c = 4 * threadIdx.x; c < j.width; c += 4 * blockDim.x) {
+    const float4 k = *reinterpret_cast<const float4 *>(j.kv + c);
+    float4 z = *reinterpret_cast<const float4 *>(j.z + c);
+    const float4 q = *reinterpret_cast<const float4 *>(ap + c);
+    z.x = z.x + q.x;
+    z.y = z.y + q.y;
+    z.z = z.z + q.z;
+    z.w = z.w + q.w;
+    *reinterpret_cast<float4 *>(j.ring_kv + dst + c) = k;
+    *reinterpret_cast<float4 *>(j.ring_z + dst + c) = z;
+  }
+  if ((p + 1) % j.ratio != 0) return;  // the same for the whole block
+  __syncthreads();                     // the row just stored is visible to the block
+  comp_close_entry(j.out, j.ring_kv, j.ring_z, j.ring_rows, j.ratio, j.width, j.dw, j.overlap, p / j.ratio, j.norm, a.eps,
+                   a.freq, a.nfreq, buf, red);
 }
 
 // ---------------------------------------------------------------------------

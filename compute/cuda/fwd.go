@@ -239,8 +239,8 @@ const CompStepMaxJobs = 2
 // compJob and compStepArgs mirror struct CompJob and CompStepArgs of
 // kernels/fwd.cu (passed by value).
 type compJob struct {
-	_                                         structs.HostLayout
-	RingKV, RingZ, Out, KV, Z, APE, Norm      uint64
+	_                                        structs.HostLayout
+	RingKV, RingZ, Out, KV, Z, APE, Norm     uint64
 	RingRows, Ratio, Width, DW, Overlap, Pad int32
 }
 

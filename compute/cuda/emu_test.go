@@ -31,6 +31,7 @@ std::barrier<> *g_warp_bar[32];
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
 #define MOXIE_PDL() do {} while (0)
 #define MOXIE_PDL_PF(...) do {} while (0)
 #define MOXIE_PDL_UNLESS(c) do {} while (0)

@@ -1343,6 +1343,7 @@ extern "C" __global__ void __launch_bounds__(HCO_MAXTHREADS, 3) fuse_hcp_finish(
 // no op may write what another reads or writes. blockDim: at least every
 // normalising op's vb, a multiple of 32.
 #define FUSE_MAXROWOPS 4
+#define FR_KEEP 4  // elements a thread loads before its first store
 #define FR_NORM 1
 #define FR_SCALE 2
 
@@ -1393,7 +1394,30 @@ extern "C" __global__ void fuse_rows(const FuseRows p) {
   }
   const int r0 = dim - 2 * g.nf;
   if (norm || scl || yr != xr) {
-    for (int i = threadIdx.x; i < r0; i += bd) {
+    // The first FR_KEEP elements of a thread: every load before the first
+    // store (y may be x, so a loop of load, store waits for memory once per
+    // element); the same operations.
+    float xv[FR_KEEP], wv[FR_KEEP];
+#pragma unroll
+    for (int u = 0; u < FR_KEEP; u++) {
+      const int i = threadIdx.x + u * bd;
+      xv[u] = i < r0 ? xr[i] : 0.f;
+      wv[u] = i < r0 && norm && g.w ? g.w[i] : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < FR_KEEP; u++) {
+      const int i = threadIdx.x + u * bd;
+      if (i < r0) {
+        float v = xv[u];
+        if (norm) {
+          v = v * inv;
+          v = g.w ? wv[u] * v : v;
+        }
+        if (scl) v = v * g.a;
+        yr[i] = v;
+      }
+    }
+    for (int i = threadIdx.x + FR_KEEP * bd; i < r0; i += bd) {
       float v = xr[i];
       if (norm) {
         v = v * inv;

@@ -43,11 +43,29 @@ struct IdxPrep {
   float wscale;
 };
 
+// idx_cp16 copies 16 bytes from global src to shared dst (cp.async on sm_80
+// and later: the copy is in flight until idx_cp_wait); idx_cp_wait waits for
+// the thread's copies.
+__device__ __forceinline__ void idx_cp16(void *dst, const void *src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned d;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(d) : "l"(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+#else
+  *reinterpret_cast<float4 *>(dst) = *reinterpret_cast<const float4 *>(src);
+#endif
+}
+__device__ __forceinline__ void idx_cp_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
 template <int HPW, bool PREP = false>
 __device__ __forceinline__ void idx_scores_body(float *sc, const float *q, const float *w, const float *keys,
                                                 const int *pos, int ratio, int heads, int dim, int stride,
                                                 IdxPrep pp = IdxPrep{nullptr, 0, 1.f}) {
-  __shared__ float kt[IDX_TE * 32 * IDX_DPL];
+  __shared__ __align__(16) float kt[IDX_TE * 32 * IDX_DPL];
   __shared__ float dsm[IDX_TE][IDX_MAXH + 1];
   __shared__ float ws[IDX_MAXH];
   const int i = blockIdx.y;
@@ -91,11 +109,27 @@ __device__ __forceinline__ void idx_scores_body(float *sc, const float *q, const
   constexpr int LG = HPW == 1 ? 0 : HPW == 2 ? 1 : HPW == 4 ? 2 : 3;
   const bool writer = (lane & ((32 >> LG) - 1)) == 0;
   const int hw = wp * HPW + (lane >> (5 - LG));  // the head this lane holds after the reduction
+  // vec: the key tile is staged as float4s (rows of whole float4s, keys
+  // 16-byte aligned; blockDim is 32·IDX_WARPS).
+  const bool vec = (dim & 3) == 0 && ((size_t)keys & 15) == 0 && blockDim.x == 32 * IDX_WARPS;
   for (int t0 = blockIdx.x * IDX_TE; t0 < n; t0 += gridDim.x * IDX_TE) {
     const int ne = min(IDX_TE, n - t0);
     __syncthreads();  // the previous tile's kt and dsm are read
     const float *kg = keys + (size_t)t0 * dim;
-    for (int x = threadIdx.x; x < ne * dim; x += blockDim.x) kt[x] = kg[x];
+    if (vec) {
+      // Every copy of the tile in flight at once (a loop of load, store
+      // waits for memory once per element; so did two loads then two
+      // stores, as ptxas ordered them).
+      constexpr int V = IDX_TE * 32 * IDX_DPL / 4 / (32 * IDX_WARPS);  // float4s a thread
+#pragma unroll
+      for (int u = 0; u < V; u++) {
+        const int x = threadIdx.x + u * 32 * IDX_WARPS;
+        if (4 * x < ne * dim) idx_cp16(reinterpret_cast<float4 *>(kt) + x, reinterpret_cast<const float4 *>(kg) + x);
+      }
+      idx_cp_wait();
+    } else {
+      for (int x = threadIdx.x; x < ne * dim; x += blockDim.x) kt[x] = kg[x];
+    }
     __syncthreads();
 #pragma unroll 2
     for (int e = 0; e < ne; e++) {

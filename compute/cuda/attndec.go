@@ -28,10 +28,6 @@ type attnDecVariant struct {
 	G, KT, NB int
 	MaxSplits int
 	dims      []int // the head widths it is instantiated for
-	// Cluster > 0: the one-launch cluster kernel (attndec_c*): always
-	// Cluster splits, merged inside each cluster of Cluster blocks, no
-	// combine kernel and no scratch (MaxSplits == Cluster).
-	Cluster int
 }
 
 // attnDecVariants lists the partial kernel's tilings; the first is the
@@ -42,19 +38,6 @@ var attnDecVariants = []attnDecVariant{
 	{Name: "g8k32", G: 8, KT: 32, NB: 1, MaxSplits: 32, dims: []int{128, 256, 512}},
 	{Name: "g4k32", G: 4, KT: 32, NB: 1, MaxSplits: 32, dims: []int{256, 512}},
 	{Name: "g8k16db", G: 8, KT: 16, NB: 2, MaxSplits: 64, dims: []int{128, 256, 512}},
-	{Name: "c8_g8k16db", G: 8, KT: 16, NB: 2, MaxSplits: 8, dims: []int{128, 256, 512}, Cluster: 8},
-	{Name: "c8_g8k16", G: 8, KT: 16, NB: 1, MaxSplits: 8, dims: []int{512}, Cluster: 8},
-	{Name: "c8_g4k32", G: 4, KT: 32, NB: 1, MaxSplits: 8, dims: []int{512}, Cluster: 8},
-}
-
-// attnDecDefault is the decode attention variant of a device: env (a
-// variant's name, $MOXIE_CUDA_ATTNDECV) when it names one the device can
-// launch, else the first listed.
-func attnDecDefault(clusters bool, env string) string {
-	if v, ok := attnDecFind(env); ok && (v.Cluster == 0 || clusters) {
-		return v.Name
-	}
-	return attnDecVariants[0].Name
 }
 
 // attnDecMaxSplits is AD_MAXS in kernels/attndec.cu.
@@ -99,9 +82,6 @@ func (v attnDecVariant) shared(dim int) int {
 
 // splits is the number of key splits per query for at most maxKeys keys.
 func (v attnDecVariant) splits(maxKeys int) int {
-	if v.Cluster > 0 {
-		return v.Cluster
-	}
 	return max(1, min(v.MaxSplits, (maxKeys+v.KT-1)/v.KT))
 }
 
@@ -125,9 +105,7 @@ func AttentionDecodeScratchBytes(heads, dim, T, maxKeys int) int {
 	}
 	n := 0
 	for _, v := range attnDecVariants {
-		if v.Cluster == 0 {
-			n = max(n, 4*T*v.splits(maxKeys)*heads*(dim+2))
-		}
+		n = max(n, 4*T*v.splits(maxKeys)*heads*(dim+2))
 	}
 	return n
 }
@@ -201,7 +179,7 @@ func (c *Ctx) LoadAttnDec() error {
 // (it holds the partial results between the two launches; nothing is
 // allocated at launch time). Bad sizes are errors naming the argument.
 func (c *Ctx) AttentionDecode(p AttnParams, scratch DevicePtr, s Stream) error {
-	return c.attentionDecodeV(p, scratch, c.attnDecVariant(), s)
+	return c.attentionDecode(p, scratch, attnDecVariants[0].Name, s)
 }
 
 // AttentionDecodeInvRoPE is AttentionDecode followed by the inverse rotary
@@ -220,22 +198,8 @@ func (c *Ctx) AttentionDecodeInvRoPE(p AttnParams, freq DevicePtr, nfreq int, sc
 	if err := r.check(p.Dim, true); err != nil {
 		return err
 	}
-	return c.attentionDecodeVR(p, scratch, c.attnDecVariant(), r, s)
+	return c.attentionDecodeVR(p, scratch, attnDecVariants[0], r, s)
 }
-
-// attnDecVariant is the device's decode attention variant.
-func (c *Ctx) attnDecVariant() attnDecVariant {
-	if c == nil || c.d == nil {
-		return attnDecVariants[0] // argument checks without a device
-	}
-	v, _ := attnDecFind(c.d.attnDec)
-	return v
-}
-
-// AttentionDecodeVariant names the decode attention variant this device
-// uses ($MOXIE_CUDA_ATTNDECV where the device can launch it; see
-// attnDecVariants).
-func (c *Ctx) AttentionDecodeVariant() string { return c.attnDecVariant().Name }
 
 // AttentionDecodeNormQ is AttentionDecodeInvRoPE on queries that p.Q holds
 // before their per-head RMSNorm and RoPE: the partial kernel normalizes
@@ -257,7 +221,7 @@ func (c *Ctx) AttentionDecodeNormQ(p AttnParams, eps float32, freq DevicePtr, nf
 		return fmt.Errorf("cuda attndec: query norm epsilon %g, want a positive finite value", eps)
 	}
 	r.qprep, r.qeps = attnDecQNorm|attnDecQRoPE, eps
-	return c.attentionDecodeVR(p, scratch, c.attnDecVariant(), r, s)
+	return c.attentionDecodeVR(p, scratch, attnDecVariants[0], r, s)
 }
 
 // attentionDecode is AttentionDecode with the named partial-kernel variant.
@@ -306,9 +270,7 @@ func (c *Ctx) attentionDecodeVR(p AttnParams, scratch DevicePtr, v attnDecVarian
 	switch {
 	case v.MaxSplits <= 0 || v.MaxSplits > attnDecMaxSplits:
 		return fmt.Errorf("cuda attndec: %d splits, want 1..%d", v.MaxSplits, attnDecMaxSplits)
-	case v.Cluster > 0 && (v.MaxSplits != v.Cluster || c == nil || c.d == nil || !c.d.cluster):
-		return fmt.Errorf("cuda attndec: variant %s: clusters of %d blocks (splits %d) on a device that launches clusters: %v", v.Name, v.Cluster, v.MaxSplits, c.d.cluster)
-	case p.O == 0 || p.Q == 0 || p.Ring == 0 || p.Sinks == 0 || p.Pos == 0 || (scratch == 0 && v.Cluster == 0):
+	case p.O == 0 || p.Q == 0 || p.Ring == 0 || p.Sinks == 0 || p.Pos == 0 || scratch == 0:
 		return fmt.Errorf("cuda attndec: nil buffer (o %#x q %#x ring %#x sinks %#x pos %#x scratch %#x)", p.O, p.Q, p.Ring, p.Sinks, p.Pos, scratch)
 	case p.T <= 0 || p.T > 65535 || p.Window <= 0:
 		return fmt.Errorf("cuda attndec: T %d (want 1..65535), window %d", p.T, p.Window)
@@ -327,21 +289,17 @@ func (c *Ctx) attentionDecodeVR(p AttnParams, scratch DevicePtr, v attnDecVarian
 	if err != nil {
 		return err
 	}
+	kc, err := m.Kernel("attndec_combine")
+	if err != nil {
+		return err
+	}
 	S := v.splits(p.MaxKeys)
 	a := attnDecArgs{O: uint64(p.O), Q: uint64(p.Q), Ring: uint64(p.Ring), Comp: uint64(p.Comp), Idx: uint64(p.Idx), Sinks: uint64(p.Sinks),
 		Pos: uint64(p.Pos), Part: uint64(scratch), RingRows: int32(p.RingRows), Window: int32(p.Window), Ratio: int32(max(p.Ratio, 1)),
 		IdxStride: int32(p.IdxStride), TopK: int32(p.TopK), Heads: int32(p.Heads), Dim: int32(p.Dim), MaxKeys: int32(p.MaxKeys),
 		Splits: int32(S), NQ: int32(p.T), KT: int32(v.KT), Scale: p.Scale, RoPENF: int32(r.nf), RoPEFreq: uint64(r.freq),
 		QPrep: r.qprep, QEps: r.qeps}
-	grid := Dim3{X: uint32(p.Heads / v.G), Y: uint32(S), Z: uint32(p.T)}
-	if v.Cluster > 0 {
-		return c.LaunchCluster(kp, grid, Dim3{X: attnDecThreads}, Dim3{X: 1, Y: uint32(v.Cluster), Z: 1}, v.shared(p.Dim), s, unsafe.Pointer(&a))
-	}
-	kc, err := m.Kernel("attndec_combine")
-	if err != nil {
-		return err
-	}
-	if err := c.Launch(kp, grid, Dim3{X: attnDecThreads}, v.shared(p.Dim), s, unsafe.Pointer(&a)); err != nil {
+	if err := c.Launch(kp, Dim3{X: uint32(p.Heads / v.G), Y: uint32(S), Z: uint32(p.T)}, Dim3{X: attnDecThreads}, v.shared(p.Dim), s, unsafe.Pointer(&a)); err != nil {
 		return err
 	}
 	d4 := p.Dim / 4

@@ -51,16 +51,7 @@ func TestAttnDecEmulated(t *testing.T) {
 	src = "inline float __fmul_rn(float a, float b) { return a * b; }\n" + src
 	var gen strings.Builder
 	gen.WriteString("static std::vector<Var> vars = {\n")
-	// The cluster kernels (attndec_c*) are not emulated: the harness runs
-	// one block at a time and has no distributed shared memory. The GPU
-	// test TestAttentionDecodeCluster checks them.
-	var emulated []attnDecVariant
 	for _, v := range attnDecVariants {
-		if v.Cluster == 0 {
-			emulated = append(emulated, v)
-		}
-	}
-	for _, v := range emulated {
 		ds := make([]string, len(v.dims))
 		for i, d := range v.dims {
 			ds[i] = strconv.Itoa(d)
@@ -68,7 +59,7 @@ func TestAttnDecEmulated(t *testing.T) {
 		fmt.Fprintf(&gen, "  {%q, %d, %d, %d, {%s}},\n", v.Name, v.G, v.KT, v.MaxSplits, strings.Join(ds, ", "))
 	}
 	gen.WriteString("};\nstatic void (*kernel(std::string n, int D))(ADArgs) {\n")
-	for _, v := range emulated {
+	for _, v := range attnDecVariants {
 		for _, d := range v.dims {
 			fmt.Fprintf(&gen, "  if (n == %q && D == %d) return %s;\n", v.Name, d, v.kernel(d))
 		}

@@ -250,35 +250,6 @@ func (c *Ctx) Launch(f *Kernel, grid, block Dim3, shared int, s Stream, args ...
 	return nil
 }
 
-// ClustersOK reports whether the device launches thread block clusters
-// (sm_90+ and cuLaunchKernelEx): LaunchCluster works.
-func (c *Ctx) ClustersOK() bool { return c.d.cluster }
-
-// LaunchCluster is Launch with thread block clusters of cluster blocks
-// (each grid dimension a multiple of the cluster's; at most 8 blocks a
-// cluster). It needs ClustersOK.
-func (c *Ctx) LaunchCluster(f *Kernel, grid, block, cluster Dim3, shared int, s Stream, args ...unsafe.Pointer) error {
-	if !c.d.cluster {
-		return fmt.Errorf("launching %s: thread block clusters need sm_90 and CUDA 12", f.name)
-	}
-	var pin runtime.Pinner
-	defer pin.Unpin()
-	var params unsafe.Pointer
-	if len(args) > 0 {
-		for _, a := range args {
-			pin.Pin(a)
-		}
-		pin.Pin(&args[0])
-		params = unsafe.Pointer(&args[0])
-	}
-	err := c.lib.LaunchKernelCluster(f.fn, grid.X, max(grid.Y, 1), max(grid.Z, 1), block.X, max(block.Y, 1), max(block.Z, 1), uint32(shared), s.s, params,
-		max(cluster.X, 1), max(cluster.Y, 1), max(cluster.Z, 1), f.pdl && c.d.pdl)
-	if err != nil {
-		return fmt.Errorf("launching %s grid %v block %v cluster %v: %w", f.name, grid, block, cluster, err)
-	}
-	return nil
-}
-
 // Graph is an instantiated CUDA graph.
 type Graph struct {
 	g driver.Graph

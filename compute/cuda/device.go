@@ -74,12 +74,6 @@ type Device struct {
 	// programmatic dependent launch (sm_90+, cuLaunchKernelEx;
 	// $MOXIE_CUDA_PDL=off disables it).
 	pdl bool
-	// cluster: thread block clusters can be launched (sm_90+,
-	// cuLaunchKernelEx).
-	cluster bool
-	// attnDec names the decode attention variant AttentionDecode and its
-	// forms use ($MOXIE_CUDA_ATTNDECV; default attnDecDefault).
-	attnDec string
 
 	// hcMix is the HCMix/HCHeadPre path choice ($MOXIE_CUDA_HCMIX) and the
 	// split path's scratch buffer (ops.go).
@@ -181,8 +175,6 @@ func (d *Device) init(ordinal int) error {
 	}
 	d.info = in
 	d.pdl = in.Major >= 9 && l.HasLaunchEx() && os.Getenv("MOXIE_CUDA_PDL") != "off"
-	d.cluster = in.Major >= 9 && l.HasLaunchEx()
-	d.attnDec = attnDecDefault(d.cluster, os.Getenv("MOXIE_CUDA_ATTNDECV"))
 	d.ctx = &Ctx{d: d, lib: l, stream: Stream{s: s}}
 	return nil
 }

@@ -10,7 +10,6 @@
 package driver
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -547,34 +546,6 @@ func (l *Lib) LaunchKernelPDL(f Function, gx, gy, gz, bx, by, bz, shared uint32,
 	cfg := launchConfig{gx: gx, gy: gy, gz: gz, bx: bx, by: by, bz: bz, shared: shared, stream: s, attrs: &attr, numAttrs: 1}
 	err := l.check("cuLaunchKernelEx", call(l.cuLaunchKernelEx, uintptr(unsafe.Pointer(&cfg)), uintptr(f), uintptr(params), 0))
 	runtime.KeepAlive(&attr)
-	return err
-}
-
-// attrClusterDimension is CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION.
-const attrClusterDimension = 4
-
-// LaunchKernelCluster is LaunchKernel with thread block clusters of
-// (cx, cy, cz) blocks (sm_90+; each grid dimension a multiple of the
-// cluster's, at most 8 blocks a cluster), and with programmatic dependent
-// launch when pdl is set (see LaunchKernelPDL). It needs HasLaunchEx.
-func (l *Lib) LaunchKernelCluster(f Function, gx, gy, gz, bx, by, bz, shared uint32, s Stream, params unsafe.Pointer, cx, cy, cz uint32, pdl bool) error {
-	if l.cuLaunchKernelEx == 0 {
-		return fmt.Errorf("cuLaunchKernelEx: not in this driver (CUDA 12.0 or later needed)")
-	}
-	var attrs [2]launchAttr
-	attrs[0].id = attrClusterDimension
-	binary.LittleEndian.PutUint32(attrs[0].value[0:], cx)
-	binary.LittleEndian.PutUint32(attrs[0].value[4:], cy)
-	binary.LittleEndian.PutUint32(attrs[0].value[8:], cz)
-	n := uint32(1)
-	if pdl {
-		attrs[1].id = attrProgrammaticStreamSerialization
-		attrs[1].value[0] = 1
-		n = 2
-	}
-	cfg := launchConfig{gx: gx, gy: gy, gz: gz, bx: bx, by: by, bz: bz, shared: shared, stream: s, attrs: &attrs[0], numAttrs: n}
-	err := l.check("cuLaunchKernelEx", call(l.cuLaunchKernelEx, uintptr(unsafe.Pointer(&cfg)), uintptr(f), uintptr(params), 0))
-	runtime.KeepAlive(&attrs)
 	return err
 }
 

@@ -95,42 +95,6 @@ __device__ __forceinline__ void ad_cp16(void *dst, const void *src, bool ok) {
 }
 __device__ __forceinline__ void ad_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void ad_cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-
-// Thread block clusters (sm_90): ad_cl_addr maps a shared-memory pointer of
-// this block to the same variable in block `rank` of the cluster (a
-// shared::cluster address), ad_cl_ld* read through it, ad_cl_sync is the
-// cluster-wide barrier (arrive releases and wait acquires by default:
-// shared-memory writes before it are visible to every block of the cluster
-// after it).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define AD_HAVE_CLUSTER 1
-__device__ __forceinline__ unsigned ad_cl_addr(const void *p, unsigned rank) {
-  unsigned a, r;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-  return r;
-}
-__device__ __forceinline__ float ad_cl_ld(unsigned a) {
-  float v;
-  asm("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a));  // after ad_cl_addr's volatile mapa
-  return v;
-}
-__device__ __forceinline__ float4 ad_cl_ld4(unsigned a) {
-  float4 v;
-  asm("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a));
-  return v;
-}
-__device__ __forceinline__ void ad_cl_sync() {
-  asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
-}
-__device__ __forceinline__ unsigned ad_cl_rank() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-#else
-#define AD_HAVE_CLUSTER 0
-#endif
 #endif
 
 // ad_keys returns query i's key count (at most max_keys); nw gets its window
@@ -218,95 +182,13 @@ __device__ __forceinline__ void ad_qprep(const ADArgs &a, float4 (&qr)[GP], int 
   }
 }
 
-// ad_cluster_combine: the cluster kernel's merge (CS > 0). Block s of the
-// cluster (rank s, key split s of heads h0..h0+G-1 of query i) holds its
-// split's partial output in os [G][D/4] and its m, l in ms, ls [G] (empty:
-// the split had no keys; its m, l are set to -inf, 0 here and os is not
-// read). After a cluster barrier block s merges float4 outputs s*n ..
-// s*n+n-1 of the G*D/4 (n = G*D/4/CS, one a thread) over the splits that
-// hold keys, reading the other blocks' shared memory: attndec_combine's
-// operations for splits <= its split parts (each split's weighted output
-// rounded, then the sum in split order; L the same fma chain), so the same
-// bits as the two kernels with CS splits; then the inverse RoPE and the
-// store. A second barrier keeps every block's shared memory alive until
-// the others have read it. Every thread of the block calls it.
-#ifndef AD_EMULATE
-template <int G, int D, int KT, int CS>
-__device__ __forceinline__ void ad_cluster_combine(const ADArgs &a, float4 *os, float *ms, float *ls, int i, int h0, int nk,
-                                                   bool empty) {
-#if AD_HAVE_CLUSTER
-  constexpr int D4 = D / 4, N = G * D4 / CS;
-  static_assert(G * D4 % CS == 0 && N <= AD_NT, "outputs per block");
-  const int tid = threadIdx.x;
-  if (empty && tid < G) {
-    ms[tid] = AD_NINF;
-    ls[tid] = 0.f;
-  }
-  ad_cl_sync();
-  const int chunk = (nk + CS * KT - 1) / (CS * KT) * KT;
-  const int sa = chunk > 0 ? min(CS, (nk + chunk - 1) / chunk) : 0;  // splits with keys
-  if (tid < N) {
-    const int o = (int)ad_cl_rank() * N + tid, g = o / D4, c = o % D4;
-    const float sink = a.sinks[h0 + g];
-    float m[CS], l[CS];
-    float M = sink;
-#pragma unroll
-    for (int s = 0; s < CS; s++) {
-      m[s] = AD_NINF;
-      l[s] = 0.f;
-      if (s < sa) {
-        m[s] = ad_cl_ld(ad_cl_addr(ms + g, s));
-        l[s] = ad_cl_ld(ad_cl_addr(ls + g, s));
-      }
-      M = fmaxf(M, m[s]);
-    }
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int s = 0; s < CS; s++) {
-      if (s < sa) {
-        const float wt = expf(m[s] - M);
-        const float4 v = ad_cl_ld4(ad_cl_addr(os + g * D4 + c, s));
-        acc.x = __fadd_rn(acc.x, __fmul_rn(wt, v.x));
-        acc.y = __fadd_rn(acc.y, __fmul_rn(wt, v.y));
-        acc.z = __fadd_rn(acc.z, __fmul_rn(wt, v.z));
-        acc.w = __fadd_rn(acc.w, __fmul_rn(wt, v.w));
-      }
-    }
-    float L = expf(sink - M);
-#pragma unroll
-    for (int s = 0; s < CS; s++)
-      if (s < sa) L = fmaf(expf(m[s] - M), l[s], L);
-    acc.x /= L;
-    acc.y /= L;
-    acc.z /= L;
-    acc.w /= L;
-    if (a.rope_nf > 0) {
-      const int e0 = 4 * c - (D - 2 * a.rope_nf);  // this column's first dim within the rotated part
-      const float pf = (float)a.pos[i];
-      if (e0 >= 0) ad_rope<true>(acc.x, acc.y, pf, a.rope_freq[e0 >> 1]);
-      if (e0 + 2 >= 0) ad_rope<true>(acc.z, acc.w, pf, a.rope_freq[(e0 + 2) >> 1]);
-    }
-    ((float4 *)(a.o + ((long long)i * a.heads + h0 + g) * D))[c] = acc;
-  }
-  ad_cl_sync();
-#else
-  __trap();  // the cluster kernels need sm_90 (the host never launches them below it)
-#endif
-}
-#else
-template <int G, int D, int KT, int CS>
-void ad_cluster_combine(const ADArgs &, float4 *, float *, float *, int, int, int, bool) {}
-#endif
-
 // Dynamic shared memory of ad_partial<G, D, KT, NB>, in bytes
 // (attnDecVariant.shared in attndec.go must agree).
 #define AD_SHARED(G, D, KT, NB) (16 * ((G) * ((D) / 4) + (NB) * (KT) * ((D) / 4 + 1)) + 4 * (AD_NW * (G) * (KT) + (KT) * (G)))
 
 // NB key buffers: 1, or 2 (the next tile's copies in flight while the
-// current tile is worked on; for splits of several tiles). CS 0: the
-// partial kernel (results to the scratch buffer); CS > 0: the cluster
-// kernel (see attndec_c*, below; a.splits == CS).
-template <int G, int D, int KT, int NB, int CS = 0>
+// current tile is worked on; for splits of several tiles).
+template <int G, int D, int KT, int NB>
 __device__ __forceinline__ void ad_partial(const ADArgs &a) {
   constexpr int D4 = D / 4;        // float4 columns of a row
   constexpr int KS4 = D4 + 1;      // key row stride in shared memory (float4): conflict-free
@@ -342,10 +224,6 @@ __device__ __forceinline__ void ad_partial(const ADArgs &a) {
   const long long row = ((long long)i * a.splits + s) * a.heads + h0;  // (query, split, head h0)
   float *ml = a.part + (long long)a.nq * a.splits * a.heads * D + 2 * row;
   if (j0 >= j1) {
-    if constexpr (CS > 0) {
-      ad_cluster_combine<G, D, KT, CS>(a, qs, mrun, lrun, i, h0, nk, true);
-      return;
-    }
     if (tid < G) {
       ml[2 * tid] = AD_NINF;
       ml[2 * tid + 1] = 0.f;
@@ -492,13 +370,6 @@ __device__ __forceinline__ void ad_partial(const ADArgs &a) {
       }
     }
   }
-  if constexpr (CS > 0) {
-    __syncthreads();  // every thread is done with qs: it takes this split's output
-#pragma unroll
-    for (int r = 0; r < GP; r++) qs[(hp * GP + r) * D4 + c4] = acc[r];
-    ad_cluster_combine<G, D, KT, CS>(a, qs, mrun, lrun, i, h0, nk, false);
-    return;
-  }
   float4 *op = (float4 *)(a.part + row * D);
 #pragma unroll
   for (int r = 0; r < GP; r++) op[(hp * GP + r) * D4 + c4] = acc[r];
@@ -525,23 +396,6 @@ AD_KERNEL(attndec_g4k32_d512, 4, 512, 32, 1)
 AD_KERNEL(attndec_g8k16db_d128, 8, 128, 16, 2)
 AD_KERNEL(attndec_g8k16db_d256, 8, 256, 16, 2)
 AD_KERNEL(attndec_g8k16db_d512, 8, 512, 16, 2)
-
-// Cluster kernels attndec_c<CS>_<variant>_d<D> (grid (heads/G, CS, T),
-// launched with clusters of (1, CS, 1) blocks, a.splits == CS): the partial
-// kernel's work for key split s (the block's cluster rank), then the merge
-// of the CS splits inside the cluster (ad_cluster_combine) instead of the
-// combine kernel: one launch, no scratch buffer, the same bits as the
-// partial and combine kernels with CS splits.
-#define AD_CKERNEL(NAME, G, D, KT, NB, CS) \
-  extern "C" __global__ void __launch_bounds__(AD_NT) NAME(ADArgs a) { MOXIE_PDL(); ad_partial<G, D, KT, NB, CS>(a); }
-
-#ifndef AD_EMULATE
-AD_CKERNEL(attndec_c8_g8k16db_d128, 8, 128, 16, 2, 8)
-AD_CKERNEL(attndec_c8_g8k16db_d256, 8, 256, 16, 2, 8)
-AD_CKERNEL(attndec_c8_g8k16db_d512, 8, 512, 16, 2, 8)
-AD_CKERNEL(attndec_c8_g8k16_d512, 8, 512, 16, 1, 8)
-AD_CKERNEL(attndec_c8_g4k32_d512, 4, 512, 32, 1, 8)
-#endif
 
 // Combine: grid (heads, T), blockDim.x = D/4 * SP threads (SP split parts,
 // a power of two). Only the splits that hold keys are read (the first

@@ -398,37 +398,76 @@ AD_KERNEL(attndec_g8k16db_d256, 8, 256, 16, 2)
 AD_KERNEL(attndec_g8k16db_d512, 8, 512, 16, 2)
 
 // Combine: grid (heads, T), blockDim.x = D/4 * SP threads (SP split parts,
-// a power of two). Only the splits that hold keys are read (the first
+// a power of two). Only the splits that hold keys are used (the first
 // ceil(nk/chunk), as the partial kernel computes them; each of them wrote
 // its partial output). Thread (sp, c) sums the splits s = sp, sp+SP, ... of
 // float4 column c in order; the SP part sums are then added in order sp =
-// 0, 1, ... (fixed order: deterministic).
+// 0, 1, ... (fixed order: deterministic). The loads that do not need the
+// query's position go out first, before its key count is known: the m, l
+// of every split and each thread's first AD_CPRE splits' outputs (the
+// splits past the keys hold stale values, loaded and never used).
+#define AD_CPRE 5  // V4-Flash: 40 splits (CSA) over 8 parts
 extern "C" __global__ void __launch_bounds__(1024) attndec_combine(ADArgs a) { MOXIE_PDL();
   __shared__ float sm[AD_MAXS], sl[AD_MAXS];
   extern __shared__ float4 cpart[];  // [SP - 1][D/4]
   const int h = blockIdx.x, i = blockIdx.y, S = a.splits, D = a.dim, D4 = D / 4;
   const int c = threadIdx.x % D4, sp = threadIdx.x / D4, SP = blockDim.x / D4;
+  const float *ml = a.part + (long long)a.nq * S * a.heads * D;
+  const long long step = (long long)a.heads * D4;  // float4s from one split to the next
+  const float4 *src = (const float4 *)(a.part + ((long long)i * S * a.heads + h) * D) + c;
+  float mv, lv;
+  {
+    const long long r = ((long long)i * S + min((int)threadIdx.x, S - 1)) * a.heads + h;  // no branch: issued with the rest
+    mv = ml[2 * r];
+    lv = ml[2 * r + 1];
+  }
+  float4 pv[AD_CPRE];
+#pragma unroll
+  for (int u = 0; u < AD_CPRE; u++) {
+    const int s = sp + u * SP;
+    pv[u] = s < S ? src[s * step] : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  const float sink = a.sinks[h];
   int nw, first;
   const int nk = ad_keys(a, i, nw, first);
   const int KT = a.kt;
   const int chunk = (nk + S * KT - 1) / (S * KT) * KT;
   const int sa = chunk > 0 ? min(S, (nk + chunk - 1) / chunk) : 0;  // splits with keys
-  const float *ml = a.part + (long long)a.nq * S * a.heads * D;
-  for (int s = threadIdx.x; s < sa; s += blockDim.x) {
+  if ((int)threadIdx.x < sa) {
+    sm[threadIdx.x] = mv;
+    sl[threadIdx.x] = lv;
+  }
+  for (int s = threadIdx.x + blockDim.x; s < sa; s += blockDim.x) {  // more splits than threads
     const long long r = ((long long)i * S + s) * a.heads + h;
     sm[s] = ml[2 * r];
     sl[s] = ml[2 * r + 1];
   }
   __syncthreads();
-  const float sink = a.sinks[h];
   float M = sink;
   for (int s = 0; s < sa; s++) M = fmaxf(M, sm[s]);
-  const long long step = (long long)a.heads * D4;  // float4s from one split to the next
-  const float4 *src = (const float4 *)(a.part + ((long long)i * S * a.heads + h) * D) + c;
+  // The denominator (part 0's threads, whole warps: D/4 is a multiple of
+  // 32) now, while the outputs' loads are in flight.
+  float L = 0.f;
+  if (sp == 0) {
+    L = expf(sink - M);
+    for (int s = 0; s < sa; s++) L = fmaf(expf(sm[s] - M), sl[s], L);
+  }
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int u = 0; u < AD_CPRE; u++) {
+    const int s = sp + u * SP;
+    if (s < sa) {
+      const float wt = expf(sm[s] - M);  // 0 for a split of padding only (m = -inf, output 0)
+      const float4 v = pv[u];
+      acc.x = fmaf(wt, v.x, acc.x);
+      acc.y = fmaf(wt, v.y, acc.y);
+      acc.z = fmaf(wt, v.z, acc.z);
+      acc.w = fmaf(wt, v.w, acc.w);
+    }
+  }
 #pragma unroll 4
-  for (int s = sp; s < sa; s += SP) {
-    const float wt = expf(sm[s] - M);  // 0 for a split of padding only (m = -inf, output 0)
+  for (int s = sp + AD_CPRE * SP; s < sa; s += SP) {
+    const float wt = expf(sm[s] - M);
     const float4 v = src[s * step];
     acc.x = fmaf(wt, v.x, acc.x);
     acc.y = fmaf(wt, v.y, acc.y);
@@ -445,8 +484,6 @@ extern "C" __global__ void __launch_bounds__(1024) attndec_combine(ADArgs a) { M
       acc.z += v.z;
       acc.w += v.w;
     }
-    float L = expf(sink - M);
-    for (int s = 0; s < sa; s++) L = fmaf(expf(sm[s] - M), sl[s], L);
     acc.x /= L;
     acc.y /= L;
     acc.z /= L;

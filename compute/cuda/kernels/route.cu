@@ -20,6 +20,10 @@ typedef unsigned long long u64;
 // loaded module: launches must not overlap (the device's one compute stream
 // and programmatic dependent launch's wait at MOXIE_PDL() keep them apart).
 __device__ u32 gr_arrivals;
+// gr_pg holds p_e = sqrt(softplus(logit_e)) of the running gate_route
+// launch, stored by the block that forms logit e (so the last block's
+// serial tail has no double-precision math); read only by the last block.
+__device__ float gr_pg[GR_MAXE];
 
 // ops.cu's rank_key, route_word and route_p, unchanged.
 __device__ __forceinline__ u32 gr_rank_key(float f) {
@@ -49,9 +53,9 @@ __device__ __forceinline__ float gr_p(float g) {
 // word kw = k0 + 32u + l (k0 = 128w, 128w + 128·KW, ...; u = 0..3), the fma
 // chain p over its 4 columns from 0 and adds it to its row sum; the lanes'
 // sums meet in the xor tree 16, 8, 4, 2, 1 and the warps' in order 0..KW-1
-// from 0. So they are Linear's bits. The last block to store its logits
-// computes p_e = sqrt(softplus(logit_e)) for every expert (one per thread),
-// and warp 0 picks the experts as route's register path does. Before the
+// from 0. So they are Linear's bits. Each block also stores p_e =
+// sqrt(softplus(logit_e)) of its rows (gr_pg); the last block to store its
+// logits reads every p_e (one per thread), and warp 0 picks the experts as route's register path does. Before the
 // PDL wait each block asks L2 for its own gate rows (MOXIE_PDL_PF: the
 // gate is a weight, no kernel writes it), so that they stream in while the
 // kernel before it still runs.
@@ -125,7 +129,8 @@ extern "C" __global__ void __launch_bounds__(256) gate_route(int *ids, float *we
     float s = 0.f;
     for (int q = 0; q < nwarps; q++) s += red[q][threadIdx.x];
     logits[r0 + threadIdx.x] = s;
-    __threadfence();  // the store is visible device-wide before this block arrives
+    gr_pg[r0 + threadIdx.x] = gr_p(s);
+    __threadfence();  // the stores are visible device-wide before this block arrives
   }
   __syncthreads();
   if (threadIdx.x == 0) s_last = atomicInc(&gr_arrivals, gridDim.x - 1) == gridDim.x - 1;
@@ -135,7 +140,7 @@ extern "C" __global__ void __launch_bounds__(256) gate_route(int *ids, float *we
 
   // The last block: every logit is stored. p and the ranking words.
   for (int e = threadIdx.x; e < experts; e += blockDim.x) {
-    const float pe = gr_p(__ldcg(logits + e));
+    const float pe = __ldcg(gr_pg + e);  // gr_p of the stored logit, by the block that stored it
     p[e] = pe;
     wsm[e] = hash ? 0ull : gr_word(pe, bias, e);
   }

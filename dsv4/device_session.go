@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 	"unsafe"
 
 	"moxie/compute"
@@ -78,7 +79,21 @@ type DeviceSession struct {
 	failed   error
 
 	arena *cuda.Arena
-	host  *cuda.HostBuffer // tokens and positions, int32 [chunk] each
+	// host: tokens and positions, int32 [chunk] each, then (pinnedLogits)
+	// one row of logits at logitsOff.
+	host *cuda.HostBuffer
+	// pinnedLogits: a one-row result is downloaded into host (pinned)
+	// and copied into the returned slice, instead of one synchronous copy
+	// from device memory into the slice (pageable); $MOXIE_CUDA_LOGITS=pinned.
+	pinnedLogits bool
+	logitsOff    int
+
+	// timing: each call's last chunk is timed into lastTiming (TimeSteps);
+	// evStep brackets the chunk's device work.
+	timing     bool
+	evStep     [2]cuda.Event
+	evStepOK   bool
+	lastTiming StepTiming
 
 	// graphs: decode steps replay one captured CUDA graph (see graphable);
 	// warm: a decode step has run uncaptured; graphErr: why capture failed.
@@ -332,7 +347,8 @@ func (m *Model) planDeviceSession(T int) (*DeviceSession, *allocPlan, int, error
 		fused: os.Getenv("MOXIE_CUDA_FUSE") != "off", tcAttn: os.Getenv("MOXIE_CUDA_ATTN") != "ring",
 		attnDec: os.Getenv("MOXIE_CUDA_ATTNDEC") != "off" && cuda.DecodeAttentionFits(m.Cfg.NHeads, m.Cfg.HeadDim),
 		invRoPE: os.Getenv("MOXIE_CUDA_INVROPE") != "off", qPrep: os.Getenv("MOXIE_CUDA_QPREP") == "on",
-		compOne: os.Getenv("MOXIE_CUDA_COMPSTEP") != "off", woPair: os.Getenv("MOXIE_CUDA_WOPAIR") == "on"}
+		compOne: os.Getenv("MOXIE_CUDA_COMPSTEP") != "off", woPair: os.Getenv("MOXIE_CUDA_WOPAIR") == "on",
+		pinnedLogits: os.Getenv("MOXIE_CUDA_LOGITS") == "pinned"}
 	D, hc, K := c.Dim, c.HCMult, c.NActivatedExperts
 	s.topk = c.IndexTopK
 	s.entries = max(s.limit/config.CSARatio, 1)
@@ -449,7 +465,12 @@ func (s *DeviceSession) open(pl *allocPlan, size int) (*DeviceSession, error) {
 		if err := cc.Memset(s.hcCounters, 0, cuda.HCNormCounterBytes(T), cc.Stream()); err != nil {
 			return err
 		}
-		if s.host, err = cc.NewHostBuffer(8 * T); err != nil {
+		hostBytes := 8 * T
+		if s.pinnedLogits {
+			s.logitsOff = alignUp(hostBytes)
+			hostBytes = s.logitsOff + 4*c.VocabSize
+		}
+		if s.host, err = cc.NewHostBuffer(hostBytes); err != nil {
 			return err
 		}
 		s.pf.open(cc)
@@ -529,6 +550,8 @@ func (s *DeviceSession) release() {
 	s.arena, s.host, s.graph = nil, nil, nil
 	side, fork, join := s.sideOK, s.evFork, s.evJoin
 	s.sideOK = false
+	evs, evsOK := s.evStep, s.evStepOK
+	s.evStepOK = false
 	if a == nil && h == nil && g == nil && !side && !s.pf.streamExists {
 		return
 	}
@@ -537,6 +560,10 @@ func (s *DeviceSession) release() {
 			_ = c.DestroyGraph(g)
 		}
 		s.pf.close(c)
+		if evsOK {
+			_ = c.DestroyEvent(evs[0])
+			_ = c.DestroyEvent(evs[1])
+		}
 		if side {
 			_ = c.Sync(s.side)
 			_ = c.DestroyEvent(fork)
@@ -845,11 +872,25 @@ func (s *DeviceSession) forward(tokens []int, all bool) ([]float32, error) {
 			rows = 1
 		}
 		var l []float32
+		var tm *StepTiming
+		var t0, t1 time.Time
+		if s.timing {
+			tm = &StepTiming{}
+			t0 = time.Now()
+		}
 		err := s.d.dev.Do(func(cc *cuda.Ctx) error {
 			var err error
-			l, err = s.run(cc, tokens[at:end], rows)
+			l, err = s.run(cc, tokens[at:end], rows, tm, t0)
+			if tm != nil {
+				t1 = time.Now()
+			}
 			return err
 		})
+		if tm != nil && err == nil {
+			tm.Return = time.Since(t1)
+			tm.Wall = time.Since(t0)
+			s.lastTiming = *tm
+		}
 		if err != nil {
 			s.failed = fmt.Errorf("dsv4: device forward at position %d: %w", s.pos, err)
 			return nil, s.failed
@@ -865,15 +906,73 @@ func (s *DeviceSession) forward(tokens []int, all bool) ([]float32, error) {
 
 func off(p cuda.DevicePtr, floats int) cuda.DevicePtr { return p + cuda.DevicePtr(4*floats) }
 
+// StepTiming is where one call's last chunk (a decode step is one chunk)
+// spent its time on a device session with TimeSteps on. Host times are
+// wall-clock; Device is the GPU's own, between CUDA events recorded before
+// the token upload and after the chunk's last kernel. The GPU is idle for
+// about Wall - Device of every call (plus whatever the caller does between
+// calls).
+type StepTiming struct {
+	// Wall is the whole chunk, as the caller sees it.
+	Wall time.Duration
+	// Handoff runs from the call until the device thread has the chunk and
+	// has found the stream idle (the hand-off to the locked OS thread).
+	Handoff time.Duration
+	// Enqueue is the tokens' upload and the chunk's launches (a decode
+	// step's one graph launch).
+	Enqueue time.Duration
+	// Wait is the host blocked until the GPU has finished the chunk.
+	Wait time.Duration
+	// Download is the logits' copy into the returned slice after that
+	// (zero without logits).
+	Download time.Duration
+	// Return runs from the device thread's end of the chunk until the
+	// caller resumes.
+	Return time.Duration
+	// Device is the GPU time from the token upload to the chunk's end.
+	Device time.Duration
+}
+
+// TimeSteps switches per-call timing on or off (off by default: it costs
+// two event records and a synchronisation a chunk). With it on,
+// LastTiming reports each call's last chunk.
+func (s *DeviceSession) TimeSteps(on bool) { s.timing = on }
+
+// LastTiming returns the timing of the last successful call's last chunk
+// while TimeSteps was on (ok false before one).
+func (s *DeviceSession) LastTiming() (t StepTiming, ok bool) {
+	return s.lastTiming, s.lastTiming.Wall > 0
+}
+
 // run is one chunk on the device thread: upload the tokens and positions,
 // enqueue the step (or replay the captured decode graph), download logits.
-func (s *DeviceSession) run(c *cuda.Ctx, tokens []int, rows int) ([]float32, error) {
+// With tm set (TimeSteps) it fills tm's device-thread fields; t0 is when
+// the caller handed the chunk over.
+func (s *DeviceSession) run(c *cuda.Ctx, tokens []int, rows int, tm *StepTiming, t0 time.Time) ([]float32, error) {
 	cfg := s.m.Cfg
 	T := len(tokens)
 	st := c.Stream()
 	p0 := s.pos
 	if err := c.Sync(st); err != nil { // the host buffer may be rewritten
 		return nil, err
+	}
+	var tq time.Time
+	if tm != nil {
+		if !s.evStepOK {
+			for i := range s.evStep {
+				e, err := c.NewEvent(true)
+				if err != nil {
+					return nil, err
+				}
+				s.evStep[i] = e
+			}
+			s.evStepOK = true
+		}
+		tq = time.Now()
+		tm.Handoff = tq.Sub(t0)
+		if err := c.Record(s.evStep[0], st); err != nil {
+			return nil, err
+		}
 	}
 	hb := s.host.Bytes()
 	for i, t := range tokens {
@@ -904,12 +1003,41 @@ func (s *DeviceSession) run(c *cuda.Ctx, tokens []int, rows int) ([]float32, err
 		return nil, err
 	}
 	s.pos += T
+	if tm != nil {
+		if err := c.Record(s.evStep[1], st); err != nil {
+			return nil, err
+		}
+		tw := time.Now()
+		tm.Enqueue = tw.Sub(tq)
+		if err := c.Sync(st); err != nil {
+			return nil, err
+		}
+		td := time.Now()
+		tm.Wait = td.Sub(tw)
+		ms, err := c.Elapsed(s.evStep[0], s.evStep[1])
+		if err != nil {
+			return nil, err
+		}
+		tm.Device = time.Duration(ms * float64(time.Millisecond))
+		defer func() { tm.Download = time.Since(td) }()
+	}
 	if rows == 0 {
 		return nil, c.Sync(st)
 	}
 	V := cfg.VocabSize
 	out := make([]float32, rows*V)
 	if rows <= s.headRows {
+		if s.pinnedLogits && rows == 1 {
+			if err := c.DownloadAsync(s.host, s.logitsOff, s.logits, 4*V, st); err != nil {
+				return nil, err
+			}
+			if err := c.Sync(st); err != nil {
+				return nil, err
+			}
+			hb := s.host.Bytes()[s.logitsOff : s.logitsOff+4*V]
+			copy(out, unsafe.Slice((*float32)(unsafe.Pointer(&hb[0])), V))
+			return out, nil
+		}
 		if err := c.CopyFloatsFromDevice(out, s.logits); err != nil {
 			return nil, err
 		}

@@ -218,6 +218,7 @@ func TestDeviceTiny(t *testing.T) {
 		{"decode only with L2 prefetch by lines", decodeSchedule(40, 1), false, false, false, 0, "q,o,s:lines", ""},
 		{"prefill17 then decode, queries prepared in the kernels", decodeSchedule(40, 17), false, false, false, 0, "", "MOXIE_CUDA_QPREP=on"},
 		{"decode only, compressors stored and closed by four launches", decodeSchedule(40, 1), false, false, false, 0, "", "MOXIE_CUDA_COMPSTEP=off"},
+		{"prefill17 then decode, logits through pinned memory", decodeSchedule(40, 17), false, false, false, 0, "", "MOXIE_CUDA_LOGITS=pinned"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -237,6 +238,9 @@ func TestDeviceTiny(t *testing.T) {
 			}
 			if on := tc.env != "MOXIE_CUDA_COMPSTEP=off"; ds.compOne != on {
 				t.Errorf("%s: the session's compOne is %v", tc.env, ds.compOne)
+			}
+			if on := tc.env == "MOXIE_CUDA_LOGITS=pinned"; ds.pinnedLogits != on {
+				t.Errorf("%s: the session's pinnedLogits is %v", tc.env, ds.pinnedLogits)
 			}
 			if tc.prefetch != "" && !ds.pf.ok {
 				t.Errorf("MOXIE_CUDA_PREFETCH=%s: prefetching is off in the session", tc.prefetch)
@@ -283,6 +287,42 @@ func TestDeviceTiny(t *testing.T) {
 			t.Fatal(err)
 		}
 		compareDevice(t, "Prefill", got, cpuFull[(len(toks)-1)*V:], V, 1e-4)
+	})
+	t.Run("step timing", func(t *testing.T) {
+		// Timing a session's calls must not change its logits, and each
+		// call's intervals are disjoint parts of its wall time.
+		sched := decodeSchedule(len(toks), 17)
+		want := runSchedule(t, newDeviceSession(t, md).PrefillAll, toks, sched)
+		ds := newDeviceSession(t, md)
+		if _, ok := ds.LastTiming(); ok {
+			t.Error("LastTiming ok before any call")
+		}
+		ds.TimeSteps(true)
+		var got []float32
+		at := 0
+		for i, n := range sched {
+			l, err := ds.PrefillAll(toks[at : at+n])
+			if err != nil {
+				t.Fatal(err)
+			}
+			at += n
+			got = append(got, l...)
+			tm, ok := ds.LastTiming()
+			if !ok {
+				t.Fatalf("call %d: no timing with TimeSteps on", i)
+			}
+			parts := tm.Handoff + tm.Enqueue + tm.Wait + tm.Download + tm.Return
+			if tm.Device <= 0 || tm.Device > tm.Wall || parts > tm.Wall || min(tm.Handoff, tm.Enqueue, tm.Wait, tm.Download, tm.Return) < 0 {
+				t.Errorf("call %d (%d tokens): timing %+v: want 0 < Device <= Wall and non-negative parts adding up to at most Wall", i, n, tm)
+			}
+			if i == len(sched)-1 {
+				t.Logf("last decode step: %+v", tm)
+			}
+		}
+		if !slices.Equal(got, want) {
+			compareDevice(t, "timed vs untimed session", got, want, V, 0)
+			t.Error("a timed session's logits differ from an untimed one's")
+		}
 	})
 	t.Run("indexer selections", func(t *testing.T) {
 		cs := mc.NewSession()

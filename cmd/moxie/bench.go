@@ -57,6 +57,54 @@ type benchReport struct {
 	// (MOXIE_DEVICE_EXPERTS=mapped); hit rates and PCIe bytes are not
 	// counted then.
 	ExpertsMapped bool `json:"experts_mapped,omitempty"`
+	// With --timing on a device: the medians over the timed decode steps
+	// of where a step's time went (dsv4.StepTiming, in milliseconds).
+	DecodeTiming *stepTimingMs `json:"decode_timing_ms,omitempty"`
+}
+
+// stepTimingMs is dsv4.StepTiming in milliseconds: each field the median
+// over the timed decode steps (so they need not add up to Wall); Idle is
+// the median of Wall - Device, the time the GPU waits for the host.
+type stepTimingMs struct {
+	Wall     float64 `json:"wall"`
+	Device   float64 `json:"device"`
+	Idle     float64 `json:"gpu_idle"`
+	Handoff  float64 `json:"handoff"`
+	Enqueue  float64 `json:"enqueue"`
+	Wait     float64 `json:"wait"`
+	Download float64 `json:"download"`
+	Return   float64 `json:"return"`
+}
+
+// medianTimings reduces per-step timings to their medians (nil for none).
+func medianTimings(ts []dsv4.StepTiming) *stepTimingMs {
+	if len(ts) == 0 {
+		return nil
+	}
+	med := func(f func(dsv4.StepTiming) time.Duration) float64 {
+		v := make([]time.Duration, len(ts))
+		for i, t := range ts {
+			v[i] = f(t)
+		}
+		slices.Sort(v)
+		return float64(v[len(v)/2]) / float64(time.Millisecond)
+	}
+	return &stepTimingMs{
+		Wall:     med(func(t dsv4.StepTiming) time.Duration { return t.Wall }),
+		Device:   med(func(t dsv4.StepTiming) time.Duration { return t.Device }),
+		Idle:     med(func(t dsv4.StepTiming) time.Duration { return t.Wall - t.Device }),
+		Handoff:  med(func(t dsv4.StepTiming) time.Duration { return t.Handoff }),
+		Enqueue:  med(func(t dsv4.StepTiming) time.Duration { return t.Enqueue }),
+		Wait:     med(func(t dsv4.StepTiming) time.Duration { return t.Wait }),
+		Download: med(func(t dsv4.StepTiming) time.Duration { return t.Download }),
+		Return:   med(func(t dsv4.StepTiming) time.Duration { return t.Return }),
+	}
+}
+
+// stepTimer is a sequence that can time its calls (dsv4.DeviceSession).
+type stepTimer interface {
+	TimeSteps(on bool)
+	LastTiming() (dsv4.StepTiming, bool)
 }
 
 // expertServing fills rep's expert figures of a device run: tier is the
@@ -119,6 +167,7 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 	bwSize := fs.String("bw-size", "1GiB", "buffer size for the bandwidth probe (several times the last-level cache)")
 	seed := fs.Uint64("seed", 1, "seed for the random prompt")
 	jsonOut := fs.String("json", "", "also write the report as JSON to this file")
+	timing := fs.Bool("timing", false, "with --backend cuda, also split each decode step into GPU time (CUDA events) and the host's work around it: hand-off to the device thread, enqueue, wait, logits download, return (costs two event records a step)")
 	mf := addMemFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -158,6 +207,7 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 	var prefillRates []float64
 	var describe string // how a device session ran (graphs, expert paths)
 	var steps []time.Duration
+	var timings []dsv4.StepTiming // with --timing on a device
 	// Expert tier counters over the timed prefills and decode steps.
 	tier, tiered := m.DeviceExpertCache()
 	var preTier, decTier dsv4.DeviceExpertCache
@@ -174,6 +224,10 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 		s, err := m.NewSequence()
 		if err != nil {
 			return err
+		}
+		timer, canTime := s.(stepTimer)
+		if *timing && canTime {
+			timer.TimeSteps(true)
 		}
 		c0 := snap()
 		start := time.Now()
@@ -192,6 +246,11 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 			}
 			if timed {
 				steps = append(steps, time.Since(st))
+				if *timing && canTime {
+					if t, ok := timer.LastTiming(); ok {
+						timings = append(timings, t)
+					}
+				}
 			}
 			bar.Add(1)
 		}
@@ -244,6 +303,13 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 	fmt.Fprintf(stdout, "memory read        %.1f GB/s (%s) -> decode bound %.2f tok/s\n", rep.MemReadGBps, ceiling, rep.DecodeBoundTokS)
 	fmt.Fprintf(stdout, "efficiency         %.1f%% of the bandwidth bound\n", rep.Efficiency*100)
 	rep.writeExperts(stdout)
+	if rep.DecodeTiming = medianTimings(timings); rep.DecodeTiming != nil {
+		t := rep.DecodeTiming
+		fmt.Fprintf(stdout, "decode timing      GPU %.3f ms a step (events), GPU idle %.3f ms: hand-off %.3f, enqueue %.3f, wait %.3f, download %.3f, return %.3f (medians)\n",
+			t.Device, t.Idle, t.Handoff, t.Enqueue, t.Wait, t.Download, t.Return)
+	} else if *timing {
+		fmt.Fprintf(stdout, "decode timing      not available: only device sessions (--backend cuda) time their steps\n")
+	}
 	if !kern.SIMD && lm.dev == nil {
 		fmt.Fprintf(stdout, "note               portable build: its kernels and bandwidth probe are scalar Go and may understate\n                   the machine; build with GOEXPERIMENT=simd for speed and a true ceiling\n")
 	}

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"moxie/dsv4"
 )
@@ -132,5 +133,51 @@ func TestBenchExpertServing(t *testing.T) {
 	(&benchReport{}).writeExperts(&w)
 	if w.Len() != 0 {
 		t.Errorf("a CPU report printed expert figures: %q", w.String())
+	}
+}
+
+// TestMedianTimings checks the --timing medians against values worked by
+// hand: each field's median on its own (the upper middle of an even
+// count), and the GPU idle time as the median of Wall - Device per step.
+func TestMedianTimings(t *testing.T) {
+	ms := func(f float64) time.Duration { return time.Duration(f * float64(time.Millisecond)) }
+	step := func(wall, dev, hand, enq, wait, dl, ret float64) dsv4.StepTiming {
+		return dsv4.StepTiming{Wall: ms(wall), Device: ms(dev), Handoff: ms(hand), Enqueue: ms(enq), Wait: ms(wait), Download: ms(dl), Return: ms(ret)}
+	}
+	for _, c := range []struct {
+		name  string
+		steps []dsv4.StepTiming
+		want  *stepTimingMs
+	}{
+		{"none", nil, nil},
+		{"one", []dsv4.StepTiming{step(6.5, 6.25, 0.01, 0.03, 6.3, 0.1, 0.02)},
+			&stepTimingMs{Wall: 6.5, Device: 6.25, Idle: 0.25, Handoff: 0.01, Enqueue: 0.03, Wait: 6.3, Download: 0.1, Return: 0.02}},
+		// Idle per step: 0.5, 0.25, 1.5: median 0.5, not 7 - 6.5.
+		{"three", []dsv4.StepTiming{
+			step(7, 6.5, 0.02, 0.04, 6.6, 0.2, 0.03),
+			step(6.5, 6.25, 0.01, 0.03, 6.3, 0.1, 0.02),
+			step(9, 7.5, 0.5, 0.05, 7.9, 0.4, 0.1),
+		}, &stepTimingMs{Wall: 7, Device: 6.5, Idle: 0.5, Handoff: 0.02, Enqueue: 0.04, Wait: 6.6, Download: 0.2, Return: 0.03}},
+		{"two: the upper middle", []dsv4.StepTiming{
+			step(7, 6.5, 0.02, 0.04, 6.6, 0.2, 0.03),
+			step(6.5, 6.25, 0.01, 0.03, 6.3, 0.1, 0.02),
+		}, &stepTimingMs{Wall: 7, Device: 6.5, Idle: 0.5, Handoff: 0.02, Enqueue: 0.04, Wait: 6.6, Download: 0.2, Return: 0.03}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := medianTimings(c.steps)
+			if (got == nil) != (c.want == nil) {
+				t.Fatalf("got %+v, want %+v", got, c.want)
+			}
+			if got == nil {
+				return
+			}
+			g := []float64{got.Wall, got.Device, got.Idle, got.Handoff, got.Enqueue, got.Wait, got.Download, got.Return}
+			w := []float64{c.want.Wall, c.want.Device, c.want.Idle, c.want.Handoff, c.want.Enqueue, c.want.Wait, c.want.Download, c.want.Return}
+			for i := range g {
+				if d := g[i] - w[i]; d > 1e-6 || d < -1e-6 {
+					t.Errorf("field %d: %g ms, want %g\ngot  %+v\nwant %+v", i, g[i], w[i], got, c.want)
+				}
+			}
+		})
 	}
 }

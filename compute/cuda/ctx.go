@@ -230,6 +230,9 @@ func (c *Ctx) Elapsed(start, end Event) (float64, error) {
 // unsafe.Pointer(&n) for an int32 n); they are pinned for the call, and the
 // driver copies the values before Launch returns.
 func (c *Ctx) Launch(f *Kernel, grid, block Dim3, shared int, s Stream, args ...unsafe.Pointer) error {
+	if knockedOut(f.name) {
+		return nil
+	}
 	var pin runtime.Pinner
 	defer pin.Unpin()
 	var params unsafe.Pointer

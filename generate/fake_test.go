@@ -24,9 +24,11 @@ type fakeModel struct {
 	flat          bool          // all logits equal except the favourite (+0.5 only)
 	nan           bool          // logit 0 is NaN
 
-	mu     sync.Mutex
-	open   int
-	closed int
+	mu       sync.Mutex
+	open     int
+	closed   int
+	appended int // tokens passed to Append, over all sequences
+	newFail  int // if > 0, NewSequence fails while more than this many sequences are open
 }
 
 type fakeSeq struct {
@@ -37,8 +39,11 @@ type fakeSeq struct {
 
 func (m *fakeModel) NewSequence() (Sequence, error) {
 	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.newFail > 0 && m.open-m.closed >= m.newFail {
+		return nil, errors.New("fake model: out of memory for sequences")
+	}
 	m.open++
-	m.mu.Unlock()
 	return &fakeSeq{m: m}, nil
 }
 func (m *fakeModel) VocabSize() int  { return m.vocab }
@@ -78,6 +83,9 @@ func (s *fakeSeq) Append(ctx context.Context, tokens []int) ([]float32, error) {
 		}
 	}
 	s.h = append(s.h, tokens...)
+	m.mu.Lock()
+	m.appended += len(tokens)
+	m.mu.Unlock()
 	if len(s.h) > m.maxCtx {
 		return nil, errors.New("context overflow")
 	}

@@ -69,6 +69,11 @@ type Options struct {
 	// Result.Text; nil means no text is produced. Generate owns it for the
 	// duration of the call.
 	Detokenizer Detokenizer
+	// Cache, if set, supplies a sequence whose tokens the prompt extends
+	// (only the rest of the prompt is prefilled; Result.CachedTokens says
+	// how many were not) and keeps the sequence afterwards, unless the
+	// model failed, instead of closing it. It must be used with one model.
+	Cache *Cache
 }
 
 // Event is one step of the stream passed to the emit callback.
@@ -101,17 +106,21 @@ type Result struct {
 
 	// PromptTokens is len(prompt); GeneratedTokens is len(Tokens).
 	PromptTokens, GeneratedTokens int
+	// CachedTokens is how many of the prompt's first tokens a sequence
+	// from Options.Cache already held (not prefilled again).
+	CachedTokens int
 	// Prefill is the time from the call to the prompt's logits; TimeToFirstToken
 	// adds the first sample; Decode is the time from the first token to the end.
 	Prefill, TimeToFirstToken, Decode time.Duration
 }
 
-// PrefillTokensPerSecond is PromptTokens / Prefill (0 when not measurable).
+// PrefillTokensPerSecond is the rate of the prompt tokens prefilled,
+// (PromptTokens - CachedTokens) / Prefill (0 when not measurable).
 func (r Result) PrefillTokensPerSecond() float64 {
 	if r.Prefill <= 0 {
 		return 0
 	}
-	return float64(r.PromptTokens) / r.Prefill.Seconds()
+	return float64(r.PromptTokens-r.CachedTokens) / r.Prefill.Seconds()
 }
 
 // DecodeTokensPerSecond is the rate of the tokens after the first one:
@@ -191,12 +200,40 @@ func Generate(ctx context.Context, model Model, prompt []int, opts Options, emit
 		return res, err
 	}
 
-	seq, err := model.NewSequence()
-	if err != nil {
-		return res, fmt.Errorf("generate: new sequence: %w", err)
+	var seq Sequence
+	if opts.Cache != nil {
+		seq, res.CachedTokens = opts.Cache.take(prompt)
+		if seq != nil && seq.Len() != res.CachedTokens {
+			// Not what was stored: do not trust it.
+			_ = seq.Close()
+			seq, res.CachedTokens = nil, 0
+		}
 	}
+	if seq == nil {
+		seq, err = model.NewSequence()
+		if err != nil && opts.Cache != nil && opts.Cache.Len() > 0 {
+			// The cached sequences may hold the memory a new one needs.
+			if cerr := opts.Cache.Clear(); cerr != nil {
+				return res, fmt.Errorf("generate: new sequence: %w (freeing cached sequences: %v)", err, cerr)
+			}
+			seq, err = model.NewSequence()
+		}
+		if err != nil {
+			return res, fmt.Errorf("generate: new sequence: %w", err)
+		}
+	}
+	// held counts the tokens of history the sequence holds; healthy is
+	// false once an Append has failed (the sequence must not be used again).
+	held, healthy := res.CachedTokens, true
+	var history []int
 	defer func() {
-		if cerr := seq.Close(); cerr != nil && err == nil {
+		var cerr error
+		if opts.Cache != nil && healthy && seq.Len() == held {
+			cerr = opts.Cache.put(seq, history[:held])
+		} else {
+			cerr = seq.Close()
+		}
+		if cerr != nil && err == nil {
 			err = fmt.Errorf("generate: close sequence: %w", cerr)
 		}
 	}()
@@ -206,7 +243,7 @@ func Generate(ctx context.Context, model Model, prompt []int, opts Options, emit
 	if len(opts.StopStrings) > 0 {
 		matcher = newStopMatcher(opts.StopStrings)
 	}
-	history := make([]int, len(prompt), len(prompt)+limit)
+	history = make([]int, len(prompt), len(prompt)+limit)
 	copy(history, prompt)
 
 	var first time.Time
@@ -228,18 +265,21 @@ func Generate(ctx context.Context, model Model, prompt []int, opts Options, emit
 		return res, e
 	}
 
-	logits, err := seq.Append(ctx, prompt)
+	logits, err := seq.Append(ctx, prompt[held:])
 	if err != nil {
+		healthy = false
 		if ctx.Err() != nil {
 			return cancelled(err)
 		}
 		finish()
 		return res, fmt.Errorf("generate: prefill: %w", err)
 	}
+	held = len(prompt)
 	res.Prefill = time.Since(start)
 
 	for {
 		if len(logits) != vocab {
+			healthy = false
 			finish()
 			return res, fmt.Errorf("generate: model returned %d logits, want %d", len(logits), vocab)
 		}
@@ -293,12 +333,14 @@ func Generate(ctx context.Context, model Model, prompt []int, opts Options, emit
 		}
 		logits, err = seq.Append(ctx, history[len(history)-1:])
 		if err != nil {
+			healthy = false
 			if ctx.Err() != nil {
 				return cancelled(err)
 			}
 			finish()
 			return res, fmt.Errorf("generate: decode step %d: %w", len(res.Tokens), err)
 		}
+		held = len(history)
 	}
 
 	// Release held-back text unless a stop string cut the stream.

@@ -1,0 +1,127 @@
+package generate
+
+import (
+	"errors"
+	"sync"
+)
+
+// Cache keeps the sequences of finished generations, each with the tokens
+// it holds, so that a later generation whose prompt extends one of them
+// (the next turn of a chat: the conversation so far, the model's reply,
+// then the new message) continues that sequence and prefills only the new
+// tokens instead of the whole prompt. Pass it in Options.Cache.
+//
+// A sequence cannot be rewound: a cached sequence is used only when its
+// tokens are a proper prefix of the new prompt, token for token (so the
+// chat template must render the earlier turns as the model saw them; one
+// that drops earlier reasoning gets no reuse after a thinking turn). The
+// result is the same function of the prompt as a fresh prefill, computed
+// in other chunks: equal up to the model's rounding (a greedy choice
+// between two logits within rounding of each other can differ).
+//
+// All generations that share a Cache must use the same model. A Cache is
+// safe for concurrent use: a sequence is taken out while a generation
+// uses it, so no two generations share one. Cached sequences keep their
+// memory (host, or GPU for a device session) until evicted or Close.
+type Cache struct {
+	mu      sync.Mutex
+	max     int
+	entries []cacheEntry // least recently stored first
+	closed  bool
+}
+
+type cacheEntry struct {
+	seq    Sequence
+	tokens []int
+}
+
+// NewCache returns a cache that keeps at most n sequences (at least 1).
+func NewCache(n int) *Cache { return &Cache{max: max(n, 1)} }
+
+// Len returns the number of cached sequences.
+func (c *Cache) Len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.entries)
+}
+
+// take removes and returns the cached sequence whose tokens are the
+// longest proper prefix of prompt, and how many tokens it holds; nil and 0
+// when none is.
+func (c *Cache) take(prompt []int) (Sequence, int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	best := -1
+	for i, e := range c.entries {
+		if len(e.tokens) >= len(prompt) || (best >= 0 && len(e.tokens) <= len(c.entries[best].tokens)) {
+			continue
+		}
+		if isPrefix(e.tokens, prompt) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return nil, 0
+	}
+	e := c.entries[best]
+	c.entries = append(c.entries[:best], c.entries[best+1:]...)
+	return e.seq, len(e.tokens)
+}
+
+// put stores seq, which holds tokens (the cache keeps its own copy), and
+// closes the least recently stored sequences beyond the cache's size; after
+// Close it closes seq instead. The error is the first Close error.
+func (c *Cache) put(seq Sequence, tokens []int) error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return seq.Close()
+	}
+	c.entries = append(c.entries, cacheEntry{seq: seq, tokens: append([]int(nil), tokens...)})
+	var evict []cacheEntry
+	if n := len(c.entries) - c.max; n > 0 {
+		evict = append(evict, c.entries[:n]...)
+		c.entries = append(c.entries[:0:0], c.entries[n:]...)
+	}
+	c.mu.Unlock()
+	return closeAll(evict)
+}
+
+// Clear closes every cached sequence (freeing their memory) and empties
+// the cache, which stays usable. The error is the first Close error.
+func (c *Cache) Clear() error {
+	c.mu.Lock()
+	evict := c.entries
+	c.entries = nil
+	c.mu.Unlock()
+	return closeAll(evict)
+}
+
+// Close clears the cache; sequences stored after it are closed at once.
+func (c *Cache) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	return c.Clear()
+}
+
+func closeAll(es []cacheEntry) error {
+	var errs []error
+	for _, e := range es {
+		errs = append(errs, e.seq.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// isPrefix reports whether p is a prefix of s.
+func isPrefix(p, s []int) bool {
+	if len(p) > len(s) {
+		return false
+	}
+	for i, t := range p {
+		if s[i] != t {
+			return false
+		}
+	}
+	return true
+}

@@ -218,6 +218,9 @@ func TestDeviceTiny(t *testing.T) {
 		{"decode only with L2 prefetch by lines", decodeSchedule(40, 1), false, false, false, 0, "q,o,s:lines", ""},
 		{"prefill17 then decode, queries prepared in the kernels", decodeSchedule(40, 17), false, false, false, 0, "", "MOXIE_CUDA_QPREP=on"},
 		{"decode only, compressors stored and closed by four launches", decodeSchedule(40, 1), false, false, false, 0, "", "MOXIE_CUDA_COMPSTEP=off"},
+		// A conversation: prompt, answer, the next prompt continues the
+		// sequence after captured decode steps, and so on.
+		{"chat turns: 12, 4 decodes, 9, 4 decodes, 11", []int{12, 1, 1, 1, 1, 9, 1, 1, 1, 1, 11}, false, false, false, 0, "", ""},
 		{"prefill17 then decode, logits through pinned memory", decodeSchedule(40, 17), false, false, false, 0, "", "MOXIE_CUDA_LOGITS=pinned"},
 	}
 	for _, tc := range cases {

@@ -87,6 +87,21 @@ func (c *Cache) put(seq Sequence, tokens []int) error {
 	return closeAll(evict)
 }
 
+// makeRoom closes the least recently stored sequences until storing one
+// more would evict none: a generation that takes no cached sequence calls
+// it before making its own, so that the sequence its put would evict does
+// not hold memory while the new one is made and used.
+func (c *Cache) makeRoom() error {
+	c.mu.Lock()
+	var evict []cacheEntry
+	if n := len(c.entries) - (c.max - 1); n > 0 {
+		evict = append(evict, c.entries[:n]...)
+		c.entries = append(c.entries[:0:0], c.entries[n:]...)
+	}
+	c.mu.Unlock()
+	return closeAll(evict)
+}
+
 // Clear closes every cached sequence (freeing their memory) and empties
 // the cache, which stays usable. The error is the first Close error.
 func (c *Cache) Clear() error {

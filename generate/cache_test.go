@@ -3,6 +3,7 @@ package generate
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"slices"
 	"testing"
@@ -198,19 +199,24 @@ func TestCacheFailures(t *testing.T) {
 			t.Errorf("continued %v, fresh %v", r.Tokens, fresh.Tokens)
 		}
 	})
-	t.Run("a new sequence that needs the cached ones' memory", func(t *testing.T) {
-		m := &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, next: script(3, tA), newFail: 1}
-		cache := NewCache(1)
-		defer cache.Close()
-		cachedRun(t, m, cache, prompt3, 3, nil)
-		r := cachedRun(t, m, cache, []int{tBOS, tE, tE}, 3, nil)
-		if r.CachedTokens != 0 || len(r.Tokens) != 3 {
-			t.Errorf("result %+v", r)
-		}
-		if open, closed := m.stats(); open != 2 || closed != 1 || cache.Len() != 1 {
-			t.Errorf("%d opened, %d closed, %d cached; want 2, 1, 1", open, closed, cache.Len())
-		}
-	})
+	for _, size := range []int{1, 2} {
+		// A model that holds one sequence at a time: with one slot the miss
+		// closes the sequence its put would evict before making its own;
+		// with two, making one fails until the cached ones are freed.
+		t.Run(fmt.Sprintf("a new sequence that needs the cached ones' memory, cache of %d", size), func(t *testing.T) {
+			m := &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, next: script(3, tA), newFail: 1}
+			cache := NewCache(size)
+			defer cache.Close()
+			cachedRun(t, m, cache, prompt3, 3, nil)
+			r := cachedRun(t, m, cache, []int{tBOS, tE, tE}, 3, nil)
+			if r.CachedTokens != 0 || len(r.Tokens) != 3 {
+				t.Errorf("result %+v", r)
+			}
+			if open, closed := m.stats(); open != 2 || closed != 1 || cache.Len() != 1 {
+				t.Errorf("%d opened, %d closed, %d cached; want 2, 1, 1", open, closed, cache.Len())
+			}
+		})
+	}
 	t.Run("a sequence whose length is not what was stored", func(t *testing.T) {
 		m := &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, next: script(3, tA)}
 		cache := NewCache(1)

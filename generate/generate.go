@@ -210,6 +210,11 @@ func Generate(ctx context.Context, model Model, prompt []int, opts Options, emit
 		}
 	}
 	if seq == nil {
+		if opts.Cache != nil {
+			if err := opts.Cache.makeRoom(); err != nil {
+				return res, fmt.Errorf("generate: closing a cached sequence: %w", err)
+			}
+		}
 		seq, err = model.NewSequence()
 		if err != nil && opts.Cache != nil && opts.Cache.Len() > 0 {
 			// The cached sequences may hold the memory a new one needs.

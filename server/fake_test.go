@@ -103,10 +103,13 @@ func (s *fakeSeq) Append(ctx context.Context, tokens []int) ([]float32, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, s.observe(ctx)
 	}
-	if len(s.h) == 0 {
-		s.prompt = len(tokens)
+	if len(s.h) == 0 || len(tokens) > 1 {
+		// A prompt: the first Append, or a continuation of a cached
+		// sequence (the script answers the whole history).
+		s.prompt = len(s.h) + len(tokens)
+		s.script = nil
 		var text []byte
-		for _, id := range tokens {
+		for _, id := range append(append([]int(nil), s.h...), tokens...) {
 			if id >= 3 && id < 259 {
 				text = append(text, byte(id-3))
 			}

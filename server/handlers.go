@@ -188,9 +188,13 @@ func (s *Server) makeSampler(j *job) *apiError {
 // Wire types of responses.
 type (
 	usage struct {
-		PromptTokens      int `json:"prompt_tokens"`
-		CompletionTokens  int `json:"completion_tokens"`
-		TotalTokens       int `json:"total_tokens"`
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+		TotalTokens      int `json:"total_tokens"`
+		// PromptDetails is present when the server keeps a prompt cache.
+		PromptDetails *struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details,omitempty"`
 		CompletionDetails *struct {
 			ReasoningTokens int `json:"reasoning_tokens"`
 		} `json:"completion_tokens_details,omitempty"`
@@ -230,6 +234,7 @@ type (
 	// timings is moxie's extension: where the time of a generation went.
 	timings struct {
 		PromptTokens           int     `json:"prompt_tokens"`
+		CachedTokens           int     `json:"cached_prompt_tokens"`
 		PrefillMS              float64 `json:"prefill_ms"`
 		PrefillTokensPerSecond float64 `json:"prefill_tokens_per_second"`
 		TimeToFirstTokenMS     float64 `json:"time_to_first_token_ms"`
@@ -262,7 +267,7 @@ type (
 func timingsOf(r generate.Result) *timings {
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	return &timings{
-		PromptTokens: r.PromptTokens, PrefillMS: ms(r.Prefill), PrefillTokensPerSecond: r.PrefillTokensPerSecond(),
+		PromptTokens: r.PromptTokens, CachedTokens: r.CachedTokens, PrefillMS: ms(r.Prefill), PrefillTokensPerSecond: r.PrefillTokensPerSecond(),
 		TimeToFirstTokenMS: ms(r.TimeToFirstToken), GeneratedTokens: r.GeneratedTokens, DecodeMS: ms(r.Decode),
 		DecodeTokensPerSecond: r.DecodeTokensPerSecond(),
 	}
@@ -341,6 +346,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 		StopStrings: j.p.stop,
 		Detokenizer: s.b.Tokenizer.NewDetokenizer(),
 		IgnoreEOS:   j.p.ignoreEOS,
+		Cache:       s.cache,
 	}
 	if j.p.ignoreEOS {
 		opts.StopTokens = nil // run to max_tokens (benchmarks)
@@ -425,10 +431,15 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 		finish = "tool_calls"
 	}
 	s.m.generation(res, finish)
-	s.log.Info("generation", "id", id, "prompt_tokens", res.PromptTokens, "generated_tokens", res.GeneratedTokens,
+	s.log.Info("generation", "id", id, "prompt_tokens", res.PromptTokens, "cached_tokens", res.CachedTokens, "generated_tokens", res.GeneratedTokens,
 		"finish", finish, "ttft", res.TimeToFirstToken, "prefill_tok_s", res.PrefillTokensPerSecond(),
 		"decode_tok_s", res.DecodeTokensPerSecond())
 	u := &usage{PromptTokens: res.PromptTokens, CompletionTokens: res.GeneratedTokens, TotalTokens: res.PromptTokens + res.GeneratedTokens}
+	if s.cache != nil {
+		u.PromptDetails = &struct {
+			CachedTokens int `json:"cached_tokens"`
+		}{res.CachedTokens}
+	}
 	if j.thinking {
 		u.CompletionDetails = &struct {
 			ReasoningTokens int `json:"reasoning_tokens"`

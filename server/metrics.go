@@ -22,6 +22,7 @@ type metrics struct {
 	finished map[string]uint64    // finish reason or "error" -> count
 
 	promptTokens, generatedTokens atomic.Uint64
+	cachedTokens                  atomic.Uint64 // prompt tokens a cached sequence already held
 	clientGone                    atomic.Uint64
 	inflight                      atomic.Int64
 	// last completed generation's rates, as float64 bits
@@ -90,6 +91,7 @@ func addFloat(a *atomic.Uint64, d float64) {
 // finish reason or "error".
 func (m *metrics) generation(r generate.Result, reason string) {
 	m.promptTokens.Add(uint64(r.PromptTokens))
+	m.cachedTokens.Add(uint64(r.CachedTokens))
 	m.generatedTokens.Add(uint64(r.GeneratedTokens))
 	m.mu.Lock()
 	m.finished[reason]++
@@ -163,6 +165,8 @@ func (s *Server) writeMetrics(w io.Writer) {
 	fmt.Fprintf(w, "moxie_client_disconnects_total %d\n", m.clientGone.Load())
 	head("moxie_prompt_tokens_total", "counter", "Prompt tokens processed.")
 	fmt.Fprintf(w, "moxie_prompt_tokens_total %d\n", m.promptTokens.Load())
+	head("moxie_prompt_cached_tokens_total", "counter", "Prompt tokens not prefilled because a cached sequence held them (the prompt cache).")
+	fmt.Fprintf(w, "moxie_prompt_cached_tokens_total %d\n", m.cachedTokens.Load())
 	head("moxie_generated_tokens_total", "counter", "Tokens generated.")
 	fmt.Fprintf(w, "moxie_generated_tokens_total %d\n", m.generatedTokens.Load())
 	head("moxie_prefill_seconds_total", "counter", "Time spent in prefill.")

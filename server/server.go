@@ -145,6 +145,13 @@ type Config struct {
 	DefaultMaxTokens int
 	// DefaultThinking is the thinking mode of chat requests that do not say.
 	DefaultThinking bool
+	// PromptCache is how many finished sequences the server keeps so that
+	// a later request whose prompt extends one (a chat's next turn, sent
+	// with the whole conversation) prefills only its new tokens
+	// (generate.Cache; usage.prompt_tokens_details.cached_tokens says how
+	// many were reused). 0 means one per generation slot (Concurrency);
+	// negative disables. Cached sequences keep their memory.
+	PromptCache int
 	// KeepAlive is the idle time after which a stream gets an SSE comment
 	// line (": keep-alive"), e.g. during a long prefill (default 15s;
 	// negative disables).
@@ -165,8 +172,9 @@ type Server struct {
 	mux *http.ServeMux
 	log *slog.Logger
 
-	slots   chan struct{} // one token per running generation
-	waiting atomic.Int64  // requests queued for a slot
+	slots   chan struct{}   // one token per running generation
+	cache   *generate.Cache // nil: no prompt cache
+	waiting atomic.Int64    // requests queued for a slot
 	m       *metrics
 
 	base     context.Context // parent of every request context under Serve
@@ -211,6 +219,12 @@ func New(cfg Config, b Backend) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, b: b, log: log, slots: make(chan struct{}, cfg.Concurrency),
 		m: newMetrics(), created: time.Now().Unix()}
+	switch {
+	case cfg.PromptCache == 0:
+		s.cache = generate.NewCache(cfg.Concurrency)
+	case cfg.PromptCache > 0:
+		s.cache = generate.NewCache(cfg.PromptCache)
+	}
 	s.base, s.cancel = context.WithCancel(context.Background())
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/chat/completions", only("POST", s.handleChat))
@@ -380,6 +394,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	select {
 	case err := <-errc:
 		s.cancel()
+		s.Close()
 		return err
 	case <-ctx.Done():
 	}
@@ -402,9 +417,20 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	s.cancel()
 	if e := <-errc; e != nil && !errors.Is(e, http.ErrServerClosed) {
+		s.Close()
 		return e
 	}
-	return nil
+	return s.Close()
+}
+
+// Close frees the sequences the prompt cache holds; later generations
+// close theirs instead of caching them. Serve calls it when it returns; a
+// caller that uses the Server only as an http.Handler calls it when done.
+func (s *Server) Close() error {
+	if s.cache == nil {
+		return nil
+	}
+	return s.cache.Close()
 }
 
 // newID returns prefix followed by 24 random hex digits.

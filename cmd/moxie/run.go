@@ -42,6 +42,7 @@ meaningless (random weights).`, stderr)
 	system := fs.String("system", "", "system prompt")
 	raw := fs.Bool("raw", false, "send PROMPT as raw text, without the chat template")
 	stats := fs.Bool("stats", true, "print a stats line after each answer")
+	promptCache := fs.Bool("prompt-cache", true, "in a chat, continue the conversation's sequence when the next prompt extends it, so a turn prefills only its new tokens (false: every turn prefills the whole conversation)")
 	mf := addMemFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -66,6 +67,10 @@ meaningless (random weights).`, stderr)
 		stats: *stats, stdout: stdout, stderr: stderr}
 	if *system != "" {
 		r.history = append(r.history, chat.Message{Role: "system", Content: *system})
+	}
+	if *promptCache {
+		r.cache = generate.NewCache(1)
+		defer r.cache.Close()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -119,6 +124,7 @@ type runner struct {
 	raw       bool
 	stats     bool
 	history   []chat.Message
+	cache     *generate.Cache // the conversation's sequence between turns; nil: none
 	stdout    io.Writer
 	stderr    io.Writer
 }
@@ -142,6 +148,11 @@ func (r *runner) interactive(ctx context.Context, stdin io.Reader) error {
 			return nil
 		case "/reset":
 			r.history = system
+			if r.cache != nil {
+				if err := r.cache.Clear(); err != nil {
+					return err
+				}
+			}
 			fmt.Fprintln(r.stderr, "(conversation cleared)")
 			continue
 		}
@@ -189,7 +200,7 @@ func (r *runner) turn(ctx context.Context, prompt string) error {
 		return nil
 	}
 	res, err := generate.Generate(ctx, r.m, ids, generate.Options{
-		MaxTokens: r.maxTokens, Sampler: sampler, StopTokens: []int{eos}, Detokenizer: r.tok.NewDecoder(),
+		MaxTokens: r.maxTokens, Sampler: sampler, StopTokens: []int{eos}, Detokenizer: r.tok.NewDecoder(), Cache: r.cache,
 	}, emit)
 	if !r.raw {
 		d, _, perr := parser.Finish()
@@ -255,8 +266,12 @@ func formatStats(res generate.Result, st servingStats, rss int64) string {
 	if st.gpuBytes > 0 {
 		mem += ", GPU " + progress.FormatBytes(st.gpuBytes)
 	}
-	return fmt.Sprintf("[prompt %d tok | first token %s | prefill %.1f tok/s | decode %.1f tok/s | %d tok, %s%s | %s]",
-		res.PromptTokens, res.TimeToFirstToken.Round(time.Millisecond), res.PrefillTokensPerSecond(),
+	cached := ""
+	if res.CachedTokens > 0 {
+		cached = fmt.Sprintf(" (%d cached)", res.CachedTokens)
+	}
+	return fmt.Sprintf("[prompt %d tok%s | first token %s | prefill %.1f tok/s | decode %.1f tok/s | %d tok, %s%s | %s]",
+		res.PromptTokens, cached, res.TimeToFirstToken.Round(time.Millisecond), res.PrefillTokensPerSecond(),
 		res.DecodeTokensPerSecond(), res.GeneratedTokens, res.Finish, extra, mem)
 }
 

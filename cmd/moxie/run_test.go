@@ -3,6 +3,8 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -64,6 +66,58 @@ func TestRunInteractive(t *testing.T) {
 	}
 	if len(r.history) != 2 || r.history[0].Content != "second" {
 		t.Fatalf("history after /reset = %+v, want only the second exchange", r.history)
+	}
+}
+
+// TestRunChatContinuesConversation: with the prompt cache each turn's
+// prompt extends the last turn's sequence (the conversation so far, as
+// the model generated it), so a turn prefills only its new tokens. The
+// cached count is exact: the previous prompt plus the tokens fed back, all
+// generated tokens but the last (sampled, then generation stopped).
+func TestRunChatContinuesConversation(t *testing.T) {
+	var out, errb strings.Builder
+	in := strings.NewReader("Tell me about the river.\nAnd then what happened?\nWhy?\n/exit\n")
+	lm, err := loadModel(defaultModel(), nil, &errb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	tok, err := loadTokenizer(lm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache := generate.NewCache(1)
+	defer cache.Close()
+	r := &runner{m: lm.m, tok: tok, maxTokens: 12, stats: true, stdout: &out, stderr: &errb, cache: cache}
+	if err := r.interactive(t.Context(), in); err != nil {
+		t.Fatal(err)
+	}
+	re := regexp.MustCompile(`\[prompt (\d+) tok(?: \((\d+) cached\))? \|.*\| (\d+) tok, `)
+	m := re.FindAllStringSubmatch(errb.String(), -1)
+	if len(m) != 3 {
+		t.Fatalf("%d stats lines, want 3:\n%s", len(m), errb.String())
+	}
+	num := func(s string) int { n, _ := strconv.Atoi(s); return n }
+	if m[0][2] != "" {
+		t.Errorf("the first turn reports %s cached tokens", m[0][2])
+	}
+	reused := 0
+	for i := 1; i < 3; i++ {
+		prev, gen := num(m[i-1][1]), num(m[i-1][3])
+		if c := m[i][2]; c != "" {
+			reused++
+			if num(c) != prev+gen-1 {
+				t.Errorf("turn %d: %s cached tokens, want %d (the previous prompt's %d and %d generated tokens fed back)", i+1, c, prev+gen-1, prev, gen-1)
+			}
+		}
+	}
+	// Both later turns continue here; a reply that does not survive being
+	// decoded and encoded again would cost its next turn the reuse.
+	if reused == 0 {
+		t.Errorf("no turn continued the conversation's sequence:\n%s", errb.String())
+	}
+	if cache.Len() != 1 {
+		t.Errorf("the cache holds %d sequences after the chat, want 1", cache.Len())
 	}
 }
 
@@ -213,4 +267,12 @@ func TestFormatStats(t *testing.T) {
 			}
 		})
 	}
+	t.Run("cached prompt tokens", func(t *testing.T) {
+		// 6 of the 10 prompt tokens cached: 4 prefilled in 0.5 s.
+		c := res
+		c.CachedTokens = 6
+		if got, want := formatStats(c, servingStats{}, 1<<30), "[prompt 10 tok (6 cached) | first token 510ms | prefill 8.0 tok/s | decode "; !strings.HasPrefix(got, want) {
+			t.Errorf("got %q, want the prefix %q", got, want)
+		}
+	})
 }

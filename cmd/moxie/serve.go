@@ -79,6 +79,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, ready f
 	grace := fs.Duration("grace", 30*time.Second, "how long running requests may finish after SIGINT/SIGTERM")
 	keepAlive := fs.Duration("keep-alive", 15*time.Second, "send an SSE comment on streams idle this long, e.g. during a long prefill (0: never)")
 	quiet := fs.Bool("quiet", false, "do not log each request")
+	promptCache := fs.Int("prompt-cache", 0, "finished sequences kept so that a request whose prompt extends one (a chat's next turn) prefills only its new tokens; each keeps its memory (0: one per --concurrency slot; -1: off)")
 	mf := addMemFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -129,7 +130,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, ready f
 	}
 	s, err := server.New(server.Config{
 		Concurrency: *concurrency, QueueSize: *queue, APIKey: key, MaxBodyBytes: *maxBody,
-		DefaultMaxTokens: *maxTokens, DefaultThinking: *thinking, ShutdownGrace: *grace, KeepAlive: *keepAlive,
+		DefaultMaxTokens: *maxTokens, DefaultThinking: *thinking, ShutdownGrace: *grace, KeepAlive: *keepAlive, PromptCache: *promptCache,
 		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: logLevel})),
 		Gauges: lm.gauges,
 	}, backend)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 
 	"moxie/compute"
 	"moxie/dsv4/config"
@@ -105,6 +106,41 @@ func (s *Session) Append(ctx context.Context, tokens []int) ([]float32, error) {
 
 // Len implements generate.Sequence.
 func (s *Session) Len() int { return s.pos }
+
+// Clone returns an independent session in the same state: the same
+// position and caches (window rings, compressor buffers, compressed
+// entries, indexer keys), copied; the test hooks are not. Appending to
+// either leaves the other unchanged. It fails on a failed or closed
+// session.
+func (s *Session) Clone() (*Session, error) {
+	if s.failed != nil {
+		return nil, s.failed
+	}
+	c := &Session{m: s.m, pos: s.pos, layers: make([]*layerState, len(s.layers))}
+	for i, ls := range s.layers {
+		c.layers[i] = &layerState{ring: slices.Clone(ls.ring), comp: ls.comp.clone(), icomp: ls.icomp.clone(),
+			ckv: slices.Clone(ls.ckv), ikeys: slices.Clone(ls.ikeys)}
+	}
+	return c, nil
+}
+
+// CloneSequence implements generate.Cloner.
+func (s *Session) CloneSequence() (generate.Sequence, error) { return s.Clone() }
+
+// clone copies a compressor's state (nil for nil); the pooling scratch is
+// fresh.
+func (cs *compState) clone() *compState {
+	if cs == nil {
+		return nil
+	}
+	n := newCompState(cs.c)
+	copy(n.cur, cs.cur)
+	copy(n.curZ, cs.curZ)
+	copy(n.prev, cs.prev)
+	copy(n.prevZ, cs.prevZ)
+	n.hasPrev = cs.hasPrev
+	return n
+}
 
 // Close implements generate.Sequence; it drops the caches.
 func (s *Session) Close() error {

@@ -2,6 +2,7 @@ package generate
 
 import (
 	"errors"
+	"slices"
 	"sync"
 )
 
@@ -13,11 +14,14 @@ import (
 //
 // A sequence cannot be rewound: a cached sequence is used only when its
 // tokens are a proper prefix of the new prompt, token for token (so the
-// chat template must render the earlier turns as the model saw them; one
-// that drops earlier reasoning gets no reuse after a thinking turn). The
-// result is the same function of the prompt as a fresh prefill, computed
-// in other chunks: equal up to the model's rounding (a greedy choice
-// between two logits within rounding of each other can differ).
+// chat template must render the earlier turns as the model saw them). A
+// template that renders the end of the previous prompt differently in the
+// next one (DeepSeek's, once it drops a thinking turn's reasoning) is
+// served by Options.Snapshot: a copy of the sequence from before the
+// prompt's last token, for sequences that can copy their state (Cloner).
+// The result is the same function of the prompt as a fresh prefill,
+// computed in other chunks: equal up to the model's rounding (a greedy
+// choice between two logits within rounding of each other can differ).
 //
 // All generations that share a Cache must use the same model. A Cache is
 // safe for concurrent use: a sequence is taken out while a generation
@@ -30,54 +34,74 @@ type Cache struct {
 	closed  bool
 }
 
+// cacheEntry is a finished generation's sequence and the tokens it holds,
+// and optionally a copy taken before its prompt's last token (snap, holding
+// snapTokens; Options.Snapshot).
 type cacheEntry struct {
-	seq    Sequence
-	tokens []int
+	seq        Sequence
+	tokens     []int
+	snap       Sequence
+	snapTokens []int
 }
 
-// NewCache returns a cache that keeps at most n sequences (at least 1).
+// NewCache returns a cache that keeps at most n finished generations (at
+// least 1), each a sequence and, with Options.Snapshot, its copy.
 func NewCache(n int) *Cache { return &Cache{max: max(n, 1)} }
 
-// Len returns the number of cached sequences.
+// Len returns the number of cached generations.
 func (c *Cache) Len() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.entries)
 }
 
-// take removes and returns the cached sequence whose tokens are the
-// longest proper prefix of prompt, and how many tokens it holds; nil and 0
-// when none is.
+// take removes and returns the cached sequence (an entry's sequence or its
+// snapshot) whose tokens are the longest proper prefix of prompt, and how
+// many tokens it holds; nil and 0 when none is. The entry's other sequence
+// is closed.
 func (c *Cache) take(prompt []int) (Sequence, int) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	best := -1
+	best, snap, n := -1, false, -1
 	for i, e := range c.entries {
-		if len(e.tokens) >= len(prompt) || (best >= 0 && len(e.tokens) <= len(c.entries[best].tokens)) {
-			continue
+		if len(e.tokens) > n && len(e.tokens) < len(prompt) && isPrefix(e.tokens, prompt) {
+			best, snap, n = i, false, len(e.tokens)
 		}
-		if isPrefix(e.tokens, prompt) {
-			best = i
+		if e.snap != nil && len(e.snapTokens) > n && len(e.snapTokens) < len(prompt) && isPrefix(e.snapTokens, prompt) {
+			best, snap, n = i, true, len(e.snapTokens)
 		}
 	}
 	if best < 0 {
+		c.mu.Unlock()
 		return nil, 0
 	}
 	e := c.entries[best]
 	c.entries = append(c.entries[:best], c.entries[best+1:]...)
-	return e.seq, len(e.tokens)
+	c.mu.Unlock()
+	if snap {
+		_ = e.seq.Close()
+		return e.snap, n
+	}
+	if e.snap != nil {
+		_ = e.snap.Close()
+	}
+	return e.seq, n
 }
 
-// put stores seq, which holds tokens (the cache keeps its own copy), and
-// closes the least recently stored sequences beyond the cache's size; after
-// Close it closes seq instead. The error is the first Close error.
-func (c *Cache) put(seq Sequence, tokens []int) error {
+// put stores seq, which holds tokens, with snap holding snapTokens (snap
+// may be nil; the cache keeps its own copies of the token slices), and
+// closes the least recently stored entries beyond the cache's size; after
+// Close it closes seq and snap instead. The error is the first Close error.
+func (c *Cache) put(seq Sequence, tokens []int, snap Sequence, snapTokens []int) error {
+	e := cacheEntry{seq: seq, tokens: slices.Clone(tokens)}
+	if snap != nil {
+		e.snap, e.snapTokens = snap, slices.Clone(snapTokens)
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return seq.Close()
+		return closeAll([]cacheEntry{e})
 	}
-	c.entries = append(c.entries, cacheEntry{seq: seq, tokens: append([]int(nil), tokens...)})
+	c.entries = append(c.entries, e)
 	var evict []cacheEntry
 	if n := len(c.entries) - c.max; n > 0 {
 		evict = append(evict, c.entries[:n]...)
@@ -124,6 +148,9 @@ func closeAll(es []cacheEntry) error {
 	var errs []error
 	for _, e := range es {
 		errs = append(errs, e.seq.Close())
+		if e.snap != nil {
+			errs = append(errs, e.snap.Close())
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -225,7 +225,7 @@ func TestCacheFailures(t *testing.T) {
 		if _, err := seq.Append(context.Background(), []int{tBOS, tA, tB, tC}); err != nil {
 			t.Fatal(err)
 		}
-		if err := cache.put(seq, prompt3); err != nil { // claims 3 tokens, holds 4
+		if err := cache.put(seq, prompt3, nil, nil); err != nil { // claims 3 tokens, holds 4
 			t.Fatal(err)
 		}
 		r := cachedRun(t, m, cache, append(append([]int(nil), prompt3...), tC), 2, nil)
@@ -252,7 +252,7 @@ func TestCacheTakeIsExclusive(t *testing.T) {
 		t.Fatal(err)
 	}
 	// After Close a stored sequence is closed at once.
-	if err := cache.put(s1, prompt3); err != nil {
+	if err := cache.put(s1, prompt3, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if cache.Len() != 0 || !s1.(*fakeSeq).closed {
@@ -268,4 +268,86 @@ func TestCachePrefillRate(t *testing.T) {
 	if !reflect.DeepEqual(NewCache(0).max, 1) {
 		t.Error("NewCache(0) keeps no sequence")
 	}
+}
+
+// TestCacheSnapshot: with Options.Snapshot the cache also keeps a copy of
+// the sequence taken before the prompt's last token, so that a next prompt
+// that replaces that token (as a thinking chat's template does once the
+// reasoning is dropped) continues from the copy.
+func TestCacheSnapshot(t *testing.T) {
+	p1 := []int{tBOS, tA, tB, tC, tD} // ends in the "marker" tD
+	gen := func(m *fakeModel, cache *Cache, p []int, snapshot bool) Result {
+		t.Helper()
+		res, err := Generate(context.Background(), m, p, Options{MaxTokens: 4, IgnoreEOS: true, Sampler: newSeeded(7), Cache: cache, Snapshot: snapshot}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	// The next turn: p1 without its marker, another token, more text.
+	p2 := []int{tBOS, tA, tB, tC, tE, tA, tB}
+	t.Run("continues from the copy", func(t *testing.T) {
+		m := &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, next: script(3, tA)}
+		cache := NewCache(1)
+		defer cache.Close()
+		first := gen(m, cache, p1, true)
+		fresh := gen(&fakeModel{vocab: 16, maxCtx: 1000, eos: -1, next: script(3, tA)}, nil, p1, false)
+		if !slices.Equal(first.Tokens, fresh.Tokens) {
+			t.Errorf("feeding the prompt in two calls changed the tokens: %v, fresh %v", first.Tokens, fresh.Tokens)
+		}
+		if m.clones != 1 {
+			t.Errorf("%d clones, want 1", m.clones)
+		}
+		m.appended = 0
+		r := gen(m, cache, p2, true)
+		if r.CachedTokens != 4 {
+			t.Errorf("%d cached tokens, want 4 (the first prompt without its last token)", r.CachedTokens)
+		}
+		// Fed: the 3 new prompt tokens (2 + 1 around the new copy), then 3 decode steps.
+		if m.appended != 3+3 {
+			t.Errorf("fed %d tokens, want 6", m.appended)
+		}
+		want := gen(&fakeModel{vocab: 16, maxCtx: 1000, eos: -1, next: script(3, tA)}, nil, p2, false)
+		if !slices.Equal(r.Tokens, want.Tokens) {
+			t.Errorf("continued from the copy: %v, fresh %v", r.Tokens, want.Tokens)
+		}
+		// Opened: the first sequence, its copy (which the second turn
+		// continued) and that one's copy. The first sequence (not a prefix
+		// of p2) was closed when its copy was taken; the second turn's
+		// sequence and copy are cached, as one entry.
+		if open, closed := m.stats(); open != 3 || closed != 1 || cache.Len() != 1 {
+			t.Errorf("%d opened, %d closed, %d cached; want 3, 1, 1", open, closed, cache.Len())
+		}
+	})
+	t.Run("the sequence itself when the prompt extends it", func(t *testing.T) {
+		m := &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, next: script(3, tA)}
+		cache := NewCache(1)
+		defer cache.Close()
+		first := gen(m, cache, p1, true)
+		p := append(append(append([]int(nil), p1...), first.Tokens...), tE)
+		if r := gen(m, cache, p, true); r.CachedTokens != len(p1)+3 {
+			t.Errorf("%d cached tokens, want %d", r.CachedTokens, len(p1)+3)
+		}
+	})
+	t.Run("without Snapshot", func(t *testing.T) {
+		m := &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, next: script(3, tA)}
+		cache := NewCache(1)
+		defer cache.Close()
+		gen(m, cache, p1, false)
+		if r := gen(m, cache, p2, false); r.CachedTokens != 0 || m.clones != 0 {
+			t.Errorf("%d cached tokens, %d clones; want 0, 0", r.CachedTokens, m.clones)
+		}
+	})
+	t.Run("a sequence that cannot clone", func(t *testing.T) {
+		m := &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, next: script(3, tA), noClone: true}
+		cache := NewCache(1)
+		defer cache.Close()
+		gen(m, cache, p1, true)
+		if r := gen(m, cache, p2, true); r.CachedTokens != 0 {
+			t.Errorf("%d cached tokens, want 0", r.CachedTokens)
+		}
+		if open, closed := m.stats(); open != 2 || closed != 1 {
+			t.Errorf("%d opened, %d closed; want 2, 1", open, closed)
+		}
+	})
 }

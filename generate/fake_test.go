@@ -29,6 +29,8 @@ type fakeModel struct {
 	closed   int
 	appended int // tokens passed to Append, over all sequences
 	newFail  int // if > 0, NewSequence fails while more than this many sequences are open
+	clones   int // sequences made by CloneSequence
+	noClone  bool
 }
 
 type fakeSeq struct {
@@ -112,6 +114,19 @@ func (s *fakeSeq) Append(ctx context.Context, tokens []int) ([]float32, error) {
 }
 
 func (s *fakeSeq) Len() int { return len(s.h) }
+
+// CloneSequence implements Cloner unless the model's noClone is set (then
+// it fails, as a sequence that cannot copy its state would).
+func (s *fakeSeq) CloneSequence() (Sequence, error) {
+	if s.m.noClone {
+		return nil, errors.New("fake model: cannot clone")
+	}
+	s.m.mu.Lock()
+	s.m.open++
+	s.m.clones++
+	s.m.mu.Unlock()
+	return &fakeSeq{m: s.m, h: append([]int(nil), s.h...)}, nil
+}
 
 func (s *fakeSeq) Close() error {
 	s.m.mu.Lock()

@@ -74,6 +74,15 @@ type Options struct {
 	// how many were not) and keeps the sequence afterwards, unless the
 	// model failed, instead of closing it. It must be used with one model.
 	Cache *Cache
+	// Snapshot, with Cache and a sequence that implements Cloner, also
+	// keeps a copy of the sequence taken before the prompt's last token
+	// (the prompt is then fed as two calls: all but that token, then it).
+	// A later prompt that agrees with this one up to there but not after
+	// continues from the copy: the next turn of a thinking chat, whose
+	// template renders this turn's final marker differently once the
+	// reasoning is dropped. It costs a copy of the state and a one-token
+	// call each generation.
+	Snapshot bool
 }
 
 // Event is one step of the stream passed to the emit callback.
@@ -229,14 +238,24 @@ func Generate(ctx context.Context, model Model, prompt []int, opts Options, emit
 	}
 	// held counts the tokens of history the sequence holds; healthy is
 	// false once an Append has failed (the sequence must not be used again).
+	// snap (Options.Snapshot) is a copy of the sequence holding the
+	// prompt's first len(prompt)-1 tokens.
 	held, healthy := res.CachedTokens, true
 	var history []int
+	var snap Sequence
 	defer func() {
 		var cerr error
 		if opts.Cache != nil && healthy && seq.Len() == held {
-			cerr = opts.Cache.put(seq, history[:held])
+			var st []int
+			if snap != nil {
+				st = prompt[:len(prompt)-1]
+			}
+			cerr = opts.Cache.put(seq, history[:held], snap, st)
 		} else {
 			cerr = seq.Close()
+			if snap != nil {
+				cerr = errors.Join(cerr, snap.Close())
+			}
 		}
 		if cerr != nil && err == nil {
 			err = fmt.Errorf("generate: close sequence: %w", cerr)
@@ -270,7 +289,26 @@ func Generate(ctx context.Context, model Model, prompt []int, opts Options, emit
 		return res, e
 	}
 
-	logits, err := seq.Append(ctx, prompt[held:])
+	rest := prompt[held:]
+	cl, canClone := seq.(Cloner)
+	if opts.Cache != nil && opts.Snapshot && canClone && len(rest) >= 2 {
+		if _, err := seq.Append(ctx, rest[:len(rest)-1]); err != nil {
+			healthy = false
+			if ctx.Err() != nil {
+				return cancelled(err)
+			}
+			finish()
+			return res, fmt.Errorf("generate: prefill: %w", err)
+		}
+		held = len(prompt) - 1
+		if c, cerr := cl.CloneSequence(); cerr == nil && c.Len() == held {
+			snap = c
+		} else if cerr == nil {
+			_ = c.Close() // not what it claims: no snapshot
+		}
+		rest = rest[len(rest)-1:]
+	}
+	logits, err := seq.Append(ctx, rest)
 	if err != nil {
 		healthy = false
 		if ctx.Err() != nil {

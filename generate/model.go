@@ -18,6 +18,15 @@ type Sequence interface {
 	Close() error
 }
 
+// Cloner is implemented by sequences that can copy their state (the CPU
+// session; a GPU session would need a second copy of its device memory).
+// Generate uses it for Options.Snapshot.
+type Cloner interface {
+	// CloneSequence returns an independent sequence in the same state:
+	// appending to either leaves the other unchanged.
+	CloneSequence() (Sequence, error)
+}
+
 // Model creates sequences.
 type Model interface {
 	// NewSequence starts an empty sequence at position 0.

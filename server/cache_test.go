@@ -75,13 +75,14 @@ func TestPromptCache(t *testing.T) {
 			t.Errorf("Close: %v, %d cached sequences left", err, s.cache.Len())
 		}
 	})
-	t.Run("a thinking turn is not reused", func(t *testing.T) {
+	t.Run("thinking: continued from the copy before <think>", func(t *testing.T) {
 		// The template drops earlier reasoning, so the second prompt leaves
-		// the first one's <think> behind: no cached prefix to continue.
+		// the first one at its last token (<think>): the copy of the
+		// sequence from before it is continued.
 		_, ts := testServer(t, Config{DefaultThinking: true}, newFake())
 		chatCached(t, ts.URL, turn1)
-		if r := chatCached(t, ts.URL, turn2); r.Usage.PromptDetails == nil || r.Usage.PromptDetails.CachedTokens != 0 {
-			t.Errorf("second thinking turn: usage %+v, want 0 cached tokens", r.Usage)
+		if r := chatCached(t, ts.URL, turn2); r.Usage.PromptDetails == nil || r.Usage.PromptDetails.CachedTokens != userPromptLen(2)-1 {
+			t.Errorf("second thinking turn: usage %+v, want %d cached tokens", r.Usage, userPromptLen(2)-1)
 		}
 	})
 	t.Run("disabled", func(t *testing.T) {

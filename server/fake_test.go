@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -103,9 +104,11 @@ func (s *fakeSeq) Append(ctx context.Context, tokens []int) ([]float32, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, s.observe(ctx)
 	}
-	if len(s.h) == 0 || len(tokens) > 1 {
-		// A prompt: the first Append, or a continuation of a cached
-		// sequence (the script answers the whole history).
+	if len(s.h) == 0 || len(tokens) > 1 || tokens[0] == idThink {
+		// A prompt: the first Append, a continuation of a cached sequence,
+		// or the <think> that ends a prompt fed in two calls (Snapshot);
+		// the script answers the whole history. (Generated tokens are
+		// never <think>.)
 		s.prompt = len(s.h) + len(tokens)
 		s.script = nil
 		var text []byte
@@ -177,7 +180,13 @@ func (s *fakeSeq) Append(ctx context.Context, tokens []int) ([]float32, error) {
 	return logits, nil
 }
 
-func (s *fakeSeq) Len() int     { return len(s.h) }
+func (s *fakeSeq) Len() int { return len(s.h) }
+
+// CloneSequence implements generate.Cloner: the copy has the same history
+// and script.
+func (s *fakeSeq) CloneSequence() (generate.Sequence, error) {
+	return &fakeSeq{m: s.m, h: slices.Clone(s.h), script: slices.Clone(s.script), prompt: s.prompt}, nil
+}
 func (s *fakeSeq) Close() error { return nil }
 
 // testServer starts an httptest server around a Server on fake.

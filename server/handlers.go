@@ -347,6 +347,9 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 		Detokenizer: s.b.Tokenizer.NewDetokenizer(),
 		IgnoreEOS:   j.p.ignoreEOS,
 		Cache:       s.cache,
+		// A thinking chat's next prompt drops this turn's reasoning and
+		// leaves this prompt at its last token (<think>).
+		Snapshot: j.chat && j.thinking,
 	}
 	if j.p.ignoreEOS {
 		opts.StopTokens = nil // run to max_tokens (benchmarks)

@@ -201,6 +201,9 @@ func (r *runner) turn(ctx context.Context, prompt string) error {
 	}
 	res, err := generate.Generate(ctx, r.m, ids, generate.Options{
 		MaxTokens: r.maxTokens, Sampler: sampler, StopTokens: []int{eos}, Detokenizer: r.tok.NewDecoder(), Cache: r.cache,
+		// The template drops this turn's reasoning from the next prompt,
+		// which then leaves this prompt at its last token (<think>).
+		Snapshot: r.think && !r.raw,
 	}, emit)
 	if !r.raw {
 		d, _, perr := parser.Finish()

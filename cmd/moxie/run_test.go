@@ -1,6 +1,8 @@
 package main
 
 import (
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -73,11 +75,12 @@ func TestRunInteractive(t *testing.T) {
 // prompt extends the last turn's sequence (the conversation so far, as
 // the model generated it), so a turn prefills only its new tokens. The
 // cached count is exact: the previous prompt plus the tokens fed back, all
-// generated tokens but the last (sampled, then generation stopped).
+// generated tokens but the last (sampled, then generation stopped). In
+// thinking mode the template drops the reasoning, so the next prompt
+// leaves the previous one at its last token (<think>): the copy of the
+// sequence from before that token is continued (len(prompt) - 1 cached).
 func TestRunChatContinuesConversation(t *testing.T) {
-	var out, errb strings.Builder
-	in := strings.NewReader("Tell me about the river.\nAnd then what happened?\nWhy?\n/exit\n")
-	lm, err := loadModel(defaultModel(), nil, &errb)
+	lm, err := loadModel(defaultModel(), nil, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,38 +89,49 @@ func TestRunChatContinuesConversation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cache := generate.NewCache(1)
-	defer cache.Close()
-	r := &runner{m: lm.m, tok: tok, maxTokens: 12, stats: true, stdout: &out, stderr: &errb, cache: cache}
-	if err := r.interactive(t.Context(), in); err != nil {
-		t.Fatal(err)
-	}
-	re := regexp.MustCompile(`\[prompt (\d+) tok(?: \((\d+) cached\))? \|.*\| (\d+) tok, `)
-	m := re.FindAllStringSubmatch(errb.String(), -1)
-	if len(m) != 3 {
-		t.Fatalf("%d stats lines, want 3:\n%s", len(m), errb.String())
-	}
-	num := func(s string) int { n, _ := strconv.Atoi(s); return n }
-	if m[0][2] != "" {
-		t.Errorf("the first turn reports %s cached tokens", m[0][2])
-	}
-	reused := 0
-	for i := 1; i < 3; i++ {
-		prev, gen := num(m[i-1][1]), num(m[i-1][3])
-		if c := m[i][2]; c != "" {
-			reused++
-			if num(c) != prev+gen-1 {
-				t.Errorf("turn %d: %s cached tokens, want %d (the previous prompt's %d and %d generated tokens fed back)", i+1, c, prev+gen-1, prev, gen-1)
+	for _, think := range []bool{false, true} {
+		t.Run(fmt.Sprintf("think=%v", think), func(t *testing.T) {
+			var out, errb strings.Builder
+			in := strings.NewReader("Tell me about the river.\nAnd then what happened?\nWhy?\n/exit\n")
+			cache := generate.NewCache(1)
+			defer cache.Close()
+			r := &runner{m: lm.m, tok: tok, maxTokens: 12, think: think, stats: true, stdout: &out, stderr: &errb, cache: cache}
+			if err := r.interactive(t.Context(), in); err != nil {
+				t.Fatal(err)
 			}
-		}
-	}
-	// Both later turns continue here; a reply that does not survive being
-	// decoded and encoded again would cost its next turn the reuse.
-	if reused == 0 {
-		t.Errorf("no turn continued the conversation's sequence:\n%s", errb.String())
-	}
-	if cache.Len() != 1 {
-		t.Errorf("the cache holds %d sequences after the chat, want 1", cache.Len())
+			re := regexp.MustCompile(`\[prompt (\d+) tok(?: \((\d+) cached\))? \|.*\| (\d+) tok, `)
+			m := re.FindAllStringSubmatch(errb.String(), -1)
+			if len(m) != 3 {
+				t.Fatalf("%d stats lines, want 3:\n%s", len(m), errb.String())
+			}
+			num := func(s string) int { n, _ := strconv.Atoi(s); return n }
+			if m[0][2] != "" {
+				t.Errorf("the first turn reports %s cached tokens", m[0][2])
+			}
+			reused := 0
+			for i := 1; i < 3; i++ {
+				prev, gen := num(m[i-1][1]), num(m[i-1][3])
+				want, why := prev+gen-1, fmt.Sprintf("the previous prompt's %d and %d generated tokens fed back", prev, gen-1)
+				if think {
+					want, why = prev-1, "the previous prompt but its <think>"
+				}
+				if c := m[i][2]; c != "" {
+					reused++
+					if num(c) != want {
+						t.Errorf("turn %d: %s cached tokens, want %d (%s)", i+1, c, want, why)
+					}
+				}
+			}
+			// Both later turns continue here; a reply that does not survive
+			// being decoded and encoded again would cost its next turn the
+			// reuse (without thinking).
+			if reused == 0 {
+				t.Errorf("no turn continued the conversation's sequence:\n%s", errb.String())
+			}
+			if cache.Len() != 1 {
+				t.Errorf("the cache holds %d generations after the chat, want 1", cache.Len())
+			}
+		})
 	}
 }
 

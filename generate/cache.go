@@ -102,13 +102,21 @@ func (c *Cache) put(seq Sequence, tokens []int, snap Sequence, snapTokens []int)
 		return closeAll([]cacheEntry{e})
 	}
 	c.entries = append(c.entries, e)
-	var evict []cacheEntry
-	if n := len(c.entries) - c.max; n > 0 {
-		evict = append(evict, c.entries[:n]...)
-		c.entries = append(c.entries[:0:0], c.entries[n:]...)
-	}
+	evict := c.trim(c.max)
 	c.mu.Unlock()
 	return closeAll(evict)
+}
+
+// trim removes and returns the least recently stored entries beyond keep;
+// c.mu must be held.
+func (c *Cache) trim(keep int) []cacheEntry {
+	n := len(c.entries) - keep
+	if n <= 0 {
+		return nil
+	}
+	evict := slices.Clone(c.entries[:n])
+	c.entries = slices.Clone(c.entries[n:])
+	return evict
 }
 
 // makeRoom closes the least recently stored sequences until storing one
@@ -117,11 +125,7 @@ func (c *Cache) put(seq Sequence, tokens []int, snap Sequence, snapTokens []int)
 // not hold memory while the new one is made and used.
 func (c *Cache) makeRoom() error {
 	c.mu.Lock()
-	var evict []cacheEntry
-	if n := len(c.entries) - (c.max - 1); n > 0 {
-		evict = append(evict, c.entries[:n]...)
-		c.entries = append(c.entries[:0:0], c.entries[n:]...)
-	}
+	evict := c.trim(c.max - 1)
 	c.mu.Unlock()
 	return closeAll(evict)
 }

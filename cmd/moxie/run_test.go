@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"moxie/generate"
+	"moxie/tokenizer"
 )
 
 func TestRunOneShotIsReproducibleAndReportsStats(t *testing.T) {
@@ -42,20 +43,28 @@ func TestRunOneShotIsReproducibleAndReportsStats(t *testing.T) {
 	}
 }
 
+// loadDefaultChat loads the built-in model and its tokenizer, closed when
+// tb ends.
+func loadDefaultChat(tb testing.TB) (*loadedModel, *tokenizer.Tokenizer) {
+	tb.Helper()
+	lm, err := loadModel(defaultModel(), nil, io.Discard)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { lm.Close() })
+	tok, err := loadTokenizer(lm)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return lm, tok
+}
+
 func TestRunInteractive(t *testing.T) {
 	var out, errb strings.Builder
 	in := strings.NewReader("first question\n/reset\nsecond\n/exit\nnever read\n")
 	// A strings.Reader is not a terminal, so pass the conversation through the
 	// interactive loop directly.
-	lm, err := loadModel(defaultModel(), nil, &errb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lm.Close()
-	tok, err := loadTokenizer(lm)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lm, tok := loadDefaultChat(t)
 	r := &runner{m: lm.m, tok: tok, maxTokens: 4, stats: true, stdout: &out, stderr: &errb}
 	if err := r.interactive(t.Context(), in); err != nil {
 		t.Fatal(err)
@@ -80,15 +89,7 @@ func TestRunInteractive(t *testing.T) {
 // leaves the previous one at its last token (<think>): the copy of the
 // sequence from before that token is continued (len(prompt) - 1 cached).
 func TestRunChatContinuesConversation(t *testing.T) {
-	lm, err := loadModel(defaultModel(), nil, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lm.Close()
-	tok, err := loadTokenizer(lm)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lm, tok := loadDefaultChat(t)
 	for _, think := range []bool{false, true} {
 		t.Run(fmt.Sprintf("think=%v", think), func(t *testing.T) {
 			var out, errb strings.Builder
@@ -289,4 +290,44 @@ func TestFormatStats(t *testing.T) {
 			t.Errorf("got %q, want the prefix %q", got, want)
 		}
 	})
+}
+
+// BenchmarkChatTurns: a six-turn chat with the built-in model, with and
+// without the prompt cache (docs/benchmarks.md). Reports the later turns'
+// mean time to the first token and the prompt tokens prefilled per chat.
+func BenchmarkChatTurns(b *testing.B) {
+	lm, tok := loadDefaultChat(b)
+	const chat = "Tell me about the river and the old town by the water.\nAnd then what happened when the winter came?\nWhy did they leave?\nWhere did they go after that?\nWhat did they find there?\nHow does the story end?\n/exit\n"
+	for _, on := range []bool{false, true} {
+		b.Run(fmt.Sprintf("cache=%v", on), func(b *testing.B) {
+			var ttft time.Duration
+			var turns, prefilled int
+			re := regexp.MustCompile(`\[prompt (\d+) tok(?: \((\d+) cached\))? \| first token (\S+) `)
+			for b.Loop() {
+				var errb strings.Builder
+				r := &runner{m: lm.m, tok: tok, maxTokens: 32, stats: true, stdout: io.Discard, stderr: &errb}
+				if on {
+					r.cache = generate.NewCache(1)
+				}
+				if err := r.interactive(b.Context(), strings.NewReader(chat)); err != nil {
+					b.Fatal(err)
+				}
+				if r.cache != nil {
+					r.cache.Close()
+				}
+				for i, m := range re.FindAllStringSubmatch(errb.String(), -1) {
+					p, _ := strconv.Atoi(m[1])
+					c, _ := strconv.Atoi(m[2])
+					prefilled += p - c
+					if i > 0 {
+						d, _ := time.ParseDuration(m[3])
+						ttft += d
+						turns++
+					}
+				}
+			}
+			b.ReportMetric(float64(ttft.Milliseconds())/float64(max(turns, 1)), "ttft-ms/later-turn")
+			b.ReportMetric(float64(prefilled)/float64(b.N), "prefilled-tok/chat")
+		})
+	}
 }

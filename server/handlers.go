@@ -339,93 +339,27 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 		}
 		return st.event(s.chunk(id, object, created, j, c))
 	}
-	opts := generate.Options{
-		MaxTokens:   j.p.maxTokens,
-		Sampler:     j.sampler,
-		StopTokens:  s.b.StopTokens,
-		StopStrings: j.p.stop,
-		Detokenizer: s.b.Tokenizer.NewDetokenizer(),
-		IgnoreEOS:   j.p.ignoreEOS,
-		Cache:       s.cache,
-		// A thinking chat's next prompt drops this turn's reasoning and
-		// leaves this prompt at its last token (<think>).
-		Snapshot: j.chat && j.thinking,
-	}
-	if j.p.ignoreEOS {
-		opts.StopTokens = nil // run to max_tokens (benchmarks)
-	}
-	res, err := generate.Generate(ctx, s.b.Model, j.prompt, opts, func(e generate.Event) error {
-		out.raw = append(out.raw, e.Text...)
-		if out.parser == nil {
-			return deliver("", e.Text)
-		}
-		if out.inReasoning {
-			if e.Token != generate.NoToken {
-				out.reasoningTokens++
-			}
-			// The token that completes </think> still counts as reasoning.
-			tail := out.raw[max(0, len(out.raw)-len(e.Text)-len(chat.ThinkEnd)):]
-			if bytes.Contains(tail, []byte(chat.ThinkEnd)) {
-				out.inReasoning = false
-			}
-		}
-		d := out.parser.Add(e.Text)
-		return deliver(d.Reasoning, d.Content)
-	})
+	res, tc, err := s.generateJob(ctx, j, out, deliver)
 	var calls []toolCallOut
-	if err == nil && out.parser != nil {
-		d, tc, perr := out.parser.Finish()
-		if perr != nil && !errors.Is(perr, chat.ErrNoThinkEnd) {
-			// A tool-call block that does not parse (or text after EOS):
-			// nothing is dropped; whatever the parser withheld from the
-			// content comes back as content.
-			s.log.Warn("unparsed model output returned as content", "err", perr)
-			d = chat.Delta{Reasoning: d.Reasoning, Content: d.Content + rawContentRest(out, j.thinking, d.Content)}
-			tc = nil
-		}
-		err = deliver(d.Reasoning, d.Content)
-		for k, c := range tc {
-			t := toolCallOut{ID: newID("call_"), Type: "function"}
-			t.Function.Name, t.Function.Arguments = c.Function.Name, c.Function.Arguments
-			if st != nil {
-				t.Index = &k
-			}
-			calls = append(calls, t)
-		}
-	} else if err == nil {
-		err = deliver("", "")
-	}
-
-	if err != nil {
-		var e *apiError
-		switch {
-		case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
-			s.m.generation(res, string(generate.FinishCancelled))
-			if r.Context().Err() != nil && s.base.Err() == nil {
-				// The client went away: nobody to answer.
-				s.m.clientGone.Add(1)
-				return
-			}
-			e = &apiError{Status: http.StatusServiceUnavailable, Type: "server_error",
-				Message: "generation cancelled: server shutting down", Code: strp("shutting_down")}
-		case st != nil && st.failed() != nil:
-			// A write failed: the client went away.
-			s.m.generation(res, string(generate.FinishCancelled))
-			s.m.clientGone.Add(1)
-			return
-		default:
-			s.m.generation(res, "error")
-			s.log.Error("generation failed", "err", err)
-			e = &apiError{Status: http.StatusInternalServerError, Type: "server_error",
-				Message: "generation failed: " + err.Error(), Code: strp("generation_failed")}
-		}
+	for k, c := range tc {
+		t := toolCallOut{ID: newID("call_"), Type: "function"}
+		t.Function.Name, t.Function.Arguments = c.Function.Name, c.Function.Arguments
 		if st != nil {
+			t.Index = &k
+		}
+		calls = append(calls, t)
+	}
+	if err != nil {
+		e := s.failure(r, st, res, err)
+		switch {
+		case e == nil:
+		case st != nil:
 			st.event(struct {
 				Error *apiError `json:"error"`
 			}{e})
-			return
+		default:
+			writeError(w, e)
 		}
-		writeError(w, e)
 		return
 	}
 
@@ -487,6 +421,88 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 		c.Text = &cs
 	}
 	writeJSON(w, response{ID: id, Object: object, Created: created, Model: j.model, Choices: []chatChoice{c}, Usage: u, Timings: timingsOf(res)})
+}
+
+// generateJob runs the admitted job j, collecting its text in out and
+// calling deliver with each piece of reasoning and content as it becomes
+// final (for a completion job, content only), and once more at the end
+// (possibly with nothing). For a chat job it returns the tool calls the
+// model's output declared. deliver's error ends the generation.
+func (s *Server) generateJob(ctx context.Context, j *job, out *output, deliver func(reasoning, content string) error) (generate.Result, []chat.ToolCall, error) {
+	opts := generate.Options{
+		MaxTokens:   j.p.maxTokens,
+		Sampler:     j.sampler,
+		StopTokens:  s.b.StopTokens,
+		StopStrings: j.p.stop,
+		Detokenizer: s.b.Tokenizer.NewDetokenizer(),
+		IgnoreEOS:   j.p.ignoreEOS,
+		Cache:       s.cache,
+		// A thinking chat's next prompt drops this turn's reasoning and
+		// leaves this prompt at its last token (<think>).
+		Snapshot: j.chat && j.thinking,
+	}
+	if j.p.ignoreEOS {
+		opts.StopTokens = nil // run to max_tokens (benchmarks)
+	}
+	res, err := generate.Generate(ctx, s.b.Model, j.prompt, opts, func(e generate.Event) error {
+		out.raw = append(out.raw, e.Text...)
+		if out.parser == nil {
+			return deliver("", e.Text)
+		}
+		if out.inReasoning {
+			if e.Token != generate.NoToken {
+				out.reasoningTokens++
+			}
+			// The token that completes </think> still counts as reasoning.
+			tail := out.raw[max(0, len(out.raw)-len(e.Text)-len(chat.ThinkEnd)):]
+			if bytes.Contains(tail, []byte(chat.ThinkEnd)) {
+				out.inReasoning = false
+			}
+		}
+		d := out.parser.Add(e.Text)
+		return deliver(d.Reasoning, d.Content)
+	})
+	if err != nil {
+		return res, nil, err
+	}
+	if out.parser == nil {
+		return res, nil, deliver("", "")
+	}
+	d, tc, perr := out.parser.Finish()
+	if perr != nil && !errors.Is(perr, chat.ErrNoThinkEnd) {
+		// A tool-call block that does not parse (or text after EOS):
+		// nothing is dropped; whatever the parser withheld from the
+		// content comes back as content.
+		s.log.Warn("unparsed model output returned as content", "err", perr)
+		d = chat.Delta{Reasoning: d.Reasoning, Content: d.Content + rawContentRest(out, j.thinking, d.Content)}
+		tc = nil
+	}
+	return res, tc, deliver(d.Reasoning, d.Content)
+}
+
+// failure records a failed generation in the metrics and returns the error
+// to answer with, or nil when there is nobody to answer (the client went
+// away: its request was cancelled, or a write to its stream st failed).
+func (s *Server) failure(r *http.Request, st *sseWriter, res generate.Result, err error) *apiError {
+	switch {
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		s.m.generation(res, string(generate.FinishCancelled))
+		if r.Context().Err() != nil && s.base.Err() == nil {
+			s.m.clientGone.Add(1)
+			return nil
+		}
+		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error",
+			Message: "generation cancelled: server shutting down", Code: strp("shutting_down")}
+	case st != nil && st.failed() != nil:
+		s.m.generation(res, string(generate.FinishCancelled))
+		s.m.clientGone.Add(1)
+		return nil
+	default:
+		s.m.generation(res, "error")
+		s.log.Error("generation failed", "err", err)
+		return &apiError{Status: http.StatusInternalServerError, Type: "server_error",
+			Message: "generation failed: " + err.Error(), Code: strp("generation_failed")}
+	}
 }
 
 // rawContentRest is the generated text after the reasoning that has not been

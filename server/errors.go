@@ -39,6 +39,10 @@ func writeError(w http.ResponseWriter, e *apiError) {
 	w.WriteHeader(e.Status)
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
+	if sw, ok := w.(*statusWriter); ok && sw.anthropic {
+		_ = enc.Encode(anthropicErrorBody(e))
+		return
+	}
 	_ = enc.Encode(struct {
 		Error *apiError `json:"error"`
 	}{e})

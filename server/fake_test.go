@@ -87,6 +87,7 @@ type fakeSeq struct {
 	h      []int
 	script []int
 	prompt int
+	expect int // the token the last logits made certain (fed back by a decode step)
 }
 
 func (s *fakeSeq) observe(ctx context.Context) error {
@@ -104,11 +105,12 @@ func (s *fakeSeq) Append(ctx context.Context, tokens []int) ([]float32, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, s.observe(ctx)
 	}
-	if len(s.h) == 0 || len(tokens) > 1 || tokens[0] == idThink {
+	if len(s.h) == 0 || len(tokens) > 1 || tokens[0] != s.expect && !m.flat {
 		// A prompt: the first Append, a continuation of a cached sequence,
-		// or the <think> that ends a prompt fed in two calls (Snapshot);
-		// the script answers the whole history. (Generated tokens are
-		// never <think>.)
+		// or a prompt's last token fed alone (Snapshot, or a continuation
+		// by one token): anything but the token the script made certain
+		// (with flat logits, sampling wanders: only multi-token calls).
+		// The script answers the whole history.
 		s.prompt = len(s.h) + len(tokens)
 		s.script = nil
 		var text []byte
@@ -165,6 +167,7 @@ func (s *fakeSeq) Append(ctx context.Context, tokens []int) ([]float32, error) {
 		return nil, errors.New("context overflow")
 	}
 	i := min(len(s.h)-s.prompt, len(s.script)-1)
+	s.expect = s.script[i]
 	logits := make([]float32, m.vocab)
 	for k := range logits {
 		logits[k] = float32(k%7) * 0.1
@@ -185,7 +188,7 @@ func (s *fakeSeq) Len() int { return len(s.h) }
 // CloneSequence implements generate.Cloner: the copy has the same history
 // and script.
 func (s *fakeSeq) CloneSequence() (generate.Sequence, error) {
-	return &fakeSeq{m: s.m, h: slices.Clone(s.h), script: slices.Clone(s.script), prompt: s.prompt}, nil
+	return &fakeSeq{m: s.m, h: slices.Clone(s.h), script: slices.Clone(s.script), prompt: s.prompt, expect: s.expect}, nil
 }
 func (s *fakeSeq) Close() error { return nil }
 

@@ -578,6 +578,22 @@ func (s *sseWriter) write(data []byte) error {
 	return s.raw(buf)
 }
 
+// named writes v as an event with a name (event: name), as Anthropic's
+// streams do.
+func (s *sseWriter) named(name string, v any) error {
+	b, err := marshal(v)
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 0, len(b)+len(name)+16)
+	buf = append(buf, "event: "...)
+	buf = append(buf, name...)
+	buf = append(buf, "\ndata: "...)
+	buf = append(buf, b...)
+	buf = append(buf, "\n\n"...)
+	return s.raw(buf)
+}
+
 func (s *sseWriter) event(v any) error {
 	b, err := marshal(v)
 	if err != nil {

@@ -1,9 +1,12 @@
-// Package server is moxie's OpenAI-compatible HTTP API.
+// Package server is moxie's OpenAI-compatible HTTP API, with Anthropic's
+// Messages API beside it.
 //
 // Endpoints:
 //
 //	POST /v1/chat/completions  chat, non-streaming or SSE streaming
 //	POST /v1/completions       raw prompt -> text, non-streaming or SSE streaming
+//	POST /v1/messages          Anthropic Messages (anthropic.go)
+//	POST /v1/messages/count_tokens  the prompt's token count
 //	GET  /v1/models            the one served model
 //	GET  /health               200 {"status":"ok"} (503 while shutting down)
 //	GET  /metrics              Prometheus text format
@@ -40,7 +43,23 @@
 // decode_tokens_per_second, as defined by generate.Result.
 //
 // Every error is an OpenAI-style object {"error": {"message", "type",
-// "param", "code"}} whose param names the field at fault.
+// "param", "code"}} whose param names the field at fault; on the Messages
+// endpoints, Anthropic's {"type": "error", "error": {"type", "message"}}.
+//
+// Messages API. system (a string or text blocks), messages of user and
+// assistant turns whose content is a string or blocks (text; thinking,
+// redacted_thinking and tool_use from the assistant; tool_result from the
+// user; images and documents are refused), max_tokens (required),
+// stop_sequences, temperature, top_p, top_k, stream, tools (name,
+// description, input_schema; server tools refused), tool_choice auto or
+// none, thinking {"type": "enabled"|"disabled"} (budget_tokens is not
+// enforced). Responses carry thinking (with an empty signature), text and
+// tool_use blocks, stop_reason end_turn, max_tokens, stop_sequence or
+// tool_use, and usage with the prompt cache's reuse as
+// cache_read_input_tokens (input_tokens counts the rest). Streams send
+// Anthropic's named events: message_start, content_block_start /
+// _delta (text_delta, thinking_delta, signature_delta, input_json_delta) /
+// _stop, message_delta, message_stop. The API key may come as x-api-key.
 package server
 
 import (
@@ -229,6 +248,8 @@ func New(cfg Config, b Backend) (*Server, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/chat/completions", only("POST", s.handleChat))
 	mux.HandleFunc("/v1/completions", only("POST", s.handleCompletions))
+	mux.HandleFunc("/v1/messages", only("POST", s.handleMessages))
+	mux.HandleFunc("/v1/messages/count_tokens", only("POST", s.handleCountTokens))
 	mux.HandleFunc("/v1/models", only("GET", s.handleModels))
 	mux.HandleFunc("/v1/models/{id}", only("GET", s.handleModel))
 	mux.HandleFunc("/health", only("GET", s.handleHealth))
@@ -257,6 +278,7 @@ func only(method string, h http.HandlerFunc) http.HandlerFunc {
 // endpoints are the metric labels of known paths; others count as "other".
 var endpoints = map[string]bool{
 	"/v1/chat/completions": true, "/v1/completions": true, "/v1/models": true,
+	"/v1/messages": true, "/v1/messages/count_tokens": true,
 	"/health": true, "/metrics": true,
 }
 
@@ -264,6 +286,9 @@ var endpoints = map[string]bool{
 type statusWriter struct {
 	http.ResponseWriter
 	status int
+	// anthropic: the request is for an Anthropic endpoint, whose errors
+	// take Anthropic's shape (writeError).
+	anthropic bool
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -289,7 +314,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.active.Add(1)
 	defer s.active.Done()
 	start := time.Now()
-	sw := &statusWriter{ResponseWriter: w}
+	sw := &statusWriter{ResponseWriter: w, anthropic: anthropicPath(r.URL.Path)}
 	defer func() {
 		if v := recover(); v != nil {
 			if v == http.ErrAbortHandler {
@@ -317,7 +342,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.APIKey != "" && !s.authorized(r) {
 		sw.Header().Set("WWW-Authenticate", `Bearer realm="moxie"`)
 		writeError(sw, &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error",
-			Message: "missing or wrong API key: send \"Authorization: Bearer KEY\"", Code: strp("invalid_api_key")})
+			Message: "missing or wrong API key: send \"Authorization: Bearer KEY\" (or \"x-api-key: KEY\")", Code: strp("invalid_api_key")})
 		return
 	}
 	r.Body = http.MaxBytesReader(sw, r.Body, s.cfg.MaxBodyBytes)
@@ -325,6 +350,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) authorized(r *http.Request) bool {
+	if k := r.Header.Get("X-Api-Key"); k != "" {
+		return subtle.ConstantTimeCompare([]byte(k), []byte(s.cfg.APIKey)) == 1
+	}
 	const prefix = "Bearer "
 	h := r.Header.Get("Authorization")
 	if len(h) < len(prefix) || h[:len(prefix)] != prefix {

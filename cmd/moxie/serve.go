@@ -19,10 +19,12 @@ import (
 )
 
 const serveAbout = `
-Serve MODEL over an OpenAI-compatible HTTP API:
+Serve MODEL over an OpenAI-compatible HTTP API, and Anthropic's Messages API:
 
   POST /v1/chat/completions   chat (set "stream": true for server-sent events)
   POST /v1/completions        raw prompt -> text
+  POST /v1/messages           Anthropic Messages (thinking, tool use, streaming)
+  POST /v1/messages/count_tokens
   GET  /v1/models             the served model
   GET  /health                liveness (503 while shutting down)
   GET  /metrics               Prometheus metrics
@@ -38,7 +40,8 @@ requests, let running ones finish for --grace, then cancel them and exit; a
 second signal exits at once.
 
 The server binds to loopback by default. Before binding to another address set
---api-key (or MOXIE_API_KEY): clients then send "Authorization: Bearer KEY".
+--api-key (or MOXIE_API_KEY): clients then send "Authorization: Bearer KEY"
+(or "x-api-key: KEY", as Anthropic's clients do).
 
 Example:
   moxie serve --model synth:tiny

@@ -295,13 +295,7 @@ func (s *Server) messagesJob(req *messagesRequest, count bool) (*job, *apiError)
 		return nil, e
 	}
 	j.p = p
-	if e := s.checkContext(j, "messages", "max_tokens"); e != nil {
-		return nil, e
-	}
-	if e := s.makeSampler(j); e != nil {
-		return nil, e
-	}
-	return j, nil
+	return s.finishJob(j, "messages", "max_tokens")
 }
 
 func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
@@ -466,12 +460,7 @@ func (s *Server) runMessages(w http.ResponseWriter, r *http.Request, j *job) {
 		as = &anthropicStream{st: st}
 		as.send("message_start", map[string]any{"type": "message_start", "message": anthropicMessage{ID: id, Type: "message", Role: "assistant",
 			Model: j.model, Content: []anthropicOut{}, Usage: anthropicUsage{InputTokens: len(j.prompt)}}})
-		if s.cfg.KeepAlive > 0 {
-			stop := make(chan struct{})
-			kaDone := make(chan struct{})
-			go func() { st.keepAlive(s.cfg.KeepAlive, stop); close(kaDone) }()
-			defer func() { close(stop); <-kaDone }()
-		}
+		defer s.keepAlive(st)()
 	}
 	deliver := func(rs, cs string) error {
 		out.content = append(out.content, cs...)

@@ -1,12 +1,7 @@
 package server
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -18,28 +13,14 @@ import (
 // messages, thinking blocks, the SDK's stream assembly, tool use (plain and
 // streamed), count_tokens and an error.
 func TestAnthropicNodeClient(t *testing.T) {
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skip("node not found in PATH: this test runs the official Anthropic npm client")
-	}
-	if _, err := os.Stat(filepath.Join("testdata", "npm", "node_modules", "@anthropic-ai", "sdk", "package.json")); err != nil {
-		t.Skip("the @anthropic-ai/sdk npm package is not installed (run scripts/setup-openai.sh, needs npm)")
-	}
+	needNodeClient(t, "@anthropic-ai/sdk")
 	fake := newFake()
 	fake.maxCtx = 4096
 	fake.toolAnswer = "Checking." + dsml
 	fake.prefillDelay = 40 * time.Millisecond // keep-alive comments in every stream
 	s := newServer(t, Config{APIKey: "test-key", KeepAlive: 10 * time.Millisecond}, fake)
 	url, _ := serveOn(t, s)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "anthropic.mjs", url, "test-key", "moxie-test")
-	cmd.Dir = filepath.Join("testdata", "npm")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("node anthropic.mjs: %v\nstderr:\n%s", err, stderr.String())
-	}
+	stdout := runNodeClient(t, "anthropic.mjs", url, "test-key", "moxie-test")
 	type block struct {
 		Type, Text, Thinking, Name string
 		Input                      map[string]any
@@ -70,8 +51,8 @@ func TestAnthropicNodeClient(t *testing.T) {
 			Type, Message string
 		}
 	}
-	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
-		t.Fatalf("client output: %v\n%s", err, stdout.String())
+	if err := json.Unmarshal(stdout, &got); err != nil {
+		t.Fatalf("client output: %v\n%s", err, string(stdout))
 	}
 	m := got.Message
 	if m.Type != "message" || m.Role != "assistant" || m.StopReason != "end_turn" || len(m.Content) != 1 || m.Content[0].Text != "Hello, world!" {

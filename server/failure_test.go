@@ -6,6 +6,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"moxie/tokenizer"
 )
 
 func TestModelFailure(t *testing.T) {
@@ -99,35 +101,44 @@ func FuzzRequest(f *testing.F) {
 	f.Add(true, `{"model":"moxie-test","prompt":["a"],"stop":"\u00e9"}`)
 	tok := tinyTokenizer(f)
 	f.Fuzz(func(t *testing.T, completions bool, body string) {
-		fake := newFake()
-		fake.maxCtx = 64
-		s, err := New(Config{MaxBodyBytes: 1 << 16}, Backend{Name: "moxie-test", Model: fake,
-			Tokenizer: FromTokenizer(tok), Chat: DeepSeekV4Chat(tok), StopTokens: []int{idEOS}})
-		if err != nil {
-			t.Fatal(err)
-		}
 		path := "/v1/chat/completions"
 		if completions {
 			path = "/v1/completions"
 		}
-		rec := httptest.NewRecorder()
-		s.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, strings.NewReader(body)))
-		switch {
-		case rec.Code == 200:
-			if ct := rec.Header().Get("Content-Type"); ct == "application/json" && !json.Valid(rec.Body.Bytes()) {
-				t.Fatalf("200 with invalid JSON: %q", rec.Body.String())
-			}
-		case rec.Code >= 400 && rec.Code < 500:
+		checkFuzzAnswer(t, tok, path, body, func(b []byte) bool {
 			var e struct {
 				Error *struct {
 					Message string `json:"message"`
 				} `json:"error"`
 			}
-			if json.Unmarshal(rec.Body.Bytes(), &e) != nil || e.Error == nil || e.Error.Message == "" {
-				t.Fatalf("%d without an error object: %q", rec.Code, rec.Body.String())
-			}
-		default:
-			t.Fatalf("status %d for %q: %s", rec.Code, body, rec.Body.String())
-		}
+			return json.Unmarshal(b, &e) == nil && e.Error != nil && e.Error.Message != ""
+		})
 	})
+}
+
+// checkFuzzAnswer posts body to path on a fresh server over the fake model
+// (context 64) and fails t unless the answer is a 200 (valid JSON when it
+// is JSON) or a 4xx whose body isError accepts: never a 500.
+func checkFuzzAnswer(t *testing.T, tok *tokenizer.Tokenizer, path, body string, isError func([]byte) bool) {
+	fake := newFake()
+	fake.maxCtx = 64
+	s, err := New(Config{MaxBodyBytes: 1 << 16}, Backend{Name: "moxie-test", Model: fake,
+		Tokenizer: FromTokenizer(tok), Chat: DeepSeekV4Chat(tok), StopTokens: []int{idEOS}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	s.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, strings.NewReader(body)))
+	switch {
+	case rec.Code == 200:
+		if ct := rec.Header().Get("Content-Type"); ct == "application/json" && !json.Valid(rec.Body.Bytes()) {
+			t.Fatalf("200 with invalid JSON: %q", rec.Body.String())
+		}
+	case rec.Code >= 400 && rec.Code < 500:
+		if !isError(rec.Body.Bytes()) {
+			t.Fatalf("%d without an error object: %q", rec.Code, rec.Body.String())
+		}
+	default:
+		t.Fatalf("status %d for %q: %s", rec.Code, body, rec.Body.String())
+	}
 }

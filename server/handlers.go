@@ -121,13 +121,7 @@ func (s *Server) chatJob(req *chatRequest) (*job, *apiError) {
 	if req.MaxCompletion != nil {
 		maxField = "max_completion_tokens"
 	}
-	if e := s.checkContext(j, "messages", maxField); e != nil {
-		return nil, e
-	}
-	if e := s.makeSampler(j); e != nil {
-		return nil, e
-	}
-	return j, nil
+	return s.finishJob(j, "messages", maxField)
 }
 
 func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
@@ -167,7 +161,13 @@ func (s *Server) completionJob(req *completionRequest) (*job, *apiError) {
 		return nil, badRequest("best_of", "unsupported_value", "best_of: only 1 is supported")
 	}
 	j := &job{model: req.Model, prompt: s.b.Tokenizer.Encode(prompt), p: p}
-	if e := s.checkContext(j, "prompt", "max_tokens"); e != nil {
+	return s.finishJob(j, "prompt", "max_tokens")
+}
+
+// finishJob checks that j fits the context (promptField and maxField name
+// the fields to blame) and makes its sampler.
+func (s *Server) finishJob(j *job, promptField, maxField string) (*job, *apiError) {
+	if e := s.checkContext(j, promptField, maxField); e != nil {
 		return nil, e
 	}
 	if e := s.makeSampler(j); e != nil {
@@ -312,12 +312,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, j *job) {
 		if j.chat {
 			st.event(s.chunk(id, object, created, j, chatChoice{Delta: &chatMessage{Role: "assistant", Content: new(string)}}))
 		}
-		if s.cfg.KeepAlive > 0 {
-			stop := make(chan struct{})
-			kaDone := make(chan struct{})
-			go func() { st.keepAlive(s.cfg.KeepAlive, stop); close(kaDone) }()
-			defer func() { close(stop); <-kaDone }()
-		}
+		defer s.keepAlive(st)()
 	}
 	// deliver records final reasoning/content text and streams it.
 	deliver := func(rs, cs string) error {
@@ -620,6 +615,17 @@ func writeJSON(w http.ResponseWriter, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
 	_ = enc.Encode(v)
+}
+
+// keepAlive starts st's keep-alive comments (Config.KeepAlive; none when
+// it is 0) and returns the function that stops them.
+func (s *Server) keepAlive(st *sseWriter) (stop func()) {
+	if s.cfg.KeepAlive <= 0 {
+		return func() {}
+	}
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() { st.keepAlive(s.cfg.KeepAlive, quit); close(done) }()
+	return func() { close(quit); <-done }
 }
 
 func (s *sseWriter) done() { _ = s.write([]byte("[DONE]")) }

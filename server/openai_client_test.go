@@ -17,17 +17,39 @@ import (
 	"moxie/dsv4"
 )
 
+// needNodeClient skips t unless node and the npm package pkg (installed in
+// testdata/npm by scripts/setup-openai.sh) are there.
+func needNodeClient(t *testing.T, pkg string) {
+	t.Helper()
+	if _, err := exec.LookPath("node"); err != nil {
+		t.Skipf("node not found in PATH: this test runs the official %s npm client", pkg)
+	}
+	if _, err := os.Stat(filepath.Join("testdata", "npm", "node_modules", filepath.FromSlash(pkg), "package.json")); err != nil {
+		t.Skipf("the %s npm package is not installed (run scripts/setup-openai.sh, needs npm)", pkg)
+	}
+}
+
+// runNodeClient runs `node script args...` in testdata/npm (2 minutes at
+// most) and returns its standard output; it fails t if the script fails.
+func runNodeClient(t *testing.T, script string, args ...string) []byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", append([]string{script}, args...)...)
+	cmd.Dir = filepath.Join("testdata", "npm")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("node %s: %v\nstderr:\n%s", script, err, stderr.String())
+	}
+	return stdout.Bytes()
+}
+
 // TestOpenAINodeClient runs the official openai npm client (pinned in
 // testdata/npm, installed by scripts/setup-openai.sh) against a live server
 // on loopback serving the fake model, and checks what the client parsed.
 func TestOpenAINodeClient(t *testing.T) {
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skip("node not found in PATH: this test runs the official openai npm client")
-	}
-	if _, err := os.Stat(filepath.Join("testdata", "npm", "node_modules", "openai", "package.json")); err != nil {
-		t.Skip("the openai npm package is not installed (run scripts/setup-openai.sh, needs npm)")
-	}
+	needNodeClient(t, "openai")
 	fake := newFake()
 	fake.maxCtx = 4096
 	fake.toolAnswer = "Checking." + dsml
@@ -37,15 +59,7 @@ func TestOpenAINodeClient(t *testing.T) {
 	s := newServer(t, Config{APIKey: "test-key", Concurrency: 2, QueueSize: 4, KeepAlive: 10 * time.Millisecond}, fake)
 	url, stop := serveOn(t, s)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "client.mjs", url+"/v1", "test-key", "moxie-test")
-	cmd.Dir = filepath.Join("testdata", "npm")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("node client.mjs: %v\nstderr:\n%s", err, stderr.String())
-	}
+	stdout := runNodeClient(t, "client.mjs", url+"/v1", "test-key", "moxie-test")
 	type usage struct {
 		PromptTokens     int `json:"prompt_tokens"`
 		CompletionTokens int `json:"completion_tokens"`
@@ -99,10 +113,10 @@ func TestOpenAINodeClient(t *testing.T) {
 			Code   string
 		} `json:"authError"`
 	}
-	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
-		t.Fatalf("client output is not JSON: %v\n%s", err, stdout.String())
+	if err := json.Unmarshal(stdout, &got); err != nil {
+		t.Fatalf("client output is not JSON: %v\n%s", err, string(stdout))
 	}
-	t.Logf("client saw: %s", stdout.String())
+	t.Logf("client saw: %s", string(stdout))
 
 	if len(got.Models) != 1 || got.Models[0] != "moxie-test" {
 		t.Errorf("models %v", got.Models)
@@ -161,13 +175,7 @@ func TestOpenAINodeClient(t *testing.T) {
 // consistency checks: greedy output is the same streamed or not, token counts
 // match the prompt and the limits.
 func TestOpenAINodeClientTinyModel(t *testing.T) {
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skip("node not found in PATH: this test runs the official openai npm client")
-	}
-	if _, err := os.Stat(filepath.Join("testdata", "npm", "node_modules", "openai", "package.json")); err != nil {
-		t.Skip("the openai npm package is not installed (run scripts/setup-openai.sh, needs npm)")
-	}
+	needNodeClient(t, "openai")
 	src, err := checkpoint.Open("synth:tiny")
 	if err != nil {
 		t.Fatal(err)
@@ -184,16 +192,8 @@ func TestOpenAINodeClientTinyModel(t *testing.T) {
 		t.Fatal(err)
 	}
 	url, stop := serveOn(t, s)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "client.mjs", url+"/v1", "unused", "synth:tiny", "basic")
-	cmd.Dir = filepath.Join("testdata", "npm")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("node client.mjs: %v\nstderr:\n%s", err, stderr.String())
-	}
-	t.Logf("client saw: %s", stdout.String())
+	stdout := runNodeClient(t, "client.mjs", url+"/v1", "unused", "synth:tiny", "basic")
+	t.Logf("client saw: %s", string(stdout))
 	type usage struct {
 		PromptTokens     int `json:"prompt_tokens"`
 		CompletionTokens int `json:"completion_tokens"`
@@ -217,8 +217,8 @@ func TestOpenAINodeClientTinyModel(t *testing.T) {
 			Code, Param string
 		}
 	}
-	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
-		t.Fatalf("client output is not JSON: %v\n%s", err, stdout.String())
+	if err := json.Unmarshal(stdout, &got); err != nil {
+		t.Fatalf("client output is not JSON: %v\n%s", err, string(stdout))
 	}
 	if len(got.Models) != 1 || got.Models[0] != "synth:tiny" {
 		t.Errorf("models %v", got.Models)

@@ -62,11 +62,15 @@ func (c *Cache) Len() int {
 func (c *Cache) take(prompt []int) (Sequence, int) {
 	c.mu.Lock()
 	best, snap, n := -1, false, -1
+	// longer: tokens are a proper prefix of prompt, longer than the best.
+	longer := func(tokens []int) bool {
+		return len(tokens) > n && len(tokens) < len(prompt) && slices.Equal(tokens, prompt[:len(tokens)])
+	}
 	for i, e := range c.entries {
-		if len(e.tokens) > n && len(e.tokens) < len(prompt) && isPrefix(e.tokens, prompt) {
+		if longer(e.tokens) {
 			best, snap, n = i, false, len(e.tokens)
 		}
-		if e.snap != nil && len(e.snapTokens) > n && len(e.snapTokens) < len(prompt) && isPrefix(e.snapTokens, prompt) {
+		if e.snap != nil && longer(e.snapTokens) {
 			best, snap, n = i, true, len(e.snapTokens)
 		}
 	}
@@ -90,7 +94,7 @@ func (c *Cache) take(prompt []int) (Sequence, int) {
 // put stores seq, which holds tokens, with snap holding snapTokens (snap
 // may be nil; the cache keeps its own copies of the token slices), and
 // closes the least recently stored entries beyond the cache's size; after
-// Close it closes seq and snap instead. The error is the first Close error.
+// Close it closes seq and snap instead. The error joins the Close errors.
 func (c *Cache) put(seq Sequence, tokens []int, snap Sequence, snapTokens []int) error {
 	e := cacheEntry{seq: seq, tokens: slices.Clone(tokens)}
 	if snap != nil {
@@ -131,7 +135,7 @@ func (c *Cache) makeRoom() error {
 }
 
 // Clear closes every cached sequence (freeing their memory) and empties
-// the cache, which stays usable. The error is the first Close error.
+// the cache, which stays usable. The error joins the Close errors.
 func (c *Cache) Clear() error {
 	c.mu.Lock()
 	evict := c.entries
@@ -157,17 +161,4 @@ func closeAll(es []cacheEntry) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// isPrefix reports whether p is a prefix of s.
-func isPrefix(p, s []int) bool {
-	if len(p) > len(s) {
-		return false
-	}
-	for i, t := range p {
-		if s[i] != t {
-			return false
-		}
-	}
-	return true
 }

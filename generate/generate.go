@@ -289,16 +289,20 @@ func Generate(ctx context.Context, model Model, prompt []int, opts Options, emit
 		return res, e
 	}
 
+	// prefillFailed ends the generation after a failed prefill call.
+	prefillFailed := func(e error) (Result, error) {
+		healthy = false
+		if ctx.Err() != nil {
+			return cancelled(e)
+		}
+		finish()
+		return res, fmt.Errorf("generate: prefill: %w", e)
+	}
 	rest := prompt[held:]
 	cl, canClone := seq.(Cloner)
 	if opts.Cache != nil && opts.Snapshot && canClone && len(rest) >= 2 {
 		if _, err := seq.Append(ctx, rest[:len(rest)-1]); err != nil {
-			healthy = false
-			if ctx.Err() != nil {
-				return cancelled(err)
-			}
-			finish()
-			return res, fmt.Errorf("generate: prefill: %w", err)
+			return prefillFailed(err)
 		}
 		held = len(prompt) - 1
 		if c, cerr := cl.CloneSequence(); cerr == nil && c.Len() == held {
@@ -310,12 +314,7 @@ func Generate(ctx context.Context, model Model, prompt []int, opts Options, emit
 	}
 	logits, err := seq.Append(ctx, rest)
 	if err != nil {
-		healthy = false
-		if ctx.Err() != nil {
-			return cancelled(err)
-		}
-		finish()
-		return res, fmt.Errorf("generate: prefill: %w", err)
+		return prefillFailed(err)
 	}
 	held = len(prompt)
 	res.Prefill = time.Since(start)

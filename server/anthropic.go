@@ -285,13 +285,12 @@ func (s *Server) messagesJob(req *messagesRequest, count bool) (*job, *apiError)
 	if req.MaxTokens == nil {
 		return nil, badRequest("max_tokens", "missing_required_parameter", "max_tokens: required")
 	}
-	cp := commonParams{MaxTokens: req.MaxTokens, Temperature: req.Temperature, TopP: req.TopP, TopK: req.TopK, Stop: req.StopSequences, Stream: req.Stream}
+	cp := commonParams{MaxTokens: req.MaxTokens, Temperature: req.Temperature, TopP: req.TopP, TopK: req.TopK, Stream: req.Stream}
 	p, e := cp.validate(nil)
 	if e != nil {
-		if e.Param != nil && *e.Param == "stop" {
-			e.Param = strp("stop_sequences")
-			e.Message = "stop_sequences" + strings.TrimPrefix(e.Message, "stop")
-		}
+		return nil, e
+	}
+	if p.stop, e = parseStop(req.StopSequences, "stop_sequences"); e != nil {
 		return nil, e
 	}
 	j.p = p

@@ -565,13 +565,22 @@ func (s *sseWriter) raw(b []byte) error {
 	return s.err
 }
 
-func (s *sseWriter) write(data []byte) error {
-	buf := make([]byte, 0, len(data)+8)
+// frame writes one event: an "event: name" line unless name is empty,
+// then data.
+func (s *sseWriter) frame(name string, data []byte) error {
+	buf := make([]byte, 0, len(data)+len(name)+16)
+	if name != "" {
+		buf = append(buf, "event: "...)
+		buf = append(buf, name...)
+		buf = append(buf, '\n')
+	}
 	buf = append(buf, "data: "...)
 	buf = append(buf, data...)
 	buf = append(buf, "\n\n"...)
 	return s.raw(buf)
 }
+
+func (s *sseWriter) write(data []byte) error { return s.frame("", data) }
 
 // named writes v as an event with a name (event: name), as Anthropic's
 // streams do.
@@ -580,22 +589,10 @@ func (s *sseWriter) named(name string, v any) error {
 	if err != nil {
 		return err
 	}
-	buf := make([]byte, 0, len(b)+len(name)+16)
-	buf = append(buf, "event: "...)
-	buf = append(buf, name...)
-	buf = append(buf, "\ndata: "...)
-	buf = append(buf, b...)
-	buf = append(buf, "\n\n"...)
-	return s.raw(buf)
+	return s.frame(name, b)
 }
 
-func (s *sseWriter) event(v any) error {
-	b, err := marshal(v)
-	if err != nil {
-		return err
-	}
-	return s.write(b)
-}
+func (s *sseWriter) event(v any) error { return s.named("", v) }
 
 // marshal is json.Marshal without HTML escaping (text such as "<think>" stays
 // readable), with no trailing newline.

@@ -160,7 +160,7 @@ func (c *commonParams) validate(maxCompletion *int) (params, *apiError) {
 		s.Seed, s.Seeded = *c.Seed, true
 	}
 	p.sampling = s
-	stop, err := parseStop(c.Stop)
+	stop, err := parseStop(c.Stop, "stop")
 	if err != nil {
 		return p, err
 	}
@@ -176,28 +176,29 @@ func (c *commonParams) validate(maxCompletion *int) (params, *apiError) {
 	return p, nil
 }
 
-// parseStop accepts null, a string, or an array of strings.
-func parseStop(raw json.RawMessage) ([]string, *apiError) {
+// parseStop reads the stop strings of field (stop, or stop_sequences on
+// the Messages API): null, a string, or an array of strings.
+func parseStop(raw json.RawMessage, field string) ([]string, *apiError) {
 	if isNull(raw) {
 		return nil, nil
 	}
 	var one string
 	if err := json.Unmarshal(raw, &one); err == nil {
 		if one == "" {
-			return nil, badRequest("stop", "invalid_value", "stop: must not be an empty string")
+			return nil, badRequest(field, "invalid_value", "%s: must not be an empty string", field)
 		}
 		return []string{one}, nil
 	}
 	var many []string
 	if err := json.Unmarshal(raw, &many); err != nil {
-		return nil, badRequest("stop", "invalid_type", "stop: expected a string or an array of strings, got %s", jsonKind(raw))
+		return nil, badRequest(field, "invalid_type", "%s: expected a string or an array of strings, got %s", field, jsonKind(raw))
 	}
 	if len(many) > MaxStopStrings {
-		return nil, badRequest("stop", "invalid_value", "stop: at most %d stop strings, got %d", MaxStopStrings, len(many))
+		return nil, badRequest(field, "invalid_value", "%s: at most %d stop strings, got %d", field, MaxStopStrings, len(many))
 	}
 	for i, s := range many {
 		if s == "" {
-			return nil, badRequest("stop", "invalid_value", "stop[%d]: must not be an empty string", i)
+			return nil, badRequest(field, "invalid_value", "%s[%d]: must not be an empty string", field, i)
 		}
 	}
 	return many, nil

@@ -84,7 +84,7 @@ type DeviceSession struct {
 	host *cuda.HostBuffer
 	// pinnedLogits: a one-row result is downloaded into host (pinned)
 	// and copied into the returned slice, instead of one synchronous copy
-	// from device memory into the slice (pageable); $MOXIE_CUDA_LOGITS=pinned.
+	// from device memory into the slice (pageable, $MOXIE_CUDA_LOGITS=pageable).
 	pinnedLogits bool
 	logitsOff    int
 
@@ -348,7 +348,7 @@ func (m *Model) planDeviceSession(T int) (*DeviceSession, *allocPlan, int, error
 		attnDec: os.Getenv("MOXIE_CUDA_ATTNDEC") != "off" && cuda.DecodeAttentionFits(m.Cfg.NHeads, m.Cfg.HeadDim),
 		invRoPE: os.Getenv("MOXIE_CUDA_INVROPE") != "off", qPrep: os.Getenv("MOXIE_CUDA_QPREP") == "on",
 		compOne: os.Getenv("MOXIE_CUDA_COMPSTEP") != "off", woPair: os.Getenv("MOXIE_CUDA_WOPAIR") == "on",
-		pinnedLogits: os.Getenv("MOXIE_CUDA_LOGITS") == "pinned"}
+		pinnedLogits: os.Getenv("MOXIE_CUDA_LOGITS") != "pageable"}
 	D, hc, K := c.Dim, c.HCMult, c.NActivatedExperts
 	s.topk = c.IndexTopK
 	s.entries = max(s.limit/config.CSARatio, 1)
@@ -821,13 +821,17 @@ func (s *DeviceSession) Limit() int { return s.limit }
 
 // Prefill runs tokens at the next positions and returns the logits
 // [VocabSize] predicting the token after the last one (owned by the caller).
-func (s *DeviceSession) Prefill(tokens []int) ([]float32, error) { return s.forward(tokens, false) }
+func (s *DeviceSession) Prefill(tokens []int) ([]float32, error) {
+	return s.forward(tokens, false, nil)
+}
 
 // PrefillAll is Prefill returning every position's logits [len(tokens), VocabSize].
-func (s *DeviceSession) PrefillAll(tokens []int) ([]float32, error) { return s.forward(tokens, true) }
+func (s *DeviceSession) PrefillAll(tokens []int) ([]float32, error) {
+	return s.forward(tokens, true, nil)
+}
 
 // Decode runs one token and returns its logits [VocabSize].
-func (s *DeviceSession) Decode(tok int) ([]float32, error) { return s.forward([]int{tok}, false) }
+func (s *DeviceSession) Decode(tok int) ([]float32, error) { return s.forward([]int{tok}, false, nil) }
 
 // Append implements generate.Sequence.
 func (s *DeviceSession) Append(ctx context.Context, tokens []int) ([]float32, error) {
@@ -835,6 +839,15 @@ func (s *DeviceSession) Append(ctx context.Context, tokens []int) ([]float32, er
 		return nil, err
 	}
 	return s.Prefill(tokens)
+}
+
+// AppendInto implements generate.IntoAppender: Append with the logits
+// written into dst when cap(dst) >= VocabSize.
+func (s *DeviceSession) AppendInto(ctx context.Context, tokens []int, dst []float32) ([]float32, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return s.forward(tokens, false, dst)
 }
 
 // Len implements generate.Sequence.
@@ -847,9 +860,15 @@ func (s *DeviceSession) Close() error {
 	return nil
 }
 
-var _ generate.Sequence = (*DeviceSession)(nil)
+var (
+	_ generate.Sequence     = (*DeviceSession)(nil)
+	_ generate.IntoAppender = (*DeviceSession)(nil)
+)
 
-func (s *DeviceSession) forward(tokens []int, all bool) ([]float32, error) {
+// forward runs tokens in chunks and returns the last position's logits
+// (every position's with all). A one-row result goes into dst when
+// cap(dst) >= VocabSize.
+func (s *DeviceSession) forward(tokens []int, all bool, dst []float32) ([]float32, error) {
 	if s.failed != nil {
 		return nil, s.failed
 	}
@@ -880,7 +899,7 @@ func (s *DeviceSession) forward(tokens []int, all bool) ([]float32, error) {
 		}
 		err := s.d.dev.Do(func(cc *cuda.Ctx) error {
 			var err error
-			l, err = s.run(cc, tokens[at:end], rows, tm, t0)
+			l, err = s.run(cc, tokens[at:end], rows, dst, tm, t0)
 			if tm != nil {
 				t1 = time.Now()
 			}
@@ -945,10 +964,10 @@ func (s *DeviceSession) LastTiming() (t StepTiming, ok bool) {
 }
 
 // run is one chunk on the device thread: upload the tokens and positions,
-// enqueue the step (or replay the captured decode graph), download logits.
-// With tm set (TimeSteps) it fills tm's device-thread fields; t0 is when
-// the caller handed the chunk over.
-func (s *DeviceSession) run(c *cuda.Ctx, tokens []int, rows int, tm *StepTiming, t0 time.Time) ([]float32, error) {
+// enqueue the step (or replay the captured decode graph), download logits
+// (one row into dst when it has room). With tm set (TimeSteps) it fills
+// tm's device-thread fields; t0 is when the caller handed the chunk over.
+func (s *DeviceSession) run(c *cuda.Ctx, tokens []int, rows int, dst []float32, tm *StepTiming, t0 time.Time) ([]float32, error) {
 	cfg := s.m.Cfg
 	T := len(tokens)
 	st := c.Stream()
@@ -1025,7 +1044,12 @@ func (s *DeviceSession) run(c *cuda.Ctx, tokens []int, rows int, tm *StepTiming,
 		return nil, c.Sync(st)
 	}
 	V := cfg.VocabSize
-	out := make([]float32, rows*V)
+	var out []float32
+	if rows == 1 && cap(dst) >= V {
+		out = dst[:V]
+	} else {
+		out = make([]float32, rows*V)
+	}
 	if rows <= s.headRows {
 		if s.pinnedLogits && rows == 1 {
 			if err := c.DownloadAsync(s.host, s.logitsOff, s.logits, 4*V, st); err != nil {

@@ -1,6 +1,7 @@
 package dsv4
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -221,7 +222,7 @@ func TestDeviceTiny(t *testing.T) {
 		// A conversation: prompt, answer, the next prompt continues the
 		// sequence after captured decode steps, and so on.
 		{"chat turns: 12, 4 decodes, 9, 4 decodes, 11", []int{12, 1, 1, 1, 1, 9, 1, 1, 1, 1, 11}, false, false, false, 0, "", ""},
-		{"prefill17 then decode, logits through pinned memory", decodeSchedule(40, 17), false, false, false, 0, "", "MOXIE_CUDA_LOGITS=pinned"},
+		{"prefill17 then decode, logits copied from device memory (pageable)", decodeSchedule(40, 17), false, false, false, 0, "", "MOXIE_CUDA_LOGITS=pageable"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -242,7 +243,7 @@ func TestDeviceTiny(t *testing.T) {
 			if on := tc.env != "MOXIE_CUDA_COMPSTEP=off"; ds.compOne != on {
 				t.Errorf("%s: the session's compOne is %v", tc.env, ds.compOne)
 			}
-			if on := tc.env == "MOXIE_CUDA_LOGITS=pinned"; ds.pinnedLogits != on {
+			if on := tc.env != "MOXIE_CUDA_LOGITS=pageable"; ds.pinnedLogits != on {
 				t.Errorf("%s: the session's pinnedLogits is %v", tc.env, ds.pinnedLogits)
 			}
 			if tc.prefetch != "" && !ds.pf.ok {
@@ -291,6 +292,42 @@ func TestDeviceTiny(t *testing.T) {
 		}
 		compareDevice(t, "Prefill", got, cpuFull[(len(toks)-1)*V:], V, 1e-4)
 	})
+	for _, env := range []string{"pinned", "pageable"} {
+		t.Run("decode logits into the caller's slice, "+env, func(t *testing.T) {
+			// AppendInto's logits are Append's, in dst when it has room
+			// and in a new slice when it has not.
+			t.Setenv("MOXIE_CUDA_LOGITS", env)
+			sched := decodeSchedule(len(toks), 17)
+			want := runSchedule(t, newDeviceSession(t, md).PrefillAll, toks, sched)
+			ds := newDeviceSession(t, md)
+			ctx := context.Background()
+			dst := make([]float32, V+3)
+			small := make([]float32, V-1)
+			at := 0
+			for i, n := range sched {
+				in := dst
+				if i%3 == 2 {
+					in = small
+				}
+				l, err := ds.AppendInto(ctx, toks[at:at+n], in)
+				if err != nil {
+					t.Fatal(err)
+				}
+				at += n
+				switch {
+				case len(l) != V:
+					t.Fatalf("call %d: %d logits, want %d", i, len(l), V)
+				case &in[0] == &l[0] && cap(in) < V:
+					t.Errorf("call %d: logits written into a slice of capacity %d < %d", i, cap(in), V)
+				case &in[0] != &l[0] && cap(in) >= V:
+					t.Errorf("call %d: logits in a new slice although dst holds %d", i, cap(in))
+				}
+				if w := want[(at-1)*V : at*V]; !slices.Equal(l, w) {
+					compareDevice(t, fmt.Sprintf("call %d: AppendInto vs PrefillAll", i), l, w, V, 0)
+				}
+			}
+		})
+	}
 	t.Run("step timing", func(t *testing.T) {
 		// Timing a session's calls must not change its logits, and each
 		// call's intervals are disjoint parts of its wall time.

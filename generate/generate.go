@@ -318,6 +318,7 @@ func Generate(ctx context.Context, model Model, prompt []int, opts Options, emit
 	}
 	held = len(prompt)
 	res.Prefill = time.Since(start)
+	into, _ := seq.(IntoAppender) // decode steps reuse the logits' slice
 
 	for {
 		if len(logits) != vocab {
@@ -373,7 +374,11 @@ func Generate(ctx context.Context, model Model, prompt []int, opts Options, emit
 		if err := ctx.Err(); err != nil {
 			return cancelled(err)
 		}
-		logits, err = seq.Append(ctx, history[len(history)-1:])
+		if into != nil {
+			logits, err = into.AppendInto(ctx, history[len(history)-1:], logits)
+		} else {
+			logits, err = seq.Append(ctx, history[len(history)-1:])
+		}
 		if err != nil {
 			healthy = false
 			if ctx.Err() != nil {

@@ -437,3 +437,70 @@ func TestGenerateSampleSampler(t *testing.T) {
 		}
 	}
 }
+
+// intoModel's sequences implement IntoAppender over the fake model's
+// Append, recording each call's destination.
+type intoModel struct {
+	*fakeModel
+	calls  int // AppendInto calls
+	reused int // calls whose dst was the previous call's (or the prompt's) logits
+	last   []float32
+}
+
+type intoSeq struct {
+	*fakeSeq
+	im *intoModel
+}
+
+func (m *intoModel) NewSequence() (Sequence, error) {
+	s, err := m.fakeModel.NewSequence()
+	if err != nil {
+		return nil, err
+	}
+	return &intoSeq{s.(*fakeSeq), m}, nil
+}
+
+func (s *intoSeq) Append(ctx context.Context, tokens []int) ([]float32, error) {
+	l, err := s.fakeSeq.Append(ctx, tokens)
+	s.im.last = l
+	return l, err
+}
+
+func (s *intoSeq) AppendInto(ctx context.Context, tokens []int, dst []float32) ([]float32, error) {
+	s.im.calls++
+	if len(dst) > 0 && len(s.im.last) > 0 && &dst[0] == &s.im.last[0] {
+		s.im.reused++
+	}
+	l, err := s.fakeSeq.Append(ctx, tokens)
+	if err != nil || cap(dst) < len(l) {
+		s.im.last = l
+		return l, err
+	}
+	dst = dst[:len(l)]
+	copy(dst, l)
+	s.im.last = dst
+	return dst, nil
+}
+
+func TestGenerateAppendInto(t *testing.T) {
+	// A sequence that writes logits into the caller's slice gets each
+	// decode step's previous logits as that slice and generates what the
+	// plain sequence does.
+	m := &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, next: script(3, tA)}
+	im := &intoModel{fakeModel: &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, next: script(3, tA)}}
+	opts := func() Options { return Options{MaxTokens: 25, IgnoreEOS: true, Sampler: newSeeded(3)} }
+	want, err := Generate(context.Background(), m, prompt3, opts(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Generate(context.Background(), im, prompt3, opts(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got.Tokens, want.Tokens) {
+		t.Errorf("with AppendInto: %v\nwithout: %v", got.Tokens, want.Tokens)
+	}
+	if steps := len(want.Tokens) - 1; im.calls != steps || im.reused != steps {
+		t.Errorf("AppendInto called %d times, %d with the previous logits as dst; want %d decode steps, all reusing", im.calls, im.reused, steps)
+	}
+}

@@ -27,6 +27,18 @@ type Cloner interface {
 	CloneSequence() (Sequence, error)
 }
 
+// IntoAppender is implemented by sequences that can write a decode step's
+// logits into the caller's buffer instead of a new one (the GPU session:
+// a step's logits are half a megabyte, and a fresh slice each step costs
+// page faults and garbage collection on the step's critical path).
+// Generate uses it for decode steps when present.
+type IntoAppender interface {
+	// AppendInto is Append with the logits written into dst when
+	// cap(dst) >= VocabSize (the result is then dst[:VocabSize]) and into
+	// a new slice otherwise. The caller owns dst and the result.
+	AppendInto(ctx context.Context, tokens []int, dst []float32) ([]float32, error)
+}
+
 // Model creates sequences.
 type Model interface {
 	// NewSequence starts an empty sequence at position 0.

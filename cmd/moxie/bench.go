@@ -12,6 +12,7 @@ import (
 	"moxie/compute/cpu/kern"
 	"moxie/dsv4"
 	"moxie/dsv4/config"
+	"moxie/generate"
 	"moxie/internal/membw"
 	"moxie/internal/progress"
 )
@@ -239,9 +240,16 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 		}
 		c1 := snap()
 		bar.Add(1)
+		into, _ := s.(generate.IntoAppender) // as generate's decode loop does
+		var logits []float32
 		for _, t := range toks[*prompt:] {
 			st := time.Now()
-			if _, err := s.Append(ctx, []int{t}); err != nil {
+			if into != nil {
+				logits, err = into.AppendInto(ctx, []int{t}, logits)
+			} else {
+				_, err = s.Append(ctx, []int{t})
+			}
+			if err != nil {
 				return err
 			}
 			if timed {

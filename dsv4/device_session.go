@@ -87,6 +87,12 @@ type DeviceSession struct {
 	// from device memory into the slice (pageable, $MOXIE_CUDA_LOGITS=pageable).
 	pinnedLogits bool
 	logitsOff    int
+	// registerDst: with pinnedLogits, a caller's dst (AppendInto) is
+	// page-locked once (dstHost) and each step's logits are downloaded
+	// straight into it, no copy ($MOXIE_CUDA_LOGITS=pinned: always
+	// through host). Off for good after a failed registration.
+	registerDst bool
+	dstHost     *cuda.HostBuffer
 
 	// timing: each call's last chunk is timed into lastTiming (TimeSteps);
 	// evStep brackets the chunk's device work.
@@ -348,7 +354,7 @@ func (m *Model) planDeviceSession(T int) (*DeviceSession, *allocPlan, int, error
 		attnDec: os.Getenv("MOXIE_CUDA_ATTNDEC") != "off" && cuda.DecodeAttentionFits(m.Cfg.NHeads, m.Cfg.HeadDim),
 		invRoPE: os.Getenv("MOXIE_CUDA_INVROPE") != "off", qPrep: os.Getenv("MOXIE_CUDA_QPREP") == "on",
 		compOne: os.Getenv("MOXIE_CUDA_COMPSTEP") != "off", woPair: os.Getenv("MOXIE_CUDA_WOPAIR") == "on",
-		pinnedLogits: os.Getenv("MOXIE_CUDA_LOGITS") != "pageable"}
+		pinnedLogits: os.Getenv("MOXIE_CUDA_LOGITS") != "pageable", registerDst: os.Getenv("MOXIE_CUDA_LOGITS") == ""}
 	D, hc, K := c.Dim, c.HCMult, c.NActivatedExperts
 	s.topk = c.IndexTopK
 	s.entries = max(s.limit/config.CSARatio, 1)
@@ -546,13 +552,13 @@ func (s *DeviceSession) open(pl *allocPlan, size int) (*DeviceSession, error) {
 }
 
 func (s *DeviceSession) release() {
-	a, h, g := s.arena, s.host, s.graph
-	s.arena, s.host, s.graph = nil, nil, nil
+	a, h, g, dh := s.arena, s.host, s.graph, s.dstHost
+	s.arena, s.host, s.graph, s.dstHost = nil, nil, nil, nil
 	side, fork, join := s.sideOK, s.evFork, s.evJoin
 	s.sideOK = false
 	evs, evsOK := s.evStep, s.evStepOK
 	s.evStepOK = false
-	if a == nil && h == nil && g == nil && !side && !s.pf.streamExists {
+	if a == nil && h == nil && g == nil && dh == nil && !side && !s.pf.streamExists {
 		return
 	}
 	_ = s.d.dev.Do(func(c *cuda.Ctx) error {
@@ -572,6 +578,9 @@ func (s *DeviceSession) release() {
 		}
 		if h != nil {
 			_ = c.FreeHost(h)
+		}
+		if dh != nil {
+			_ = c.FreeHost(dh) // unregisters the caller's slice
 		}
 		if a != nil {
 			return c.ReleaseArena(a)
@@ -1047,6 +1056,12 @@ func (s *DeviceSession) run(c *cuda.Ctx, tokens []int, rows int, dst []float32, 
 	var out []float32
 	if rows == 1 && cap(dst) >= V {
 		out = dst[:V]
+		if h := s.registered(c, out); h != nil {
+			if err := c.DownloadAsync(h, 0, s.logits, 4*V, st); err != nil {
+				return nil, err
+			}
+			return out, c.Sync(st)
+		}
 	} else {
 		out = make([]float32, rows*V)
 	}
@@ -1077,6 +1092,33 @@ func (s *DeviceSession) run(c *cuda.Ctx, tokens []int, rows int, dst []float32, 
 		}
 	}
 	return out, nil
+}
+
+// registered returns out (a caller's dst) page-locked for a direct
+// download, registering it on first sight (and dropping the registration
+// of a previous dst), or nil to copy through the session's buffers.
+func (s *DeviceSession) registered(c *cuda.Ctx, out []float32) *cuda.HostBuffer {
+	if !s.registerDst || !s.pinnedLogits {
+		return nil
+	}
+	b := unsafe.Slice((*byte)(unsafe.Pointer(&out[0])), 4*len(out))
+	if h := s.dstHost; h != nil {
+		if &h.Bytes()[0] == &b[0] && h.Len() == len(b) {
+			return h
+		}
+		s.dstHost = nil
+		if err := c.FreeHost(h); err != nil {
+			s.registerDst = false
+			return nil
+		}
+	}
+	h, err := c.RegisterHost(b)
+	if err != nil {
+		s.registerDst = false // e.g. already registered by another session
+		return nil
+	}
+	s.dstHost = h
+	return h
 }
 
 // graphable reports whether a chunk is a decode step whose launches do not

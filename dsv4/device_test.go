@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"moxie/checkpoint"
 	"moxie/compute/cpu"
@@ -292,22 +293,25 @@ func TestDeviceTiny(t *testing.T) {
 		}
 		compareDevice(t, "Prefill", got, cpuFull[(len(toks)-1)*V:], V, 1e-4)
 	})
-	for _, env := range []string{"pinned", "pageable"} {
-		t.Run("decode logits into the caller's slice, "+env, func(t *testing.T) {
+	for _, env := range []string{"", "pinned", "pageable"} {
+		t.Run("decode logits into the caller's slice, MOXIE_CUDA_LOGITS="+env, func(t *testing.T) {
 			// AppendInto's logits are Append's, in dst when it has room
-			// and in a new slice when it has not.
+			// and in a new slice when it has not; by default dst is
+			// registered and downloaded into directly (two slices
+			// alternating: each call registers anew).
 			t.Setenv("MOXIE_CUDA_LOGITS", env)
 			sched := decodeSchedule(len(toks), 17)
 			want := runSchedule(t, newDeviceSession(t, md).PrefillAll, toks, sched)
 			ds := newDeviceSession(t, md)
 			ctx := context.Background()
-			dst := make([]float32, V+3)
+			dsts := [][]float32{make([]float32, V+3), make([]float32, V)}
 			small := make([]float32, V-1)
+			var lastBig []float32
 			at := 0
 			for i, n := range sched {
-				in := dst
-				if i%3 == 2 {
-					in = small
+				in := small
+				if i%3 < 2 {
+					in = dsts[i%3]
 				}
 				l, err := ds.AppendInto(ctx, toks[at:at+n], in)
 				if err != nil {
@@ -325,6 +329,16 @@ func TestDeviceTiny(t *testing.T) {
 				if w := want[(at-1)*V : at*V]; !slices.Equal(l, w) {
 					compareDevice(t, fmt.Sprintf("call %d: AppendInto vs PrefillAll", i), l, w, V, 0)
 				}
+				if cap(in) >= V {
+					lastBig = in
+				}
+				if reg := ds.dstHost != nil; reg != (env == "") || reg && unsafe.Pointer(&ds.dstHost.Bytes()[0]) != unsafe.Pointer(&lastBig[0]) {
+					t.Fatalf("call %d: dst registered %v, want %v (the last dst with room)", i, reg, env == "")
+				}
+			}
+			ds.Close()
+			if ds.dstHost != nil {
+				t.Error("Close left the caller's slice registered")
 			}
 		})
 	}

@@ -116,12 +116,16 @@ func (c *Ctx) Memset(p DevicePtr, v byte, n int, s Stream) error {
 	return c.lib.MemsetD8Async(p, v, uint64(n), s.s)
 }
 
-// HostBuffer is page-locked host memory (C memory, not Go heap): copies from
+// HostBuffer is page-locked host memory: C memory from NewHostBuffer or
+// NewMappedHostBuffer, or Go memory registered by RegisterHost. Copies from
 // it run at full PCIe speed and may be asynchronous.
 type HostBuffer struct {
 	p   unsafe.Pointer
 	n   int
 	dev DevicePtr // device address of a mapped buffer (0: not mapped)
+	// registered: p is Go memory page-locked by RegisterHost (the pointer
+	// keeps it alive); FreeHost unregisters it instead of freeing.
+	registered bool
 }
 
 // Bytes returns the buffer's memory; it is valid until FreeHost.
@@ -164,8 +168,28 @@ func (h *HostBuffer) DevicePtr(off int) DevicePtr {
 	return h.dev + DevicePtr(off)
 }
 
-// FreeHost frees a pinned buffer.
-func (c *Ctx) FreeHost(h *HostBuffer) error { return c.lib.MemFreeHost(h.p) }
+// RegisterHost page-locks b's memory, which stays the caller's: the
+// returned buffer's Bytes is b, asynchronous copies into it run at pinned
+// speed, and FreeHost unregisters it (b must not be reused for another
+// registration before that). The buffer keeps b alive. b must not be empty.
+func (c *Ctx) RegisterHost(b []byte) (*HostBuffer, error) {
+	if len(b) == 0 {
+		return nil, fmt.Errorf("cuda: registering an empty host slice")
+	}
+	p := unsafe.Pointer(&b[0])
+	if err := c.lib.MemHostRegister(p, uint64(len(b)), 0); err != nil {
+		return nil, err
+	}
+	return &HostBuffer{p: p, n: len(b), registered: true}, nil
+}
+
+// FreeHost frees a pinned buffer (unregisters one from RegisterHost).
+func (c *Ctx) FreeHost(h *HostBuffer) error {
+	if h.registered {
+		return c.lib.MemHostUnregister(h.p)
+	}
+	return c.lib.MemFreeHost(h.p)
+}
 
 // UploadAsync enqueues a copy of h[off:off+n] to dst on s; h must not be
 // written until the stream passes this point.

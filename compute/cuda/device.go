@@ -55,7 +55,7 @@ type Device struct {
 	nvrtc *driver.NVRTC
 	dev   int32
 
-	work    chan func()
+	work    *handoff
 	closeMu sync.Mutex
 	closed  bool
 	exited  chan struct{}
@@ -91,7 +91,7 @@ func Open(ordinal int) (*Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	d := &Device{lib: lib, nvrtc: nv, work: make(chan func()), exited: make(chan struct{}), modules: map[string]*Module{}, linKernels: map[linKey]*Kernel{}}
+	d := &Device{lib: lib, nvrtc: nv, work: newHandoff(), exited: make(chan struct{}), modules: map[string]*Module{}, linKernels: map[linKey]*Kernel{}}
 	started := make(chan error, 1)
 	go d.loop(ordinal, started)
 	if err := <-started; err != nil {
@@ -108,8 +108,12 @@ func (d *Device) loop(ordinal int, started chan<- error) {
 		return // the thread dies with its lock; the context (if any) is dropped
 	}
 	started <- nil
-	for f := range d.work {
-		f()
+	for {
+		t, ok := d.work.next()
+		if !ok {
+			break
+		}
+		t.run()
 	}
 	d.shutdown()
 	runtime.UnlockOSThread()
@@ -204,16 +208,14 @@ func (d *Device) Do(f func(c *Ctx) error) error {
 		d.closeMu.Unlock()
 		return ErrClosed
 	}
-	done := make(chan struct{})
 	var err error
 	var pan any
-	d.work <- func() {
-		defer close(done)
+	t := d.work.send(func() {
 		defer func() { pan = recover() }()
 		err = f(d.ctx)
-	}
+	})
 	d.closeMu.Unlock()
-	<-done
+	t.await(d.work.wait)
 	if pan != nil {
 		panic(pan)
 	}
@@ -230,7 +232,7 @@ func (d *Device) Close() error {
 		return nil
 	}
 	d.closed = true
-	close(d.work)
+	d.work.close()
 	d.closeMu.Unlock()
 	<-d.exited
 	return nil

@@ -136,6 +136,58 @@ func TestHostBufferCopies(t *testing.T) {
 	}
 }
 
+// TestRegisterHost downloads asynchronously into registered Go memory at
+// an offset (the bytes around it untouched), unregisters it, registers the
+// same memory again (the first registration is gone), and rejects an
+// empty slice.
+func TestRegisterHost(t *testing.T) {
+	d := testDevice(t)
+	const n = 517 << 10 // a decode step's logits
+	err := d.Do(func(c *Ctx) error {
+		a, err := c.NewArena(n)
+		if err != nil {
+			return err
+		}
+		defer c.ReleaseArena(a)
+		src, _ := a.Alloc(n)
+		want := pattern(n, 3)
+		if err := c.CopyToDevice(src, want); err != nil {
+			return err
+		}
+		buf := pattern(n+300, 200)
+		around := bytes.Clone(buf)
+		for round := range 2 {
+			h, err := c.RegisterHost(buf[100 : 100+n])
+			if err != nil {
+				return err
+			}
+			if h.Len() != n || &h.Bytes()[0] != &buf[100] {
+				t.Errorf("round %d: registered buffer of %d bytes at another address", round, h.Len())
+			}
+			if err := c.DownloadAsync(h, 0, src, n, c.Stream()); err != nil {
+				return err
+			}
+			if err := c.Sync(c.Stream()); err != nil {
+				return err
+			}
+			if !bytes.Equal(buf[100:100+n], want) || !bytes.Equal(buf[:100], around[:100]) || !bytes.Equal(buf[100+n:], around[100+n:]) {
+				t.Errorf("round %d: the download into registered Go memory differs (or wrote outside it)", round)
+			}
+			if err := c.FreeHost(h); err != nil {
+				t.Errorf("round %d: unregistering: %v", round, err)
+			}
+			clear(buf[100 : 100+n])
+		}
+		if _, err := c.RegisterHost(nil); err == nil {
+			t.Error("an empty slice was registered")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestCopyTableExpert copies one expert's records between tables on the
 // device and reads both tables back: the target's records of that expert
 // equal the source's, the others are unchanged.

@@ -105,6 +105,7 @@ type Lib struct {
 	cuCtxSetCurrent, cuCtxSynchronize                                uintptr
 	cuMemGetInfo, cuMemAlloc, cuMemFree                              uintptr
 	cuMemHostAlloc, cuMemFreeHost                                    uintptr
+	cuMemHostRegister, cuMemHostUnregister                           uintptr
 	cuMemcpyHtoD, cuMemcpyDtoH, cuMemcpyHtoDAsync, cuMemcpyDtoHAsync uintptr
 	cuMemcpyDtoDAsync, cuMemsetD8Async                               uintptr
 	cuStreamCreate, cuStreamDestroy, cuStreamSynchronize             uintptr
@@ -148,6 +149,8 @@ func (l *Lib) driverSyms() []struct {
 		{"cuMemFree_v2", &l.cuMemFree},
 		{"cuMemHostAlloc", &l.cuMemHostAlloc},
 		{"cuMemFreeHost", &l.cuMemFreeHost},
+		{"cuMemHostRegister_v2", &l.cuMemHostRegister},
+		{"cuMemHostUnregister", &l.cuMemHostUnregister},
 		{"cuMemcpyHtoD_v2", &l.cuMemcpyHtoD},
 		{"cuMemcpyDtoH_v2", &l.cuMemcpyDtoH},
 		{"cuMemcpyHtoDAsync_v2", &l.cuMemcpyHtoDAsync},
@@ -357,6 +360,22 @@ func (l *Lib) MemHostAlloc(n uint64, flags uint32) (unsafe.Pointer, error) {
 // MemFreeHost frees memory from MemHostAlloc.
 func (l *Lib) MemFreeHost(p unsafe.Pointer) error {
 	return l.check("cuMemFreeHost", call(l.cuMemFreeHost, uintptr(p)))
+}
+
+// MemHostRegister page-locks n bytes of existing host memory at p (flags:
+// CU_MEMHOSTREGISTER_*, 0 for a plain registration), so that asynchronous
+// copies into and out of it run as from MemHostAlloc memory. The memory
+// must stay allocated until MemHostUnregister.
+func (l *Lib) MemHostRegister(p unsafe.Pointer, n uint64, flags uint32) error {
+	if err := l.check("cuMemHostRegister_v2", call(l.cuMemHostRegister, uintptr(p), uintptr(n), uintptr(flags))); err != nil {
+		return fmt.Errorf("registering %d bytes of host memory: %w", n, err)
+	}
+	return nil
+}
+
+// MemHostUnregister undoes MemHostRegister (p is the registered address).
+func (l *Lib) MemHostUnregister(p unsafe.Pointer) error {
+	return l.check("cuMemHostUnregister", call(l.cuMemHostUnregister, uintptr(p)))
 }
 
 // MemHostGetDevicePointer returns the device address of host memory

@@ -9,7 +9,10 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 )
 
 // Params configures a Sampler. The zero value is greedy decoding.
@@ -50,6 +53,7 @@ type Sampler struct {
 	e     []float64 // unnormalised probabilities
 	order []cand
 	seen  map[int]bool
+	parts []part // per-chunk state (Sample's passes)
 }
 
 // Errors returned by Sample.
@@ -95,19 +99,17 @@ type cand struct {
 // repetition penalty). It errors on empty logits, on NaN or +Inf, and when
 // every logit is -Inf; -Inf masks a token. The result is always a valid
 // index into logits. Random sampling consumes exactly one draw from the
-// sampler's generator; greedy decoding consumes none.
+// sampler's generator; greedy decoding consumes none. Long vectors are
+// scanned in fixed chunks on several goroutines; the result does not
+// depend on how many.
 func (s *Sampler) Sample(logits []float32, history []int) (int, error) {
 	if len(logits) == 0 {
 		return 0, ErrEmpty
 	}
-	for _, v := range logits {
-		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 1) {
-			return 0, ErrNaN
-		}
-	}
 	// Work on a copy with the repetition penalty applied to the few ids seen.
-	s.work = append(s.work[:0], logits...)
+	work := logits
 	if pen := s.p.RepetitionPenalty; pen > 0 && pen != 1 {
+		s.work = append(s.work[:0], logits...)
 		h := history
 		if w := s.p.RepetitionWindow; w > 0 && len(h) > w {
 			h = h[len(h)-w:]
@@ -125,14 +127,33 @@ func (s *Sampler) Sample(logits []float32, history []int) (int, error) {
 				s.work[id] = float32(max(v*pen, -math.MaxFloat32))
 			}
 		}
+		work = s.work
 	}
-	work := s.work
 
+	// Pass 1: NaN and +Inf (in the caller's logits: the penalty clamps
+	// +Inf) and the argmax, lowest id on ties.
+	n := len(work)
+	parts := s.chunks(n)
+	s.forChunks(n, func(c, lo, hi int) {
+		p := &parts[c]
+		p.best, p.bestV, p.bad = -1, float32(math.Inf(-1)), false
+		for id, v := range logits[lo:hi] {
+			if v != v || v > math.MaxFloat32 {
+				p.bad = true
+			}
+			if w := work[lo+id]; w > p.bestV {
+				p.best, p.bestV = lo+id, w
+			}
+		}
+	})
 	best := -1
 	bestV := float32(math.Inf(-1))
-	for id, v := range work {
-		if v > bestV {
-			best, bestV = id, v
+	for _, p := range parts {
+		if p.bad {
+			return 0, ErrNaN
+		}
+		if p.best >= 0 && p.bestV > bestV {
+			best, bestV = p.best, p.bestV
 		}
 	}
 	if best < 0 {
@@ -143,55 +164,93 @@ func (s *Sampler) Sample(logits []float32, history []int) (int, error) {
 		return best, nil // greedy (a subnormal temperature is greedy too)
 	}
 
-	// e[id] = exp((l - lmax)/T): unnormalised probabilities, 1 for the best.
-	n := len(work)
+	// Pass 2: e[id] = exp((l - lmax)/T), unnormalised probabilities (1 for
+	// the best), their sum by chunk, and with truncation the ids above a
+	// first threshold t that every kept id passes.
 	maxL := float64(bestV)
 	if cap(s.e) < n {
 		s.e = make([]float64, n)
 	}
 	e := s.e[:n]
-	var z float64
-	for id, v := range work {
-		x := math.Exp((float64(v) - maxL) * invT)
-		e[id] = x
-		z += x
-	}
 	k := n
 	if s.p.TopK > 0 && s.p.TopK < n {
 		k = s.p.TopK
 	}
 	topP := s.p.TopP > 0 && s.p.TopP < 1
-	if k == n && !topP && s.p.MinP == 0 {
-		// No truncation: one draw over all ids in id order.
-		u := s.rng.Float64() * z
-		last := best
-		for id, x := range e {
-			if x == 0 {
-				continue
-			}
-			last = id
-			if u -= x; u < 0 {
-				return id, nil
+	truncate := k < n || topP || s.p.MinP > 0
+	t := 1e-4
+	if s.p.MinP > 0 {
+		t = s.p.MinP // min-p never keeps an id with e < MinP
+	}
+	s.forChunks(n, func(c, lo, hi int) {
+		p := &parts[c]
+		p.cands = p.cands[:0]
+		var z float64
+		last := -1
+		for id, v := range work[lo:hi] {
+			x := math.Exp((float64(v) - maxL) * invT)
+			e[lo+id] = x
+			z += x
+			if x > 0 {
+				last = lo + id
+				if truncate && x >= t {
+					p.cands = append(p.cands, cand{lo + id, x})
+				}
 			}
 		}
-		return last, nil
+		p.z, p.last = z, last
+	})
+	var z float64
+	for _, p := range parts {
+		z += p.z
+	}
+	if !truncate {
+		// No truncation: one draw over all ids in id order, whole chunks
+		// skipped by their sums.
+		u := s.rng.Float64() * z
+		last := best
+		for c, p := range parts {
+			if p.last < 0 {
+				continue
+			}
+			last = p.last
+			if u >= p.z {
+				u -= p.z
+				continue
+			}
+			lo := c * chunkIDs
+			for id, x := range e[lo:min(lo+chunkIDs, n)] {
+				if x == 0 {
+					continue
+				}
+				if u -= x; u < 0 {
+					return lo + id, nil
+				}
+			}
+		}
+		return last, nil // rounding left u >= 0: the last possible id
 	}
 
 	// Truncation keeps a prefix of the ids sorted by probability. Collect a
 	// subset above a threshold that provably contains that prefix (all ids
 	// outside are less likely than all inside), lowering the threshold until
-	// it does, then sort only the subset.
-	t := 1e-4
-	if s.p.MinP > 0 {
-		t = s.p.MinP // min-p never keeps an id with e < MinP
-	}
-	for {
-		s.order = s.order[:0]
+	// it does, then sort only the subset. Pass 2 collected the first subset.
+	for first := true; ; first = false {
 		var mass float64
-		for id, x := range e {
-			if x >= t && x > 0 {
-				s.order = append(s.order, cand{id, x})
-				mass += x
+		s.order = s.order[:0]
+		if first {
+			for _, p := range parts {
+				s.order = append(s.order, p.cands...)
+			}
+			for _, c := range s.order {
+				mass += c.p
+			}
+		} else {
+			for id, x := range e {
+				if x >= t && x > 0 {
+					s.order = append(s.order, cand{id, x})
+					mass += x
+				}
 			}
 		}
 		enough := true
@@ -250,4 +309,60 @@ func (s *Sampler) Sample(logits []float32, history []int) (int, error) {
 		}
 	}
 	return s.order[kept-1].id, nil
+}
+
+// chunkIDs is how many ids one goroutine scans at a time. It is fixed, not
+// derived from the core count, so that the sums are associated, and the
+// draws made, the same way on every machine.
+const chunkIDs = 8192
+
+// part is one chunk's share of a Sample call.
+type part struct {
+	best  int     // argmax in the chunk (-1: every id masked)
+	bestV float32 // its (penalised) logit
+	bad   bool    // a NaN or +Inf in the chunk
+	z     float64 // sum of the chunk's e, in id order
+	last  int     // last id with e > 0 (-1: none)
+	cands []cand  // ids with e >= the first threshold, in id order
+}
+
+// chunks returns the sampler's per-chunk state for n ids.
+func (s *Sampler) chunks(n int) []part {
+	c := (n + chunkIDs - 1) / chunkIDs
+	if cap(s.parts) < c {
+		s.parts = append(s.parts[:cap(s.parts)], make([]part, c-cap(s.parts))...)
+	}
+	s.parts = s.parts[:c]
+	return s.parts
+}
+
+// forChunks calls f for every chunk [lo, hi) of n ids, on up to GOMAXPROCS
+// goroutines when there are several chunks. f must touch only its chunk's
+// state.
+func (s *Sampler) forChunks(n int, f func(c, lo, hi int)) {
+	chunks := (n + chunkIDs - 1) / chunkIDs
+	run := func(c int) { f(c, c*chunkIDs, min(n, (c+1)*chunkIDs)) }
+	workers := min(runtime.GOMAXPROCS(0), chunks)
+	if workers <= 1 {
+		for c := range chunks {
+			run(c)
+		}
+		return
+	}
+	var next atomic.Int32
+	var wg sync.WaitGroup
+	loop := func() {
+		for c := int(next.Add(1)) - 1; c < chunks; c = int(next.Add(1)) - 1 {
+			run(c)
+		}
+	}
+	wg.Add(workers - 1)
+	for range workers - 1 {
+		go func() {
+			defer wg.Done()
+			loop()
+		}()
+	}
+	loop()
+	wg.Wait()
 }

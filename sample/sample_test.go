@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"testing"
 )
@@ -242,6 +243,188 @@ func TestReproducible(t *testing.T) {
 	}
 	if a, b := draw(7), draw(8); slices.Equal(a, b) {
 		t.Errorf("different seeds gave identical draws %v", a)
+	}
+}
+
+// bigVocab returns n logits of background value bg with the given hot ids
+// set, spread over several of Sample's chunks.
+func bigVocab(n int, bg float32, hot map[int]float32) []float32 {
+	l := make([]float32, n)
+	for i := range l {
+		l[i] = bg
+	}
+	for id, v := range hot {
+		l[id] = v
+	}
+	return l
+}
+
+func TestLargeVocabGreedyAndErrors(t *testing.T) {
+	// Across chunk boundaries: the argmax anywhere, the lowest id on ties
+	// between chunks, NaN or +Inf in a late chunk, every chunk but one
+	// masked.
+	const n = 5*chunkIDs + 123
+	inf := float32(math.Inf(-1))
+	masked := bigVocab(n, inf, map[int]float32{n - 1: -3})
+	for _, c := range []struct {
+		name    string
+		logits  []float32
+		want    int
+		wantErr error
+	}{
+		{"max in the first id", bigVocab(n, 0, map[int]float32{0: 9}), 0, nil},
+		{"max at a chunk's last id", bigVocab(n, 0, map[int]float32{chunkIDs - 1: 9, 3 * chunkIDs: 8}), chunkIDs - 1, nil},
+		{"max at a chunk's first id", bigVocab(n, 0, map[int]float32{2 * chunkIDs: 9, 5: 8}), 2 * chunkIDs, nil},
+		{"max in the short last chunk", bigVocab(n, 0, map[int]float32{n - 1: 9}), n - 1, nil},
+		{"tie across chunks takes the lowest id", bigVocab(n, 0, map[int]float32{4*chunkIDs + 7: 9, chunkIDs + 3: 9}), chunkIDs + 3, nil},
+		{"only the last id unmasked", masked, n - 1, nil},
+		{"NaN in a late chunk", bigVocab(n, 0, map[int]float32{4*chunkIDs + 1: float32(math.NaN())}), 0, ErrNaN},
+		{"+Inf in a late chunk", bigVocab(n, 0, map[int]float32{n - 2: float32(math.Inf(1))}), 0, ErrNaN},
+		{"all masked", bigVocab(n, inf, nil), 0, ErrAllMasked},
+	} {
+		for _, p := range []Params{{}, {Temperature: 0.8, TopP: 0.9}, {Temperature: 1}} {
+			t.Run(fmt.Sprintf("%s/T=%v,top-p=%v", c.name, p.Temperature, p.TopP), func(t *testing.T) {
+				s, _ := New(p)
+				id, err := s.Sample(c.logits, nil)
+				switch {
+				case c.wantErr != nil:
+					if !errors.Is(err, c.wantErr) {
+						t.Errorf("err = %v, want %v", err, c.wantErr)
+					}
+				case err != nil:
+					t.Fatal(err)
+				case p.Temperature == 0 && id != c.want:
+					t.Errorf("greedy = %d, want %d", id, c.want)
+				case c.logits[id] == inf:
+					t.Errorf("drew masked id %d", id)
+				}
+			})
+		}
+	}
+}
+
+func TestLargeVocabDistributions(t *testing.T) {
+	// Five hot ids in different chunks and a background that carries a
+	// real share of the mass (without truncation) spread over every chunk:
+	// the draws' distribution over the cells {each hot id, the background}
+	// against a float64 reference, and the nucleus/top-k keep sets worked
+	// out independently.
+	const n = 3*chunkIDs + 501
+	hot := map[int]float32{3: 4.0, chunkIDs - 1: 3.4, chunkIDs: 3.0, 2*chunkIDs + 17: 2.2, n - 1: 1.1}
+	ids := []int{3, chunkIDs - 1, chunkIDs, 2*chunkIDs + 17, n - 1} // descending logits
+	const bg = -8.0
+	logits := bigVocab(n, bg, hot)
+	// Reference probabilities (float64) of the hot ids and the background.
+	ref := func(temp float64, keep int) (cells []float64) {
+		var z float64
+		w := make([]float64, len(ids))
+		for i, id := range ids {
+			w[i] = math.Exp(float64(logits[id]) / temp)
+			if i < keep {
+				z += w[i]
+			}
+		}
+		bgMass := 0.0
+		if keep == len(ids)+1 { // no truncation: the background too
+			bgMass = float64(n-len(ids)) * math.Exp(bg/temp)
+			z += bgMass
+		}
+		for i := range w {
+			if i < keep {
+				cells = append(cells, w[i]/z)
+			} else {
+				cells = append(cells, 0)
+			}
+		}
+		return append(cells, bgMass/z)
+	}
+	// The nucleus at T=1, p=0.8, over the full distribution: find the
+	// keep count from the reference.
+	full := ref(1, len(ids)+1)
+	keepP := 0
+	for cum := 0.0; cum < 0.8; keepP++ {
+		cum += full[keepP]
+	}
+	if keepP < 2 || keepP > 4 || full[len(full)-1] < 0.05 {
+		t.Fatalf("premise: nucleus of %d ids, background mass %.3f (want 2-4 ids and >= 0.05)", keepP, full[len(full)-1])
+	}
+	for _, c := range []struct {
+		name   string
+		params Params
+		want   []float64
+	}{
+		{"temperature 1", Params{Temperature: 1}, full},
+		{"temperature 0.7", Params{Temperature: 0.7}, ref(0.7, len(ids)+1)},
+		{"top-k 3", Params{Temperature: 1, TopK: 3}, ref(1, 3)},
+		{"top-p 0.8", Params{Temperature: 1, TopP: 0.8}, ref(1, keepP)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			c.params.Seed = 99
+			s, err := New(c.params)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const draws = 6_000
+			counts := make([]int, len(ids)+1)
+			cell := map[int]int{}
+			for i, id := range ids {
+				cell[id] = i
+			}
+			for range draws {
+				id, err := s.Sample(logits, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if i, ok := cell[id]; ok {
+					counts[i]++
+				} else {
+					counts[len(ids)]++
+				}
+			}
+			var chi float64
+			df := -1
+			for i, p := range c.want {
+				if p == 0 {
+					if counts[i] != 0 {
+						t.Fatalf("cell %d has probability 0 but was drawn %d times", i, counts[i])
+					}
+					continue
+				}
+				e := p * draws
+				chi += (float64(counts[i]) - e) * (float64(counts[i]) - e) / e
+				df++
+			}
+			if chi > chiCritical999[df] {
+				t.Errorf("chi-square %.2f with %d df exceeds %.2f (p=0.001); counts %v, want %v", chi, df, chiCritical999[df], counts, c.want)
+			}
+		})
+	}
+}
+
+func TestLargeVocabIndependentOfCores(t *testing.T) {
+	// The draws depend on the seed, not on how many goroutines scan.
+	const n = 7*chunkIDs + 9
+	logits := make([]float32, n)
+	for i := range logits {
+		logits[i] = float32(math.Sin(float64(i)*0.37)) * 3
+	}
+	draw := func(procs int, p Params) []int {
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+		s, _ := New(p)
+		var out []int
+		for range 40 {
+			id, err := s.Sample(logits, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, id)
+		}
+		return out
+	}
+	for _, p := range []Params{{Temperature: 1, Seed: 4}, {Temperature: 0.6, TopP: 0.95, Seed: 5}, {Temperature: 1, MinP: 0.2, RepetitionPenalty: 1.3, Seed: 6}} {
+		if a, b := draw(1, p), draw(4, p); !slices.Equal(a, b) {
+			t.Errorf("%+v: one goroutine and four drew differently", p)
+		}
 	}
 }
 

@@ -15,24 +15,28 @@ import (
 	"moxie/generate"
 	"moxie/internal/membw"
 	"moxie/internal/progress"
+	"moxie/sample"
 )
 
 // benchReport is what `moxie bench` measures; --json writes it as evidence.
 type benchReport struct {
-	Model           string  `json:"model"`
-	Synthetic       bool    `json:"synthetic"`
-	Backend         string  `json:"backend"`
-	Threads         int     `json:"threads"`
-	SIMD            bool    `json:"simd_build"`
-	GoVersion       string  `json:"go_version"`
-	Date            string  `json:"date"`
-	PromptTokens    int     `json:"prompt_tokens"`
-	DecodeTokens    int     `json:"decode_tokens"`
-	Runs            int     `json:"runs"`
-	WarmupRuns      int     `json:"warmup_runs"`
-	PrefillTokPerS  float64 `json:"prefill_tok_per_s"` // median over runs
-	DecodeTokPerS   float64 `json:"decode_tok_per_s"`  // median step time over all runs
-	DecodeStepMs    float64 `json:"decode_step_ms"`    // median
+	Model          string  `json:"model"`
+	Synthetic      bool    `json:"synthetic"`
+	Backend        string  `json:"backend"`
+	Threads        int     `json:"threads"`
+	SIMD           bool    `json:"simd_build"`
+	GoVersion      string  `json:"go_version"`
+	Date           string  `json:"date"`
+	PromptTokens   int     `json:"prompt_tokens"`
+	DecodeTokens   int     `json:"decode_tokens"`
+	Runs           int     `json:"runs"`
+	WarmupRuns     int     `json:"warmup_runs"`
+	PrefillTokPerS float64 `json:"prefill_tok_per_s"` // median over runs
+	DecodeTokPerS  float64 `json:"decode_tok_per_s"`  // median step time over all runs
+	DecodeStepMs   float64 `json:"decode_step_ms"`    // median
+	// Sampling: with --sample, the parameters each decode step sampled
+	// its token with (inside the timed step).
+	Sampling        string  `json:"sampling,omitempty"`
 	BytesPerToken   int64   `json:"weight_bytes_per_token"`
 	MemReadGBps     float64 `json:"mem_read_gbps"`          // measured in the same run
 	DecodeBoundTokS float64 `json:"decode_bound_tok_per_s"` // MemReadGBps / BytesPerToken
@@ -102,6 +106,12 @@ func medianTimings(ts []dsv4.StepTiming) *stepTimingMs {
 	}
 }
 
+// The sampling defaults of `moxie run`, which `moxie bench --sample` uses.
+const (
+	defaultTemperature = 0.6
+	defaultTopP        = 0.95
+)
+
 // stepTimer is a sequence that can time its calls (dsv4.DeviceSession).
 type stepTimer interface {
 	TimeSteps(on bool)
@@ -169,6 +179,7 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 	seed := fs.Uint64("seed", 1, "seed for the random prompt")
 	jsonOut := fs.String("json", "", "also write the report as JSON to this file")
 	timing := fs.Bool("timing", false, "with --backend cuda, also split each decode step into GPU time (CUDA events) and the host's work around it: hand-off to the device thread, enqueue, wait, logits download, return (costs two event records a step)")
+	sampled := fs.Bool("sample", false, fmt.Sprintf("sample each decode step's token from its logits as `moxie run` does (temperature %g, top-p %g) inside the timed step, and decode the sampled tokens: the step a user sees (default: random tokens, no sampling)", defaultTemperature, defaultTopP))
 	mf := addMemFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -242,15 +253,30 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 		bar.Add(1)
 		into, _ := s.(generate.IntoAppender) // as generate's decode loop does
 		var logits []float32
-		for _, t := range toks[*prompt:] {
+		var smp *sample.Sampler
+		if *sampled {
+			if smp, err = sample.New(sample.Params{Temperature: defaultTemperature, TopP: defaultTopP, Seed: *seed + uint64(run)}); err != nil {
+				return err
+			}
+		}
+		for i, t := range toks[*prompt:] {
 			st := time.Now()
 			if into != nil {
 				logits, err = into.AppendInto(ctx, []int{t}, logits)
 			} else {
-				_, err = s.Append(ctx, []int{t})
+				logits, err = s.Append(ctx, []int{t})
 			}
 			if err != nil {
 				return err
+			}
+			if smp != nil {
+				id, err := smp.Sample(logits, nil)
+				if err != nil {
+					return err
+				}
+				if j := *prompt + i + 1; j < len(toks) {
+					toks[j] = id // the next step decodes the sampled token
+				}
 			}
 			if timed {
 				steps = append(steps, time.Since(st))
@@ -306,7 +332,12 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 		fmt.Fprintf(stdout, "backend            cpu, %d threads, %s\n", rep.Threads, rep.GoVersion)
 	}
 	fmt.Fprintf(stdout, "prefill            %.1f tok/s (median of %d runs, %d-token prompt)\n", rep.PrefillTokPerS, rep.Runs, rep.PromptTokens)
-	fmt.Fprintf(stdout, "decode             %.2f tok/s (median step %.2f ms over %d steps)\n", rep.DecodeTokPerS, rep.DecodeStepMs, len(steps))
+	if *sampled {
+		rep.Sampling = fmt.Sprintf("temperature %g, top-p %g", defaultTemperature, defaultTopP)
+		fmt.Fprintf(stdout, "decode             %.2f tok/s (median step %.2f ms over %d steps, sampling included: %s)\n", rep.DecodeTokPerS, rep.DecodeStepMs, len(steps), rep.Sampling)
+	} else {
+		fmt.Fprintf(stdout, "decode             %.2f tok/s (median step %.2f ms over %d steps)\n", rep.DecodeTokPerS, rep.DecodeStepMs, len(steps))
+	}
 	fmt.Fprintf(stdout, "weights per token  %s (%s)\n", commas(rep.BytesPerToken), progress.FormatBytes(rep.BytesPerToken))
 	fmt.Fprintf(stdout, "memory read        %.1f GB/s (%s) -> decode bound %.2f tok/s\n", rep.MemReadGBps, ceiling, rep.DecodeBoundTokS)
 	fmt.Fprintf(stdout, "efficiency         %.1f%% of the bandwidth bound\n", rep.Efficiency*100)

@@ -47,6 +47,37 @@ func TestBenchWritesConsistentReport(t *testing.T) {
 	}
 }
 
+func TestBenchSample(t *testing.T) {
+	// --sample times the sampler inside each step and says so in the text
+	// and the JSON; without it the report has no sampling.
+	for _, sampled := range []bool{false, true} {
+		out := filepath.Join(t.TempDir(), "bench.json")
+		args := []string{"bench", "synth:tiny", "--prompt", "5", "--decode", "4", "--runs", "1", "--warmup", "0", "--bw-size", "16MiB", "--json", out}
+		if sampled {
+			args = append(args, "--sample")
+		}
+		code, stdout, errs := moxie(t, args...)
+		if code != 0 {
+			t.Fatalf("--sample=%v: exit %d: %s", sampled, code, errs)
+		}
+		b, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r benchReport
+		if err := json.Unmarshal(b, &r); err != nil {
+			t.Fatal(err)
+		}
+		want := ""
+		if sampled {
+			want = "temperature 0.6, top-p 0.95"
+		}
+		if r.Sampling != want || strings.Contains(stdout, "sampling included") != sampled || r.DecodeTokPerS <= 0 {
+			t.Errorf("--sample=%v: report sampling %q, text %q", sampled, r.Sampling, stdout)
+		}
+	}
+}
+
 // TestBenchExpertServing checks the expert figures of a device run against
 // hand-computed values: hit rates and PCIe bytes per token of the decode
 // steps and prefills, the tier's sizes, the JSON keys and the text lines.

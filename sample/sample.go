@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -267,48 +268,154 @@ func (s *Sampler) Sample(logits []float32, history []int) (int, error) {
 			t = 0
 		}
 	}
-	slices.SortFunc(s.order, func(a, b cand) int {
-		if a.p != b.p {
-			if a.p > b.p {
-				return -1
-			}
-			return 1
-		}
-		return a.id - b.id
-	})
-	if len(s.order) > k {
-		s.order = s.order[:k]
+	// The kept ids are a prefix of the candidates ranked by probability
+	// (ties: lower id first): the top k, then those with p >= MinP, then
+	// the fewest whose mass reaches TopP of the top-k mass. Selection finds
+	// each cut in linear time, so a flat distribution (a nucleus of 100k
+	// ids) costs no sort.
+	c := s.order
+	if len(c) > k {
+		selectTop(c, k)
+		c = c[:k]
 	}
 	zk := z // normaliser of the top-k distribution
 	if k < n {
 		zk = 0
-		for _, c := range s.order {
-			zk += c.p
+		for _, x := range c {
+			zk += x.p
 		}
 	}
-	kept := 0
-	var cum, total float64
-	for _, c := range s.order {
-		if s.p.MinP > 0 && c.p < s.p.MinP { // p/pmax = e since e(best) = 1
-			break
+	if s.p.MinP > 0 { // p/pmax = e since e(best) = 1
+		m := 0
+		for _, x := range c {
+			if x.p >= s.p.MinP {
+				c[m] = x
+				m++
+			}
 		}
-		kept++
-		total += c.p
-		cum += c.p / zk
-		if topP && cum >= s.p.TopP {
-			break
-		}
+		c = c[:m]
 	}
-	if kept == 0 { // cannot happen: the best id has e = 1 >= t and >= MinP
+	if topP {
+		c = c[:selectMass(c, s.p.TopP*zk)]
+	}
+	if len(c) == 0 { // cannot happen: the best id has e = 1 >= t and >= MinP
 		return best, nil
 	}
+	if len(c) <= sortedDraw {
+		sortRanked(c)
+	}
+	var total float64
+	for _, x := range c {
+		total += x.p
+	}
 	u := s.rng.Float64() * total
-	for _, c := range s.order[:kept] {
-		if u -= c.p; u < 0 {
-			return c.id, nil
+	for _, x := range c {
+		if u -= x.p; u < 0 {
+			return x.id, nil
 		}
 	}
-	return s.order[kept-1].id, nil
+	return c[len(c)-1].id, nil
+}
+
+// sortedDraw: a kept set this small is drawn from in rank order (larger
+// ones in the order selection left them; the distribution is the same).
+const sortedDraw = 1024
+
+// ranked reports whether a ranks before b: more probable, or as probable
+// with a lower id.
+func ranked(a, b cand) bool { return a.p > b.p || a.p == b.p && a.id < b.id }
+
+func sortRanked(c []cand) {
+	slices.SortFunc(c, func(a, b cand) int {
+		if ranked(a, b) {
+			return -1
+		}
+		return 1 // ids are distinct: never equal
+	})
+}
+
+// partition reorders c around a pivot (median of three by position) and
+// returns its index m: c[:m] rank before the pivot, c[m+1:] after it.
+func partition(c []cand) int {
+	hi := len(c) - 1
+	mid := hi / 2
+	if ranked(c[mid], c[0]) {
+		c[mid], c[0] = c[0], c[mid]
+	}
+	if ranked(c[hi], c[0]) {
+		c[hi], c[0] = c[0], c[hi]
+	}
+	if ranked(c[hi], c[mid]) {
+		c[hi], c[mid] = c[mid], c[hi]
+	}
+	c[mid], c[hi] = c[hi], c[mid] // the median as the pivot, at the end
+	pv := c[hi]
+	m := 0
+	for i := range hi {
+		if ranked(c[i], pv) {
+			c[i], c[m] = c[m], c[i]
+			m++
+		}
+	}
+	c[m], c[hi] = c[hi], c[m]
+	return m
+}
+
+// depthLimit bounds selection's partition rounds before it falls back to a
+// sort (a pathological order cannot make it quadratic).
+func depthLimit(n int) int { return 2*bits.Len(uint(n)) + 8 }
+
+// selectTop reorders c so that c[:k] are its k highest-ranked entries
+// (0 < k < len(c); in no particular order).
+func selectTop(c []cand, k int) {
+	lo, hi := 0, len(c)
+	for depth := depthLimit(len(c)); hi-lo > 16; depth-- {
+		if depth == 0 {
+			sortRanked(c[lo:hi])
+			return
+		}
+		m := lo + partition(c[lo:hi])
+		switch {
+		case k <= m:
+			hi = m
+		case k == m+1:
+			return
+		default:
+			lo = m + 1
+		}
+	}
+	sortRanked(c[lo:hi])
+}
+
+// selectMass reorders c so that c[:m] are its m highest-ranked entries and
+// returns m, the fewest whose p sum to at least target (len(c) if all of
+// them fall short).
+func selectMass(c []cand, target float64) int {
+	lo, hi := 0, len(c)
+	var before float64 // the mass of c[:lo], all ranked before c[lo:hi]
+	for depth := depthLimit(len(c)); hi-lo > 16 && depth > 0; depth-- {
+		m := lo + partition(c[lo:hi])
+		var mass float64 // c[lo:m]
+		for _, x := range c[lo:m] {
+			mass += x.p
+		}
+		switch {
+		case before+mass >= target:
+			hi = m
+		case before+mass+c[m].p >= target:
+			return m + 1
+		default:
+			before += mass + c[m].p
+			lo = m + 1
+		}
+	}
+	sortRanked(c[lo:hi])
+	for i, x := range c[lo:hi] {
+		if before += x.p; before >= target {
+			return lo + i + 1
+		}
+	}
+	return hi
 }
 
 // chunkIDs is how many ids one goroutine scans at a time. It is fixed, not

@@ -3,7 +3,9 @@ package sample
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"testing"
@@ -428,6 +430,69 @@ func TestLargeVocabIndependentOfCores(t *testing.T) {
 	}
 }
 
+func TestSelection(t *testing.T) {
+	// selectTop and selectMass against a sort: random candidates with many
+	// ties in p (multiples of 1/64, so that sums are exact), every cut.
+	rank := func(c []cand) []cand {
+		r := slices.Clone(c)
+		sortRanked(r)
+		return r
+	}
+	set := func(c []cand) map[int]bool {
+		m := map[int]bool{}
+		for _, x := range c {
+			m[x.id] = true
+		}
+		return m
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for trial := range 300 {
+		n := 1 + r.IntN(300)
+		c := make([]cand, n)
+		for i := range c {
+			c[i] = cand{id: r.IntN(1 << 20), p: float64(1+r.IntN(8)) / 64}
+			if trial%3 == 0 {
+				c[i].id = i // sorted ids: the median pivot's best case
+			}
+		}
+		c = slices.CompactFunc(slices.SortedFunc(slices.Values(c), func(a, b cand) int { return a.id - b.id }), func(a, b cand) bool { return a.id == b.id })
+		if trial%5 == 0 {
+			sortRanked(c) // already ranked, and reversed below
+			if trial%10 == 0 {
+				slices.Reverse(c)
+			}
+		}
+		want := rank(c)
+		k := 1 + r.IntN(len(c))
+		if k < len(c) {
+			got := slices.Clone(c)
+			selectTop(got, k)
+			if !maps.Equal(set(got[:k]), set(want[:k])) {
+				t.Fatalf("trial %d: selectTop(%d of %d) kept another set", trial, k, len(c))
+			}
+		}
+		var total float64
+		for _, x := range c {
+			total += x.p
+		}
+		for _, target := range []float64{0, want[0].p, total / 2, total * 0.95, total, total + 1} {
+			wantM := len(want)
+			var cum float64
+			for i, x := range want {
+				if cum += x.p; cum >= target {
+					wantM = i + 1
+					break
+				}
+			}
+			got := slices.Clone(c)
+			m := selectMass(got, target)
+			if m != wantM || !maps.Equal(set(got[:m]), set(want[:m])) {
+				t.Fatalf("trial %d: selectMass(target %v of %v) kept %d ids, want %d (or another set)", trial, target, total, m, wantM)
+			}
+		}
+	}
+}
+
 func TestStopTokens(t *testing.T) {
 	s, _ := New(Params{StopTokens: []int{1, 128822}})
 	for id, want := range map[int]bool{1: true, 128822: true, 0: false, 2: false} {
@@ -490,6 +555,28 @@ func BenchmarkSample(b *testing.B) {
 		{"top-p-0.95", Params{Temperature: 0.8, TopP: 0.95}},
 		{"top-k-40", Params{Temperature: 0.8, TopK: 40}},
 		{"min-p-0.05", Params{Temperature: 0.8, MinP: 0.05}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			s, _ := New(c.p)
+			for b.Loop() {
+				if _, err := s.Sample(logits, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+	// A nearly flat distribution (a random-weight model's): the nucleus
+	// holds most of the vocabulary.
+	for i := range logits {
+		x = x*6364136223846793005 + 1442695040888963407
+		logits[i] = float32(x>>40) / float32(1<<24) * 0.5
+	}
+	for _, c := range []struct {
+		name string
+		p    Params
+	}{
+		{"flat/top-p-0.95", Params{Temperature: 0.6, TopP: 0.95}},
+		{"flat/top-k-50000", Params{Temperature: 0.6, TopK: 50000}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			s, _ := New(c.p)

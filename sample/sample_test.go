@@ -537,51 +537,39 @@ func FuzzSample(f *testing.F) {
 
 func BenchmarkSample(b *testing.B) {
 	const vocab = 129280
-	logits := make([]float32, vocab)
 	var x uint64 = 1
-	for i := range logits { // a peaked, reproducible spread of logits
+	next := func() float32 {
 		x = x*6364136223846793005 + 1442695040888963407
-		logits[i] = float32(x>>40)/float32(1<<24)*8 - 4
+		return float32(x>>40) / float32(1<<24)
+	}
+	peaked := make([]float32, vocab) // a peaked, reproducible spread of logits
+	flat := make([]float32, vocab)   // nearly uniform (a random-weight model's): the nucleus holds most ids
+	for i := range peaked {
+		peaked[i] = next()*8 - 4
 		if i%997 == 0 {
-			logits[i] += 8
+			peaked[i] += 8
 		}
 	}
+	for i := range flat {
+		flat[i] = next() * 0.5
+	}
 	for _, c := range []struct {
-		name string
-		p    Params
+		name   string
+		p      Params
+		logits []float32
 	}{
-		{"greedy", Params{}},
-		{"temperature", Params{Temperature: 0.8}},
-		{"top-p-0.95", Params{Temperature: 0.8, TopP: 0.95}},
-		{"top-k-40", Params{Temperature: 0.8, TopK: 40}},
-		{"min-p-0.05", Params{Temperature: 0.8, MinP: 0.05}},
+		{"greedy", Params{}, peaked},
+		{"temperature", Params{Temperature: 0.8}, peaked},
+		{"top-p-0.95", Params{Temperature: 0.8, TopP: 0.95}, peaked},
+		{"top-k-40", Params{Temperature: 0.8, TopK: 40}, peaked},
+		{"min-p-0.05", Params{Temperature: 0.8, MinP: 0.05}, peaked},
+		{"flat/top-p-0.95", Params{Temperature: 0.6, TopP: 0.95}, flat},
+		{"flat/top-k-50000", Params{Temperature: 0.6, TopK: 50000}, flat},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			s, _ := New(c.p)
 			for b.Loop() {
-				if _, err := s.Sample(logits, nil); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-	}
-	// A nearly flat distribution (a random-weight model's): the nucleus
-	// holds most of the vocabulary.
-	for i := range logits {
-		x = x*6364136223846793005 + 1442695040888963407
-		logits[i] = float32(x>>40) / float32(1<<24) * 0.5
-	}
-	for _, c := range []struct {
-		name string
-		p    Params
-	}{
-		{"flat/top-p-0.95", Params{Temperature: 0.6, TopP: 0.95}},
-		{"flat/top-k-50000", Params{Temperature: 0.6, TopK: 50000}},
-	} {
-		b.Run(c.name, func(b *testing.B) {
-			s, _ := New(c.p)
-			for b.Loop() {
-				if _, err := s.Sample(logits, nil); err != nil {
+				if _, err := s.Sample(c.logits, nil); err != nil {
 					b.Fatal(err)
 				}
 			}

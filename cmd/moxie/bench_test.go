@@ -11,13 +11,10 @@ import (
 	"moxie/dsv4"
 )
 
-func TestBenchWritesConsistentReport(t *testing.T) {
-	out := filepath.Join(t.TempDir(), "bench.json")
-	code, _, errs := moxie(t, "bench", "synth:tiny", "--prompt", "9", "--decode", "3", "--runs", "1", "--warmup", "1", "--bw-size", "16MiB", "--json", out)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, errs)
-	}
-	b, err := os.ReadFile(out)
+// readBenchReport reads a --json report.
+func readBenchReport(t *testing.T, path string) benchReport {
+	t.Helper()
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -25,6 +22,16 @@ func TestBenchWritesConsistentReport(t *testing.T) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		t.Fatal(err)
 	}
+	return r
+}
+
+func TestBenchWritesConsistentReport(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "bench.json")
+	code, _, errs := moxie(t, "bench", "synth:tiny", "--prompt", "9", "--decode", "3", "--runs", "1", "--warmup", "1", "--bw-size", "16MiB", "--json", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	r := readBenchReport(t, out)
 	if !r.Synthetic || r.PromptTokens != 9 || r.DecodeTokens != 3 || r.WarmupRuns != 1 || r.PrefillTokPerS <= 0 || r.DecodeTokPerS <= 0 || r.MemReadGBps <= 0 {
 		t.Fatalf("implausible report %+v", r)
 	}
@@ -60,14 +67,7 @@ func TestBenchSample(t *testing.T) {
 		if code != 0 {
 			t.Fatalf("--sample=%v: exit %d: %s", sampled, code, errs)
 		}
-		b, err := os.ReadFile(out)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var r benchReport
-		if err := json.Unmarshal(b, &r); err != nil {
-			t.Fatal(err)
-		}
+		r := readBenchReport(t, out)
 		want := ""
 		if sampled {
 			want = "temperature 0.6, top-p 0.95"

@@ -1098,7 +1098,7 @@ func (s *DeviceSession) run(c *cuda.Ctx, tokens []int, rows int, dst []float32, 
 // download, registering it on first sight (and dropping the registration
 // of a previous dst), or nil to copy through the session's buffers.
 func (s *DeviceSession) registered(c *cuda.Ctx, out []float32) *cuda.HostBuffer {
-	if !s.registerDst || !s.pinnedLogits {
+	if !s.registerDst { // set only with the default, pinned, logits path
 		return nil
 	}
 	b := unsafe.Slice((*byte)(unsafe.Pointer(&out[0])), 4*len(out))

@@ -369,11 +369,7 @@ func depthLimit(n int) int { return 2*bits.Len(uint(n)) + 8 }
 // (0 < k < len(c); in no particular order).
 func selectTop(c []cand, k int) {
 	lo, hi := 0, len(c)
-	for depth := depthLimit(len(c)); hi-lo > 16; depth-- {
-		if depth == 0 {
-			sortRanked(c[lo:hi])
-			return
-		}
+	for depth := depthLimit(len(c)); hi-lo > 16 && depth > 0; depth-- {
 		m := lo + partition(c[lo:hi])
 		switch {
 		case k <= m:

@@ -268,12 +268,19 @@ func (s *Sampler) Sample(logits []float32, history []int) (int, error) {
 			t = 0
 		}
 	}
+	return s.draw(s.order, k, n, topP, z, best), nil
+}
+
+// draw finishes a truncated Sample over c, the candidates above the last
+// threshold (every id of the kept prefix among them), with k the top-k
+// bound (n: none), z the sum of every id's e and best the argmax: it
+// selects the kept ids and makes the one random draw. c is reordered.
+func (s *Sampler) draw(c []cand, k, n int, topP bool, z float64, best int) int {
 	// The kept ids are a prefix of the candidates ranked by probability
 	// (ties: lower id first): the top k, then those with p >= MinP, then
 	// the fewest whose mass reaches TopP of the top-k mass. Selection finds
 	// each cut in linear time, so a flat distribution (a nucleus of 100k
 	// ids) costs no sort.
-	c := s.order
 	if len(c) > k {
 		selectTop(c, k)
 		c = c[:k]
@@ -299,7 +306,7 @@ func (s *Sampler) Sample(logits []float32, history []int) (int, error) {
 		c = c[:selectMass(c, s.p.TopP*zk)]
 	}
 	if len(c) == 0 { // cannot happen: the best id has e = 1 >= t and >= MinP
-		return best, nil
+		return best
 	}
 	if len(c) <= sortedDraw {
 		sortRanked(c)
@@ -311,10 +318,10 @@ func (s *Sampler) Sample(logits []float32, history []int) (int, error) {
 	u := s.rng.Float64() * total
 	for _, x := range c {
 		if u -= x.p; u < 0 {
-			return x.id, nil
+			return x.id
 		}
 	}
-	return c[len(c)-1].id, nil
+	return c[len(c)-1].id
 }
 
 // sortedDraw: a kept set this small is drawn from in rank order (larger

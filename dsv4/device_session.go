@@ -15,6 +15,7 @@ import (
 	"moxie/compute/cuda"
 	"moxie/dsv4/config"
 	"moxie/generate"
+	"moxie/sample"
 )
 
 // DeviceSession is one sequence whose forward pass runs resident on the GPU
@@ -93,6 +94,11 @@ type DeviceSession struct {
 	// through host). Off for good after a failed registration.
 	registerDst bool
 	dstHost     *cuda.HostBuffer
+	// reducer reduces a step's logits for the sampler on the device
+	// (AppendReduce); created on first use. reduced: the last call's
+	// logits are still in s.logits, for LastLogits.
+	reducer *cuda.SampleReducer
+	reduced bool
 
 	// timing: each call's last chunk is timed into lastTiming (TimeSteps);
 	// evStep brackets the chunk's device work.
@@ -552,13 +558,14 @@ func (s *DeviceSession) open(pl *allocPlan, size int) (*DeviceSession, error) {
 }
 
 func (s *DeviceSession) release() {
-	a, h, g, dh := s.arena, s.host, s.graph, s.dstHost
-	s.arena, s.host, s.graph, s.dstHost = nil, nil, nil, nil
+	a, h, g, dh, red := s.arena, s.host, s.graph, s.dstHost, s.reducer
+	s.arena, s.host, s.graph, s.dstHost, s.reducer = nil, nil, nil, nil, nil
+	s.reduced = false
 	side, fork, join := s.sideOK, s.evFork, s.evJoin
 	s.sideOK = false
 	evs, evsOK := s.evStep, s.evStepOK
 	s.evStepOK = false
-	if a == nil && h == nil && g == nil && dh == nil && !side && !s.pf.streamExists {
+	if a == nil && h == nil && g == nil && dh == nil && red == nil && !side && !s.pf.streamExists {
 		return
 	}
 	_ = s.d.dev.Do(func(c *cuda.Ctx) error {
@@ -581,6 +588,9 @@ func (s *DeviceSession) release() {
 		}
 		if dh != nil {
 			_ = c.FreeHost(dh) // unregisters the caller's slice
+		}
+		if red != nil {
+			_ = red.Close(c)
 		}
 		if a != nil {
 			return c.ReleaseArena(a)
@@ -831,16 +841,18 @@ func (s *DeviceSession) Limit() int { return s.limit }
 // Prefill runs tokens at the next positions and returns the logits
 // [VocabSize] predicting the token after the last one (owned by the caller).
 func (s *DeviceSession) Prefill(tokens []int) ([]float32, error) {
-	return s.forward(tokens, false, nil)
+	return s.forward(tokens, false, nil, nil)
 }
 
 // PrefillAll is Prefill returning every position's logits [len(tokens), VocabSize].
 func (s *DeviceSession) PrefillAll(tokens []int) ([]float32, error) {
-	return s.forward(tokens, true, nil)
+	return s.forward(tokens, true, nil, nil)
 }
 
 // Decode runs one token and returns its logits [VocabSize].
-func (s *DeviceSession) Decode(tok int) ([]float32, error) { return s.forward([]int{tok}, false, nil) }
+func (s *DeviceSession) Decode(tok int) ([]float32, error) {
+	return s.forward([]int{tok}, false, nil, nil)
+}
 
 // Append implements generate.Sequence.
 func (s *DeviceSession) Append(ctx context.Context, tokens []int) ([]float32, error) {
@@ -856,7 +868,52 @@ func (s *DeviceSession) AppendInto(ctx context.Context, tokens []int, dst []floa
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return s.forward(tokens, false, dst)
+	return s.forward(tokens, false, dst, nil)
+}
+
+// AppendReduce implements generate.Reducer: Append whose logits stay on
+// the device, reduced there under spec (spec.OK set) into dst; LastLogits
+// downloads them when the sampler needs them after all.
+func (s *DeviceSession) AppendReduce(ctx context.Context, tokens []int, spec sample.ReduceSpec, dst *sample.Reduction) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if !spec.OK {
+		return fmt.Errorf("dsv4: AppendReduce with a spec that needs the logits (%+v)", spec)
+	}
+	_, err := s.forward(tokens, false, nil, &reduceReq{spec: spec, dst: dst})
+	return err
+}
+
+// LastLogits implements generate.Reducer: the logits of the last call,
+// when it was AppendReduce, into dst (when cap(dst) >= VocabSize) or a
+// new slice.
+func (s *DeviceSession) LastLogits(dst []float32) ([]float32, error) {
+	if s.failed != nil {
+		return nil, s.failed
+	}
+	if !s.reduced {
+		return nil, fmt.Errorf("dsv4: LastLogits: the last call was not AppendReduce")
+	}
+	V := s.m.Cfg.VocabSize
+	out := dst[:0]
+	if cap(dst) < V {
+		out = make([]float32, V)
+	}
+	out = out[:V]
+	err := s.d.dev.Do(func(c *cuda.Ctx) error { return c.CopyFloatsFromDevice(out, s.logits) })
+	if err != nil {
+		s.failed = fmt.Errorf("dsv4: downloading the logits at position %d: %w", s.pos, err)
+		return nil, s.failed
+	}
+	return out, nil
+}
+
+// reduceReq asks forward for the last row's sampler reduction instead of
+// its logits.
+type reduceReq struct {
+	spec sample.ReduceSpec
+	dst  *sample.Reduction
 }
 
 // Len implements generate.Sequence.
@@ -872,15 +929,18 @@ func (s *DeviceSession) Close() error {
 var (
 	_ generate.Sequence     = (*DeviceSession)(nil)
 	_ generate.IntoAppender = (*DeviceSession)(nil)
+	_ generate.Reducer      = (*DeviceSession)(nil)
 )
 
 // forward runs tokens in chunks and returns the last position's logits
 // (every position's with all). A one-row result goes into dst when
-// cap(dst) >= VocabSize.
-func (s *DeviceSession) forward(tokens []int, all bool, dst []float32) ([]float32, error) {
+// cap(dst) >= VocabSize; with red set (and not all) the last row is
+// reduced on the device into red.dst instead, and no logits are returned.
+func (s *DeviceSession) forward(tokens []int, all bool, dst []float32, red *reduceReq) ([]float32, error) {
 	if s.failed != nil {
 		return nil, s.failed
 	}
+	s.reduced = false
 	s.m.pass.Lock()
 	defer s.m.pass.Unlock()
 	if err := checkTokens(s.m.Cfg, tokens); err != nil {
@@ -906,9 +966,13 @@ func (s *DeviceSession) forward(tokens []int, all bool, dst []float32) ([]float3
 			tm = &StepTiming{}
 			t0 = time.Now()
 		}
+		var rr *reduceReq
+		if rows == 1 {
+			rr = red
+		}
 		err := s.d.dev.Do(func(cc *cuda.Ctx) error {
 			var err error
-			l, err = s.run(cc, tokens[at:end], rows, dst, tm, t0)
+			l, err = s.run(cc, tokens[at:end], rows, dst, rr, tm, t0)
 			if tm != nil {
 				t1 = time.Now()
 			}
@@ -929,6 +993,7 @@ func (s *DeviceSession) forward(tokens []int, all bool, dst []float32) ([]float3
 			out = l
 		}
 	}
+	s.reduced = red != nil
 	return out, nil
 }
 
@@ -976,7 +1041,7 @@ func (s *DeviceSession) LastTiming() (t StepTiming, ok bool) {
 // enqueue the step (or replay the captured decode graph), download logits
 // (one row into dst when it has room). With tm set (TimeSteps) it fills
 // tm's device-thread fields; t0 is when the caller handed the chunk over.
-func (s *DeviceSession) run(c *cuda.Ctx, tokens []int, rows int, dst []float32, tm *StepTiming, t0 time.Time) ([]float32, error) {
+func (s *DeviceSession) run(c *cuda.Ctx, tokens []int, rows int, dst []float32, red *reduceReq, tm *StepTiming, t0 time.Time) ([]float32, error) {
 	cfg := s.m.Cfg
 	T := len(tokens)
 	st := c.Stream()
@@ -1053,6 +1118,22 @@ func (s *DeviceSession) run(c *cuda.Ctx, tokens []int, rows int, dst []float32, 
 		return nil, c.Sync(st)
 	}
 	V := cfg.VocabSize
+	if red != nil {
+		if s.reducer == nil {
+			r, err := c.NewSampleReducer(V)
+			if err != nil {
+				return nil, err
+			}
+			s.reducer = r
+		}
+		if err := s.reducer.Enqueue(c, s.logits, red.spec, st); err != nil {
+			return nil, err
+		}
+		if err := c.Sync(st); err != nil {
+			return nil, err
+		}
+		return nil, s.reducer.Read(red.dst)
+	}
 	var out []float32
 	if rows == 1 && cap(dst) >= V {
 		out = dst[:V]

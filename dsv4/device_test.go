@@ -3,6 +3,7 @@ package dsv4
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,6 +16,7 @@ import (
 	"moxie/checkpoint"
 	"moxie/compute/cpu"
 	"moxie/compute/cuda"
+	"moxie/sample"
 )
 
 // The device tests compare the GPU-resident forward pass (DeviceSession) with
@@ -342,6 +344,65 @@ func TestDeviceTiny(t *testing.T) {
 			}
 		})
 	}
+	t.Run("decode reduced for the sampler", func(t *testing.T) {
+		// AppendReduce's reduction is the float64 reduction of the logits
+		// the step computed (LastLogits): the argmax, and for random
+		// sampling the sum and the candidates.
+		ds := newDeviceSession(t, md)
+		ctx := context.Background()
+		if _, err := ds.Prefill(toks[:17]); err != nil {
+			t.Fatal(err)
+		}
+		var r sample.Reduction
+		for i, p := range []sample.Params{{}, {Temperature: 0.6, TopP: 0.95}, {Temperature: 1.5, MinP: 0.02}, {Temperature: 0.3, TopK: 5}, {}} {
+			sp, err := sample.New(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			spec := sp.Reduce()
+			if err := ds.AppendReduce(ctx, toks[17+i:18+i], spec, &r); err != nil {
+				t.Fatal(err)
+			}
+			l, err := ds.LastLogits(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			best, m := -1, math.Inf(-1)
+			for id, v := range l {
+				if float64(v) > m {
+					best, m = id, float64(v)
+				}
+			}
+			if r.N != V || r.Best != best || r.Bad {
+				t.Fatalf("step %d %+v: N %d best %d bad %v, want %d %d false", i, p, r.N, r.Best, r.Bad, V, best)
+			}
+			if spec.Greedy {
+				continue
+			}
+			var z float64
+			var ids []int32
+			var e []float64
+			for id, v := range l {
+				x := math.Exp((float64(v) - m) * spec.InvT)
+				z += x
+				if x > 0 && x >= spec.Threshold {
+					ids, e = append(ids, int32(id)), append(e, x)
+				}
+			}
+			if !r.Complete || !slices.Equal(r.IDs, ids) || math.Abs(r.Z-z) > 1e-12*z {
+				t.Fatalf("step %d %+v: complete %v, z %v, ids %v; want z %v, ids %v", i, p, r.Complete, r.Z, r.IDs, z, ids)
+			}
+			for j := range e {
+				if math.Abs(r.E[j]-e[j]) > 1e-14*e[j] {
+					t.Fatalf("step %d: candidate %d e %v, want %v", i, ids[j], r.E[j], e[j])
+				}
+			}
+		}
+		ds.Close()
+		if _, err := ds.LastLogits(nil); err == nil {
+			t.Error("LastLogits after Close: no error")
+		}
+	})
 	t.Run("step timing", func(t *testing.T) {
 		// Timing a session's calls must not change its logits, and each
 		// call's intervals are disjoint parts of its wall time.

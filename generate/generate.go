@@ -319,14 +319,42 @@ func Generate(ctx context.Context, model Model, prompt []int, opts Options, emit
 	held = len(prompt)
 	res.Prefill = time.Since(start)
 	into, _ := seq.(IntoAppender) // decode steps reuse the logits' slice
+	// Decode steps reduce the logits where they are when both sides can.
+	red, _ := seq.(Reducer)
+	rs, _ := sampler.(ReducingSampler)
+	var spec sample.ReduceSpec
+	if red != nil && rs != nil {
+		spec = rs.Reduce()
+	}
+	var reduction sample.Reduction
+	reduced := false // this step's result is in reduction, not logits
 
 	for {
-		if len(logits) != vocab {
-			healthy = false
-			finish()
-			return res, fmt.Errorf("generate: model returned %d logits, want %d", len(logits), vocab)
+		var id int
+		full := !reduced
+		if reduced {
+			if reduction.N != vocab {
+				healthy = false
+				finish()
+				return res, fmt.Errorf("generate: model reduced %d logits, want %d", reduction.N, vocab)
+			}
+			id, full, err = rs.SampleReduced(&reduction)
+			if err == nil && full {
+				if logits, err = red.LastLogits(logits); err != nil {
+					healthy = false
+					finish()
+					return res, fmt.Errorf("generate: decode step %d: %w", len(res.Tokens), err)
+				}
+			}
 		}
-		id, err := sampler.Sample(logits, history)
+		if full && err == nil {
+			if len(logits) != vocab {
+				healthy = false
+				finish()
+				return res, fmt.Errorf("generate: model returned %d logits, want %d", len(logits), vocab)
+			}
+			id, err = sampler.Sample(logits, history)
+		}
 		if err != nil {
 			finish()
 			return res, fmt.Errorf("generate: sampling token %d: %w", len(res.Tokens)+1, err)
@@ -374,9 +402,13 @@ func Generate(ctx context.Context, model Model, prompt []int, opts Options, emit
 		if err := ctx.Err(); err != nil {
 			return cancelled(err)
 		}
-		if into != nil {
+		reduced = spec.OK
+		switch {
+		case reduced:
+			err = red.AppendReduce(ctx, history[len(history)-1:], spec, &reduction)
+		case into != nil:
 			logits, err = into.AppendInto(ctx, history[len(history)-1:], logits)
-		} else {
+		default:
 			logits, err = seq.Append(ctx, history[len(history)-1:])
 		}
 		if err != nil {

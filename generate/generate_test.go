@@ -3,6 +3,7 @@ package generate
 import (
 	"context"
 	"errors"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -502,5 +503,108 @@ func TestGenerateAppendInto(t *testing.T) {
 	}
 	if steps := len(want.Tokens) - 1; im.calls != steps || im.reused != steps {
 		t.Errorf("AppendInto called %d times, %d with the previous logits as dst; want %d decode steps, all reusing", im.calls, im.reused, steps)
+	}
+}
+
+// reduceModel's sequences implement Reducer over the fake model's Append:
+// AppendReduce reduces the logits in float64 in id order (one of Sample's
+// chunks: the vocabularies here are small), as a device would.
+type reduceModel struct {
+	*fakeModel
+	reduces, lastLogits int
+}
+
+type reduceSeq struct {
+	*fakeSeq
+	rm   *reduceModel
+	last []float32
+}
+
+func (m *reduceModel) NewSequence() (Sequence, error) {
+	s, err := m.fakeModel.NewSequence()
+	if err != nil {
+		return nil, err
+	}
+	return &reduceSeq{fakeSeq: s.(*fakeSeq), rm: m}, nil
+}
+
+func (s *reduceSeq) AppendReduce(ctx context.Context, tokens []int, spec sample.ReduceSpec, dst *sample.Reduction) error {
+	s.rm.reduces++
+	l, err := s.fakeSeq.Append(ctx, tokens)
+	if err != nil {
+		return err
+	}
+	s.last = l
+	*dst = sample.Reduction{N: len(l), Best: -1, IDs: dst.IDs[:0], E: dst.E[:0], Complete: true}
+	m := math.Inf(-1)
+	for id, v := range l {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 1) {
+			dst.Bad = true
+		}
+		if float64(v) > m {
+			dst.Best, m = id, float64(v)
+		}
+	}
+	if spec.Greedy {
+		return nil
+	}
+	for id, v := range l {
+		x := math.Exp((float64(v) - m) * spec.InvT)
+		dst.Z += x
+		if x > 0 && x >= spec.Threshold {
+			dst.IDs = append(dst.IDs, int32(id))
+			dst.E = append(dst.E, x)
+		}
+	}
+	return nil
+}
+
+func (s *reduceSeq) LastLogits(dst []float32) ([]float32, error) {
+	s.rm.lastLogits++
+	return append(dst[:0], s.last...), nil
+}
+
+func TestGenerateReduce(t *testing.T) {
+	// A sequence that reduces its logits for the sampler generates what the
+	// plain sequence does, seed for seed; the sampler asks for the logits
+	// only where its reduction does not suffice.
+	for _, c := range []struct {
+		name       string
+		p          sample.Params
+		wantReduce bool // decode steps go through AppendReduce
+		wantLogits bool // and each then asks for the logits
+	}{
+		{"greedy", sample.Params{}, true, false},
+		{"top-p", sample.Params{Temperature: 1, TopP: 0.9, Seed: 5}, true, false},
+		{"top-k and min-p", sample.Params{Temperature: 0.7, TopK: 3, MinP: 0.2, Seed: 6}, true, false},
+		{"top-k over the vocabulary", sample.Params{Temperature: 1, TopK: 16, Seed: 7}, true, true},
+		{"temperature alone", sample.Params{Temperature: 1, Seed: 8}, false, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m := &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, flat: true, next: script(3, tA)}
+			rm := &reduceModel{fakeModel: &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, flat: true, next: script(3, tA)}}
+			run := func(model Model) []int {
+				sp, err := sample.New(c.p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				res, err := Generate(context.Background(), model, prompt3, Options{MaxTokens: 30, IgnoreEOS: true, Sampler: sp}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return res.Tokens
+			}
+			want, got := run(m), run(rm)
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("reduced: %v\nplain:   %v", got, want)
+			}
+			steps := len(want) - 1
+			if wr := map[bool]int{true: steps}[c.wantReduce]; rm.reduces != wr {
+				t.Errorf("%d AppendReduce calls, want %d", rm.reduces, wr)
+			}
+			if wl := map[bool]int{true: steps}[c.wantLogits]; rm.lastLogits != wl {
+				t.Errorf("%d LastLogits calls, want %d", rm.lastLogits, wl)
+			}
+		})
 	}
 }

@@ -3,7 +3,11 @@
 // strings, a token limit or cancellation, reporting per-request statistics.
 package generate
 
-import "context"
+import (
+	"context"
+
+	"moxie/sample"
+)
 
 // Sequence is one conversation's model state. It is not safe for concurrent use.
 type Sequence interface {
@@ -37,6 +41,32 @@ type IntoAppender interface {
 	// cap(dst) >= VocabSize (the result is then dst[:VocabSize]) and into
 	// a new slice otherwise. The caller owns dst and the result.
 	AppendInto(ctx context.Context, tokens []int, dst []float32) ([]float32, error)
+}
+
+// Reducer is implemented by sequences whose logits stay where they are
+// computed (the GPU session): a decode step reduces them there for the
+// sampler (see sample.ReduceSpec), and only the reduction, a few kilobytes,
+// comes back. Generate uses it for decode steps when the sampler is a
+// ReducingSampler whose spec allows it.
+type Reducer interface {
+	// AppendReduce is Append with the new logits reduced under spec
+	// (spec.OK set) into dst (its slices reused) instead of returned.
+	AppendReduce(ctx context.Context, tokens []int, spec sample.ReduceSpec, dst *sample.Reduction) error
+	// LastLogits returns the logits of the last call, which must have been
+	// AppendReduce, in dst when cap(dst) >= VocabSize (else a new slice).
+	LastLogits(dst []float32) ([]float32, error)
+}
+
+// ReducingSampler is a Sampler that can draw from a reduction of the
+// logits (*sample.Sampler).
+type ReducingSampler interface {
+	Sampler
+	// Reduce is the reduction the next draw may use; it must not change
+	// between calls.
+	Reduce() sample.ReduceSpec
+	// SampleReduced draws from r, or returns full = true without drawing
+	// when it needs the logits (Sample is then called with them).
+	SampleReduced(r *sample.Reduction) (id int, full bool, err error)
 }
 
 // Model creates sequences.

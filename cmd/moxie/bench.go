@@ -179,7 +179,10 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 	seed := fs.Uint64("seed", 1, "seed for the random prompt")
 	jsonOut := fs.String("json", "", "also write the report as JSON to this file")
 	timing := fs.Bool("timing", false, "with --backend cuda, also split each decode step into GPU time (CUDA events) and the host's work around it: hand-off to the device thread, enqueue, wait, logits download, return (costs two event records a step)")
-	sampled := fs.Bool("sample", false, fmt.Sprintf("sample each decode step's token from its logits as `moxie run` does (temperature %g, top-p %g) inside the timed step, and decode the sampled tokens: the step a user sees (default: random tokens, no sampling)", defaultTemperature, defaultTopP))
+	hostSample := fs.Bool("sample-host", false, "with --sample: download every step's logits and sample on the host even where the backend can reduce them for the sampler where they are (the GPU)")
+	sampled := fs.Bool("sample", false, "sample each decode step's token from its logits as `moxie run` does (--temperature, --top-p) inside the timed step, and decode the sampled tokens: the step a user sees (default: random tokens, no sampling)")
+	temp := fs.Float64("temperature", defaultTemperature, "with --sample: the sampling temperature (0 is greedy)")
+	topP := fs.Float64("top-p", defaultTopP, "with --sample: the nucleus (1 disables)")
 	mf := addMemFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -226,6 +229,8 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 	snap := func() dsv4.DeviceExpertCache { c, _ := m.DeviceExpertCache(); return c }
 	total := *warmup + *runs
 	bar := progress.New(stderr, "bench", int64(total*(*decode+1)), false)
+	reducedOn := ""                 // where --sample's logits were reduced ("": not at all)
+	var fullSteps, reducedSteps int // reduced steps, and those whose sampler needed every logit
 	for run := range total {
 		timed := run >= *warmup
 		toks := make([]int, *prompt+*decode)
@@ -255,13 +260,41 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 		var logits []float32
 		var smp *sample.Sampler
 		if *sampled {
-			if smp, err = sample.New(sample.Params{Temperature: defaultTemperature, TopP: defaultTopP, Seed: *seed + uint64(run)}); err != nil {
+			if smp, err = sample.New(sample.Params{Temperature: *temp, TopP: *topP, Seed: *seed + uint64(run)}); err != nil {
 				return err
 			}
 		}
+		red, _ := s.(generate.Reducer)
+		var spec sample.ReduceSpec
+		if smp != nil && red != nil && !*hostSample {
+			spec = smp.Reduce() // as generate's decode loop does
+		}
+		if spec.OK {
+			reducedOn = "device"
+		}
+		var reduction sample.Reduction
 		for i, t := range toks[*prompt:] {
 			st := time.Now()
-			if into != nil {
+			if spec.OK {
+				reducedSteps++
+				err = red.AppendReduce(ctx, []int{t}, spec, &reduction)
+				if err != nil {
+					return err
+				}
+				id, full, err := smp.SampleReduced(&reduction)
+				if err == nil && full {
+					fullSteps++
+					if logits, err = red.LastLogits(logits); err == nil {
+						id, err = smp.Sample(logits, nil)
+					}
+				}
+				if err != nil {
+					return err
+				}
+				if j := *prompt + i + 1; j < len(toks) {
+					toks[j] = id
+				}
+			} else if into != nil {
 				logits, err = into.AppendInto(ctx, []int{t}, logits)
 			} else {
 				logits, err = s.Append(ctx, []int{t})
@@ -269,7 +302,7 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 			if err != nil {
 				return err
 			}
-			if smp != nil {
+			if smp != nil && !spec.OK {
 				id, err := smp.Sample(logits, nil)
 				if err != nil {
 					return err
@@ -333,7 +366,12 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 	}
 	fmt.Fprintf(stdout, "prefill            %.1f tok/s (median of %d runs, %d-token prompt)\n", rep.PrefillTokPerS, rep.Runs, rep.PromptTokens)
 	if *sampled {
-		rep.Sampling = fmt.Sprintf("temperature %g, top-p %g", defaultTemperature, defaultTopP)
+		rep.Sampling = fmt.Sprintf("temperature %g, top-p %g", *temp, *topP)
+		if reducedOn != "" {
+			rep.Sampling += fmt.Sprintf(", logits reduced on the %s (%d of %d steps needed every logit)", reducedOn, fullSteps, reducedSteps)
+		} else {
+			rep.Sampling += ", on the host"
+		}
 		fmt.Fprintf(stdout, "decode             %.2f tok/s (median step %.2f ms over %d steps, sampling included: %s)\n", rep.DecodeTokPerS, rep.DecodeStepMs, len(steps), rep.Sampling)
 	} else {
 		fmt.Fprintf(stdout, "decode             %.2f tok/s (median step %.2f ms over %d steps)\n", rep.DecodeTokPerS, rep.DecodeStepMs, len(steps))

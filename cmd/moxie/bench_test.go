@@ -70,7 +70,7 @@ func TestBenchSample(t *testing.T) {
 		r := readBenchReport(t, out)
 		want := ""
 		if sampled {
-			want = "temperature 0.6, top-p 0.95"
+			want = "temperature 0.6, top-p 0.95, on the host" // the CPU backend has no reducer
 		}
 		if r.Sampling != want || strings.Contains(stdout, "sampling included") != sampled || r.DecodeTokPerS <= 0 {
 			t.Errorf("--sample=%v: report sampling %q, text %q", sampled, r.Sampling, stdout)

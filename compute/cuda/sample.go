@@ -1,0 +1,168 @@
+package cuda
+
+import (
+	_ "embed"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"unsafe"
+
+	"moxie/sample"
+)
+
+//go:embed kernels/sample.cu
+var sampleSrc string
+
+// SampleSource returns the CUDA source of the sampler reduction module.
+func SampleSource() string { return sampleSrc }
+
+// The sampler reduction's shapes (kernels/sample.cu).
+const (
+	smpChunk   = 8192 // SMP_CHUNK: ids per block
+	smpThreads = 256  // SMP_THREADS
+	smpPartB   = 32   // sizeof(SmpPart), padded
+	smpIDsOff  = 32   // SMP_IDS_OFF: where the candidates' ids start
+	// SampleKeep is the most candidates a SampleReducer returns (more make
+	// the reduction incomplete: the host sampler then reads the logits).
+	SampleKeep = 2048
+)
+
+// SampleReducer computes sample.Reductions of logits rows that stay in
+// device memory: the argmax, the NaN check and, for random sampling, the
+// sum of e and up to SampleKeep candidates (see package sample's
+// ReduceSpec), so that a decode step downloads a few kilobytes instead of
+// the whole row. It owns device scratch and a pinned host buffer; it is
+// used on one stream at a time. Close frees it.
+type SampleReducer struct {
+	n     int // vocabulary
+	nb    int // blocks (chunks)
+	dev   DevicePtr
+	part  DevicePtr // nb SmpPart
+	cid   DevicePtr // nb*smpChunk int32
+	ce    DevicePtr // nb*smpChunk float64
+	out   DevicePtr // head + ids + e
+	host  *HostBuffer
+	bytes int  // the download of the last Enqueue
+	greed bool // the last Enqueue was greedy
+}
+
+// NewSampleReducer allocates a reducer for rows of n logits (1 <= n <=
+// 256*8192).
+func (c *Ctx) NewSampleReducer(n int) (*SampleReducer, error) {
+	if n < 1 || n > smpThreads*smpChunk {
+		return nil, fmt.Errorf("cuda: sampler reduction of %d logits: want 1 to %d", n, smpThreads*smpChunk)
+	}
+	r := &SampleReducer{n: n, nb: (n + smpChunk - 1) / smpChunk}
+	outB := smpIDsOff + 12*SampleKeep
+	size := r.nb*smpPartB + r.nb*smpChunk*12 + outB
+	p, err := c.MemAlloc(size)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: sampler reduction scratch (%d bytes): %w", size, err)
+	}
+	r.dev = p
+	r.part = p
+	r.ce = p + DevicePtr(r.nb*smpPartB) // 8-byte aligned first
+	r.cid = r.ce + DevicePtr(8*r.nb*smpChunk)
+	r.out = r.cid + DevicePtr(4*r.nb*smpChunk)
+	if r.host, err = c.NewHostBuffer(outB); err != nil {
+		_ = c.MemFree(p)
+		return nil, err
+	}
+	return r, nil
+}
+
+// Close frees the reducer's memory.
+func (r *SampleReducer) Close(c *Ctx) error {
+	if r.dev == 0 {
+		return nil
+	}
+	err := c.MemFree(r.dev)
+	if e := c.FreeHost(r.host); err == nil {
+		err = e
+	}
+	r.dev, r.host = 0, nil
+	return err
+}
+
+// sampleModule returns the device's sampler reduction module.
+func (c *Ctx) sampleModule() (*Module, error) { return c.namedModule("sample", sampleSrc, nil) }
+
+// Enqueue launches the reduction of the row of n float32 logits at logits
+// under spec (spec.OK must be set) on s, and the download of its result;
+// after s is synchronised, Read returns it.
+func (r *SampleReducer) Enqueue(c *Ctx, logits DevicePtr, spec sample.ReduceSpec, s Stream) error {
+	if !spec.OK {
+		return fmt.Errorf("cuda: sampler reduction: the sampler needs the logits (spec %+v)", spec)
+	}
+	n, nb := int32(r.n), int32(r.nb)
+	grid, block := Dim3{X: uint32(r.nb), Y: 1, Z: 1}, Dim3{X: smpThreads, Y: 1, Z: 1}
+	if err := c.launchNamed(c.sampleModule, "smp_max", grid, block, 0, s,
+		unsafe.Pointer(&logits), unsafe.Pointer(&n), unsafe.Pointer(&r.part)); err != nil {
+		return err
+	}
+	greedy := int32(0)
+	if spec.Greedy {
+		greedy = 1
+	} else {
+		invT, thr := spec.InvT, spec.Threshold
+		if err := c.launchNamed(c.sampleModule, "smp_exp", grid, block, 0, s,
+			unsafe.Pointer(&logits), unsafe.Pointer(&n), unsafe.Pointer(&invT), unsafe.Pointer(&thr),
+			unsafe.Pointer(&r.part), unsafe.Pointer(&r.cid), unsafe.Pointer(&r.ce)); err != nil {
+			return err
+		}
+	}
+	keep := int32(SampleKeep)
+	if err := c.launchNamed(c.sampleModule, "smp_fin", Dim3{X: 1, Y: 1, Z: 1}, block, 0, s,
+		unsafe.Pointer(&r.part), unsafe.Pointer(&nb), unsafe.Pointer(&greedy), unsafe.Pointer(&r.cid),
+		unsafe.Pointer(&r.ce), unsafe.Pointer(&keep), unsafe.Pointer(&r.out)); err != nil {
+		return err
+	}
+	r.greed = spec.Greedy
+	r.bytes = smpIDsOff
+	if !spec.Greedy {
+		r.bytes = r.host.Len()
+	}
+	return c.DownloadAsync(r.host, 0, r.out, r.bytes, s)
+}
+
+// Read fills dst with the last Enqueue's result (its stream synchronised
+// since); dst's slices are reused. It errors on a result that cannot come
+// from the kernels (a count or id out of range).
+func (r *SampleReducer) Read(dst *sample.Reduction) error {
+	return decodeReduction(r.host.Bytes()[:r.bytes], r.n, r.greed, dst)
+}
+
+// decodeReduction parses smp_fin's output b (the head, and unless greedy
+// the candidates) for a row of n logits into dst.
+func decodeReduction(b []byte, n int, greedy bool, dst *sample.Reduction) error {
+	if len(b) < smpIDsOff {
+		return fmt.Errorf("cuda: sampler reduction result of %d bytes: want at least %d", len(b), smpIDsOff)
+	}
+	le := binary.LittleEndian
+	count := int(int32(le.Uint32(b[16:])))
+	*dst = sample.Reduction{
+		N:        n,
+		Best:     int(int32(le.Uint32(b[8:]))),
+		Bad:      le.Uint32(b[12:]) != 0,
+		Z:        math.Float64frombits(le.Uint64(b[0:])),
+		IDs:      dst.IDs[:0],
+		E:        dst.E[:0],
+		Complete: !greedy && le.Uint32(b[20:]) != 0,
+	}
+	if dst.Best < -1 || dst.Best >= n {
+		return fmt.Errorf("cuda: sampler reduction's argmax %d outside the vocabulary of %d", dst.Best, n)
+	}
+	if greedy || dst.Bad || dst.Best < 0 || !dst.Complete {
+		dst.Complete = dst.Complete && !dst.Bad && dst.Best >= 0
+		return nil
+	}
+	keep := (len(b) - smpIDsOff) / 12
+	if count < 1 || count > keep {
+		return fmt.Errorf("cuda: sampler reduction's %d candidates: want 1 to %d when complete", count, keep)
+	}
+	for i := range count {
+		dst.IDs = append(dst.IDs, int32(le.Uint32(b[smpIDsOff+4*i:])))
+		dst.E = append(dst.E, math.Float64frombits(le.Uint64(b[smpIDsOff+4*keep+8*i:])))
+	}
+	return nil
+}

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"moxie/sample"
 )
@@ -329,4 +330,95 @@ func FuzzDecodeReduction(f *testing.F) {
 			t.Fatalf("accepted an impossible result %+v", r)
 		}
 	})
+}
+
+// BenchmarkSampleReduce times one decode step's sampling from logits in
+// device memory (V4's vocabulary): "device" reduces them there (Enqueue,
+// Sync, Read) and draws with SampleReduced, falling back to the logits
+// when it must; "host" downloads the row into registered memory and calls
+// Sample, as a step without a reducer does.
+func BenchmarkSampleReduce(b *testing.B) {
+	const V = 129280
+	var x uint64 = 1
+	peaked, flat := make([]float32, V), make([]float32, V)
+	for i := range peaked {
+		x = x*6364136223846793005 + 1442695040888963407
+		u := float32(x>>40) / float32(1<<24)
+		peaked[i], flat[i] = u*8-4, u*0.5
+		if i%997 == 0 {
+			peaked[i] += 8
+		}
+	}
+	dev := testDevice(b)
+	for _, c := range []struct {
+		name   string
+		logits []float32
+		p      sample.Params
+	}{
+		{"greedy", peaked, sample.Params{}},
+		{"peaked-top-p", peaked, sample.Params{Temperature: 0.6, TopP: 0.95}},
+		{"flat-top-p", flat, sample.Params{Temperature: 0.6, TopP: 0.95}},
+	} {
+		for _, where := range []string{"device", "host"} {
+			b.Run(c.name+"/"+where, func(b *testing.B) {
+				err := dev.Do(func(ctx *Ctx) error {
+					d, err := ctx.MemAlloc(4 * V)
+					if err != nil {
+						return err
+					}
+					defer ctx.MemFree(d)
+					if err := ctx.CopyFloatsToDevice(d, c.logits); err != nil {
+						return err
+					}
+					r, err := ctx.NewSampleReducer(V)
+					if err != nil {
+						return err
+					}
+					defer r.Close(ctx)
+					dst := make([]float32, V)
+					h, err := ctx.RegisterHost(unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), 4*V))
+					if err != nil {
+						return err
+					}
+					defer ctx.FreeHost(h)
+					s, _ := sample.New(c.p)
+					var red sample.Reduction
+					st := ctx.Stream()
+					b.ResetTimer()
+					for range b.N {
+						full := true
+						if where == "device" {
+							if err := r.Enqueue(ctx, d, s.Reduce(), st); err != nil {
+								return err
+							}
+							if err := ctx.Sync(st); err != nil {
+								return err
+							}
+							if err := r.Read(&red); err != nil {
+								return err
+							}
+							if _, full, err = s.SampleReduced(&red); err != nil {
+								return err
+							}
+						}
+						if full {
+							if err := ctx.DownloadAsync(h, 0, d, 4*V, st); err != nil {
+								return err
+							}
+							if err := ctx.Sync(st); err != nil {
+								return err
+							}
+							if _, err := s.Sample(dst, nil); err != nil {
+								return err
+							}
+						}
+					}
+					return nil
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+			})
+		}
+	}
 }

@@ -1132,7 +1132,7 @@ func (s *DeviceSession) run(c *cuda.Ctx, tokens []int, rows int, dst []float32, 
 		if err := c.Sync(st); err != nil {
 			return nil, err
 		}
-		return nil, s.reducer.Read(red.dst)
+		return nil, s.reducer.Read(c, st, red.dst)
 	}
 	var out []float32
 	if rows == 1 && cap(dst) >= V {

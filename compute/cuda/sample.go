@@ -24,14 +24,18 @@ const (
 	smpIDsOff  = 32   // SMP_IDS_OFF: where the candidates' ids start
 	// SampleKeep is the most candidates a SampleReducer returns (more make
 	// the reduction incomplete: the host sampler then reads the logits).
-	SampleKeep = 2048
+	SampleKeep = 16384
+	// sampleFirst is how many candidates every reduction downloads with
+	// its head; Read fetches the rest of a larger set in a second copy.
+	sampleFirst = 2048
 )
 
 // SampleReducer computes sample.Reductions of logits rows that stay in
 // device memory: the argmax, the NaN check and, for random sampling, the
 // sum of e and up to SampleKeep candidates (see package sample's
 // ReduceSpec), so that a decode step downloads a few kilobytes instead of
-// the whole row. It owns device scratch and a pinned host buffer; it is
+// the whole row (24.6 KB with up to 2,048 candidates; a second copy
+// brings the rest of a larger set). It owns device scratch and a pinned host buffer; it is
 // used on one stream at a time. Close frees it.
 type SampleReducer struct {
 	n     int // vocabulary
@@ -41,9 +45,8 @@ type SampleReducer struct {
 	cid   DevicePtr // nb*smpChunk int32
 	ce    DevicePtr // nb*smpChunk float64
 	out   DevicePtr // head + ids + e
-	host  *HostBuffer
-	bytes int  // the download of the last Enqueue
-	greed bool // the last Enqueue was greedy
+	host  *HostBuffer // the result's layout: head, SampleKeep ids, SampleKeep e
+	greed bool        // the last Enqueue was greedy
 }
 
 // NewSampleReducer allocates a reducer for rows of n logits (1 <= n <=
@@ -118,22 +121,49 @@ func (r *SampleReducer) Enqueue(c *Ctx, logits DevicePtr, spec sample.ReduceSpec
 		return err
 	}
 	r.greed = spec.Greedy
-	r.bytes = smpIDsOff
-	if !spec.Greedy {
-		r.bytes = r.host.Len()
+	if spec.Greedy {
+		return c.DownloadAsync(r.host, 0, r.out, smpIDsOff, s)
 	}
-	return c.DownloadAsync(r.host, 0, r.out, r.bytes, s)
+	return r.download(c, 0, sampleFirst, s)
 }
 
-// Read fills dst with the last Enqueue's result (its stream synchronised
-// since); dst's slices are reused. It errors on a result that cannot come
+// download enqueues the copy of candidates [from, to) (with the head when
+// from is 0) into the host buffer.
+func (r *SampleReducer) download(c *Ctx, from, to int, s Stream) error {
+	lo := smpIDsOff + 4*from
+	if from == 0 {
+		lo = 0
+	}
+	if err := c.DownloadAsync(r.host, lo, r.out+DevicePtr(lo), smpIDsOff+4*to-lo, s); err != nil {
+		return err
+	}
+	e := smpIDsOff + 4*SampleKeep
+	return c.DownloadAsync(r.host, e+8*from, r.out+DevicePtr(e+8*from), 8*(to-from), s)
+}
+
+// Read fills dst with the last Enqueue's result (s synchronised since);
+// dst's slices are reused. With more than 2,048 candidates it copies the
+// rest on s and waits for them. It errors on a result that cannot come
 // from the kernels (a count or id out of range).
-func (r *SampleReducer) Read(dst *sample.Reduction) error {
-	return decodeReduction(r.host.Bytes()[:r.bytes], r.n, r.greed, dst)
+func (r *SampleReducer) Read(c *Ctx, s Stream, dst *sample.Reduction) error {
+	b := r.host.Bytes()
+	if !r.greed && len(b) >= smpIDsOff {
+		h := binary.LittleEndian
+		if count := int(int32(h.Uint32(b[16:]))); h.Uint32(b[20:]) != 0 && h.Uint32(b[12:]) == 0 && count > sampleFirst && count <= SampleKeep {
+			if err := r.download(c, sampleFirst, count, s); err != nil {
+				return err
+			}
+			if err := c.Sync(s); err != nil {
+				return err
+			}
+		}
+	}
+	return decodeReduction(b, r.n, r.greed, dst)
 }
 
-// decodeReduction parses smp_fin's output b (the head, and unless greedy
-// the candidates) for a row of n logits into dst.
+// decodeReduction parses smp_fin's output b for a row of n logits into
+// dst: the head, and unless greedy the candidates (b holds the head, then
+// the ids and then the e of (len(b)-32)/12 candidates).
 func decodeReduction(b []byte, n int, greedy bool, dst *sample.Reduction) error {
 	if len(b) < smpIDsOff {
 		return fmt.Errorf("cuda: sampler reduction result of %d bytes: want at least %d", len(b), smpIDsOff)

@@ -340,13 +340,16 @@ func FuzzDecodeReduction(f *testing.F) {
 func BenchmarkSampleReduce(b *testing.B) {
 	const V = 129280
 	var x uint64 = 1
-	peaked, flat := make([]float32, V), make([]float32, V)
+	peaked, wide, flat := make([]float32, V), make([]float32, V), make([]float32, V)
 	for i := range peaked {
 		x = x*6364136223846793005 + 1442695040888963407
 		u := float32(x>>40) / float32(1<<24)
-		peaked[i], flat[i] = u*8-4, u*0.5
+		peaked[i], wide[i], flat[i] = u*8-4, u*4-30, u*0.5
 		if i%997 == 0 {
 			peaked[i] += 8
+		}
+		if i%25 == 0 {
+			wide[i] = u * 3 // 5,172 ids within 3 of each other, the rest far below
 		}
 	}
 	dev := testDevice(b)
@@ -357,6 +360,7 @@ func BenchmarkSampleReduce(b *testing.B) {
 	}{
 		{"greedy", peaked, sample.Params{}},
 		{"peaked-top-p", peaked, sample.Params{Temperature: 0.6, TopP: 0.95}},
+		{"wide-top-p", wide, sample.Params{Temperature: 0.6, TopP: 0.95}},
 		{"flat-top-p", flat, sample.Params{Temperature: 0.6, TopP: 0.95}},
 	} {
 		for _, where := range []string{"device", "host"} {
@@ -394,7 +398,7 @@ func BenchmarkSampleReduce(b *testing.B) {
 							if err := ctx.Sync(st); err != nil {
 								return err
 							}
-							if err := r.Read(&red); err != nil {
+							if err := r.Read(ctx, st, &red); err != nil {
 								return err
 							}
 							if _, full, err = s.SampleReduced(&red); err != nil {
@@ -419,6 +423,75 @@ func BenchmarkSampleReduce(b *testing.B) {
 					b.Fatal(err)
 				}
 			})
+		}
+	}
+}
+
+func TestSampleReducerDevice(t *testing.T) {
+	// The reducer on the GPU against the float64 reduction, around the
+	// first download's 2,048 candidates and the capacity: the second copy
+	// must bring exactly the rest.
+	const n = 3*smpChunk + 1000
+	dev := testDevice(t)
+	for _, count := range []int{1, 700, sampleFirst, sampleFirst + 1, 5172, SampleKeep, SampleKeep + 1} {
+		var x uint64 = uint64(count)
+		l := make([]float32, n)
+		for i := range l {
+			l[i] = -1000 // e = 0: never a candidate
+		}
+		for k := range count { // spread over the chunks, values within 1 of each other
+			x = x*6364136223846793005 + 1442695040888963407
+			l[(k*7919)%n] = float32(x>>40) / float32(1<<24)
+		}
+		for _, greedy := range []bool{false, true} {
+			c := smpCase{logits: l, greedy: greedy, invT: 1, thr: 1e-4, keep: SampleKeep}
+			want, wantCount := smpWant(c)
+			spec := sample.ReduceSpec{OK: true, Greedy: greedy, InvT: c.invT, Threshold: c.thr}
+			var got sample.Reduction
+			err := dev.Do(func(ctx *Ctx) error {
+				d, err := ctx.MemAlloc(4 * n)
+				if err != nil {
+					return err
+				}
+				defer ctx.MemFree(d)
+				if err := ctx.CopyFloatsToDevice(d, l); err != nil {
+					return err
+				}
+				r, err := ctx.NewSampleReducer(n)
+				if err != nil {
+					return err
+				}
+				defer r.Close(ctx)
+				for range 2 { // twice: a second Read must not see the first's leftovers
+					if err := r.Enqueue(ctx, d, spec, ctx.Stream()); err != nil {
+						return err
+					}
+					if err := ctx.Sync(ctx.Stream()); err != nil {
+						return err
+					}
+					if err := r.Read(ctx, ctx.Stream(), &got); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatalf("%d candidates, greedy %v: %v", count, greedy, err)
+			}
+			if got.Best != want.Best || got.Bad || got.Complete != want.Complete || len(got.IDs) != len(want.IDs) {
+				t.Fatalf("%d candidates (want count %d), greedy %v: best %d complete %v, %d ids; want %d %v %d", count, wantCount, greedy, got.Best, got.Complete, len(got.IDs), want.Best, want.Complete, len(want.IDs))
+			}
+			if greedy {
+				continue
+			}
+			if math.Abs(got.Z-want.Z) > 1e-12*want.Z {
+				t.Errorf("%d candidates: z %v, want %v", count, got.Z, want.Z)
+			}
+			for i := range want.IDs {
+				if got.IDs[i] != want.IDs[i] || math.Abs(got.E[i]-want.E[i]) > 1e-14*want.E[i] {
+					t.Fatalf("%d candidates: candidate %d is %d:%v, want %d:%v", count, i, got.IDs[i], got.E[i], want.IDs[i], want.E[i])
+				}
+			}
 		}
 	}
 }

@@ -41,10 +41,10 @@ type SampleReducer struct {
 	n     int // vocabulary
 	nb    int // blocks (chunks)
 	dev   DevicePtr
-	part  DevicePtr // nb SmpPart
-	cid   DevicePtr // nb*smpChunk int32
-	ce    DevicePtr // nb*smpChunk float64
-	out   DevicePtr // head + ids + e
+	part  DevicePtr   // nb SmpPart
+	cid   DevicePtr   // nb*smpChunk int32
+	ce    DevicePtr   // nb*smpChunk float64
+	out   DevicePtr   // head + ids + e
 	host  *HostBuffer // the result's layout: head, SampleKeep ids, SampleKeep e
 	greed bool        // the last Enqueue was greedy
 }

@@ -1016,8 +1016,9 @@ type StepTiming struct {
 	Enqueue time.Duration
 	// Wait is the host blocked until the GPU has finished the chunk.
 	Wait time.Duration
-	// Download is the logits' copy into the returned slice after that
-	// (zero without logits).
+	// Download is the logits' copy into the returned slice after that,
+	// or with AppendReduce the sampler reduction's kernels and copy (zero
+	// without either).
 	Download time.Duration
 	// Return runs from the device thread's end of the chunk until the
 	// caller resumes.

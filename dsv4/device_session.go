@@ -909,6 +909,28 @@ func (s *DeviceSession) LastLogits(dst []float32) ([]float32, error) {
 	return out, nil
 }
 
+// DrawReduced implements generate.Reducer: the draw d over the last
+// AppendReduce's candidates, made on the device.
+func (s *DeviceSession) DrawReduced(d sample.DeviceDraw) (int, error) {
+	if s.failed != nil {
+		return 0, s.failed
+	}
+	if !s.reduced || s.reducer == nil {
+		return 0, fmt.Errorf("dsv4: DrawReduced: the last call was not AppendReduce")
+	}
+	var id int
+	err := s.d.dev.Do(func(c *cuda.Ctx) error {
+		var err error
+		id, err = s.reducer.Draw(c, d, c.Stream())
+		return err
+	})
+	if err != nil {
+		s.failed = fmt.Errorf("dsv4: drawing the token at position %d on the device: %w", s.pos, err)
+		return 0, s.failed
+	}
+	return id, nil
+}
+
 // reduceReq asks forward for the last row's sampler reduction instead of
 // its logits.
 type reduceReq struct {

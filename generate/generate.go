@@ -339,6 +339,16 @@ func Generate(ctx context.Context, model Model, prompt []int, opts Options, emit
 				return res, fmt.Errorf("generate: model reduced %d logits, want %d", reduction.N, vocab)
 			}
 			id, full, err = rs.SampleReduced(&reduction)
+			if err == nil && full && !reduction.Complete {
+				if d, ok := rs.PrepareDeviceDraw(&reduction); ok {
+					full = false
+					if id, err = red.DrawReduced(d); err != nil {
+						healthy = false
+						finish()
+						return res, fmt.Errorf("generate: decode step %d: %w", len(res.Tokens), err)
+					}
+				}
+			}
 			if err == nil && full {
 				if logits, err = red.LastLogits(logits); err != nil {
 					healthy = false

@@ -1,10 +1,12 @@
 package generate
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -511,13 +513,15 @@ func TestGenerateAppendInto(t *testing.T) {
 // chunks: the vocabularies here are small), as a device would.
 type reduceModel struct {
 	*fakeModel
-	reduces, lastLogits int
+	keep                       int // > 0: more candidates than this make the reduction incomplete
+	reduces, lastLogits, draws int
 }
 
 type reduceSeq struct {
 	*fakeSeq
 	rm   *reduceModel
 	last []float32
+	spec sample.ReduceSpec
 }
 
 func (m *reduceModel) NewSequence() (Sequence, error) {
@@ -552,11 +556,61 @@ func (s *reduceSeq) AppendReduce(ctx context.Context, tokens []int, spec sample.
 		x := math.Exp((float64(v) - m) * spec.InvT)
 		dst.Z += x
 		if x > 0 && x >= spec.Threshold {
+			dst.Count++
+			dst.CandMass += x
 			dst.IDs = append(dst.IDs, int32(id))
 			dst.E = append(dst.E, x)
 		}
 	}
+	if s.rm.keep > 0 && dst.Count > s.rm.keep {
+		dst.IDs, dst.E, dst.Complete = dst.IDs[:0], dst.E[:0], false
+	}
+	s.spec = spec
 	return nil
+}
+
+// DrawReduced draws as a device would: the candidates ranked by e (the
+// lower id on ties), cut by d.TopK and d.TopP, then d.U times the kept mass
+// walked in id order.
+func (s *reduceSeq) DrawReduced(d sample.DeviceDraw) (int, error) {
+	s.rm.draws++
+	m := float64(slices.Max(s.last))
+	var kept []int
+	for id, v := range s.last {
+		if x := math.Exp((float64(v) - m) * s.spec.InvT); x > 0 && x >= s.spec.Threshold {
+			kept = append(kept, id)
+		}
+	}
+	e := func(id int) float64 { return math.Exp((float64(s.last[id]) - m) * s.spec.InvT) }
+	slices.SortStableFunc(kept, func(a, b int) int { return cmp.Compare(e(b), e(a)) })
+	zk := d.Z
+	if d.TopK > 0 && d.TopK <= len(kept) {
+		kept, zk = kept[:d.TopK], 0
+		for _, id := range kept {
+			zk += e(id)
+		}
+	}
+	if d.TopP > 0 {
+		var cum float64
+		for i, id := range kept {
+			if cum += e(id); cum >= d.TopP*zk {
+				kept = kept[:i+1]
+				break
+			}
+		}
+	}
+	slices.Sort(kept)
+	var total float64
+	for _, id := range kept {
+		total += e(id)
+	}
+	u := d.U * total
+	for _, id := range kept {
+		if u -= e(id); u < 0 {
+			return id, nil
+		}
+	}
+	return kept[len(kept)-1], nil
 }
 
 func (s *reduceSeq) LastLogits(dst []float32) ([]float32, error) {
@@ -571,18 +625,22 @@ func TestGenerateReduce(t *testing.T) {
 	for _, c := range []struct {
 		name       string
 		p          sample.Params
+		keep       int  // the reducer's capacity (0: any)
 		wantReduce bool // decode steps go through AppendReduce
 		wantLogits bool // and each then asks for the logits
+		wantDraw   bool // or has the sequence draw
 	}{
-		{"greedy", sample.Params{}, true, false},
-		{"top-p", sample.Params{Temperature: 1, TopP: 0.9, Seed: 5}, true, false},
-		{"top-k and min-p", sample.Params{Temperature: 0.7, TopK: 3, MinP: 0.2, Seed: 6}, true, false},
-		{"top-k over the vocabulary", sample.Params{Temperature: 1, TopK: 16, Seed: 7}, true, true},
-		{"temperature alone", sample.Params{Temperature: 1, Seed: 8}, false, false},
+		{"greedy", sample.Params{}, 0, true, false, false},
+		{"top-p", sample.Params{Temperature: 1, TopP: 0.9, Seed: 5}, 0, true, false, false},
+		{"top-k and min-p", sample.Params{Temperature: 0.7, TopK: 3, MinP: 0.2, Seed: 6}, 0, true, false, false},
+		{"top-k over the vocabulary", sample.Params{Temperature: 1, TopK: 16, Seed: 7}, 0, true, true, false},
+		{"temperature alone", sample.Params{Temperature: 1, Seed: 8}, 0, false, false, false},
+		{"top-p, candidates past the capacity", sample.Params{Temperature: 1, TopP: 0.9, Seed: 9}, 4, true, false, true},
+		{"top-k, candidates past the capacity", sample.Params{Temperature: 1, TopK: 6, Seed: 10}, 4, true, false, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			m := &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, flat: true, next: script(3, tA)}
-			rm := &reduceModel{fakeModel: &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, flat: true, next: script(3, tA)}}
+			rm := &reduceModel{fakeModel: &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, flat: true, next: script(3, tA)}, keep: c.keep}
 			run := func(model Model) []int {
 				sp, err := sample.New(c.p)
 				if err != nil {
@@ -595,8 +653,14 @@ func TestGenerateReduce(t *testing.T) {
 				return res.Tokens
 			}
 			want, got := run(m), run(rm)
+			if c.wantDraw { // another draw order: the same seed gives the same tokens
+				want = run(&reduceModel{fakeModel: &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, flat: true, next: script(3, tA)}, keep: c.keep})
+			}
 			if !reflect.DeepEqual(got, want) {
 				t.Errorf("reduced: %v\nplain:   %v", got, want)
+			}
+			if wd := map[bool]int{true: len(want) - 1}[c.wantDraw]; rm.draws != wd {
+				t.Errorf("%d DrawReduced calls, want %d", rm.draws, wd)
 			}
 			steps := len(want) - 1
 			if wr := map[bool]int{true: steps}[c.wantReduce]; rm.reduces != wr {

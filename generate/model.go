@@ -55,6 +55,10 @@ type Reducer interface {
 	// LastLogits returns the logits of the last call, which must have been
 	// AppendReduce, in dst when cap(dst) >= VocabSize (else a new slice).
 	LastLogits(dst []float32) ([]float32, error)
+	// DrawReduced makes the draw d describes where the logits are, after
+	// an AppendReduce whose candidates did not fit in its reduction, and
+	// returns the drawn id.
+	DrawReduced(d sample.DeviceDraw) (int, error)
 }
 
 // ReducingSampler is a Sampler that can draw from a reduction of the
@@ -67,6 +71,10 @@ type ReducingSampler interface {
 	// SampleReduced draws from r, or returns full = true without drawing
 	// when it needs the logits (Sample is then called with them).
 	SampleReduced(r *sample.Reduction) (id int, full bool, err error)
+	// PrepareDeviceDraw returns, for an incomplete r, the draw a Reducer
+	// makes itself (consuming the step's draw), or ok false when only the
+	// logits will do.
+	PrepareDeviceDraw(r *sample.Reduction) (d sample.DeviceDraw, ok bool)
 }
 
 // Model creates sequences.

@@ -33,6 +33,10 @@ type Reduction struct {
 	Bad bool
 	// Z is the sum of e over every id (unused when greedy).
 	Z float64
+	// Count is how many candidates there are and CandMass the sum of
+	// their e (both also when not Complete).
+	Count    int
+	CandMass float64
 	// IDs are the candidates' ids in ascending order and E their e, when
 	// Complete (unused when greedy).
 	IDs []int32
@@ -124,4 +128,59 @@ func (s *Sampler) SampleReduced(r *Reduction) (id int, full bool, err error) {
 		return 0, true, nil // the kept set reaches below the candidates
 	}
 	return s.draw(s.order, k, n, topP, r.Z, r.Best), false, nil
+}
+
+// DeviceDraw is what a backend needs to make a step's draw itself when
+// its candidates did not fit in a Reduction (Complete false): the same
+// selection as Sample's over every candidate, then one draw in id order
+// (the same distribution as Sample's; with the same U, not always the
+// same token).
+type DeviceDraw struct {
+	// TopK keeps the TopK first ranked candidates (rank: larger e first,
+	// the lower id on ties); 0 keeps them all.
+	TopK int
+	// TopP then keeps the fewest ranked first whose e sum to at least TopP
+	// times the kept mass (the top-k set's, or Z without top-k); 0: off.
+	TopP float64
+	// Z is the row's sum of e.
+	Z float64
+	// U in [0, 1) is the draw: U times the kept mass, walked over the
+	// kept ids in id order.
+	U float64
+}
+
+// PrepareDeviceDraw returns the parameters of a backend's own draw from
+// r, an incomplete reduction that SampleReduced asked the logits for,
+// and consumes the step's one draw from the sampler's generator (the
+// backend's drawn id is the step's token). ok is false, and nothing is
+// drawn, when only the logits will do: r complete or flagged, no
+// truncation, or the top-k set or the nucleus reaching below the
+// candidates.
+func (s *Sampler) PrepareDeviceDraw(r *Reduction) (d DeviceDraw, ok bool) {
+	spec := s.Reduce()
+	if !spec.OK || spec.Greedy || r.Complete || r.Bad || r.Best < 0 || r.N <= 0 || r.Count < 1 {
+		return DeviceDraw{}, false
+	}
+	n := r.N
+	k := n
+	if s.p.TopK > 0 && s.p.TopK < n {
+		k = s.p.TopK
+	}
+	topP := s.p.TopP > 0 && s.p.TopP < 1
+	switch {
+	case k == n && !topP && s.p.MinP == 0:
+		return DeviceDraw{}, false // no truncation
+	case k < n && r.Count < k:
+		return DeviceDraw{}, false // the top-k set reaches below the candidates
+	case topP && k == n && r.CandMass < s.p.TopP*r.Z:
+		return DeviceDraw{}, false // the nucleus reaches below them
+	}
+	d = DeviceDraw{Z: r.Z, U: s.rng.Float64()}
+	if k < n {
+		d.TopK = k
+	}
+	if topP {
+		d.TopP = s.p.TopP
+	}
+	return d, true
 }

@@ -33,6 +33,8 @@ func reduceRef(logits []float32, spec ReduceSpec, keep int) *Reduction {
 			x := math.Exp((float64(logits[id]) - bestV) * spec.InvT)
 			z += x
 			if x > 0 && x >= spec.Threshold {
+				r.Count++
+				r.CandMass += x
 				if len(r.IDs) == keep {
 					r.Complete = false
 					continue
@@ -216,6 +218,73 @@ func TestSampleReducedErrors(t *testing.T) {
 			}
 			if c.wantErr != nil && !errors.Is(err, c.wantErr) {
 				t.Errorf("err %v, want %v", err, c.wantErr)
+			}
+		})
+	}
+}
+
+func TestPrepareDeviceDraw(t *testing.T) {
+	const n = 3 * chunkIDs
+	flat := make([]float32, n)
+	for i := range flat {
+		flat[i] = float32(i%7) * 0.01
+	}
+	tail := make([]float32, n) // a hot id, the rest below the threshold with 6x its mass
+	for i := range tail {
+		tail[i] = -10
+	}
+	tail[17] = 0
+	incomplete := func(l []float32, p Params) *Reduction {
+		s, _ := New(p)
+		return reduceRef(l, s.Reduce(), 0) // keeps no candidate: incomplete
+	}
+	for _, c := range []struct {
+		name   string
+		logits []float32
+		p      Params
+		want   DeviceDraw // U aside
+		ok     bool
+	}{
+		{"top-p", flat, Params{Temperature: 0.6, TopP: 0.95}, DeviceDraw{TopP: 0.95}, true},
+		{"top-k and top-p", flat, Params{Temperature: 0.6, TopK: 500, TopP: 0.8}, DeviceDraw{TopK: 500, TopP: 0.8}, true},
+		{"min-p alone", flat, Params{Temperature: 1, MinP: 0.5}, DeviceDraw{}, true},
+		{"top-k past the candidates", tail, Params{Temperature: 1, TopK: 50}, DeviceDraw{}, false},
+		{"nucleus below the threshold", tail, Params{Temperature: 1, TopP: 0.9}, DeviceDraw{}, false},
+		{"greedy", flat, Params{}, DeviceDraw{}, false},
+		{"temperature alone", flat, Params{Temperature: 1}, DeviceDraw{}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			c.p.Seed = 21
+			r := incomplete(c.logits, c.p)
+			if r.Complete {
+				t.Fatalf("premise: the reduction is complete (%d candidates)", r.Count)
+			}
+			s, _ := New(c.p)
+			d, ok := s.PrepareDeviceDraw(r)
+			if ok != c.ok {
+				t.Fatalf("ok %v, want %v (%+v)", ok, c.ok, d)
+			}
+			// One draw consumed exactly when ok: the next Sample draws what
+			// a fresh sampler's draw after one (or none) does.
+			ref, _ := New(c.p)
+			if ok {
+				if d.TopK != c.want.TopK || d.TopP != c.want.TopP || d.Z != r.Z || !(d.U >= 0 && d.U < 1) {
+					t.Errorf("draw %+v, want %+v with Z %v and U in [0, 1)", d, c.want, r.Z)
+				}
+				ref.PrepareDeviceDraw(r)
+			}
+			if c.p.Temperature == 0 {
+				return
+			}
+			for i := range 5 {
+				a, err := s.Sample(c.logits, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := ref.Sample(c.logits, nil)
+				if a != b {
+					t.Fatalf("draw %d after PrepareDeviceDraw: %d, a fresh sampler %d", i, a, b)
+				}
 			}
 		})
 	}

@@ -229,8 +229,8 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 	snap := func() dsv4.DeviceExpertCache { c, _ := m.DeviceExpertCache(); return c }
 	total := *warmup + *runs
 	bar := progress.New(stderr, "bench", int64(total*(*decode+1)), false)
-	reducedOn := ""                 // where --sample's logits were reduced ("": not at all)
-	var fullSteps, reducedSteps int // reduced steps, and those whose sampler needed every logit
+	reducedOn := ""                             // where --sample's logits were reduced ("": not at all)
+	var fullSteps, drawnSteps, reducedSteps int // reduced steps, those whose sampler needed every logit, those drawn where the logits are
 	for run := range total {
 		timed := run >= *warmup
 		toks := make([]int, *prompt+*decode)
@@ -282,6 +282,13 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 					return err
 				}
 				id, full, err := smp.SampleReduced(&reduction)
+				if err == nil && full && !reduction.Complete {
+					if d, ok := smp.PrepareDeviceDraw(&reduction); ok {
+						full = false
+						drawnSteps++
+						id, err = red.DrawReduced(d)
+					}
+				}
 				if err == nil && full {
 					fullSteps++
 					if logits, err = red.LastLogits(logits); err == nil {
@@ -368,7 +375,7 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 	if *sampled {
 		rep.Sampling = fmt.Sprintf("temperature %g, top-p %g", *temp, *topP)
 		if reducedOn != "" {
-			rep.Sampling += fmt.Sprintf(", logits reduced on the %s (%d of %d steps needed every logit)", reducedOn, fullSteps, reducedSteps)
+			rep.Sampling += fmt.Sprintf(", logits reduced on the %s (%d of %d steps drawn there, %d needed every logit)", reducedOn, drawnSteps, reducedSteps, fullSteps)
 		} else {
 			rep.Sampling += ", on the host"
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"structs"
 	"unsafe"
 
 	"moxie/sample"
@@ -20,8 +21,10 @@ func SampleSource() string { return sampleSrc }
 const (
 	smpChunk   = 8192 // SMP_CHUNK: ids per block
 	smpThreads = 256  // SMP_THREADS
-	smpPartB   = 32   // sizeof(SmpPart), padded
+	smpPartB   = 32   // sizeof(SmpPart)
 	smpIDsOff  = 32   // SMP_IDS_OFF: where the candidates' ids start
+	// smpDrawThreads is SMP_DRAW_THREADS, smp_draw's block.
+	smpDrawThreads = 512
 	// SampleKeep is the most candidates a SampleReducer returns (more make
 	// the reduction incomplete: the host sampler then reads the logits).
 	SampleKeep = 16384
@@ -35,7 +38,8 @@ const (
 // sum of e and up to SampleKeep candidates (see package sample's
 // ReduceSpec), so that a decode step downloads a few kilobytes instead of
 // the whole row (24.6 KB with up to 2,048 candidates; a second copy
-// brings the rest of a larger set). It owns device scratch and a pinned host buffer; it is
+// brings the rest of a larger set); for a larger one Draw makes the draw
+// on the device. It owns device scratch and a pinned host buffer; it is
 // used on one stream at a time. Close frees it.
 type SampleReducer struct {
 	n     int // vocabulary
@@ -45,6 +49,7 @@ type SampleReducer struct {
 	cid   DevicePtr   // nb*smpChunk int32
 	ce    DevicePtr   // nb*smpChunk float64
 	out   DevicePtr   // head + ids + e
+	drawn DevicePtr   // smp_draw's id (int32)
 	host  *HostBuffer // the result's layout: head, SampleKeep ids, SampleKeep e
 	greed bool        // the last Enqueue was greedy
 }
@@ -57,7 +62,7 @@ func (c *Ctx) NewSampleReducer(n int) (*SampleReducer, error) {
 	}
 	r := &SampleReducer{n: n, nb: (n + smpChunk - 1) / smpChunk}
 	outB := smpIDsOff + 12*SampleKeep
-	size := r.nb*smpPartB + r.nb*smpChunk*12 + outB
+	size := r.nb*smpPartB + r.nb*smpChunk*12 + outB + 8
 	p, err := c.MemAlloc(size)
 	if err != nil {
 		return nil, fmt.Errorf("cuda: sampler reduction scratch (%d bytes): %w", size, err)
@@ -67,7 +72,8 @@ func (c *Ctx) NewSampleReducer(n int) (*SampleReducer, error) {
 	r.ce = p + DevicePtr(r.nb*smpPartB) // 8-byte aligned first
 	r.cid = r.ce + DevicePtr(8*r.nb*smpChunk)
 	r.out = r.cid + DevicePtr(4*r.nb*smpChunk)
-	if r.host, err = c.NewHostBuffer(outB); err != nil {
+	r.drawn = r.out + DevicePtr(outB)
+	if r.host, err = c.NewHostBuffer(outB + 8); err != nil {
 		_ = c.MemFree(p)
 		return nil, err
 	}
@@ -158,7 +164,47 @@ func (r *SampleReducer) Read(c *Ctx, s Stream, dst *sample.Reduction) error {
 			}
 		}
 	}
-	return decodeReduction(b, r.n, r.greed, dst)
+	return decodeReduction(b[:smpIDsOff+12*SampleKeep], r.n, r.greed, dst)
+}
+
+// smpDrawArgs mirrors struct SmpDrawArgs in kernels/sample.cu.
+type smpDrawArgs struct {
+	_                    structs.HostLayout
+	Part, CID, CE, Drawn uint64
+	Z, TopP, U           float64
+	NB, K                int32
+}
+
+// Draw makes the step's draw on the device (smp_draw) over the last
+// Enqueue's candidates, which did not fit in its Reduction, as d says, and
+// returns the drawn id. It waits for s.
+func (r *SampleReducer) Draw(c *Ctx, d sample.DeviceDraw, s Stream) (int, error) {
+	if !(d.U >= 0 && d.U < 1) || d.TopK < 0 || !(d.TopP >= 0 && d.TopP < 1) || !(d.Z >= 1) {
+		return 0, fmt.Errorf("cuda: sampler draw with %+v: want U and TopP in [0, 1), TopK >= 0, Z >= 1", d)
+	}
+	k := int32(math.MaxInt32)
+	if d.TopK > 0 {
+		k = int32(min(d.TopK, math.MaxInt32))
+	}
+	a := smpDrawArgs{Part: uint64(r.part), CID: uint64(r.cid), CE: uint64(r.ce), Drawn: uint64(r.drawn),
+		Z: d.Z, TopP: d.TopP, U: d.U, NB: int32(r.nb), K: k}
+	n := int32(r.n)
+	if err := c.launchNamed(c.sampleModule, "smp_draw", Dim3{X: 1, Y: 1, Z: 1}, Dim3{X: smpDrawThreads, Y: 1, Z: 1}, 0, s,
+		unsafe.Pointer(&a), unsafe.Pointer(&n)); err != nil {
+		return 0, err
+	}
+	off := smpIDsOff + 12*SampleKeep
+	if err := c.DownloadAsync(r.host, off, r.drawn, 4, s); err != nil {
+		return 0, err
+	}
+	if err := c.Sync(s); err != nil {
+		return 0, err
+	}
+	id := int(int32(binary.LittleEndian.Uint32(r.host.Bytes()[off:])))
+	if id < 0 || id >= r.n {
+		return 0, fmt.Errorf("cuda: sampler draw returned id %d outside the vocabulary of %d", id, r.n)
+	}
+	return id, nil
 }
 
 // decodeReduction parses smp_fin's output b for a row of n logits into
@@ -172,6 +218,8 @@ func decodeReduction(b []byte, n int, greedy bool, dst *sample.Reduction) error 
 	count := int(int32(le.Uint32(b[16:])))
 	*dst = sample.Reduction{
 		N:        n,
+		Count:    max(count, 0),
+		CandMass: math.Float64frombits(le.Uint64(b[24:])),
 		Best:     int(int32(le.Uint32(b[8:]))),
 		Bad:      le.Uint32(b[12:]) != 0,
 		Z:        math.Float64frombits(le.Uint64(b[0:])),

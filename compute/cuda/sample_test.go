@@ -1,9 +1,11 @@
 package cuda
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,6 +23,11 @@ type smpCase struct {
 	invT   float64
 	thr    float64
 	keep   int
+	// With more candidates than keep, smp_draw runs at each of us with
+	// top-k k (0: none) and top-p topP (0: off).
+	k    int
+	topP float64
+	us   []float64
 }
 
 // smpWant is a float64 reduction of c written from package sample's
@@ -97,20 +104,40 @@ func smpCases() []smpCase {
 	withInf[499] = inf
 	small := row(100, func(int) float32 { return u() * 10 })
 	nFlat, _ := smpWant(smpCase{logits: flat, invT: 1 / 0.6, thr: 1e-4, keep: math.MaxInt})
+	// Three values in runs of equal logits, so that every cut falls inside
+	// a run: top-k runK ends 100 ids into the second run, top-p runP inside
+	// it by mass.
+	runs := row(2*smpChunk+300, func(i int) float32 { return -0.5 * float32(i%3) })
+	runK := (len(runs)+2)/3 + 100
+	e1 := math.Exp(-0.5)
+	n0 := float64((len(runs) + 2) / 3)
+	var zRuns float64
+	for _, v := range runs {
+		zRuns += math.Exp(float64(v))
+	}
+	runP := (n0 + 250.5*e1) / zRuns // 251 of the second run
 	return []smpCase{
-		{"peaked top-p", peaked, false, 1 / 0.6, 1e-4, SampleKeep},
-		{"peaked greedy", peaked, true, 0, 0, SampleKeep},
-		{"peaked min-p", peaked, false, 1.25, 0.05, SampleKeep},
-		{"ties", ties, false, 1, 1e-4, 64},
-		{"ties greedy", ties, true, 0, 0, 64},
-		{"masked ids", masked, false, 1, 1e-3, SampleKeep},
-		{"flat over the capacity", flat, false, 1 / 0.6, 1e-4, 64},
-		{"flat at the capacity", flat, false, 1 / 0.6, 1e-4, len(nFlat.IDs)},
-		{"all masked", allMasked, false, 1, 1e-4, 64},
-		{"NaN", withNaN, false, 1, 1e-4, 64},
-		{"NaN greedy", withNaN, true, 0, 0, 64},
-		{"+Inf", withInf, false, 1, 1e-4, 64},
-		{"small row", small, false, 0.5, 1e-4, 64},
+		{"peaked top-p", peaked, false, 1 / 0.6, 1e-4, SampleKeep, 0, 0, nil},
+		{"peaked greedy", peaked, true, 0, 0, SampleKeep, 0, 0, nil},
+		{"peaked min-p", peaked, false, 1.25, 0.05, SampleKeep, 0, 0, nil},
+		{"ties", ties, false, 1, 1e-4, 64, 0, 0, nil},
+		{"ties greedy", ties, true, 0, 0, 64, 0, 0, nil},
+		{"masked ids", masked, false, 1, 1e-3, SampleKeep, 0, 0, nil},
+		{"flat over the capacity", flat, false, 1 / 0.6, 1e-4, 64, 0, 0, nil},
+		{"flat at the capacity", flat, false, 1 / 0.6, 1e-4, len(nFlat.IDs), 0, 0, nil},
+		{"all masked", allMasked, false, 1, 1e-4, 64, 0, 0, nil},
+		{"NaN", withNaN, false, 1, 1e-4, 64, 0, 0, nil},
+		{"NaN greedy", withNaN, true, 0, 0, 64, 0, 0, nil},
+		{"+Inf", withInf, false, 1, 1e-4, 64, 0, 0, nil},
+		{"small row", small, false, 0.5, 1e-4, 64, 0, 0, nil},
+		// More candidates than keep: smp_draw's selection and draw.
+		{"draw: flat top-p", flat, false, 1 / 0.6, 1e-4, 64, 0, 0.95, []float64{0, 0.137, 0.5, 0.731, 0.999999}},
+		{"draw: flat top-k and top-p", flat, false, 1 / 0.6, 1e-4, 64, 3000, 0.8, []float64{0, 0.137, 0.5, 0.731, 0.999999}},
+		{"draw: flat top-k", flat, false, 1 / 0.6, 1e-4, 64, 777, 0, []float64{0, 0.137, 0.5, 0.731, 0.999999}},
+		{"draw: peaked min-p", peaked, false, 0.5, 0.01, 16, 0, 0, []float64{0, 0.137, 0.5, 0.731, 0.999999}},
+		{"draw: runs of ties top-k", runs, false, 1, 1e-4, 64, runK, 0, []float64{0, 0.137, 0.5, 0.731, 0.999999}},
+		{"draw: runs of ties top-p", runs, false, 1, 1e-4, 64, 0, runP, []float64{0, 0.137, 0.5, 0.731, 0.999999}},
+		{"draw: runs of ties both", runs, false, 1, 1e-4, 64, runK, 0.5, []float64{0, 0.137, 0.5, 0.731, 0.999999}},
 	}
 }
 
@@ -129,21 +156,22 @@ const smpEmuHarness = `
 using std::min; using std::max; using std::exp;
 #include "cuda_emu.h"
 inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+inline long long __double_as_longlong(double d) { long long x; memcpy(&x, &d, 8); return x; }
 #include "kern.inc"
 
-template <class F> void launch(unsigned grid, F k) {
-  gridDim = {grid, 1, 1}; blockDim = {SMP_THREADS, 1, 1};
+template <class F> void launch(unsigned grid, F k, unsigned threads = SMP_THREADS) {
+  gridDim = {grid, 1, 1}; blockDim = {threads, 1, 1};
   for (unsigned b = 0; b < grid; b++) {
-    std::barrier<> bb(SMP_THREADS);
+    std::barrier<> bb(threads);
     g_block_bar = &bb;
     std::vector<std::thread> ts;
-    for (unsigned t = 0; t < SMP_THREADS; t++)
+    for (unsigned t = 0; t < threads; t++)
       ts.emplace_back([=] { threadIdx = {t, 0, 0}; blockIdx = {b, 0, 0}; k(); });
     for (auto &t : ts) t.join();
   }
 }
 
-struct Case { std::vector<float> l; int greedy; double invT, thr; int keep; };
+struct Case { std::vector<float> l; int greedy; double invT, thr; int keep; int k; double top_p; std::vector<double> us; };
 #include "gen.inc"
 
 int main() {
@@ -168,6 +196,15 @@ int main() {
         memcpy(&id, out.data() + SMP_IDS_OFF + 4 * i, 4);
         memcpy(&e, out.data() + SMP_IDS_OFF + 4 * c.keep + 8 * i, 8);
         printf(" %d:%.17g", id, e);
+      }
+    printf("\n");
+    printf("drawn");
+    if (!c.greedy && !h.bad && h.best >= 0 && !h.complete)
+      for (double u : c.us) {
+        int drawn = -7;
+        SmpDrawArgs a{p, cid.data(), ce.data(), &drawn, h.z, c.top_p, u, nb, c.k};
+        launch(1, [&] { smp_draw(a, n); }, SMP_DRAW_THREADS);
+        printf(" %d", drawn);
       }
     printf("\n");
   }
@@ -199,20 +236,31 @@ func TestSampleReduceEmulated(t *testing.T) {
 		if c.greedy {
 			g = 1
 		}
-		fmt.Fprintf(&gen, "}, %d, %s, %s, %d},\n", g, strconv.FormatFloat(c.invT, 'g', -1, 64), strconv.FormatFloat(c.thr, 'g', -1, 64), c.keep)
+		k := c.k
+		if k <= 0 {
+			k = math.MaxInt32
+		}
+		fmt.Fprintf(&gen, "}, %d, %s, %s, %d, %d, %s, {", g, strconv.FormatFloat(c.invT, 'g', -1, 64), strconv.FormatFloat(c.thr, 'g', -1, 64), c.keep, k, strconv.FormatFloat(c.topP, 'g', -1, 64))
+		for j, u := range c.us {
+			if j > 0 {
+				gen.WriteByte(',')
+			}
+			gen.WriteString(strconv.FormatFloat(u, 'g', -1, 64))
+		}
+		gen.WriteString("}},\n")
 	}
 	gen.WriteString("};\n")
 	lines := runHostEmulation(t, map[string]string{"kern.inc": sampleSrc, "gen.inc": gen.String(), "emu.cpp": smpEmuHarness})
-	if len(lines) != 2*len(cases) {
-		t.Fatalf("emulation printed %d lines, want two per case:\n%s", len(lines), strings.Join(lines, "\n"))
+	if len(lines) != 3*len(cases) {
+		t.Fatalf("emulation printed %d lines, want three per case:\n%s", len(lines), strings.Join(lines, "\n"))
 	}
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			want, count := smpWant(c)
 			var ci, best, bad, gotCount, complete int
 			var z float64
-			if _, err := fmt.Sscanf(lines[2*i], "case %d best %d bad %d count %d complete %d z %g", &ci, &best, &bad, &gotCount, &complete, &z); err != nil || ci != i {
-				t.Fatalf("line %q: %v", lines[2*i], err)
+			if _, err := fmt.Sscanf(lines[3*i], "case %d best %d bad %d count %d complete %d z %g", &ci, &best, &bad, &gotCount, &complete, &z); err != nil || ci != i {
+				t.Fatalf("line %q: %v", lines[3*i], err)
 			}
 			if best != want.Best || (bad != 0) != want.Bad {
 				t.Fatalf("best %d bad %d, want %d %v", best, bad, want.Best, want.Bad)
@@ -229,13 +277,23 @@ func TestSampleReduceEmulated(t *testing.T) {
 			if math.Abs(z-want.Z) > 1e-13*want.Z {
 				t.Errorf("z %.17g, want %.17g", z, want.Z)
 			}
-			f := strings.Fields(lines[2*i+1])
+			f := strings.Fields(lines[3*i+1])
 			if len(f) == 0 || f[0] != "ids" {
-				t.Fatalf("line %q: want ids", lines[2*i+1])
+				t.Fatalf("line %q: want ids", lines[3*i+1])
 			}
 			if !want.Complete {
 				if len(f) != 1 {
 					t.Errorf("an incomplete result listed %d candidates", len(f)-1)
+				}
+				d := strings.Fields(lines[3*i+2])
+				if len(d) != 1+len(c.us) || d[0] != "drawn" {
+					t.Fatalf("line %q: want %d draws", lines[3*i+2], len(c.us))
+				}
+				for j, u := range c.us {
+					got, _ := strconv.Atoi(d[1+j])
+					if w := smpDrawWant(c, u); got != w {
+						t.Errorf("draw at u %v: id %d, want %d", u, got, w)
+					}
 				}
 				return
 			}
@@ -274,6 +332,7 @@ func smpResult(r sample.Reduction, count, keep int) []byte {
 	if r.Complete {
 		le.PutUint32(b[20:], 1)
 	}
+	le.PutUint64(b[24:], math.Float64bits(r.CandMass))
 	for i := range r.IDs {
 		le.PutUint32(b[smpIDsOff+4*i:], uint32(r.IDs[i]))
 		le.PutUint64(b[smpIDsOff+4*keep+8*i:], math.Float64bits(r.E[i]))
@@ -282,7 +341,7 @@ func smpResult(r sample.Reduction, count, keep int) []byte {
 }
 
 func TestDecodeReduction(t *testing.T) {
-	good := sample.Reduction{N: 50, Best: 4, Z: 1.75, IDs: []int32{4, 9}, E: []float64{1, 0.75}, Complete: true}
+	good := sample.Reduction{N: 50, Best: 4, Z: 1.75, Count: 2, CandMass: 1.75, IDs: []int32{4, 9}, E: []float64{1, 0.75}, Complete: true}
 	for _, c := range []struct {
 		name    string
 		b       []byte
@@ -291,8 +350,8 @@ func TestDecodeReduction(t *testing.T) {
 		wantErr string
 	}{
 		{"complete", smpResult(good, 2, 8), false, good, ""},
-		{"greedy reads the head only", smpResult(good, 2, 8)[:smpIDsOff], true, sample.Reduction{N: 50, Best: 4, Z: 1.75}, ""},
-		{"incomplete", smpResult(sample.Reduction{N: 50, Best: 4, Z: 30}, 40, 8), false, sample.Reduction{N: 50, Best: 4, Z: 30}, ""},
+		{"greedy reads the head only", smpResult(good, 2, 8)[:smpIDsOff], true, sample.Reduction{N: 50, Best: 4, Z: 1.75, Count: 2, CandMass: 1.75}, ""},
+		{"incomplete", smpResult(sample.Reduction{N: 50, Best: 4, Z: 30, CandMass: 29}, 40, 8), false, sample.Reduction{N: 50, Best: 4, Z: 30, Count: 40, CandMass: 29}, ""},
 		{"bad", smpResult(sample.Reduction{N: 50, Best: 4, Bad: true, Complete: true}, 0, 8), false, sample.Reduction{N: 50, Best: 4, Bad: true}, ""},
 		{"short", make([]byte, 10), false, sample.Reduction{}, "result of 10 bytes"},
 		{"argmax out of range", smpResult(sample.Reduction{N: 50, Best: 50}, 0, 8), true, sample.Reduction{}, "argmax 50"},
@@ -334,9 +393,9 @@ func FuzzDecodeReduction(f *testing.F) {
 
 // BenchmarkSampleReduce times one decode step's sampling from logits in
 // device memory (V4's vocabulary): "device" reduces them there (Enqueue,
-// Sync, Read) and draws with SampleReduced, falling back to the logits
-// when it must; "host" downloads the row into registered memory and calls
-// Sample, as a step without a reducer does.
+// Sync, Read) and draws with SampleReduced, or with Draw on the device when
+// the candidates did not fit; "host" downloads the row into registered
+// memory and calls Sample, as a step without a reducer does.
 func BenchmarkSampleReduce(b *testing.B) {
 	const V = 129280
 	var x uint64 = 1
@@ -404,6 +463,12 @@ func BenchmarkSampleReduce(b *testing.B) {
 							if _, full, err = s.SampleReduced(&red); err != nil {
 								return err
 							}
+							if d, ok := s.PrepareDeviceDraw(&red); full && ok {
+								if _, err := r.Draw(ctx, d, st); err != nil {
+									return err
+								}
+								full = false
+							}
 						}
 						if full {
 							if err := ctx.DownloadAsync(h, 0, d, 4*V, st); err != nil {
@@ -448,6 +513,8 @@ func TestSampleReducerDevice(t *testing.T) {
 			want, wantCount := smpWant(c)
 			spec := sample.ReduceSpec{OK: true, Greedy: greedy, InvT: c.invT, Threshold: c.thr}
 			var got sample.Reduction
+			draws := []smpCase{{k: 0, topP: 0.9}, {k: 500}, {k: 3000, topP: 0.5}}
+			drawn := make([][2]int, 0, 2*len(draws)) // got, want
 			err := dev.Do(func(ctx *Ctx) error {
 				d, err := ctx.MemAlloc(4 * n)
 				if err != nil {
@@ -473,6 +540,19 @@ func TestSampleReducerDevice(t *testing.T) {
 						return err
 					}
 				}
+				if got.Complete || greedy {
+					return nil
+				}
+				for _, dc := range draws { // the draw on the device, after an incomplete reduction
+					for _, u := range []float64{0.1, 0.6} {
+						id, err := r.Draw(ctx, sample.DeviceDraw{TopK: dc.k, TopP: dc.topP, Z: got.Z, U: u}, ctx.Stream())
+						if err != nil {
+							return err
+						}
+						w := smpCase{logits: l, invT: c.invT, thr: c.thr, k: dc.k, topP: dc.topP}
+						drawn = append(drawn, [2]int{id, smpDrawWant(w, u)})
+					}
+				}
 				return nil
 			})
 			if err != nil {
@@ -484,6 +564,14 @@ func TestSampleReducerDevice(t *testing.T) {
 			if greedy {
 				continue
 			}
+			for i, d := range drawn {
+				if d[0] != d[1] {
+					t.Errorf("%d candidates: draw %d drew %d, want %d", count, i, d[0], d[1])
+				}
+			}
+			if !want.Complete && len(drawn) != 2*len(draws) {
+				t.Errorf("%d candidates: %d draws made, want %d", count, len(drawn), 2*len(draws))
+			}
 			if math.Abs(got.Z-want.Z) > 1e-12*want.Z {
 				t.Errorf("%d candidates: z %v, want %v", count, got.Z, want.Z)
 			}
@@ -494,4 +582,56 @@ func TestSampleReducerDevice(t *testing.T) {
 			}
 		}
 	}
+}
+
+// smpDrawWant is smp_draw's contract in float64 for case c and draw u: the
+// candidates (e >= thr) ranked by e, larger first, the lower id on ties;
+// the top c.k of them (their mass the normaliser; without top-k the row's
+// Z); then the fewest ranked first whose mass reaches c.topP of it (all
+// when they do not); then u times the kept mass walked in id order.
+func smpDrawWant(c smpCase, u float64) int {
+	r, _ := smpWant(smpCase{logits: c.logits, invT: c.invT, thr: c.thr, keep: math.MaxInt})
+	type ce struct {
+		id int32
+		e  float64
+	}
+	kept := make([]ce, len(r.IDs))
+	for i := range r.IDs {
+		kept[i] = ce{r.IDs[i], r.E[i]}
+	}
+	slices.SortFunc(kept, func(a, b ce) int {
+		if a.e != b.e {
+			return cmp.Compare(b.e, a.e)
+		}
+		return cmp.Compare(a.id, b.id)
+	})
+	zk := r.Z
+	if c.k > 0 && c.k <= len(kept) {
+		kept = kept[:c.k]
+		zk = 0
+		for _, x := range kept {
+			zk += x.e
+		}
+	}
+	if c.topP > 0 {
+		var cum float64
+		for i, x := range kept {
+			if cum += x.e; cum >= c.topP*zk {
+				kept = kept[:i+1]
+				break
+			}
+		}
+	}
+	slices.SortFunc(kept, func(a, b ce) int { return cmp.Compare(a.id, b.id) })
+	var total float64
+	for _, x := range kept {
+		total += x.e
+	}
+	v := u * total
+	for _, x := range kept {
+		if v -= x.e; v < 0 {
+			return int(x.id)
+		}
+	}
+	return int(kept[len(kept)-1].id)
 }

@@ -335,8 +335,13 @@ __device__ SmpCut smp_cut(const SmpDrawArgs& a, SmpCut in, double want, bool by_
     }
   }
   // The run at lo reaches want with everything above it, which alone does
-  // not: the smallest id bound inside the run that reaches it.
+  // not: the smallest id bound inside the run that reaches it (a run of one
+  // candidate, the common case, needs no search).
   int ilo = -1, ihi = n_ids - 1;  // ilo falls short, ihi reaches
+  smp_scan(a, in, lo, 0x7fffffff, &c, &m, &kmin, &kmax);
+  const int through = c;
+  smp_scan(a, in, lo, -1, &c, &m, &kmin, &kmax);
+  if (through - c == 1) return SmpCut{lo, ihi};
   while (ihi - ilo > 1) {
     const int mid = ilo + (ihi - ilo) / 2;
     smp_scan(a, in, lo, mid, &c, &m, &kmin, &kmax);

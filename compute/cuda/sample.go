@@ -24,7 +24,7 @@ const (
 	smpPartB   = 32   // sizeof(SmpPart)
 	smpIDsOff  = 32   // SMP_IDS_OFF: where the candidates' ids start
 	// smpDrawThreads is SMP_DRAW_THREADS, smp_draw's block.
-	smpDrawThreads = 512
+	smpDrawThreads = 1024
 	// SampleKeep is the most candidates a SampleReducer returns (more make
 	// the reduction incomplete: the host sampler then reads the logits).
 	SampleKeep = 16384

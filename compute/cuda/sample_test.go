@@ -157,6 +157,7 @@ using std::min; using std::max; using std::exp;
 #include "cuda_emu.h"
 inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 inline long long __double_as_longlong(double d) { long long x; memcpy(&x, &d, 8); return x; }
+#define SMP_DRAW_THREADS 128  // a smaller smp_draw block than the GPU's: the same operations, fewer threads to emulate
 #include "kern.inc"
 
 template <class F> void launch(unsigned grid, F k, unsigned threads = SMP_THREADS) {

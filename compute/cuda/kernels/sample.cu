@@ -230,7 +230,9 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS) smp_fin(const SmpPart*
   }
 }
 
-#define SMP_DRAW_THREADS 512
+#ifndef SMP_DRAW_THREADS  // the host emulation runs a smaller block
+#define SMP_DRAW_THREADS 1024
+#endif
 
 // SmpDrawArgs is smp_draw's input: k keeps the k first ranked candidates (k
 // above the candidates' count: no top-k), top_p (0: off) the fewest ranked
@@ -278,8 +280,9 @@ __device__ void smp_scan(const SmpDrawArgs& a, SmpCut in, unsigned long long ge,
     const int n = a.part[b].count;
     for (int j = t; j < n; j += SMP_DRAW_THREADS) {
       const double e = a.ce[b * SMP_CHUNK + j];
-      const int id = a.cid[b * SMP_CHUNK + j];
       const unsigned long long key = smp_key(e);
+      // The id only decides at a cut's own key (a run of equal e).
+      const int id = key == in.kt || key == ge ? a.cid[b * SMP_CHUNK + j] : 0;
       if (!smp_in(in, key, id)) continue;
       if (key > ge || (key == ge && id <= gid)) {
         c++;

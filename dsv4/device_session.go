@@ -95,8 +95,8 @@ type DeviceSession struct {
 	registerDst bool
 	dstHost     *cuda.HostBuffer
 	// reducer reduces a step's logits for the sampler on the device
-	// (AppendReduce); created on first use. reduced: the last call's
-	// logits are still in s.logits, for LastLogits.
+	// (AppendReduce); allocated by open. reduced: the last call's logits
+	// are still in s.logits, for LastLogits.
 	reducer *cuda.SampleReducer
 	reduced bool
 
@@ -465,8 +465,8 @@ func (s *DeviceSession) open(pl *allocPlan, size int) (*DeviceSession, error) {
 		if err != nil {
 			return err
 		}
-		if uint64(size) > free {
-			return fmt.Errorf("dsv4: a device session for %d tokens (chunks of %d) needs %d bytes of GPU memory, %d free", s.limit, s.chunk, size, free)
+		if need := size + cuda.SampleReducerBytes(c.VocabSize); uint64(need) > free {
+			return fmt.Errorf("dsv4: a device session for %d tokens (chunks of %d) needs %d bytes of GPU memory, %d free", s.limit, s.chunk, need, free)
 		}
 		if s.arena, err = cc.NewArena(size); err != nil {
 			return fmt.Errorf("dsv4: device session state (%d bytes): %w", size, err)
@@ -484,6 +484,11 @@ func (s *DeviceSession) open(pl *allocPlan, size int) (*DeviceSession, error) {
 		}
 		if s.host, err = cc.NewHostBuffer(hostBytes); err != nil {
 			return err
+		}
+		// The sampler's reduction scratch now, not at the first decode step,
+		// so that a shortage of memory shows when the session opens.
+		if s.reducer, err = cc.NewSampleReducer(c.VocabSize); err != nil {
+			return fmt.Errorf("dsv4: the sampler's reduction scratch: %w", err)
 		}
 		s.pf.open(cc)
 		if fk := os.Getenv("MOXIE_CUDA_FORK"); fk != "off" {

@@ -54,6 +54,13 @@ type SampleReducer struct {
 	greed bool        // the last Enqueue was greedy
 }
 
+// SampleReducerBytes is the device memory NewSampleReducer(n) allocates,
+// bytes (with 196,648 bytes of pinned host memory besides).
+func SampleReducerBytes(n int) int {
+	nb := (max(n, 1) + smpChunk - 1) / smpChunk
+	return nb*smpPartB + nb*smpChunk*12 + smpIDsOff + 12*SampleKeep + 8
+}
+
 // NewSampleReducer allocates a reducer for rows of n logits (1 <= n <=
 // 256*8192).
 func (c *Ctx) NewSampleReducer(n int) (*SampleReducer, error) {
@@ -62,7 +69,7 @@ func (c *Ctx) NewSampleReducer(n int) (*SampleReducer, error) {
 	}
 	r := &SampleReducer{n: n, nb: (n + smpChunk - 1) / smpChunk}
 	outB := smpIDsOff + 12*SampleKeep
-	size := r.nb*smpPartB + r.nb*smpChunk*12 + outB + 8
+	size := SampleReducerBytes(n)
 	p, err := c.MemAlloc(size)
 	if err != nil {
 		return nil, fmt.Errorf("cuda: sampler reduction scratch (%d bytes): %w", size, err)

@@ -116,15 +116,11 @@ func (s *Sampler) SampleReduced(r *Reduction) (id int, full bool, err error) {
 		s.order = append(s.order, cand{int(id), x})
 		mass += x
 	}
-	k := n
-	if s.p.TopK > 0 && s.p.TopK < n {
-		k = s.p.TopK
-	}
-	topP := s.p.TopP > 0 && s.p.TopP < 1
-	if k == n && !topP && s.p.MinP == 0 {
+	k, topP, truncate := s.cuts(n)
+	if !truncate {
 		return 0, true, nil // top-k over the whole vocabulary: no truncation
 	}
-	if k < n && len(s.order) < k || topP && k == n && mass < s.p.TopP*r.Z {
+	if !s.enough(k, n, len(s.order), topP, mass, r.Z) {
 		return 0, true, nil // the kept set reaches below the candidates
 	}
 	return s.draw(s.order, k, n, topP, r.Z, r.Best), false, nil
@@ -162,18 +158,9 @@ func (s *Sampler) PrepareDeviceDraw(r *Reduction) (d DeviceDraw, ok bool) {
 		return DeviceDraw{}, false
 	}
 	n := r.N
-	k := n
-	if s.p.TopK > 0 && s.p.TopK < n {
-		k = s.p.TopK
-	}
-	topP := s.p.TopP > 0 && s.p.TopP < 1
-	switch {
-	case k == n && !topP && s.p.MinP == 0:
-		return DeviceDraw{}, false // no truncation
-	case k < n && r.Count < k:
-		return DeviceDraw{}, false // the top-k set reaches below the candidates
-	case topP && k == n && r.CandMass < s.p.TopP*r.Z:
-		return DeviceDraw{}, false // the nucleus reaches below them
+	k, topP, truncate := s.cuts(n)
+	if !truncate || !s.enough(k, n, r.Count, topP, r.CandMass, r.Z) {
+		return DeviceDraw{}, false // no truncation, or the kept set reaching below the candidates
 	}
 	d = DeviceDraw{Z: r.Z, U: s.rng.Float64()}
 	if k < n {

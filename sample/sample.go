@@ -173,16 +173,8 @@ func (s *Sampler) Sample(logits []float32, history []int) (int, error) {
 		s.e = make([]float64, n)
 	}
 	e := s.e[:n]
-	k := n
-	if s.p.TopK > 0 && s.p.TopK < n {
-		k = s.p.TopK
-	}
-	topP := s.p.TopP > 0 && s.p.TopP < 1
-	truncate := k < n || topP || s.p.MinP > 0
-	t := 1e-4
-	if s.p.MinP > 0 {
-		t = s.p.MinP // min-p never keeps an id with e < MinP
-	}
+	k, topP, truncate := s.cuts(n)
+	t := firstThreshold(s.p)
 	s.forChunks(n, func(c, lo, hi int) {
 		p := &parts[c]
 		p.cands = p.cands[:0]
@@ -254,14 +246,7 @@ func (s *Sampler) Sample(logits []float32, history []int) (int, error) {
 				}
 			}
 		}
-		enough := true
-		if k < n && len(s.order) < k {
-			enough = false // the top-k set (and its mass) reaches below t
-		}
-		if topP && k == n && mass < s.p.TopP*z {
-			enough = false // the nucleus reaches below t
-		}
-		if enough || t == 0 {
+		if s.enough(k, n, len(s.order), topP, mass, z) || t == 0 {
 			break
 		}
 		if t *= 1e-4; t < 1e-300 {
@@ -269,6 +254,25 @@ func (s *Sampler) Sample(logits []float32, history []int) (int, error) {
 		}
 	}
 	return s.draw(s.order, k, n, topP, z, best), nil
+}
+
+// cuts returns Sample's top-k bound for n ids (n: no top-k), whether
+// top-p is on, and whether the distribution is truncated at all.
+func (s *Sampler) cuts(n int) (k int, topP, truncate bool) {
+	k = n
+	if s.p.TopK > 0 && s.p.TopK < n {
+		k = s.p.TopK
+	}
+	topP = s.p.TopP > 0 && s.p.TopP < 1
+	return k, topP, k < n || topP || s.p.MinP > 0
+}
+
+// enough reports whether count candidates of e mass (every id above a
+// threshold, of n ids whose e sum to z) hold the whole kept set: neither
+// the top-k set (k < n) nor the nucleus reaches below them. Min-p needs
+// no check: no threshold is below MinP.
+func (s *Sampler) enough(k, n, count int, topP bool, mass, z float64) bool {
+	return !(k < n && count < k) && !(topP && k == n && mass < s.p.TopP*z)
 }
 
 // draw finishes a truncated Sample over c, the candidates above the last

@@ -920,7 +920,7 @@ func (s *DeviceSession) DrawReduced(d sample.DeviceDraw) (int, error) {
 	if s.failed != nil {
 		return 0, s.failed
 	}
-	if !s.reduced || s.reducer == nil {
+	if !s.reduced {
 		return 0, fmt.Errorf("dsv4: DrawReduced: the last call was not AppendReduce")
 	}
 	var id int
@@ -1146,14 +1146,7 @@ func (s *DeviceSession) run(c *cuda.Ctx, tokens []int, rows int, dst []float32, 
 		return nil, c.Sync(st)
 	}
 	V := cfg.VocabSize
-	if red != nil {
-		if s.reducer == nil {
-			r, err := c.NewSampleReducer(V)
-			if err != nil {
-				return nil, err
-			}
-			s.reducer = r
-		}
+	if red != nil { // s.reducer is open's while the session is usable
 		if err := s.reducer.Enqueue(c, s.logits, red.spec, st); err != nil {
 			return nil, err
 		}

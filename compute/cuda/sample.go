@@ -159,19 +159,36 @@ func (r *SampleReducer) download(c *Ctx, from, to int, s Stream) error {
 // rest on s and waits for them. It errors on a result that cannot come
 // from the kernels (a count or id out of range).
 func (r *SampleReducer) Read(c *Ctx, s Stream, dst *sample.Reduction) error {
-	b := r.host.Bytes()
-	if !r.greed && len(b) >= smpIDsOff {
-		h := binary.LittleEndian
-		if count := int(int32(h.Uint32(b[16:]))); h.Uint32(b[20:]) != 0 && h.Uint32(b[12:]) == 0 && count > sampleFirst && count <= SampleKeep {
-			if err := r.download(c, sampleFirst, count, s); err != nil {
-				return err
-			}
-			if err := c.Sync(s); err != nil {
-				return err
-			}
+	b := r.host.Bytes()[:smpIDsOff+12*SampleKeep]
+	if h := readSmpHead(b); !r.greed && h.complete && !h.bad && h.count > sampleFirst && h.count <= SampleKeep {
+		if err := r.download(c, sampleFirst, h.count, s); err != nil {
+			return err
+		}
+		if err := c.Sync(s); err != nil {
+			return err
 		}
 	}
-	return decodeReduction(b[:smpIDsOff+12*SampleKeep], r.n, r.greed, dst)
+	return decodeReduction(b, r.n, r.greed, dst)
+}
+
+// smpHead is smp_fin's head (struct SmpHead in kernels/sample.cu).
+type smpHead struct {
+	z, cmass      float64
+	best, count   int
+	bad, complete bool
+}
+
+// readSmpHead parses the head at the start of b (at least smpIDsOff bytes).
+func readSmpHead(b []byte) smpHead {
+	le := binary.LittleEndian
+	return smpHead{
+		z:        math.Float64frombits(le.Uint64(b[0:])),
+		best:     int(int32(le.Uint32(b[8:]))),
+		bad:      le.Uint32(b[12:]) != 0,
+		count:    int(int32(le.Uint32(b[16:]))),
+		complete: le.Uint32(b[20:]) != 0,
+		cmass:    math.Float64frombits(le.Uint64(b[24:])),
+	}
 }
 
 // smpDrawArgs mirrors struct SmpDrawArgs in kernels/sample.cu.
@@ -222,17 +239,18 @@ func decodeReduction(b []byte, n int, greedy bool, dst *sample.Reduction) error 
 		return fmt.Errorf("cuda: sampler reduction result of %d bytes: want at least %d", len(b), smpIDsOff)
 	}
 	le := binary.LittleEndian
-	count := int(int32(le.Uint32(b[16:])))
+	h := readSmpHead(b)
+	count := h.count
 	*dst = sample.Reduction{
 		N:        n,
 		Count:    max(count, 0),
-		CandMass: math.Float64frombits(le.Uint64(b[24:])),
-		Best:     int(int32(le.Uint32(b[8:]))),
-		Bad:      le.Uint32(b[12:]) != 0,
-		Z:        math.Float64frombits(le.Uint64(b[0:])),
+		CandMass: h.cmass,
+		Best:     h.best,
+		Bad:      h.bad,
+		Z:        h.z,
 		IDs:      dst.IDs[:0],
 		E:        dst.E[:0],
-		Complete: !greedy && le.Uint32(b[20:]) != 0,
+		Complete: !greedy && h.complete,
 	}
 	if dst.Best < -1 || dst.Best >= n {
 		return fmt.Errorf("cuda: sampler reduction's argmax %d outside the vocabulary of %d", dst.Best, n)

@@ -7,6 +7,8 @@ import (
 	"os"
 	"structs"
 	"unsafe"
+
+	"moxie/compute"
 )
 
 //go:embed kernels/fuse.cu
@@ -269,6 +271,49 @@ func (c *Ctx) hcNorm(op string, a *HCNorm, p *HC, head int32, s Stream) error {
 		}
 	}
 	return c.hcNormVariant(op, a, p, head, v, hcOneThreads, dots4, s)
+}
+
+// HCMixNormTiles finishes the sublayer boundary a of one token (T 1, mix
+// site p: HC 4, Fn F32 [24, 4·D]) whose expand and split-K partials the
+// producer of its O began (RunMoEDecodeHC or LaunchGemvHC with the
+// HCEpilogue X = a.X, Post = a.Post, Comb = a.Comb, XOut = a.XOut, Part =
+// a.Scratch, Fn = p): fuse_hc_finish4w sums the D/16 partials of each row
+// (a warp a row) and writes Pre, PostOut, CombOut and A as HCMixNorm's
+// finish does; O is not read. The gates' dot products add in another order
+// than HCMixNorm's (its dots kernel's splits), so the results agree with
+// HCMixNorm's to rounding, not bit for bit; x' is its bits. Scratch must
+// hold HCEpiloguePartBytes(D); A must not overlap XOut, Pre, PostOut,
+// CombOut or Scratch. It can be captured in a CUDA graph once the fuse
+// module is loaded (LoadFuse).
+func (c *Ctx) HCMixNormTiles(a *HCNorm, p *HC, s Stream) error {
+	const op = "HCMixNormTiles"
+	if a == nil || p == nil {
+		return opErr(op, "nil arguments or HC parameters")
+	}
+	if _, err := p.check(op, 0); err != nil {
+		return err
+	}
+	D := p.Fn.Cols / p.HC
+	switch {
+	case p.HC != 4 || p.Fn.Format != compute.F32:
+		return opErr(op, "HC %d, Fn %v: want HC 4 and F32 (the MoE epilogue's site)", p.HC, p.Fn.Format)
+	case a.T != 1:
+		return opErr(op, "T %d: want one token", a.T)
+	case D%16 != 0 || D > 4*rmsThreads(D):
+		return opErr(op, "stream width D %d: want a multiple of 16 up to %d", D, 4*1024)
+	case !nonNull(a.XOut, a.Pre, a.PostOut, a.CombOut, a.A, a.Scratch):
+		return opErr(op, "null XOut %#x, Pre %#x, PostOut %#x, CombOut %#x, A %#x or Scratch %#x", a.XOut, a.Pre, a.PostOut, a.CombOut, a.A, a.Scratch)
+	case a.A == a.XOut || a.A == a.Pre || a.A == a.PostOut || a.A == a.CombOut || a.A == a.Scratch:
+		return opErr(op, "A %#x aliases XOut, Pre, PostOut, CombOut or Scratch", a.A)
+	case math.IsNaN(float64(a.Eps)) || a.Eps < 0:
+		return opErr(op, "Eps %g: want >= 0", a.Eps)
+	}
+	d32, nm, s32, iters := int32(D), int32(p.Fn.Rows), int32(D/16), int32(p.Iters)
+	eps, neps, reps, head := p.Eps, p.NormEps, a.Eps, int32(0)
+	pre, post, comb, out, xs, norm, part, base, scale := a.Pre, a.PostOut, a.CombOut, a.A, a.XOut, a.Norm, a.Scratch, p.Base, p.Scale
+	return c.launchFuse("fuse_hc_finish4w", Dim3{X: 1, Y: 2}, Dim3{X: uint32(rmsThreads(D))}, 0, s,
+		ptr(&pre), ptr(&post), ptr(&comb), ptr(&out), ptr(&xs), ptr(&norm), ptr(&part), ptr(&base), ptr(&scale),
+		ptr(&d32), ptr(&nm), ptr(&s32), ptr(&iters), ptr(&eps), ptr(&neps), ptr(&head), ptr(&reps))
 }
 
 // ParseHCDots parses a $MOXIE_CUDA_HCDOTS value for a boundary of T

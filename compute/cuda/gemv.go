@@ -74,6 +74,7 @@ func (p GemvProj) checkBuffers(i int) error {
 type Gemv struct {
 	args   gemvArgs
 	kernel *Kernel
+	kh     *Kernel // the same product with the boundary's epilogue (gemvmh_*), where it fits
 	grid   Dim3
 	block  int // threads a block
 	smem   int // dynamic shared memory a block
@@ -161,10 +162,42 @@ func (c *Ctx) prepareGemvM(ps []GemvProj, u int) (*Gemv, error) {
 	g.args.N = int32(len(ps))
 	g.grid = Dim3{X: uint32(blocks)}
 	g.smem = gemvmWarps * 256 * maxPer
-	if err := c.moeKernels(kernelRef{name, &g.kernel}); err != nil {
+	refs := []kernelRef{{name, &g.kernel}}
+	// One product of whole-block tiles, plain x, one row group: it can
+	// begin the boundary after it (LaunchGemvHC; the default module holds
+	// gemvmh_f4 only).
+	if m := g.args.M[0]; len(ps) == 1 && u == gemvmHCU && m.Wpr == gemvmWarps && ps[0].Norm == 0 && m.Rpg == m.Rows {
+		refs = append(refs, kernelRef{fmt.Sprintf("gemvmh_f%d", u), &g.kh})
+	}
+	if err := c.moeKernels(refs...); err != nil {
 		return nil, err
 	}
 	return g, nil
+}
+
+// gemvmHCU is the one chunk size with a boundary-epilogue kernel
+// (gemvmh_f4 in the default moe module: the chunk dsv4 decodes with).
+const gemvmHCU = 4
+
+// HasHCEpilogue reports whether g can begin the sublayer boundary after
+// its product (LaunchGemvHC): one MMA product whose 16-row tiles each take
+// a whole block, on a plain x, in one row group, with the default chunk.
+func (g *Gemv) HasHCEpilogue() bool { return g != nil && g.kh != nil }
+
+// LaunchGemvHC is LaunchGemv whose blocks also begin the sublayer boundary
+// h after the product, its output y [rows] the boundary's O (see
+// HCEpilogue; D = rows); g must have the epilogue (HasHCEpilogue). It can
+// be captured in a CUDA graph.
+func (c *Ctx) LaunchGemvHC(g *Gemv, h *HCEpilogue, s Stream) error {
+	if !g.HasHCEpilogue() {
+		return fmt.Errorf("cuda gemv: launch with a boundary epilogue of a Gemv that has none")
+	}
+	m := g.args.M[0]
+	ha, err := hcEpilogueArgs("cuda gemv", h, int(m.Rows), DevicePtr(m.X), DevicePtr(m.Y))
+	if err != nil {
+		return err
+	}
+	return c.Launch(g.kh, g.grid, Dim3{X: uint32(g.block)}, g.smem, s, unsafe.Pointer(&g.args), unsafe.Pointer(&ha))
 }
 
 // gemvWPR picks the warps splitting each row group's columns: enough warps

@@ -448,7 +448,7 @@ const moeMaxK = 64
 // 110 KiB, one above).
 const moeWideH = 160 << 10
 
-// moeArgs mirrors struct MoeArgs in kernels/moe.cu (144 bytes; the .cu
+// moeArgs mirrors struct MoeArgs in kernels/moe.cu (200 bytes; the .cu
 // file asserts the size).
 type moeArgs struct {
 	_                                                   structs.HostLayout
@@ -456,6 +456,7 @@ type moeArgs struct {
 	E, K, D, I, Is, Bshift                              int32
 	Limit                                               float32
 	Part                                                uint64
+	HC                                                  hcEpiArgs // the boundary's epilogue (moe2lh; HC.NM 0 elsewhere): see HCEpilogue
 }
 
 // moeSplitMax bounds the blocks a row group of any split stage-2 variant
@@ -474,6 +475,7 @@ func moeSplitBytes(sp, D int) int { return 4*sp*D + 4*(D/16) }
 type MoEDecode struct {
 	args         moeArgs
 	k1, k2       *Kernel
+	kh           *Kernel // stage 2 with the boundary's epilogue (moe2lh), where the variant has one
 	grid1, grid2 Dim3
 	smem1, smem2 int
 	ctr          DevicePtr // persistent stage 1: its tile counter (two int32)
@@ -642,7 +644,11 @@ func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert
 	if split > 1 { // a partial sum a block, then tickets (split 1: moe2s's body, one block a row group)
 		m.hBytes += moeSplitBytes(split, t.Dim)
 	}
-	if err := c.moeKernels(kernelRef{n1, &m.k1}, kernelRef{n2, &m.k2}); err != nil {
+	refs := []kernelRef{{n1, &m.k1}, {n2, &m.k2}}
+	if nh := moeHCKernelName(v); nh != "" {
+		refs = append(refs, kernelRef{nh, &m.kh})
+	}
+	if err := c.moeKernels(refs...); err != nil {
 		return nil, err
 	}
 	if m.h, err = a.Alloc(m.hBytes); err != nil {
@@ -759,6 +765,103 @@ func (c *Ctx) runMoEStage1(m *MoEDecode, ids, rw DevicePtr, s Stream) error {
 		return c.Launch(m.k1, m.grid1, Dim3{X: t1}, m.smem1, s, unsafe.Pointer(&a), unsafe.Pointer(&m.ctr))
 	}
 	return c.Launch(m.k1, m.grid1, Dim3{X: t1}, m.smem1, s, unsafe.Pointer(&a))
+}
+
+// HCEpilogue is the sublayer boundary that follows a producer of a
+// model-width output o [D] (a fused MoE decode before the next layer's
+// attention-side mix, wo_b's one-token product before the FFN-side one:
+// HCMixNorm with O = o), begun in the producer's epilogue
+// (RunMoEDecodeHC, LaunchGemvHC): each block of 16 output rows also forms
+// those rows' expanded streams x' = Post·o + Combᵀ·X (HCExpand's float32
+// operations in its order, so the bits fuse_hc_dots4 gives) into XOut and
+// its tile's partials of the boundary's split-K mix into Part: row m < 24
+// the tile's Σ Fn[m, k·D + i]·x'[k][i] over its 16 rows i and 4 streams k,
+// row 24 its Σ x'², column r0/16 (so [25, D/16] float32,
+// HCEpiloguePartBytes). HCMixNormTiles then finishes the boundary from
+// them. All buffers are the caller's float32 device memory: X [4, D],
+// Post [4], Comb [4, 4], XOut [4, D] and Part 16-byte aligned; XOut must
+// not overlap X, Post, Comb, Part or the producer's input and output. Fn
+// is the boundary's mix site (HC 4, Fn F32 [24, 4·D], 16-byte aligned).
+type HCEpilogue struct {
+	X, Post, Comb, XOut, Part DevicePtr
+	Fn                        *HC
+}
+
+// hcEpiRows is MOE_HC_NM in kernels/moe.cu: the mix site's Fn rows.
+const hcEpiRows = 24
+
+// hcEpiArgs mirrors struct HcEpi in kernels/moe.cu (56 bytes).
+type hcEpiArgs struct {
+	_                             structs.HostLayout
+	X, Post, Comb, Fn, XOut, Part uint64
+	NM, Pad                       int32
+}
+
+// HCEpiloguePartBytes is the size of HCEpilogue.Part at model width D.
+func HCEpiloguePartBytes(D int) int { return 4 * (hcEpiRows + 1) * (D / 16) }
+
+// moeHCKernelName names v's stage 2 with the boundary's epilogue, or ""
+// where v has none (only the lean stage 2 of one block a row group, as
+// MoELeanX's; the default module holds moe2lh_g1_f1_d0_b2).
+func moeHCKernelName(v MoEVariant) string {
+	p := moeVariants[v]
+	if !p.lean || p.split > 0 || p.pfr || p.early2 || p.u2 != 1 || p.uf2 != 1 {
+		return ""
+	}
+	b2 := p.b
+	if p.b2 != 0 {
+		b2 = p.b2
+	}
+	return fmt.Sprintf("moe2lh_g%d_f%d_d%d_b%d", p.u2, p.uf2, p.dec, b2)
+}
+
+// HasHCEpilogue reports whether m's stage 2 can begin the boundary after
+// it (RunMoEDecodeHC).
+func (m *MoEDecode) HasHCEpilogue() bool { return m != nil && m.kh != nil }
+
+// hcEpilogueArgs validates h for a producer of D rows whose input and
+// output are in and out, and returns the kernels' argument block; errors
+// start with what.
+func hcEpilogueArgs(what string, h *HCEpilogue, D int, in, out DevicePtr) (hcEpiArgs, error) {
+	switch {
+	case h == nil || h.Fn == nil || h.Fn.Fn == nil:
+		return hcEpiArgs{}, fmt.Errorf("%s: nil boundary or mix site", what)
+	case h.Fn.HC != 4 || h.Fn.Fn.Rows != hcEpiRows || h.Fn.Fn.Cols != 4*D:
+		return hcEpiArgs{}, fmt.Errorf("%s: boundary's mix site: HC %d, Fn [%d, %d], want HC 4, Fn [%d, %d]", what, h.Fn.HC, h.Fn.Fn.Rows, h.Fn.Fn.Cols, hcEpiRows, 4*D)
+	case h.Fn.Fn.Format != compute.F32:
+		return hcEpiArgs{}, fmt.Errorf("%s: boundary's Fn is %v, want %v", what, h.Fn.Fn.Format, compute.F32)
+	case D%16 != 0:
+		return hcEpiArgs{}, fmt.Errorf("%s: boundary after %d rows: want a multiple of 16", what, D)
+	case !nonNull(h.X, h.Post, h.Comb, h.XOut, h.Part):
+		return hcEpiArgs{}, fmt.Errorf("%s: boundary: null X %#x, Post %#x, Comb %#x, XOut %#x or Part %#x", what, h.X, h.Post, h.Comb, h.XOut, h.Part)
+	case (h.X|h.Post|h.Comb|h.XOut|h.Part|h.Fn.Fn.Data)%16 != 0:
+		return hcEpiArgs{}, fmt.Errorf("%s: boundary: X %#x, Post %#x, Comb %#x, XOut %#x, Part %#x and Fn %#x must be 16-byte aligned", what, h.X, h.Post, h.Comb, h.XOut, h.Part, h.Fn.Fn.Data)
+	case h.XOut == h.X || h.XOut == h.Post || h.XOut == h.Comb || h.XOut == h.Part || h.XOut == in || h.XOut == out:
+		return hcEpiArgs{}, fmt.Errorf("%s: boundary: XOut %#x aliases X, Post, Comb, Part or the product's input or output", what, h.XOut)
+	}
+	return hcEpiArgs{X: uint64(h.X), Post: uint64(h.Post), Comb: uint64(h.Comb), Fn: uint64(h.Fn.Fn.Data), XOut: uint64(h.XOut),
+		Part: uint64(h.Part), NM: hcEpiRows}, nil
+}
+
+// RunMoEDecodeHC is RunMoEDecode whose stage 2 also begins the sublayer
+// boundary h (see HCEpilogue); m's variant must have the epilogue
+// (HasHCEpilogue). It can be captured in a CUDA graph.
+func (c *Ctx) RunMoEDecodeHC(m *MoEDecode, ids, rw DevicePtr, h *HCEpilogue, s Stream) error {
+	if !m.HasHCEpilogue() {
+		return fmt.Errorf("cuda moe decode: variant %v has no boundary epilogue", m.Variant())
+	}
+	ha, err := hcEpilogueArgs("cuda moe decode", h, int(m.args.D), DevicePtr(m.args.X), DevicePtr(m.args.Out))
+	if err != nil {
+		return err
+	}
+	if err := c.runMoEStage1(m, ids, rw, s); err != nil {
+		return err
+	}
+	a := m.args
+	a.Ids = uint64(ids)
+	a.HC = ha
+	_, t2 := m.variant.threads()
+	return c.Launch(m.kh, m.grid2, Dim3{X: t2}, m.smem2, s, unsafe.Pointer(&a))
 }
 
 func (c *Ctx) runMoEStage2(m *MoEDecode, ids DevicePtr, s Stream) error {

@@ -20,7 +20,8 @@ const gemvmDecodeU = 4
 
 // moeDefaultKernels returns the kernels a decode session launches from the
 // moe modules by default, each with why: MoEPreferred's two (the variant
-// ParseMoEVariant("") picks; moeKernelNames does not depend on the shapes)
+// ParseMoEVariant("") picks; moeKernelNames does not depend on the shapes;
+// with its stage 2 that begins the next boundary, moeHCKernelName)
 // and the gemvm chunk dsv4 asks for by default. They must be in the
 // default module, and nothing else should.
 func moeDefaultKernels(t *testing.T) map[string]string {
@@ -30,7 +31,11 @@ func moeDefaultKernels(t *testing.T) map[string]string {
 	}
 	n1, n2 := moeKernelNames(v)
 	want := map[string]string{n1: fmt.Sprintf("MoE decode variant %v, stage 1", v), n2: fmt.Sprintf("MoE decode variant %v, stage 2", v)}
+	if nh := moeHCKernelName(v); nh != "" {
+		want[nh] = fmt.Sprintf("MoE decode variant %v, stage 2 with the boundary's epilogue", v)
+	}
 	want[fmt.Sprintf("gemvm_f%d", gemvmDecodeU)] = fmt.Sprintf("Gemv MMA U %d", gemvmDecodeU)
+	want[fmt.Sprintf("gemvmh_f%d", gemvmHCU)] = fmt.Sprintf("Gemv MMA U %d with the boundary's epilogue", gemvmHCU)
 	return want
 }
 
@@ -48,7 +53,7 @@ func TestMoEModuleSources(t *testing.T) {
 		want      []string
 		notWant   []string
 	}{
-		{"default", def, []string{"struct MoeArgs", "static_assert(sizeof(MoeArgs) == 144", "MOE1LX(0, 7) MOE2L(1, 1, 0, 2)", "GEMVM(4)"},
+		{"default", def, []string{"struct MoeArgs", "static_assert(sizeof(MoeArgs) == 200", "MOE1LX(0, 7) MOE2L(1, 1, 0, 2) MOE2LH(1, 1, 0, 2)", "GEMVM(4) GEMVMH(4)"},
 			[]string{"GEMVM(1)", "GEMVM(2)", "MOE1L(0, 7)", "MOE2LP(1, 1, 0, 2)", "MOE1(8, 2, 0, 2)", "MOE1W(2, 2, 0, 2)", "MOE2S(2, 2, 0, 4, 3, 6)", "//@module"}},
 		{"bench", bench, []string{"struct MoeArgs", "GEMVM(1) GEMVM(2)", "MOE1(8, 2, 0, 2)", "MOE1L(0, 7) MOE2LP(1, 1, 0, 2)", "MOE1WP(1, 1, 0, 2)", "MOE1LXG(2, 0, 4)"},
 			[]string{"GEMVM(4)", "MOE1LX(0, 7)", "MOE2L(1, 1, 0, 2)", "//@module"}},
@@ -245,12 +250,20 @@ func cubinResources(t *testing.T, cubin []byte) map[string]kernelResources {
 }
 
 // TestMoEArgsMirror checks the Go mirror of MoeArgs: its size is the one
-// kernels/moe.cu asserts, and E, Limit and Part sit after 13 pointers and
-// 6 ints as C lays them out (Part 8-byte aligned after the float).
+// kernels/moe.cu asserts, and E, Limit, Part and the boundary's fields sit
+// after 13 pointers and 6 ints as C lays them out (Part 8-byte aligned
+// after the float).
 func TestMoEArgsMirror(t *testing.T) {
 	var a moeArgs
-	if s := unsafe.Sizeof(a); s != 144 {
-		t.Errorf("moeArgs is %d bytes, kernels/moe.cu's MoeArgs 144", s)
+	if s := unsafe.Sizeof(a); s != 200 {
+		t.Errorf("moeArgs is %d bytes, kernels/moe.cu's MoeArgs 200", s)
+	}
+	if o := unsafe.Offsetof(a.HC); o != 144 {
+		t.Errorf("moeArgs.HC at %d, MoeArgs.hc at 144", o)
+	}
+	var h hcEpiArgs
+	if s, o := unsafe.Sizeof(h), unsafe.Offsetof(h.NM); s != 56 || o != 48 {
+		t.Errorf("hcEpiArgs is %d bytes with NM at %d, HcEpi 56 with nm at 48", s, o)
 	}
 	if o := unsafe.Offsetof(a.E); o != 104 {
 		t.Errorf("moeArgs.E at %d, MoeArgs.E at 104", o)
@@ -261,7 +274,7 @@ func TestMoEArgsMirror(t *testing.T) {
 	if o := unsafe.Offsetof(a.Part); o != 136 {
 		t.Errorf("moeArgs.Part at %d, MoeArgs.part at 136", o)
 	}
-	for _, want := range []string{"sizeof(MoeArgs) == 144", "sizeof(LinRec) == 80"} {
+	for _, want := range []string{"sizeof(MoeArgs) == 200", "sizeof(LinRec) == 80", "sizeof(HcEpi) == 56"} {
 		if !bytes.Contains([]byte(MoESource()), []byte(want)) {
 			t.Errorf("kernels/moe.cu no longer asserts %q", want)
 		}
@@ -272,7 +285,8 @@ func TestMoEArgsMirror(t *testing.T) {
 }
 
 // TestMoELeanEmulated runs the lean family's kernels (MoELean, MoELeanPF,
-// MoELeanX, MoELeanX2, MoELeanX2P, MoELeanXG2, MoELeanX1G2, MoELeanX1G4, MoELeanXE, MoELeanXW8G4, MoELeanXW8G2, both stages) on the CPU through a g++ host emulation (every
+// MoELeanX, MoELeanX2, MoELeanX2P, MoELeanXG2, MoELeanX1G2, MoELeanX1G4, MoELeanXE, MoELeanXW8G4, MoELeanXW8G2, both stages,
+// and MoELeanX's stage 2 with the boundary's epilogue, moe2lh) on the CPU through a g++ host emulation (every
 // CUDA thread a std::thread, mma.sync m16n8k16 emulated from the PTX
 // fragment layouts in float64, f16 conversions by _Float16) and checks h
 // and out against a float64 evaluation of the MoE layer written in the
@@ -301,6 +315,9 @@ func TestMoELeanEmulated(t *testing.T) {
 	lines := runHostEmulation(t, map[string]string{"kern.inc": inc, "gen.inc": gen.String(), "emu.cpp": moeLeanEmuHarness})
 	for _, l := range lines {
 		t.Log(l)
+		if strings.HasPrefix(l, "FAIL") {
+			t.Error(l)
+		}
 	}
 	if len(lines) == 0 || !strings.HasPrefix(lines[len(lines)-1], "worst ") {
 		t.Fatalf("emulation did not finish: %q", lines)
@@ -383,6 +400,7 @@ func moeLeanEmuSource() (string, error) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");`, "  memcpy(dst, src, 16);"},
 		{`asm volatile("cp.async.commit_group;" ::: "memory");`, ""},
 		{`asm volatile("cp.async.wait_group 1;" ::: "memory");`, ""},
+		{`asm volatile("cp.async.wait_all;" ::: "memory");`, ""},
 	} {
 		if n := strings.Count(lean, r.old); n < 1 {
 			return "", fmt.Errorf("kernels/moe.cu: the lean section has no %q; update the emulation", r.old)
@@ -444,7 +462,10 @@ func emuInstantiations(part, sections string) (string, error) {
 // twice, and prints the max relative errors of h and out against float64
 // (FAIL above 1e-4), FAIL when the two runs differ, when an id outside
 // the table does not make out NaN, or when a split variant leaves a
-// ticket non-zero; then "worst <max>".
+// ticket non-zero; then leanxh (moe2lh: leanx's stage 2 that begins the
+// boundary after it), FAIL unless its out is leanx's bits, x' HCExpand's
+// float32 operations on it and its partials within 1e-5 of float64; then
+// "worst <max>".
 const moeLeanEmuHarness = `#include <atomic>
 #include <barrier>
 #include <thread>
@@ -481,6 +502,8 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
   g_warp_bar[w]->arrive_and_wait();
   return g_shfl[w][l ^ o];
 }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline float __fmul_rn(float a, float b) { return a * b; }
 inline float h2f(unsigned short h) { _Float16 x; memcpy(&x, &h, 2); return (float)x; }
 inline unsigned short f2h(float f) { _Float16 x = (_Float16)f; unsigned short h; memcpy(&h, &x, 2); return h; }
 inline void hilo(float v, unsigned short &hi, unsigned short &lo) { hi = f2h(v); lo = f2h((v - h2f(hi)) * 2048.f); }
@@ -540,6 +563,46 @@ template <class A> void launch(void (*k)(A), unsigned grid, unsigned threads, A 
     for (unsigned w = 0; w < threads / 32; w++) delete g_warp_bar[w];
   }
 }
+
+// The boundary a producer of out [D] begins (HcEpi, hc_epi_finish): random
+// streams, coefficients and fn; then, after the producer ran, how many
+// x' values are off HCExpand's float32 operations on out, and the
+// partials' largest error against float64 tile sums (relative to the sum
+// of the terms' magnitudes).
+struct HcData {
+  int D;
+  std::vector<float> x, post, comb, fn, xo, part;
+  HcData(int d, std::mt19937 &rng) : D(d), x(4 * d), post(4), comb(16), fn((size_t)24 * 4 * d), xo(4 * d, NAN), part(25 * (d / 16), NAN) {
+    std::normal_distribution<double> nd(0, 1);
+    for (auto &v : x) v = (float)nd(rng);
+    for (auto &v : post) v = (float)(2 * std::fabs(nd(rng)));
+    for (auto &v : comb) v = (float)(0.25 * std::fabs(nd(rng)));
+    for (auto &v : fn) v = (float)(0.3 * nd(rng) / std::sqrt(4.0 * d));
+  }
+  HcEpi args() { return HcEpi{x.data(), post.data(), comb.data(), fn.data(), xo.data(), part.data(), 24, 0}; }
+  void check(const float *out, int &xbad, double &pe) const {
+    xbad = 0;
+    for (int k = 0; k < 4; k++)
+      for (int i = 0; i < D; i++) {
+        float v = __fmul_rn(post[k], out[i]);
+        for (int j = 0; j < 4; j++) v = __fmaf_rn(comb[4 * j + k], x[j * D + i], v);
+        xbad += memcmp(&v, &xo[k * D + i], 4) != 0;
+      }
+    pe = 0;
+    for (int m = 0; m <= 24; m++)
+      for (int ti = 0; ti < D / 16; ti++) {
+        double sum = 0, mag = 0;
+        for (int k = 0; k < 4; k++)
+          for (int i = 16 * ti; i < 16 * ti + 16; i++) {
+            const double xv = xo[k * D + i], f = m < 24 ? (double)fn[(size_t)m * 4 * D + k * D + i] : xv;
+            sum += f * xv;
+            mag += std::fabs(f * xv);
+          }
+        const double g = part[m * (D / 16) + ti];
+        pe = std::isfinite(g) ? max(pe, std::fabs(g - sum) / max(mag, 1e-30)) : INFINITY;
+      }
+  }
+};
 
 struct Case { int D, I, Is, blk, E, K; double limit; int smem1; };
 static const Case cases[] = {
@@ -697,6 +760,27 @@ int main() {
       if (finite) printf("FAIL case %d %s: id %d outside the table left %d finite outputs\n", ci, v.name, E, finite);
       ids[K - 1] = ((K - 1) * 7 + ci) % E;
     }
+    // leanxh: leanx with moe2lh, the stage 2 that begins the sublayer
+    // boundary after it (HCEpilogue): out must be leanx's bits, x' HCExpand's
+    // float32 operations on that out, and each tile's partials within
+    // 1e-5 (relative to the sum of the terms' magnitudes) of float64 sums.
+    {
+      HcData hd(D, rng);
+      launch(moe1lx_d0_b7, grid1, 128, a);
+      launch(moe2l_g1_f1_d0_b2, D / 16, 512, a);
+      const std::vector<float> want = out;
+      MoeArgs ah = a;
+      ah.hc = hd.args();
+      std::fill(out.begin(), out.end(), NAN);
+      launch(moe1lx_d0_b7, grid1, 128, ah);
+      launch(moe2lh_g1_f1_d0_b2, D / 16, 512, ah);
+      const bool same = memcmp(want.data(), out.data(), 4 * D) == 0;
+      int xbad;
+      double pe;
+      hd.check(out.data(), xbad, pe);
+      printf("%s leanxh case %d: out %s leanx's bits, %d x' values off HCExpand's, partials max rel %.3g\n",
+             (same && xbad == 0 && pe <= 1e-5) ? "ok" : "FAIL", ci, same ? "=" : "!=", xbad, pe);
+    }
   }
   printf("worst %.3g\n", worst);
 }
@@ -708,8 +792,9 @@ int main() {
 // weights' values (E4M3 codes times E8M0 block scales): several products
 // in one launch, row groups, tiles past the last row, warps sharing a tile
 // (wpr 1 to 8), x RMS-normalized in the launch (GemvProj.Norm, against
-// RMSNorm(x)·w in float64); and that a second run gives the same bits. Skipped with
-// -short or without g++.
+// RMSNorm(x)·w in float64); and that a second run gives the same bits;
+// and gemvmh_f4 (the boundary's epilogue) where a case fits it. Skipped
+// with -short or without g++.
 func TestGemvMEmulated(t *testing.T) {
 	inc, err := moeLeanEmuSource()
 	if err != nil {
@@ -759,6 +844,9 @@ func TestGemvMEmulated(t *testing.T) {
 	lines := runHostEmulation(t, map[string]string{"kern.inc": inc, "gen.inc": gen.String(), "emu.cpp": b.String()})
 	for _, l := range lines {
 		t.Log(l)
+		if strings.HasPrefix(l, "FAIL") {
+			t.Error(l)
+		}
 	}
 	if len(lines) == 0 || !strings.HasPrefix(lines[len(lines)-1], "worst ") {
 		t.Fatalf("emulation did not finish: %q", lines)
@@ -772,6 +860,8 @@ func TestGemvMEmulated(t *testing.T) {
 // gemvm kernel run twice; FAIL above a relative error of 1e-5 or when the
 // runs differ; then "worst <max>".
 const gemvmEmuMain = `
+static HcEpi g_hc;  // gemvmh_f4's second argument
+static void gemvmh_f4_wrap(const GemvArgsM a) { gemvmh_f4(a, g_hc); }
 struct P { int rows, cols, groups, wpr, blk0; bool norm; };
 struct GCase { int n; P p[8]; unsigned grid; int smem; };
 static const GCase gcases[] = {
@@ -840,6 +930,22 @@ int main() {
       for (int i = 0; i < c.n; i++) same = same && memcmp(first[i].data(), ys[i].data(), 4 * ys[i].size()) == 0;
       printf("%s %s case %d: max rel %.3g%s\n", (e > 1e-5 || !same) ? "FAIL" : "ok", v.name, ci, e, same ? "" : ", second run differs");
       worst = max(worst, e);
+    }
+    // gemvmh_f4 (one product, one tile a block): y must be gemvm_f4's bits
+    // and the boundary it begins as HcData::check says.
+    if (c.n == 1 && c.p[0].wpr == 8 && c.p[0].groups == 1 && !c.p[0].norm) {
+      HcData hd(c.p[0].rows, rng);
+      launch<const GemvArgsM>(gemvm_f4, c.grid, 256, a);
+      const std::vector<float> want4 = ys[0];
+      g_hc = hd.args();
+      std::fill(ys[0].begin(), ys[0].end(), NAN);
+      launch<const GemvArgsM>(gemvmh_f4_wrap, c.grid, 256, a);
+      const bool same = memcmp(want4.data(), ys[0].data(), 4 * want4.size()) == 0;
+      int xbad;
+      double pe;
+      hd.check(ys[0].data(), xbad, pe);
+      printf("%s gemvmh_f4 case %d: y %s gemvm_f4's bits, %d x' values off HCExpand's, partials max rel %.3g\n",
+             (same && xbad == 0 && pe <= 1e-5) ? "ok" : "FAIL", ci, same ? "=" : "!=", xbad, pe);
     }
   }
   printf("worst %.3g\n", worst);

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -492,5 +493,214 @@ func TestMoERunChecks(t *testing.T) {
 				t.Fatalf("RunMoEDecode: error %v, want a cuda moe decode error", err)
 			}
 		})
+	}
+}
+
+// TestHCEpilogueChecks checks which variants have the boundary's epilogue and
+// what RunMoEDecodeHC refuses before it touches the device.
+func TestHCEpilogueChecks(t *testing.T) {
+	for v, want := range map[MoEVariant]string{MoELeanX: "moe2lh_g1_f1_d0_b2", MoELean: "moe2lh_g1_f1_d0_b2",
+		MoELeanPF: "", MoELeanX2: "", MoELeanXG2: "", MoELeanXE: "", MoEWide1: "", MoEDefault: ""} {
+		if got := moeHCKernelName(v); got != want {
+			t.Errorf("moeHCKernelName(%v) = %q, want %q", v, got, want)
+		}
+	}
+	const D = 256
+	fn := &DeviceWeight{Format: compute.F32, Rows: 24, Cols: 4 * D, Data: 0x10000}
+	site := &HC{Fn: fn, HC: 4}
+	ok := func() *HCEpilogue {
+		return &HCEpilogue{X: 0x1000, Post: 0x2000, Comb: 0x3000, XOut: 0x4000, Part: 0x5000, Fn: site}
+	}
+	if _, err := hcEpilogueArgs("test", ok(), D, 0x9000, 0xa000); err != nil {
+		t.Fatalf("a valid boundary: %v", err)
+	}
+	for _, c := range []struct {
+		name string
+		mod  func(h *HCEpilogue)
+		want string
+	}{
+		{"nil site", func(h *HCEpilogue) { h.Fn = nil }, "nil boundary"},
+		{"hc 2", func(h *HCEpilogue) { h.Fn = &HC{Fn: fn, HC: 2} }, "want HC 4"},
+		{"head rows", func(h *HCEpilogue) {
+			h.Fn = &HC{Fn: &DeviceWeight{Format: compute.F32, Rows: 4, Cols: 4 * D, Data: 0x10000}, HC: 4}
+		}, "Fn [24, 1024]"},
+		{"bf16", func(h *HCEpilogue) {
+			h.Fn = &HC{Fn: &DeviceWeight{Format: compute.BF16, Rows: 24, Cols: 4 * D, Data: 0x10000}, HC: 4}
+		}, "want f32"},
+		{"null part", func(h *HCEpilogue) { h.Part = 0 }, "null"},
+		{"misaligned x", func(h *HCEpilogue) { h.X += 4 }, "16-byte aligned"},
+		{"xout aliases x", func(h *HCEpilogue) { h.XOut = h.X }, "aliases"},
+		{"xout aliases the output", func(h *HCEpilogue) { h.XOut = 0xa000 }, "aliases"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := ok()
+			c.mod(h)
+			_, err := hcEpilogueArgs("test", h, D, 0x9000, 0xa000)
+			if err == nil || !strings.Contains(strings.ToLower(err.Error()), strings.ToLower(c.want)) {
+				t.Errorf("hcEpilogueArgs: %v, want an error with %q", err, c.want)
+			}
+		})
+	}
+	var c Ctx
+	if err := c.RunMoEDecodeHC(&MoEDecode{variant: MoELeanX2}, 0x100, 0x200, ok(), Stream{}); err == nil || !strings.Contains(err.Error(), "no boundary epilogue") {
+		t.Errorf("RunMoEDecodeHC on %v: %v, want a refusal", MoELeanX2, err)
+	}
+	if err := c.LaunchGemvHC(&Gemv{}, ok(), Stream{}); err == nil || !strings.Contains(err.Error(), "has none") {
+		t.Errorf("LaunchGemvHC without the epilogue kernel: %v, want a refusal", err)
+	}
+}
+
+// TestHCEpilogueDevice runs the boundary that a producer begins in its
+// epilogue (RunMoEDecodeHC or LaunchGemvHC, then HCMixNormTiles) beside the
+// plain path (RunMoEDecode or LaunchGemv, then HCMixNorm: the two-kernel
+// boundary, checked against the unfused ops by TestFuseHCNorm) on the same
+// inputs, for a fused MoE decode and a one-token FP8 product, at V4's width
+// and a small one: the output and x' must be the same bits, pre, post, comb
+// and a within 2e-6 (the gates' dot products add in another order), and a
+// captured graph of the new path must replay to the bits of its direct run.
+func TestHCEpilogueDevice(t *testing.T) {
+	withFwd(t, func(e *fwdEnv) {
+		for _, producer := range []string{"moe", "gemv"} {
+			for _, D := range []int{4096, 256} {
+				testHCEpilogue(t, e, producer, D)
+			}
+		}
+	})
+}
+
+func testHCEpilogue(t *testing.T, e *fwdEnv, producer string, D int) {
+	const E, K, I, Is, hc, nm, cols = 8, 6, 256, 256, 4, 24, 2048
+	rng := rand.New(rand.NewPCG(77, uint64(D)))
+	fnw, err := e.c.UploadWeight(e.a, computetest.RandomWeight(rng, compute.F32, nm, hc*D, 0.3/math.Sqrt(float64(hc*D))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	scale := computetest.Normal(rng, 3, 1)
+	scale[2] = 4
+	p := &HC{Fn: fnw, Base: e.up(computetest.Normal(rng, nm, 1)), Scale: e.up(scale), HC: hc, Iters: 20, Eps: 1e-6, NormEps: 1e-6}
+	post0, comb0 := make([]float32, hc), make([]float32, hc*hc)
+	for i := range post0 {
+		post0[i] = 2 * rng.Float32()
+	}
+	for i := range comb0 {
+		comb0[i] = rng.Float32() / hc
+	}
+	dX, dpost, dcomb, dw := e.up(computetest.Normal(rng, hc*D, 1)), e.up(post0), e.up(comb0), e.up(computetest.Normal(rng, D, 1))
+	// The producer: plain and epilogue launches writing out.
+	var plain func(out DevicePtr) (func(Stream) error, error)
+	var epi func(out DevicePtr, h *HCEpilogue) (func(Stream) error, error)
+	switch producer {
+	case "moe":
+		mc := newMoECase(t, e, rng, E, D, I, Is)
+		dx := e.up(computetest.Normal(rng, D, 1))
+		dids, drw := e.upInts([]int{1, 3, 5, 7, 0, 2}), e.up([]float32{0.5, 0.25, 0.125, 2, 1, 0.75})
+		prep := func(out DevicePtr) (*MoEDecode, error) {
+			m, err := e.c.PrepareMoEDecode(e.a, mc.tab, K, mc.sh, dx, out, 0.75, MoELeanX)
+			if err == nil && !m.HasHCEpilogue() {
+				err = fmt.Errorf("MoELeanX has no boundary epilogue")
+			}
+			return m, err
+		}
+		plain = func(out DevicePtr) (func(Stream) error, error) {
+			m, err := prep(out)
+			return func(s Stream) error { return e.c.RunMoEDecode(m, dids, drw, s) }, err
+		}
+		epi = func(out DevicePtr, h *HCEpilogue) (func(Stream) error, error) {
+			m, err := prep(out)
+			return func(s Stream) error { return e.c.RunMoEDecodeHC(m, dids, drw, h, s) }, err
+		}
+	case "gemv":
+		w, err := e.c.UploadWeight(e.a, computetest.RandomWeight(rng, compute.FP8Block, D, cols, 1/math.Sqrt(cols)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		dx := e.up(computetest.Normal(rng, cols, 1))
+		prep := func(out DevicePtr) (*Gemv, error) {
+			g, err := e.c.PrepareGemv([]GemvProj{{W: w, Y: out, X: dx, Groups: 1}}, GemvVariant{MMA: true, U: gemvmHCU})
+			if err == nil && !g.HasHCEpilogue() {
+				err = fmt.Errorf("the [%d, %d] product has no boundary epilogue", D, cols)
+			}
+			return g, err
+		}
+		plain = func(out DevicePtr) (func(Stream) error, error) {
+			g, err := prep(out)
+			return func(s Stream) error { return e.c.LaunchGemv(g, s) }, err
+		}
+		epi = func(out DevicePtr, h *HCEpilogue) (func(Stream) error, error) {
+			g, err := prep(out)
+			return func(s Stream) error { return e.c.LaunchGemvHC(g, h, s) }, err
+		}
+	}
+	type res struct{ out, xs, pre, post, comb, a []float32 }
+	s := e.c.Stream()
+	run := func(withEpi, graph bool) res {
+		out, xs := e.poisoned(D), e.poisoned(hc*D)
+		pre, post, comb, a := e.poisoned(hc), e.poisoned(hc), e.poisoned(hc*hc), e.poisoned(D)
+		scratch, err := e.a.Alloc(max(HCNormScratchBytes(hc, D, 1), HCEpiloguePartBytes(D)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		nb := &HCNorm{X: dX, O: out, Post: dpost, Comb: dcomb, XOut: xs, Pre: pre, PostOut: post, CombOut: comb, A: a, Norm: dw, Eps: 1e-6, Scratch: scratch, T: 1}
+		var launch func(Stream) error
+		if withEpi {
+			launch, err = epi(out, &HCEpilogue{X: dX, Post: dpost, Comb: dcomb, XOut: xs, Part: scratch, Fn: p})
+		} else {
+			launch, err = plain(out)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		enqueue := func() error {
+			if err := launch(s); err != nil {
+				return err
+			}
+			if withEpi {
+				return e.c.HCMixNormTiles(nb, p, s)
+			}
+			return e.c.HCMixNorm(nb, p, s)
+		}
+		if graph {
+			if err := e.c.BeginCapture(s); err != nil {
+				t.Fatal(err)
+			}
+			err := enqueue()
+			g, err2 := e.c.EndCapture(s)
+			if err != nil || err2 != nil {
+				t.Fatal(err, err2)
+			}
+			defer e.c.DestroyGraph(g)
+			for range 2 {
+				if err := e.c.LaunchGraph(g, s); err != nil {
+					t.Fatal(err)
+				}
+			}
+		} else if err := enqueue(); err != nil {
+			t.Fatal(err)
+		}
+		return res{e.down(out, D), e.down(xs, hc*D), e.down(pre, hc), e.down(post, hc), e.down(comb, hc*hc), e.down(a, D)}
+	}
+	old, got, gotG := run(false, false), run(true, false), run(true, true)
+	if !slices.Equal(old.out, got.out) || !slices.Equal(old.xs, got.xs) {
+		t.Errorf("%s D %d: out or x' differ from the plain path's bits", producer, D)
+	}
+	for _, c := range []struct {
+		what      string
+		got, want []float32
+	}{{"pre", got.pre, old.pre}, {"post", got.post, old.post}, {"comb", got.comb, old.comb}, {"a", got.a, old.a}} {
+		want := make([]float64, len(c.want))
+		for j, v := range c.want {
+			want[j] = float64(v)
+		}
+		r := computetest.MaxRel(c.got, want)
+		if !(r <= 2e-6) {
+			t.Errorf("%s D %d: %s: max relative difference %.3g from the plain path (limit 2e-6)", producer, D, c.what, r)
+		}
+		t.Logf("%s D %d: %s within %.3g of the plain path's", producer, D, c.what, r)
+	}
+	for _, c := range [][2][]float32{{got.out, gotG.out}, {got.xs, gotG.xs}, {got.pre, gotG.pre}, {got.comb, gotG.comb}, {got.a, gotG.a}} {
+		if !slices.Equal(c[0], c[1]) {
+			t.Errorf("%s D %d: a graph replay differs from the direct run", producer, D)
+			break
+		}
 	}
 }

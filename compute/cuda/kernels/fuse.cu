@@ -411,6 +411,69 @@ __device__ __forceinline__ float hcf4_row_sum(const float4 *r4, int S4) {
   return s;
 }
 
+// hcf4_load_x issues a collapse block's loads of token b's x' values and
+// norm weights into registers (the rmsnorm kernel's element i = threadIdx.x
+// + u·blockDim; zeros past dim): the first thing the finish4 kernels'
+// collapse blocks do.
+__device__ __forceinline__ void hcf4_load_x(const float *__restrict__ xs, const float *__restrict__ w, size_t b, int dim,
+                                            float (&xv)[4][4], float (&wv)[4]) {
+  const float *xb = xs + b * 4 * dim;
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    const int i = threadIdx.x + u * blockDim.x;
+    wv[u] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) xv[u][j] = 0.f;
+    if (i < dim) {
+#pragma unroll
+      for (int j = 0; j < 4; j++) xv[u][j] = __ldcg(xb + (size_t)j * dim + i);
+      if (w) wv[u] = __ldg(w + i);
+    }
+  }
+}
+
+// hcf4_collapse is the finish4 kernels' collapse after the gates: lane j <
+// 4 of every warp holds pre_j in g; a = Σ_j pre_j·x'_j (HCCollapse's order)
+// and a ← RMS(a; w) in the rmsnorm kernel's order (thread-strided Σa²,
+// warp_sum, the warps in order through red [32]), stored to token b's row.
+__device__ __forceinline__ void hcf4_collapse(float g, const float (&xv)[4][4], const float (&wv)[4], float *a,
+                                              const float *__restrict__ w, size_t b, int dim, float rmsEps, float *red) {
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, bd = blockDim.x;
+  float p[4];
+#pragma unroll
+  for (int j = 0; j < 4; j++) p[j] = __shfl_sync(FULL, g, j);
+  float keep[4];
+  float ss = 0.f;
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    const int i = tid + u * bd;
+    keep[u] = 0.f;
+    if (i < dim) {
+      float v = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; j++) v = __fmaf_rn(p[j], xv[u][j], v);
+      keep[u] = v;
+      ss += v * v;
+    }
+  }
+  ss = warp_sum(ss);
+  if (lane == 0) red[wid] = ss;
+  __syncthreads();
+  float tot = 0.f;
+#pragma unroll 8
+  for (int i = 0; i < (bd >> 5); i++) tot += red[i];  // block_sum's order
+  const float inv = 1.0f / sqrtf(tot / (float)dim + rmsEps);
+  float *ab = a + b * dim;
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    const int i = tid + u * bd;
+    if (i < dim) {
+      const float v = keep[u] * inv;
+      ab[i] = w ? wv[u] * v : v;
+    }
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(1024)
     fuse_hc_finish4(float *pre, float *post, float *comb, float *__restrict__ a, const float *__restrict__ xs,
                     const float *__restrict__ w, const float *__restrict__ part, const float *base, const float *scale,
@@ -445,20 +508,8 @@ extern "C" __global__ void __launch_bounds__(1024)
     return;
   }
   // The collapse block: x' and the norm weights first, then rows 0–3 and nm.
-  const float *xb = xs + b * 4 * dim;
   float xv[4][4], wv[4];
-#pragma unroll
-  for (int u = 0; u < 4; u++) {
-    const int i = tid + u * bd;
-    wv[u] = 0.f;
-#pragma unroll
-    for (int j = 0; j < 4; j++) xv[u][j] = 0.f;
-    if (i < dim) {
-#pragma unroll
-      for (int j = 0; j < 4; j++) xv[u][j] = __ldcg(xb + (size_t)j * dim + i);
-      if (w) wv[u] = __ldg(w + i);
-    }
-  }
+  hcf4_load_x(xs, w, b, dim, xv, wv);
   for (int i = tid; i < 5 * S4; i += bd) {
     const int k = i / S4, c = i - k * S4;
     ps4[k][c] = __ldg(pb4 + (k < 4 ? k : nm) * S4 + c);
@@ -470,39 +521,7 @@ extern "C" __global__ void __launch_bounds__(1024)
     g = hc_pre_gate(hcf4_row_sum(ps4[lane], S4), rho, scale, base, lane, eps);
     if (head && wid == 0) pre[b * 4 + lane] = g;
   }
-  float p[4];
-#pragma unroll
-  for (int j = 0; j < 4; j++) p[j] = __shfl_sync(FULL, g, j);
-  float keep[4];
-  float ss = 0.f;
-#pragma unroll
-  for (int u = 0; u < 4; u++) {
-    const int i = tid + u * bd;
-    keep[u] = 0.f;
-    if (i < dim) {
-      float v = 0.f;
-#pragma unroll
-      for (int j = 0; j < 4; j++) v = __fmaf_rn(p[j], xv[u][j], v);
-      keep[u] = v;
-      ss += v * v;
-    }
-  }
-  ss = warp_sum(ss);
-  if (lane == 0) red[wid] = ss;
-  __syncthreads();
-  float tot = 0.f;
-#pragma unroll 8
-  for (int i = 0; i < (bd >> 5); i++) tot += red[i];  // block_sum's order
-  const float inv = 1.0f / sqrtf(tot / (float)dim + rmsEps);
-  float *ab = a + b * dim;
-#pragma unroll
-  for (int u = 0; u < 4; u++) {
-    const int i = tid + u * bd;
-    if (i < dim) {
-      const float v = keep[u] * inv;
-      ab[i] = w ? wv[u] * v : v;
-    }
-  }
+  hcf4_collapse(g, xv, wv, a, w, b, dim, rmsEps, red);
 }
 
 // ---------------------------------------------------------------------------
@@ -659,20 +678,8 @@ extern "C" __global__ void __launch_bounds__(1024)
     return;
   }
   // The collapse block: x' and the norm weights first, then rows 0–3 and nm.
-  const float *xb = xs + b * 4 * dim;
   float xv[4][4], wv[4];
-#pragma unroll
-  for (int u = 0; u < 4; u++) {
-    const int i = tid + u * bd;
-    wv[u] = 0.f;
-#pragma unroll
-    for (int j = 0; j < 4; j++) xv[u][j] = 0.f;
-    if (i < dim) {
-#pragma unroll
-      for (int j = 0; j < 4; j++) xv[u][j] = __ldcg(xb + (size_t)j * dim + i);
-      if (w) wv[u] = __ldg(w + i);
-    }
-  }
+  hcf4_load_x(xs, w, b, dim, xv, wv);
   for (int i = tid; i < 5 * S4; i += bd) {
     const int k = i / S4, c = i - k * S4;
     ps4[k][c] = __ldg(pb4 + (k < 4 ? k : nm) * S4 + c);
@@ -686,39 +693,64 @@ extern "C" __global__ void __launch_bounds__(1024)
     g = hc_pre_gate(dl, rho, scale, base, lane, eps);
     if (head && wid == 0) pre[b * 4 + lane] = g;
   }
-  float p[4];
-#pragma unroll
-  for (int j = 0; j < 4; j++) p[j] = __shfl_sync(FULL, g, j);
-  float keep[4];
-  float ss = 0.f;
-#pragma unroll
-  for (int u = 0; u < 4; u++) {
-    const int i = tid + u * bd;
-    keep[u] = 0.f;
-    if (i < dim) {
-      float v = 0.f;
-#pragma unroll
-      for (int j = 0; j < 4; j++) v = __fmaf_rn(p[j], xv[u][j], v);
-      keep[u] = v;
-      ss += v * v;
+  hcf4_collapse(g, xv, wv, a, w, b, dim, rmsEps, red);
+}
+
+// ---------------------------------------------------------------------------
+// fuse_hc_finish4w: fuse_hc_finish4 (the same grid, block size, arguments
+// and outputs) for partials formed by a boundary's producer rather than by
+// fuse_hc_dots: a fused MoE stage 2 (moe2lh, kernels/moe.cu) leaves one
+// partial per 16-row tile, so S is D/16 (256 at V4's width) where the dots
+// kernel leaves at most HCS_MAXS. Each partial row (the nm dot rows and the
+// Σx² row nm) is summed by one warp: lane l adds elements l, l + 32, … in
+// order, then warp_sum's xor tree; so the sums, and everything after them,
+// are not fuse_hc_finish4's bits (its rows add in index order), but the
+// float32 operations after the sums are its own (hc_gates_sinkhorn,
+// hc_pre_gate, hcf4_collapse). Needs hc = 4, dim <= 4·blockDim, blockDim a
+// multiple of 32; any S >= 1.
+__device__ __forceinline__ float hcf4w_row_sum(const float *__restrict__ row, int S) {
+  float s = 0.f;
+  for (int i = threadIdx.x & 31; i < S; i += 32) s += __ldg(row + i);
+  return warp_sum(s);
+}
+
+extern "C" __global__ void __launch_bounds__(1024)
+    fuse_hc_finish4w(float *pre, float *post, float *comb, float *__restrict__ a, const float *__restrict__ xs,
+                     const float *__restrict__ w, const float *__restrict__ part, const float *base,
+                     const float *scale, int dim, int nm, int S, int iters, float eps, float normEps, int head,
+                     float rmsEps) {
+  MOXIE_PDL_PF(w, w ? 4LL * dim : 0LL);  // the norm weight (a weight: no kernel writes it)
+  __shared__ float dot[HC_MAXNM + 1];
+  __shared__ float cm[HC_MAXNM];
+  __shared__ float red[32];
+  const size_t b = blockIdx.x;
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, nw = blockDim.x >> 5;
+  const float *pb = part + b * (nm + 1) * S;
+  if (!head && blockIdx.y == 0) {
+    for (int r = wid; r <= nm; r += nw) {
+      const float v = hcf4w_row_sum(pb + (size_t)r * S, S);
+      if (lane == 0) dot[r] = v;
     }
+    __syncthreads();
+    if (tid >= 64) return;
+    const float rho = 1.0f / sqrtf(dot[nm] / (float)(4 * dim) + normEps);
+    hc_gates_sinkhorn(pre, post, comb, dot, dot + 4, dot + 8, rho, base, scale, 4, iters, eps, 0, b, cm);
+    return;
   }
-  ss = warp_sum(ss);
-  if (lane == 0) red[wid] = ss;
+  float xv[4][4], wv[4];
+  hcf4_load_x(xs, w, b, dim, xv, wv);
+  for (int r = wid; r < 5; r += nw) {  // rows 0–3, then nm into dot[4]
+    const float v = hcf4w_row_sum(pb + (size_t)(r < 4 ? r : nm) * S, S);
+    if (lane == 0) dot[r] = v;
+  }
   __syncthreads();
-  float tot = 0.f;
-#pragma unroll 8
-  for (int i = 0; i < (bd >> 5); i++) tot += red[i];  // block_sum's order
-  const float inv = 1.0f / sqrtf(tot / (float)dim + rmsEps);
-  float *ab = a + b * dim;
-#pragma unroll
-  for (int u = 0; u < 4; u++) {
-    const int i = tid + u * bd;
-    if (i < dim) {
-      const float v = keep[u] * inv;
-      ab[i] = w ? wv[u] * v : v;
-    }
+  float g = 0.f;
+  if (lane < 4) {
+    const float rho = 1.0f / sqrtf(dot[4] / (float)(4 * dim) + normEps);
+    g = hc_pre_gate(dot[lane], rho, scale, base, lane, eps);
+    if (head && wid == 0) pre[b * 4 + lane] = g;
   }
+  hcf4_collapse(g, xv, wv, a, w, b, dim, rmsEps, red);
 }
 
 // ---------------------------------------------------------------------------

@@ -72,6 +72,22 @@ struct LinRec {
 };
 static_assert(sizeof(LinRec) == 80, "LinRec must mirror LinArgs (80 bytes)");
 
+// HcEpi is the sublayer boundary that a producer of a model-width output
+// o [D] begins in its epilogue (moe2lh, gemvmh_*; see hc_epi_finish).
+struct HcEpi {
+  const float *x;     // [4, D] the boundary's streams
+  const float *post;  // [4] the previous boundary's post
+  const float *comb;  // [4, 4] and comb
+  const float *fn;    // [nm, 4·D] F32: the boundary's hc_fn
+  float *xout;        // [4, D] x'
+  float *part;        // [nm + 1, D/16] the partials
+  int nm, pad;        // nm: MOE_HC_NM (0: no epilogue)
+};
+static_assert(sizeof(HcEpi) == 56, "HcEpi must mirror hcEpiArgs (56 bytes)");
+
+// MOE_HC_NM is the epilogue's hc_fn rows (a mix site of 4 streams: (2 + 4)·4).
+#define MOE_HC_NM 24
+
 // MoeArgs mirrors moeArgs in compute/cuda/moe.go (E at byte 104, limit at 128).
 struct MoeArgs {
   const LinRec *t13;  // table: expert e's w1 record at 2e, w3 at 2e+1
@@ -87,8 +103,9 @@ struct MoeArgs {
   int bshift;              // log2 of the shared expert's FP8 block edge
   float limit;             // routed clamp (0: none)
   float *part;             // split stage 2 (moe2s): SP·D partial sums, then D/16 tickets (u32, zero between runs); else unused
+  HcEpi hc;                // the boundary after the MoE, begun by stage 2 (moe2lh); hc.nm 0 elsewhere
 };
-static_assert(sizeof(MoeArgs) == 144, "MoeArgs must mirror moeArgs (144 bytes)");
+static_assert(sizeof(MoeArgs) == 200, "MoeArgs must mirror moeArgs (200 bytes)");
 
 #define MOE_WARPS 8
 #define MOE_THREADS (32 * MOE_WARPS)
@@ -1232,6 +1249,14 @@ __device__ __forceinline__ MoxiePF moe2_pf(const MoeArgs &a) {
   return MoxiePF{sh ? a.s2 + (long long)blockIdx.x * 16 * a.Is : nullptr, nullptr, min(share, MOXIE_PF_BYTES), share,
                  sh ? 16 * MOE_WARPS : 0};
 }
+// moe2h_pf: moe2_pf's hints, then (returned, for MOXIE_PDL_PF) the
+// block's slice of the boundary's fn (moe2lh, hc_epi_stage): 4·nm
+// segments of 64 bytes, one a stream row, D floats apart.
+__device__ __forceinline__ MoxiePF moe2h_pf(const MoeArgs &a) {
+  moxie_pdl_pf(moe2_pf(a));
+  return MoxiePF{a.hc.fn ? a.hc.fn + (long long)blockIdx.x * 16 : nullptr, nullptr, 64, 4LL * a.D, a.hc.fn ? 4 * MOE_HC_NM : 0};
+}
+
 // moe2_pf of a split stage 2 (SP blocks a row group): the group's last
 // part (the one whose units reach the shared expert's spans when SP
 // divides the units evenly enough; a hint either way) asks for its rows.
@@ -1581,6 +1606,64 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src) {
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// The sublayer boundary after a producer of a model-width output o [D]
+// (MoE stage 2: moe2lh; a one-token FP8 product: gemvmh_*), begun in its
+// epilogue: each block, once its 16 output rows o[r0, r0 + 16) are summed,
+// forms the expanded streams of those rows, x'[k][i] = post[k]·o[i] + Σ_j
+// comb[j, k]·x[j][i] (HCExpand's operations in its order: fma(comb[3, k],
+// x[3], … fma(comb[0, k], x[0], post[k]·o))), stores them to xout and
+// leaves the tile's partials of the boundary's split-K mix in part[m,
+// r0/16]: for m < nm, Σ over its 64 (k, i) of fn[m, k·D + i]·x'[k][i], for
+// m = nm, Σ x'²; fuse_hc_finish4w then sums the D/16 tiles. So the
+// boundary's first kernel (fuse_hc_dots4) is not launched: x' is its bits,
+// the partials add in another order. hc_epi_stage asks for the block's fn
+// slice, x rows, post and comb (cp.async into shared memory, one commit
+// group; every thread of the block calls it once, after the PDL wait);
+// hc_epi_finish (every thread, once ho holds o's 16 rows) waits for them.
+__device__ __forceinline__ void hc_epi_stage(const HcEpi &h, int D, int r0, float *sfn, float *sx, float *spc) {
+  for (int i = threadIdx.x; i < 16 * MOE_HC_NM + 21; i += blockDim.x) {
+    if (i < 16 * MOE_HC_NM) {  // fn[m, k·D + r0 + 4q .. +4) → sfn[m·64 + 16k + 4q]
+      const int m = i >> 4, k = (i >> 2) & 3, q = i & 3;
+      cp_async16(sfn + m * 64 + k * 16 + q * 4, h.fn + (long long)m * 4 * D + (long long)k * D + r0 + q * 4);
+    } else if (i < 16 * MOE_HC_NM + 16) {  // x[k][r0 + 4q .. +4) → sx[16k + 4q]
+      const int j = i - 16 * MOE_HC_NM, k = j >> 2, q = j & 3;
+      cp_async16(sx + k * 16 + q * 4, h.x + (long long)k * D + r0 + q * 4);
+    } else {  // post → spc[0..4), comb → spc[4..20)
+      const int j = i - 16 * MOE_HC_NM - 16;
+      cp_async16(spc + 4 * j, j == 0 ? h.post : h.comb + 4 * (j - 1));
+    }
+  }
+  cp_async_commit();
+}
+
+__device__ __forceinline__ void hc_epi_finish(const HcEpi &h, int D, int r0, const float *ho, const float *sfn, const float *sx,
+                                              const float *spc) {
+  cp_async_wait_all();
+  __syncthreads();  // ho, and every thread's staged slices
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  // Lane l forms x' of rows i = l mod 16 of streams k0 = l / 16 and k1 = k0 + 2.
+  const int i = lane & 15, k0 = lane >> 4, k1 = k0 + 2;
+  const float o = ho[i];
+  float x0 = __fmul_rn(spc[k0], o), x1 = __fmul_rn(spc[k1], o);
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    x0 = __fmaf_rn(spc[4 + 4 * j + k0], sx[16 * j + i], x0);
+    x1 = __fmaf_rn(spc[4 + 4 * j + k1], sx[16 * j + i], x1);
+  }
+  if (warp == 0) {
+    h.xout[(long long)k0 * D + r0 + i] = x0;
+    h.xout[(long long)k1 * D + r0 + i] = x1;
+  }
+  for (int m = warp; m <= h.nm; m += nw) {
+    float v = m < h.nm ? __fmaf_rn(sfn[m * 64 + 16 * k1 + i], x1, __fmul_rn(sfn[m * 64 + 16 * k0 + i], x0))
+                       : __fmaf_rn(x1, x1, __fmul_rn(x0, x0));
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
+    if (lane == 0) h.part[(long long)m * (D >> 4) + (r0 >> 4)] = v;
+  }
+}
 
 // Walks the chunks [q, end) of a warp (step units each) with two in flight,
 // A in ring slot 0 and B in slot 1: ld(ch, q, slot) issues chunk q's weight
@@ -1627,16 +1710,19 @@ struct Lean2Fp4 {
 // warp first asks L2 for its whole routed range (one hint a unit and row:
 // 16 rows x 64 bytes a unit), so it is in flight at once. (The shared
 // expert's rows were asked for before the PDL wait: moe2_pf.)
-template <int G, int UF, int DEC, bool PFR, int NW = LEAN2_WARPS, int SP = 1, bool EARLY = false>
+template <int G, int UF, int DEC, bool PFR, int NW = LEAN2_WARPS, int SP = 1, bool EARLY = false, bool HCE = false>
 __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
   static_assert(UF <= 2 * G, "a ring slot holds 2G FP8 spans");
+  static_assert(!HCE || (SP == 1 && !EARLY), "the boundary's epilogue: one block a row group");
   __shared__ uint4 ring[NW][2][G * 32];
   __shared__ float red[NW][8][2];
   __shared__ const u8 *recW[MOE_MAXK], *recS[MOE_MAXK];
   __shared__ int lastBlock;
+  __shared__ __align__(16) float hfn[HCE ? MOE_HC_NM * 64 : 4], hxs[HCE ? 64 : 4], hpc[HCE ? 20 : 4], ho[HCE ? 16 : 4];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int rg = blockIdx.x / SP, part = blockIdx.x - rg * SP;
   const int r0 = rg * 16;
+  if (HCE) hc_epi_stage(a.hc, a.D, r0, hfn, hxs, hpc);
   for (int k = threadIdx.x; k < a.K; k += blockDim.x) {
     const int id = __ldg(a.ids + k);
     const bool ok = (unsigned)id < (unsigned)a.E;
@@ -1750,7 +1836,9 @@ __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
       float s = 0.f;
       for (int w = 0; w < NW; w++) s += red[w][i & 7][i >> 3];
       a.out[r0 + i] = s;
+      if (HCE) ho[i] = s;
     }
+    if (HCE) hc_epi_finish(a.hc, a.D, r0, ho, hfn, hxs, hpc);
     return;
   }
   // Split: this block's partials, then the group's last block sums them.
@@ -1791,6 +1879,11 @@ __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
   extern "C" __global__ void __launch_bounds__(32 * LEAN2_WARPS, B) moe2l_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2_pf(a)); moe_stage2l<G, UF, DEC, false>(a); }
 #define MOE2LP(G, UF, DEC, B) \
   extern "C" __global__ void __launch_bounds__(32 * LEAN2_WARPS, B) moe2lp_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2_pf(a)); moe_stage2l<G, UF, DEC, true>(a); }
+
+// moe2lh_g<G>_f<UF>_d<DEC>_b<B>: moe2l that also begins the sublayer
+// boundary after the MoE (hc_epi_finish; HCEpilogue in moe.go).
+#define MOE2LH(G, UF, DEC, B) \
+  extern "C" __global__ void __launch_bounds__(32 * LEAN2_WARPS, B) moe2lh_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2h_pf(a)); moe_stage2l<G, UF, DEC, false, LEAN2_WARPS, 1, false, true>(a); }
 
 // moe2le_g<G>_f<UF>_d<DEC>_b<B>: moe2lp whose blocks read the expert ids and
 // records, and ask L2 for every warp's routed and shared range, before they
@@ -1880,10 +1973,11 @@ __device__ __forceinline__ void gemvm_stage_xn(const float *__restrict__ v, cons
   lean_stage_x(v, xw, c0, n, W, false, w, rsqrtf(ss / (float)cols + eps));
 }
 
-template <int UF>
-__device__ __forceinline__ void gemvm_body(const GemvMatM &m, int blk, const float *nw, float eps) {
+template <int UF, bool HCE = false>
+__device__ __forceinline__ void gemvm_body(const GemvMatM &m, int blk, const float *nw, float eps, const HcEpi *hc = nullptr) {
   extern __shared__ uint4 moe_smem[];
   __shared__ float red[GEMVM_WARPS][16];
+  __shared__ __align__(16) float hfn[HCE ? MOE_HC_NM * 64 : 4], hxs[HCE ? 64 : 4], hpc[HCE ? 20 : 4], ho[HCE ? 16 : 4];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int wpr = m.wpr, part = warp % wpr;
   const int r0 = (blk * (GEMVM_WARPS / wpr) + warp / wpr) * 16;
@@ -1904,6 +1998,7 @@ __device__ __forceinline__ void gemvm_body(const GemvMatM &m, int blk, const flo
         [&](const Ch &c, int s) { c.template compute<true>(xb, bl, s, end, t, acc); },
         [&] {
           MOXIE_PDL();
+          if (HCE) hc_epi_stage(*hc, m.rows, r0, hfn, hxs, hpc);
           if (nw) gemvm_stage_xn(xg, nw, eps, m.cols, xw, s0 * 64, W, W);
           else lean_stage_x(xg, xw, s0 * 64, W, W, false);
         });
@@ -1925,7 +2020,9 @@ __device__ __forceinline__ void gemvm_body(const GemvMatM &m, int blk, const flo
     float s = 0.f;
     for (int p = 0; p < wpr; p++) s += red[warp + p][lane];
     m.y[r0 + lane] = s;
+    if (HCE) ho[lane] = s;
   }
+  if (HCE) hc_epi_finish(*hc, m.rows, r0, ho, hfn, hxs, hpc);  // one tile a block (wpr GEMVM_WARPS), every row live
 }
 
 // The index of the product of a that this block works on (blocks
@@ -1942,14 +2039,21 @@ __device__ __forceinline__ int gemvm_mat(const GemvArgsM &a) {
 #define GEMVM(UF) \
   extern "C" __global__ void __launch_bounds__(32 * GEMVM_WARPS) gemvm_f##UF(const GemvArgsM a) { MOXIE_PDL_INSIDE(); const int i = gemvm_mat(a); gemvm_body<UF>(a.m[i], blockIdx.x - a.m[i].blk0, a.nw[i], a.eps[i]); }
 
+// gemvmh_f<UF>: gemvm_f<UF> for one product whose 16-row tiles each take a
+// whole block (wpr GEMVM_WARPS: every warp's r0 the block's) and whose
+// output o = y [rows] begins the sublayer boundary h (hc_epi_finish; D =
+// rows; HCEpilogue in moe.go).
+#define GEMVMH(UF) \
+  extern "C" __global__ void __launch_bounds__(32 * GEMVM_WARPS) gemvmh_f##UF(const GemvArgsM a, const HcEpi h) { MOXIE_PDL_INSIDE(); gemvm_body<UF, true>(a.m[0], blockIdx.x, a.nw[0], a.eps[0], &h); }
+
 //@module moe
 // The default module, compiled (or read from the disk cache) on first use:
 // the two kernels of MoEPreferred (MoELeanX: moe1lx_d0_b7, moe2l_g1_f1_d0_b2;
 // their names do not depend on the shapes) and the tensor-core Gemv kernel
 // a decode session launches by default (gemvm_f4: $MOXIE_CUDA_GEMVM's
 // default "a,q,wo,u4" in dsv4).
-MOE1LX(0, 7) MOE2L(1, 1, 0, 2)
-GEMVM(4)
+MOE1LX(0, 7) MOE2L(1, 1, 0, 2) MOE2LH(1, 1, 0, 2)
+GEMVM(4) GEMVMH(4)
 
 //@module bench
 // Every other variant's kernels, compiled only when a prepare asks for a

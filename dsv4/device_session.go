@@ -150,8 +150,19 @@ type DeviceSession struct {
 	// fused: the sublayer boundaries (expand, HC mix, collapse, norm) and
 	// the attention's row operations run as fused kernels (compute/cuda
 	// fuse.go); off with MOXIE_CUDA_FUSE=off and while a layer hook is set.
-	fused     bool
-	hcScratch cuda.DevicePtr // HCNormScratchBytes for a chunk
+	fused bool
+	// hcEpi: in a fused decode step, each MoE but the last layer's begins
+	// the next layer's attention-side boundary in its stage 2 (its expand
+	// and mix partials: cuda.RunMoEDecodeHC), and that boundary is only its
+	// finish (cuda.HCMixNormTiles); off with MOXIE_CUDA_HCEPI=off.
+	// Likewise wo_b's one-token product begins the layer's FFN-side
+	// boundary (cuda.LaunchGemvHC) where its Gemv can (decodeSets.woBHC):
+	// ffnNext is that boundary's mix site while stepFused runs the
+	// attention. hcTiles: the producer just enqueued began the next
+	// boundary, which is then only its finish.
+	hcEpi, hcTiles bool
+	ffnNext        *cuda.HC
+	hcScratch      cuda.DevicePtr // HCNormScratchBytes for a chunk (at least HCEpiloguePartBytes)
 	// hcCounters: the one-kernel boundaries' arrival counters
 	// (HCNormCounterBytes for a chunk; zeroed once, left zero by each),
 	// used with MOXIE_CUDA_HCFUSE=one (cuda.HCNorm.Counters).
@@ -256,6 +267,9 @@ type decodeSets struct {
 	// qNormed: byQ reads the raw qlat and applies its RMSNorm itself
 	// (cuda.GemvProj.Norm), so the step does not normalize qlat.
 	qNormed bool
+	// woBHC: wo_b's MMA Gemv where it can begin the FFN-side boundary in
+	// its epilogue (cuda.LaunchGemvHC; DeviceSession.hcEpi), else nil.
+	woBHC *cuda.Gemv
 }
 
 // launchFn enqueues a prepared launch on a stream.
@@ -360,7 +374,8 @@ func (m *Model) planDeviceSession(T int) (*DeviceSession, *allocPlan, int, error
 		attnDec: os.Getenv("MOXIE_CUDA_ATTNDEC") != "off" && cuda.DecodeAttentionFits(m.Cfg.NHeads, m.Cfg.HeadDim),
 		invRoPE: os.Getenv("MOXIE_CUDA_INVROPE") != "off", qPrep: os.Getenv("MOXIE_CUDA_QPREP") == "on",
 		compOne: os.Getenv("MOXIE_CUDA_COMPSTEP") != "off", woPair: os.Getenv("MOXIE_CUDA_WOPAIR") == "on",
-		pinnedLogits: os.Getenv("MOXIE_CUDA_LOGITS") != "pageable", registerDst: os.Getenv("MOXIE_CUDA_LOGITS") == ""}
+		pinnedLogits: os.Getenv("MOXIE_CUDA_LOGITS") != "pageable", registerDst: os.Getenv("MOXIE_CUDA_LOGITS") == "",
+		hcEpi: os.Getenv("MOXIE_CUDA_HCEPI") != "off"}
 	D, hc, K := c.Dim, c.HCMult, c.NActivatedExperts
 	s.topk = c.IndexTopK
 	s.entries = max(s.limit/config.CSARatio, 1)
@@ -407,7 +422,7 @@ func (m *Model) planDeviceSession(T int) (*DeviceSession, *allocPlan, int, error
 	pl.add(&s.tileBuf, 4*3*maxTiles)
 	s.headRows = min(T, maxHeadRows)
 	pl.add(&s.logits, f*s.headRows*c.VocabSize)
-	pl.add(&s.hcScratch, cuda.HCNormScratchBytes(hc, D, T))
+	pl.add(&s.hcScratch, max(cuda.HCNormScratchBytes(hc, D, T), cuda.HCEpiloguePartBytes(D)))
 	pl.add(&s.hcCounters, cuda.HCNormCounterBytes(T))
 	if s.attnDec {
 		// Keys per query are at most the window plus every entry (HCA) or
@@ -792,6 +807,11 @@ func (s *DeviceSession) decodeSets(c *cuda.Ctx, b *devBlock) (*decodeSets, error
 	}
 	if ds.woB, err = set("wo", true, proj{b.woB, s.attnOut, s.u, 1}); err != nil {
 		return nil, fmt.Errorf("wo_b: %w", err)
+	}
+	if s.hcEpi && s.gemvMMA["wo"] {
+		if g, err := c.PrepareGemv([]cuda.GemvProj{{W: b.woB, Y: s.attnOut, X: s.u, Groups: 1}}, s.gemvMMAVariant()); err == nil && g.HasHCEpilogue() {
+			ds.woBHC = g
+		}
 	}
 	return &ds, nil
 }
@@ -1311,6 +1331,7 @@ func (s *DeviceSession) stepFused(c *cuda.Ctx, T, p0, rows int, graph bool) erro
 	D, hc := cfg.Dim, cfg.HCMult
 	eps := float32(cfg.NormEps)
 	st := c.Stream()
+	s.hcTiles = false // no boundary begun by a MoE of an earlier, failed step
 	bound := func(x, o, xout cuda.DevicePtr, hcp *cuda.HC, norm cuda.DevicePtr) error {
 		a := &cuda.HCNorm{X: x, O: o, Post: s.post, Comb: s.comb, XOut: xout, Pre: s.pre, PostOut: s.post, CombOut: s.comb,
 			A: s.a, Norm: norm, Eps: eps, Scratch: s.hcScratch, Counters: s.hcCounters, T: T}
@@ -1324,17 +1345,33 @@ func (s *DeviceSession) stepFused(c *cuda.Ctx, T, p0, rows int, graph bool) erro
 		case err != nil:
 		case l == 0:
 			err = bound(s.x, 0, 0, &b.hcAttn, b.attnNorm)
+		case s.hcTiles: // the MoE before began it: x' in s.x, the partials in the scratch
+			s.hcTiles = false
+			err = c.HCMixNormTiles(&cuda.HCNorm{X: s.xmid, O: s.moeOut, Post: s.post, Comb: s.comb, XOut: s.x, Pre: s.pre,
+				PostOut: s.post, CombOut: s.comb, A: s.a, Norm: b.attnNorm, Eps: eps, Scratch: s.hcScratch, T: T}, &b.hcAttn, st)
 		default:
 			err = bound(s.xmid, s.moeOut, s.x, &b.hcAttn, b.attnNorm)
 		}
 		if err == nil {
+			s.ffnNext = &b.hcFFN
 			err = s.attention(c, b, s.layers[l], T, p0, graph)
+			s.ffnNext = nil
 		}
-		if err == nil { // into the MoE: x, attnOut → xmid
+		switch { // into the MoE: x, attnOut → xmid
+		case err != nil:
+		case s.hcTiles: // wo_b began it: x' in s.xmid, the partials in the scratch
+			s.hcTiles = false
+			err = c.HCMixNormTiles(&cuda.HCNorm{X: s.x, O: s.attnOut, Post: s.post, Comb: s.comb, XOut: s.xmid, Pre: s.pre,
+				PostOut: s.post, CombOut: s.comb, A: s.a, Norm: b.ffnNorm, Eps: eps, Scratch: s.hcScratch, T: T}, &b.hcFFN, st)
+		default:
 			err = bound(s.x, s.attnOut, s.xmid, &b.hcFFN, b.ffnNorm)
 		}
 		if err == nil {
-			err = s.moe(c, b, l, T, p0)
+			var next *cuda.HC
+			if l+1 < len(d.layers) {
+				next = &d.layers[l+1].hcAttn
+			}
+			err = s.moe(c, b, l, T, p0, next)
 		}
 		if err == nil {
 			err = s.pf.joinTo(c, st)
@@ -1405,7 +1442,7 @@ func (s *DeviceSession) layer(c *cuda.Ctx, b *devBlock, ls *devLayerState, l, T,
 	); err != nil {
 		return err
 	}
-	if err := s.moe(c, b, l, T, p0); err != nil {
+	if err := s.moe(c, b, l, T, p0, nil); err != nil {
 		return err
 	}
 	if err := s.pf.joinTo(c, st); err != nil {
@@ -1681,7 +1718,20 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 		},
 		func() error { return s.pf.at(c, s.pf.o, T, st, b.woB) },
 		merged(woA, func() error { return c.GroupedLinear(b.woA, s.u, s.o, T, cfg.OGroups, st) }),
-		merged(woB, func() error { return c.Linear(b.woB, s.attnOut, s.u, T, st) }),
+		func() error {
+			// wo_b that also begins the FFN-side boundary (stepFused reads
+			// s.hcTiles next).
+			if s.ffnNext != nil && s.hcEpi && T == 1 && dec != nil && dec.wo == nil && dec.woBHC != nil &&
+				s.ffnNext.HC == 4 && s.ffnNext.Fn != nil && s.ffnNext.Fn.Format == compute.F32 {
+				h := &cuda.HCEpilogue{X: s.x, Post: s.post, Comb: s.comb, XOut: s.xmid, Part: s.hcScratch, Fn: s.ffnNext}
+				if err := c.LaunchGemvHC(dec.woBHC, h, st); err != nil {
+					return err
+				}
+				s.hcTiles = true
+				return nil
+			}
+			return merged(woB, func() error { return c.Linear(b.woB, s.attnOut, s.u, T, st) })()
+		},
 		func() error {
 			ws := []*cuda.DeviceWeight{b.gate}
 			if b.shared != nil {
@@ -1784,8 +1834,12 @@ func (s *DeviceSession) reportSelections(c *cuda.Ctx, b *devBlock, T, p0, R int)
 	return nil
 }
 
-// moe is §4.7 for the chunk (input s.a, output s.moeOut).
-func (s *DeviceSession) moe(c *cuda.Ctx, b *devBlock, l, T, p0 int) error {
+// moe is §4.7 for the chunk (input s.a, output s.moeOut). With next (the
+// next layer's attention-side mix site; nil for none) and s.hcEpi, a fused
+// one-token MoE with its shared expert in the launch also begins that
+// boundary (cuda.RunMoEDecodeHC: x' of s.xmid into s.x, the partials into
+// s.hcScratch) and sets s.hcTiles.
+func (s *DeviceSession) moe(c *cuda.Ctx, b *devBlock, l, T, p0 int, next *cuda.HC) error {
 	m := s.m
 	cfg := m.Cfg
 	st := c.Stream()
@@ -1837,6 +1891,15 @@ func (s *DeviceSession) moe(c *cuda.Ctx, b *devBlock, l, T, p0 int) error {
 		// s.a must come from further back (the HC boundary), which holds
 		// on every path here (gate and route, or GateRoute, launch after
 		// it).
+		if next != nil && s.hcEpi && T == 1 && dec.HasHCEpilogue() && (b.shared == nil || sharedOf(b) != nil) &&
+			next.HC == 4 && next.Fn != nil && next.Fn.Format == compute.F32 {
+			h := &cuda.HCEpilogue{X: s.xmid, Post: s.post, Comb: s.comb, XOut: s.x, Part: s.hcScratch, Fn: next}
+			if err := c.RunMoEDecodeHC(dec, s.ids, s.rw, h, st); err != nil {
+				return err
+			}
+			s.hcTiles = true
+			return nil
+		}
 		if err := c.RunMoEDecode(dec, s.ids, s.rw, st); err != nil {
 			return err
 		}

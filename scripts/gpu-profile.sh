@@ -11,7 +11,10 @@
 # stopped cleanly (the JSON still written) once BUDGET seconds have passed:
 #   1. timing: `moxie bench MODEL --timing` once: the decode step's GPU time
 #      (CUDA events) against its wall time, and the host's share.
-#   2. A/B: PAIRS alternating runs of moxie_old and moxie (old first).
+#   2. A/B: PAIRS alternating runs of moxie_old and moxie (old first); or,
+#      without moxie_old and with AB_ENV set (VAR=VALUE ..., e.g.
+#      MOXIE_CUDA_HCEPI=off), of moxie under AB_ENV (the old side) and
+#      moxie as it is.
 #   3. knock-outs: for each group of KO, a run of moxie_ko with MOXIE_KO set
 #      to the group's kernel-name prefixes, each after a baseline run of
 #      moxie_ko with nothing knocked out; the group's in-step cost is its
@@ -24,7 +27,7 @@
 # --decode DECODE --runs RUNS --json F` plus BENCH_ARGS.
 #
 # Environment (defaults): MODEL ('synth:flash?layers=8&experts=16&mtp=0'),
-# PROMPT (4096), CTX (8192), DECODE (96), RUNS (2), BENCH_ARGS (), PAIRS (3),
+# PROMPT (4096), CTX (8192), DECODE (96), RUNS (2), BENCH_ARGS (), PAIRS (3), AB_ENV (),
 # KO (space-separated NAME=PREFIX[,PREFIX...]; default below), BUDGET (540),
 # NCU (0), NCU_MODEL ('synth:flash?layers=4&experts=16&mtp=0'), NCU_DECODE (2).
 #
@@ -51,6 +54,7 @@ runs=$work/runs.tsv # label, binary, knock-out, json path, exit status
 start=$(date +%s)
 status=0
 n=0
+benv= # environment assignments for the next bench run (AB_ENV's old side)
 
 left() { echo $((budget - ($(date +%s) - start))); }
 
@@ -60,9 +64,9 @@ bench() {
   shift 3
   n=$((n + 1))
   local j=$work/run-$n.json
-  echo "=== $label ($(basename "$b"), MOXIE_KO='$k', $(left)s left)" | tee -a "$log"
+  echo "=== $label ($(basename "$b"), MOXIE_KO='$k'${benv:+, $benv}, $(left)s left)" | tee -a "$log"
   # shellcheck disable=SC2086
-  MOXIE_KO=$k timeout -k 5 "$(($(left) > 30 ? $(left) : 30))" "$b" bench "$model" --backend cuda \
+  env $benv MOXIE_KO="$k" timeout -k 5 "$(($(left) > 30 ? $(left) : 30))" "$b" bench "$model" --backend cuda \
     --prompt "${PROMPT:-4096}" --ctx "${CTX:-8192}" --decode "${DECODE:-96}" --runs "${RUNS:-2}" \
     --json "$j" ${BENCH_ARGS:-} "$@" >"$work/run.log" 2>&1
   local rc=$?
@@ -77,10 +81,14 @@ bench() {
 if [ -x "$bin/moxie" ]; then
   bench timing "$bin/moxie" "" --timing
 fi
-if [ -x "$bin/moxie" ] && [ -x "$bin/moxie_old" ]; then
+if [ -x "$bin/moxie" ] && { [ -x "$bin/moxie_old" ] || [ -n "${AB_ENV:-}" ]; }; then
+  old=$bin/moxie_old
+  [ -x "$old" ] || old=$bin/moxie
   for i in $(seq "${PAIRS:-3}"); do
     [ "$(left)" -gt 60 ] || break
-    bench "ab-old-$i" "$bin/moxie_old" ""
+    [ -x "$bin/moxie_old" ] || benv=$AB_ENV
+    bench "ab-old-$i" "$old" ""
+    benv=
     bench "ab-new-$i" "$bin/moxie" ""
   done
 fi

@@ -58,15 +58,27 @@ func TestDeviceFlash(t *testing.T) {
 	}
 	cs := mc.NewSession()
 	want := run(cs.Prefill, cs.Decode)
-	ds, err := md.NewDeviceSession()
-	if err != nil {
-		t.Fatal(err)
+	// The defaults (each boundary begun in its producer's epilogue), then
+	// with wq_a+wkv forming the attention side's output itself.
+	for _, env := range []string{"", "on"} {
+		t.Setenv("MOXIE_CUDA_HCCOL", env)
+		ds, err := md.NewDeviceSession()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := run(ds.Prefill, ds.Decode)
+		t.Log(ds.Describe())
+		if ds.graph == nil {
+			t.Errorf("no decode graph captured: %v", ds.graphErr)
+		}
+		what := "device vs CPU at V4-Flash widths"
+		if env != "" {
+			what += ", MOXIE_CUDA_HCCOL=" + env
+		}
+		compareDevice(t, what, got, want, V, 2e-4)
+		if ds.epi.moe == 0 || ds.epi.woB == 0 || (env == "on") != (ds.epi.col > 0) {
+			t.Errorf("%s: launches on the epilogue paths: %+v", what, ds.epi)
+		}
+		ds.Close()
 	}
-	defer ds.Close()
-	got := run(ds.Prefill, ds.Decode)
-	t.Log(ds.Describe())
-	if ds.graph == nil {
-		t.Errorf("no decode graph captured: %v", ds.graphErr)
-	}
-	compareDevice(t, "device vs CPU at V4-Flash widths", got, want, V, 2e-4)
 }

@@ -162,7 +162,17 @@ type DeviceSession struct {
 	// boundary, which is then only its finish.
 	hcEpi, hcTiles bool
 	ffnNext        *cuda.HC
-	hcScratch      cuda.DevicePtr // HCNormScratchBytes for a chunk (at least HCEpiloguePartBytes)
+	// hcCol (MOXIE_CUDA_HCCOL=on, with hcEpi; off by default: not yet
+	// measured on a GPU): the MoE's epilogue also leaves the Gram rows, and
+	// wq_a+wkv's Gemv forms the attention-side boundary's output itself
+	// (cuda.LaunchGemvCollapse, decodeSets.byAC) without waiting for the
+	// finish; attnCol is its input while stepFused runs the attention.
+	hcCol   bool
+	attnCol *cuda.HCCollapse
+	// epi counts the launches enqueued on those paths (for tests: the MoE
+	// and wo_b epilogues, the collapse in wq_a+wkv).
+	epi       struct{ moe, woB, col int }
+	hcScratch cuda.DevicePtr // HCNormScratchBytes for a chunk (at least HCEpiloguePartBytes)
 	// hcCounters: the one-kernel boundaries' arrival counters
 	// (HCNormCounterBytes for a chunk; zeroed once, left zero by each),
 	// used with MOXIE_CUDA_HCFUSE=one (cuda.HCNorm.Counters).
@@ -269,7 +279,9 @@ type decodeSets struct {
 	qNormed bool
 	// woBHC: wo_b's MMA Gemv where it can begin the FFN-side boundary in
 	// its epilogue (cuda.LaunchGemvHC; DeviceSession.hcEpi), else nil.
-	woBHC *cuda.Gemv
+	// byAC: wq_a+wkv's MMA Gemv where it can form its x from the boundary's
+	// x' and partials (cuda.LaunchGemvCollapse; DeviceSession.hcCol).
+	woBHC, byAC *cuda.Gemv
 }
 
 // launchFn enqueues a prepared launch on a stream.
@@ -376,6 +388,7 @@ func (m *Model) planDeviceSession(T int) (*DeviceSession, *allocPlan, int, error
 		compOne: os.Getenv("MOXIE_CUDA_COMPSTEP") != "off", woPair: os.Getenv("MOXIE_CUDA_WOPAIR") == "on",
 		pinnedLogits: os.Getenv("MOXIE_CUDA_LOGITS") != "pageable", registerDst: os.Getenv("MOXIE_CUDA_LOGITS") == "",
 		hcEpi: os.Getenv("MOXIE_CUDA_HCEPI") != "off"}
+	s.hcCol = s.hcEpi && os.Getenv("MOXIE_CUDA_HCCOL") == "on"
 	D, hc, K := c.Dim, c.HCMult, c.NActivatedExperts
 	s.topk = c.IndexTopK
 	s.entries = max(s.limit/config.CSARatio, 1)
@@ -807,6 +820,12 @@ func (s *DeviceSession) decodeSets(c *cuda.Ctx, b *devBlock) (*decodeSets, error
 	}
 	if ds.woB, err = set("wo", true, proj{b.woB, s.attnOut, s.u, 1}); err != nil {
 		return nil, fmt.Errorf("wo_b: %w", err)
+	}
+	if s.hcCol && s.gemvMMA["a"] {
+		ps := []cuda.GemvProj{{W: b.wqA, Y: s.qlat, X: s.a, Groups: 1}, {W: b.wkv, Y: s.kv, X: s.a, Groups: 1}}
+		if g, err := c.PrepareGemv(ps, s.gemvMMAVariant()); err == nil && g.HasCollapse() {
+			ds.byAC = g
+		}
 	}
 	if s.hcEpi && s.gemvMMA["wo"] {
 		if g, err := c.PrepareGemv([]cuda.GemvProj{{W: b.woB, Y: s.attnOut, X: s.u, Groups: 1}}, s.gemvMMAVariant()); err == nil && g.HasHCEpilogue() {
@@ -1331,7 +1350,7 @@ func (s *DeviceSession) stepFused(c *cuda.Ctx, T, p0, rows int, graph bool) erro
 	D, hc := cfg.Dim, cfg.HCMult
 	eps := float32(cfg.NormEps)
 	st := c.Stream()
-	s.hcTiles = false // no boundary begun by a MoE of an earlier, failed step
+	s.hcTiles, s.attnCol = false, nil // no boundary begun by a MoE of an earlier, failed step
 	bound := func(x, o, xout cuda.DevicePtr, hcp *cuda.HC, norm cuda.DevicePtr) error {
 		a := &cuda.HCNorm{X: x, O: o, Post: s.post, Comb: s.comb, XOut: xout, Pre: s.pre, PostOut: s.post, CombOut: s.comb,
 			A: s.a, Norm: norm, Eps: eps, Scratch: s.hcScratch, Counters: s.hcCounters, T: T}
@@ -1349,13 +1368,16 @@ func (s *DeviceSession) stepFused(c *cuda.Ctx, T, p0, rows int, graph bool) erro
 			s.hcTiles = false
 			err = c.HCMixNormTiles(&cuda.HCNorm{X: s.xmid, O: s.moeOut, Post: s.post, Comb: s.comb, XOut: s.x, Pre: s.pre,
 				PostOut: s.post, CombOut: s.comb, A: s.a, Norm: b.attnNorm, Eps: eps, Scratch: s.hcScratch, T: T}, &b.hcAttn, st)
+			if s.hcCol { // with the Gram rows: wq_a+wkv may form a itself
+				s.attnCol = &cuda.HCCollapse{XS: s.x, Part: s.hcScratch, Site: &b.hcAttn, Norm: b.attnNorm, Eps: eps}
+			}
 		default:
 			err = bound(s.xmid, s.moeOut, s.x, &b.hcAttn, b.attnNorm)
 		}
 		if err == nil {
 			s.ffnNext = &b.hcFFN
 			err = s.attention(c, b, s.layers[l], T, p0, graph)
-			s.ffnNext = nil
+			s.ffnNext, s.attnCol = nil, nil
 		}
 		switch { // into the MoE: x, attnOut → xmid
 		case err != nil:
@@ -1496,7 +1518,15 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 	// The projections of a (and of the normed qlat), by merged launches or
 	// one by one.
 	proj := []func() error{
-		merged(byA, func() error { return c.Linear(b.wqA, s.qlat, s.a, T, st) }),
+		func() error {
+			// wq_a+wkv forming a itself from the boundary's x' and partials
+			// (stepFused set attnCol); wkv is in the same launch.
+			if s.attnCol != nil && T == 1 && dec != nil && dec.byAC != nil && byA != nil {
+				s.epi.col++
+				return c.LaunchGemvCollapse(dec.byAC, s.attnCol, st)
+			}
+			return merged(byA, func() error { return c.Linear(b.wqA, s.qlat, s.a, T, st) })()
+		},
 		func() error {
 			if byA != nil {
 				return nil // computed with qlat
@@ -1728,6 +1758,7 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 					return err
 				}
 				s.hcTiles = true
+				s.epi.woB++
 				return nil
 			}
 			return merged(woB, func() error { return c.Linear(b.woB, s.attnOut, s.u, T, st) })()
@@ -1893,11 +1924,12 @@ func (s *DeviceSession) moe(c *cuda.Ctx, b *devBlock, l, T, p0 int, next *cuda.H
 		// it).
 		if next != nil && s.hcEpi && T == 1 && dec.HasHCEpilogue() && (b.shared == nil || sharedOf(b) != nil) &&
 			next.HC == 4 && next.Fn != nil && next.Fn.Format == compute.F32 {
-			h := &cuda.HCEpilogue{X: s.xmid, Post: s.post, Comb: s.comb, XOut: s.x, Part: s.hcScratch, Fn: next}
+			h := &cuda.HCEpilogue{X: s.xmid, Post: s.post, Comb: s.comb, XOut: s.x, Part: s.hcScratch, Fn: next, Gram: s.hcCol}
 			if err := c.RunMoEDecodeHC(dec, s.ids, s.rw, h, st); err != nil {
 				return err
 			}
 			s.hcTiles = true
+			s.epi.moe++
 			return nil
 		}
 		if err := c.RunMoEDecode(dec, s.ids, s.rw, st); err != nil {

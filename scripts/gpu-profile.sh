@@ -12,9 +12,9 @@
 #   1. timing: `moxie bench MODEL --timing` once: the decode step's GPU time
 #      (CUDA events) against its wall time, and the host's share.
 #   2. A/B: PAIRS alternating runs of moxie_old and moxie (old first); or,
-#      without moxie_old and with AB_ENV set (VAR=VALUE ..., e.g.
-#      MOXIE_CUDA_HCEPI=off), of moxie under AB_ENV (the old side) and
-#      moxie as it is.
+#      without moxie_old and with AB_ENV or AB_ENV_NEW set (VAR=VALUE ...,
+#      e.g. AB_ENV=MOXIE_CUDA_HCEPI=off, AB_ENV_NEW=MOXIE_CUDA_HCCOL=on), of
+#      moxie under AB_ENV (the old side) and under AB_ENV_NEW (the new).
 #   3. knock-outs: for each group of KO, a run of moxie_ko with MOXIE_KO set
 #      to the group's kernel-name prefixes, each after a baseline run of
 #      moxie_ko with nothing knocked out; the group's in-step cost is its
@@ -27,7 +27,7 @@
 # --decode DECODE --runs RUNS --json F` plus BENCH_ARGS.
 #
 # Environment (defaults): MODEL ('synth:flash?layers=8&experts=16&mtp=0'),
-# PROMPT (4096), CTX (8192), DECODE (96), RUNS (2), BENCH_ARGS (), PAIRS (3), AB_ENV (),
+# PROMPT (4096), CTX (8192), DECODE (96), RUNS (2), BENCH_ARGS (), PAIRS (3), AB_ENV (), AB_ENV_NEW (),
 # KO (space-separated NAME=PREFIX[,PREFIX...]; default below), BUDGET (540),
 # NCU (0), NCU_MODEL ('synth:flash?layers=4&experts=16&mtp=0'), NCU_DECODE (2).
 #
@@ -81,15 +81,16 @@ bench() {
 if [ -x "$bin/moxie" ]; then
   bench timing "$bin/moxie" "" --timing
 fi
-if [ -x "$bin/moxie" ] && { [ -x "$bin/moxie_old" ] || [ -n "${AB_ENV:-}" ]; }; then
+if [ -x "$bin/moxie" ] && { [ -x "$bin/moxie_old" ] || [ -n "${AB_ENV:-}${AB_ENV_NEW:-}" ]; }; then
   old=$bin/moxie_old
   [ -x "$old" ] || old=$bin/moxie
   for i in $(seq "${PAIRS:-3}"); do
     [ "$(left)" -gt 60 ] || break
-    [ -x "$bin/moxie_old" ] || benv=$AB_ENV
+    [ -x "$bin/moxie_old" ] || benv=${AB_ENV:-}
     bench "ab-old-$i" "$old" ""
-    benv=
+    [ -x "$bin/moxie_old" ] || benv=${AB_ENV_NEW:-}
     bench "ab-new-$i" "$bin/moxie" ""
+    benv=
   done
 fi
 if [ -x "$bin/moxie_ko" ]; then

@@ -16,7 +16,7 @@ import (
 // (one of 32 threads per warp) and, where a kernel uses a named barrier,
 // g_named_bar at barriers it makes for each block; __shared__ variables
 // are statics (one block runs at a time). module.go's preamble macros
-// MOXIE_PDL and MOXIE_PDL_PF are no-ops: on a GPU they wait for the
+// (MOXIE_PDL, MOXIE_PDL_PF, MOXIE_PDL_WAIT, …) are no-ops: on a GPU they wait for the
 // previous kernel (and ask L2 for the kernel's weights), while an
 // emulation runs one kernel at a time.
 const emuCUDAHeader = `#pragma once
@@ -36,6 +36,8 @@ std::barrier<> *g_warp_bar[32];
 #define MOXIE_PDL_PF(...) do {} while (0)
 #define MOXIE_PDL_UNLESS(c) do {} while (0)
 #define MOXIE_PDL_INSIDE() do {} while (0)
+#define MOXIE_PDL_WAIT() do {} while (0)
+#define MOXIE_PDL_TRIGGER() do {} while (0)
 inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
 `
 

@@ -4,6 +4,7 @@ import (
 	_ "embed"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"math/bits"
 	"structs"
 	"unsafe"
@@ -75,6 +76,7 @@ type Gemv struct {
 	args   gemvArgs
 	kernel *Kernel
 	kh     *Kernel // the same product with the boundary's epilogue (gemvmh_*), where it fits
+	kc     *Kernel // the same products on a boundary's output formed in the launch (gemvmc_*), where they fit
 	grid   Dim3
 	block  int // threads a block
 	smem   int // dynamic shared memory a block
@@ -169,6 +171,17 @@ func (c *Ctx) prepareGemvM(ps []GemvProj, u int) (*Gemv, error) {
 	if m := g.args.M[0]; len(ps) == 1 && u == gemvmHCU && m.Wpr == gemvmWarps && ps[0].Norm == 0 && m.Rpg == m.Rows {
 		refs = append(refs, kernelRef{fmt.Sprintf("gemvmh_f%d", u), &g.kh})
 	}
+	// Every product of whole-block tiles, plain x, one row group, on one x:
+	// it can form that x itself from a boundary's x' and partials
+	// (LaunchGemvCollapse; gemvmc_f4 in the default module).
+	col := u == gemvmHCU
+	for i, p := range ps {
+		m := g.args.M[i]
+		col = col && m.Wpr == gemvmWarps && p.Norm == 0 && m.Rpg == m.Rows && p.X == ps[0].X && m.Cols == g.args.M[0].Cols
+	}
+	if col {
+		refs = append(refs, kernelRef{fmt.Sprintf("gemvmc_f%d", u), &g.kc})
+	}
 	if err := c.moeKernels(refs...); err != nil {
 		return nil, err
 	}
@@ -183,6 +196,64 @@ const gemvmHCU = 4
 // its product (LaunchGemvHC): one MMA product whose 16-row tiles each take
 // a whole block, on a plain x, in one row group, with the default chunk.
 func (g *Gemv) HasHCEpilogue() bool { return g != nil && g.kh != nil }
+
+// HCCollapse is the input of a Gemv that forms its x itself
+// (LaunchGemvCollapse): a sublayer boundary's output a = RMS(Σ_j
+// pre_j·x'_j; Norm) of one token, from the x' and partials a producer's
+// epilogue left with the Gram rows (HCEpilogue with Gram; XS = its XOut,
+// Part = its Part) and the boundary's mix site (HC 4, F32 Fn [24, 4·D]: its
+// Base and Scale, Eps and NormEps); Eps is the RMSNorm's ε. pre and ρ are
+// the bits HCMixNormTiles forms from the same partials; the RMS comes from
+// the Gram rows, so a agrees with HCMixNormTiles's A to rounding.
+type HCCollapse struct {
+	XS, Part DevicePtr
+	Site     *HC
+	Norm     DevicePtr
+	Eps      float32
+}
+
+// hcColArgs mirrors struct HcCol in kernels/moe.cu (72 bytes).
+type hcColArgs struct {
+	_                          structs.HostLayout
+	XS, Part, Base, Scale, W   uint64
+	S, NM, D, Pad              int32
+	NormEps, Eps, RMSEps, Pad2 float32
+}
+
+// HasCollapse reports whether g can form its x from a boundary's x' and
+// partials (LaunchGemvCollapse): MMA products on one x, each of whole-block
+// tiles in one row group, no Norm, the default chunk.
+func (g *Gemv) HasCollapse() bool { return g != nil && g.kc != nil }
+
+// LaunchGemvCollapse is LaunchGemv whose x (the products' shared input of
+// D = Cols values, which it does not read) is the boundary output in (see
+// HCCollapse), formed by each block as it stages x. Its inputs must have
+// been written two or more kernels before it on the stream (the boundary's
+// finish, HCMixNormTiles on the same partials, may be the kernel just
+// before): its blocks do not wait for the kernel before them until they
+// end, so what runs after it still sees that kernel's results. It can be
+// captured in a CUDA graph.
+func (c *Ctx) LaunchGemvCollapse(g *Gemv, in *HCCollapse, s Stream) error {
+	if !g.HasCollapse() {
+		return fmt.Errorf("cuda gemv: collapse launch of a Gemv that cannot form its x")
+	}
+	D := int(g.args.M[0].Cols)
+	switch {
+	case in == nil || in.Site == nil || in.Site.Fn == nil:
+		return fmt.Errorf("cuda gemv: collapse: nil input or mix site")
+	case in.Site.HC != 4 || in.Site.Fn.Rows != hcEpiRows || in.Site.Fn.Cols != 4*D:
+		return fmt.Errorf("cuda gemv: collapse: mix site HC %d, Fn [%d, %d], want HC 4, Fn [%d, %d] for x of %d", in.Site.HC, in.Site.Fn.Rows, in.Site.Fn.Cols, hcEpiRows, 4*D, D)
+	case D%16 != 0:
+		return fmt.Errorf("cuda gemv: collapse: x of %d values, want a multiple of 16", D)
+	case !nonNull(in.XS, in.Part, in.Site.Base, in.Site.Scale) || in.XS%16 != 0 || in.Part%4 != 0 || in.Norm%16 != 0:
+		return fmt.Errorf("cuda gemv: collapse: XS %#x (16-byte aligned), Part %#x, Norm %#x (16-byte aligned or 0), Base %#x, Scale %#x", in.XS, in.Part, in.Norm, in.Site.Base, in.Site.Scale)
+	case math.IsNaN(float64(in.Eps)) || in.Eps < 0:
+		return fmt.Errorf("cuda gemv: collapse: Eps %g, want >= 0", in.Eps)
+	}
+	ca := hcColArgs{XS: uint64(in.XS), Part: uint64(in.Part), Base: uint64(in.Site.Base), Scale: uint64(in.Site.Scale), W: uint64(in.Norm),
+		S: int32(D / 16), NM: hcEpiRows, D: int32(D), NormEps: in.Site.NormEps, Eps: in.Site.Eps, RMSEps: in.Eps}
+	return c.Launch(g.kc, g.grid, Dim3{X: uint32(g.block)}, g.smem, s, unsafe.Pointer(&g.args), unsafe.Pointer(&ca))
+}
 
 // LaunchGemvHC is LaunchGemv whose blocks also begin the sublayer boundary
 // h after the product, its output y [rows] the boundary's O (see

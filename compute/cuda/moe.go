@@ -776,8 +776,8 @@ func (c *Ctx) runMoEStage1(m *MoEDecode, ids, rw DevicePtr, s Stream) error {
 // operations in its order, so the bits fuse_hc_dots4 gives) into XOut and
 // its tile's partials of the boundary's split-K mix into Part: row m < 24
 // the tile's Σ Fn[m, k·D + i]·x'[k][i] over its 16 rows i and 4 streams k,
-// row 24 its Σ x'², column r0/16 (so [25, D/16] float32,
-// HCEpiloguePartBytes). HCMixNormTiles then finishes the boundary from
+// row 24 its Σ x'², column r0/16 (so [25, D/16] float32, or [35, D/16]
+// with Gram: HCEpiloguePartBytes). HCMixNormTiles then finishes the boundary from
 // them. All buffers are the caller's float32 device memory: X [4, D],
 // Post [4], Comb [4, 4], XOut [4, D] and Part 16-byte aligned; XOut must
 // not overlap X, Post, Comb, Part or the producer's input and output. Fn
@@ -785,6 +785,11 @@ func (c *Ctx) runMoEStage1(m *MoEDecode, ids, rw DevicePtr, s Stream) error {
 type HCEpilogue struct {
 	X, Post, Comb, XOut, Part DevicePtr
 	Fn                        *HC
+	// Gram also leaves the streams' Gram partials Σ_i x'_j[i]·x'_k[i] (j
+	// <= k, pairs in the order (0,0), (0,1), (0,2), (0,3), (1,1), (1,2),
+	// (1,3), (2,2), (2,3), (3,3)) in rows 25-34 of Part, for a consumer
+	// that forms the boundary's output itself (LaunchGemvCollapse).
+	Gram bool
 }
 
 // hcEpiRows is MOE_HC_NM in kernels/moe.cu: the mix site's Fn rows.
@@ -794,11 +799,15 @@ const hcEpiRows = 24
 type hcEpiArgs struct {
 	_                             structs.HostLayout
 	X, Post, Comb, Fn, XOut, Part uint64
-	NM, Pad                       int32
+	NM, Gram                      int32
 }
 
-// HCEpiloguePartBytes is the size of HCEpilogue.Part at model width D.
-func HCEpiloguePartBytes(D int) int { return 4 * (hcEpiRows + 1) * (D / 16) }
+// hcGramRows is the Gram partial rows after the mix's (HCEpilogue.Gram).
+const hcGramRows = 10
+
+// HCEpiloguePartBytes is the size of HCEpilogue.Part at model width D
+// (with the Gram rows).
+func HCEpiloguePartBytes(D int) int { return 4 * (hcEpiRows + 1 + hcGramRows) * (D / 16) }
 
 // moeHCKernelName names v's stage 2 with the boundary's epilogue, or ""
 // where v has none (only the lean stage 2 of one block a row group, as
@@ -839,8 +848,12 @@ func hcEpilogueArgs(what string, h *HCEpilogue, D int, in, out DevicePtr) (hcEpi
 	case h.XOut == h.X || h.XOut == h.Post || h.XOut == h.Comb || h.XOut == h.Part || h.XOut == in || h.XOut == out:
 		return hcEpiArgs{}, fmt.Errorf("%s: boundary: XOut %#x aliases X, Post, Comb, Part or the product's input or output", what, h.XOut)
 	}
+	var gram int32
+	if h.Gram {
+		gram = 1
+	}
 	return hcEpiArgs{X: uint64(h.X), Post: uint64(h.Post), Comb: uint64(h.Comb), Fn: uint64(h.Fn.Fn.Data), XOut: uint64(h.XOut),
-		Part: uint64(h.Part), NM: hcEpiRows}, nil
+		Part: uint64(h.Part), NM: hcEpiRows, Gram: gram}, nil
 }
 
 // RunMoEDecodeHC is RunMoEDecode whose stage 2 also begins the sublayer

@@ -36,6 +36,7 @@ func moeDefaultKernels(t *testing.T) map[string]string {
 	}
 	want[fmt.Sprintf("gemvm_f%d", gemvmDecodeU)] = fmt.Sprintf("Gemv MMA U %d", gemvmDecodeU)
 	want[fmt.Sprintf("gemvmh_f%d", gemvmHCU)] = fmt.Sprintf("Gemv MMA U %d with the boundary's epilogue", gemvmHCU)
+	want[fmt.Sprintf("gemvmc_f%d", gemvmHCU)] = fmt.Sprintf("Gemv MMA U %d on a boundary's output formed in the launch", gemvmHCU)
 	return want
 }
 
@@ -53,7 +54,7 @@ func TestMoEModuleSources(t *testing.T) {
 		want      []string
 		notWant   []string
 	}{
-		{"default", def, []string{"struct MoeArgs", "static_assert(sizeof(MoeArgs) == 200", "MOE1LX(0, 7) MOE2L(1, 1, 0, 2) MOE2LH(1, 1, 0, 2)", "GEMVM(4) GEMVMH(4)"},
+		{"default", def, []string{"struct MoeArgs", "static_assert(sizeof(MoeArgs) == 200", "MOE1LX(0, 7) MOE2L(1, 1, 0, 2) MOE2LH(1, 1, 0, 2)", "GEMVM(4) GEMVMH(4) GEMVMC(4)"},
 			[]string{"GEMVM(1)", "GEMVM(2)", "MOE1L(0, 7)", "MOE2LP(1, 1, 0, 2)", "MOE1(8, 2, 0, 2)", "MOE1W(2, 2, 0, 2)", "MOE2S(2, 2, 0, 4, 3, 6)", "//@module"}},
 		{"bench", bench, []string{"struct MoeArgs", "GEMVM(1) GEMVM(2)", "MOE1(8, 2, 0, 2)", "MOE1L(0, 7) MOE2LP(1, 1, 0, 2)", "MOE1WP(1, 1, 0, 2)", "MOE1LXG(2, 0, 4)"},
 			[]string{"GEMVM(4)", "MOE1LX(0, 7)", "MOE2L(1, 1, 0, 2)", "//@module"}},
@@ -265,6 +266,10 @@ func TestMoEArgsMirror(t *testing.T) {
 	if s, o := unsafe.Sizeof(h), unsafe.Offsetof(h.NM); s != 56 || o != 48 {
 		t.Errorf("hcEpiArgs is %d bytes with NM at %d, HcEpi 56 with nm at 48", s, o)
 	}
+	var hc hcColArgs
+	if s, o := unsafe.Sizeof(hc), unsafe.Offsetof(hc.NormEps); s != 72 || o != 56 {
+		t.Errorf("hcColArgs is %d bytes with NormEps at %d, HcCol 72 with normEps at 56", s, o)
+	}
 	if o := unsafe.Offsetof(a.E); o != 104 {
 		t.Errorf("moeArgs.E at %d, MoeArgs.E at 104", o)
 	}
@@ -274,7 +279,7 @@ func TestMoEArgsMirror(t *testing.T) {
 	if o := unsafe.Offsetof(a.Part); o != 136 {
 		t.Errorf("moeArgs.Part at %d, MoeArgs.part at 136", o)
 	}
-	for _, want := range []string{"sizeof(MoeArgs) == 200", "sizeof(LinRec) == 80", "sizeof(HcEpi) == 56"} {
+	for _, want := range []string{"sizeof(MoeArgs) == 200", "sizeof(LinRec) == 80", "sizeof(HcEpi) == 56", "sizeof(HcCol) == 72"} {
 		if !bytes.Contains([]byte(MoESource()), []byte(want)) {
 			t.Errorf("kernels/moe.cu no longer asserts %q", want)
 		}
@@ -572,14 +577,14 @@ template <class A> void launch(void (*k)(A), unsigned grid, unsigned threads, A 
 struct HcData {
   int D;
   std::vector<float> x, post, comb, fn, xo, part;
-  HcData(int d, std::mt19937 &rng) : D(d), x(4 * d), post(4), comb(16), fn((size_t)24 * 4 * d), xo(4 * d, NAN), part(25 * (d / 16), NAN) {
+  HcData(int d, std::mt19937 &rng) : D(d), x(4 * d), post(4), comb(16), fn((size_t)24 * 4 * d), xo(4 * d, NAN), part(35 * (d / 16), NAN) {
     std::normal_distribution<double> nd(0, 1);
     for (auto &v : x) v = (float)nd(rng);
     for (auto &v : post) v = (float)(2 * std::fabs(nd(rng)));
     for (auto &v : comb) v = (float)(0.25 * std::fabs(nd(rng)));
     for (auto &v : fn) v = (float)(0.3 * nd(rng) / std::sqrt(4.0 * d));
   }
-  HcEpi args() { return HcEpi{x.data(), post.data(), comb.data(), fn.data(), xo.data(), part.data(), 24, 0}; }
+  HcEpi args(bool gram = false) { return HcEpi{x.data(), post.data(), comb.data(), fn.data(), xo.data(), part.data(), 24, gram ? 1 : 0}; }
   void check(const float *out, int &xbad, double &pe) const {
     xbad = 0;
     for (int k = 0; k < 4; k++)
@@ -589,19 +594,29 @@ struct HcData {
         xbad += memcmp(&v, &xo[k * D + i], 4) != 0;
       }
     pe = 0;
-    for (int m = 0; m <= 24; m++)
+    static const int gj[10] = {0, 0, 0, 0, 1, 1, 1, 2, 2, 3}, gk[10] = {0, 1, 2, 3, 1, 2, 3, 2, 3, 3};
+    for (int m = 0; m < (gram ? 35 : 25); m++)
       for (int ti = 0; ti < D / 16; ti++) {
         double sum = 0, mag = 0;
-        for (int k = 0; k < 4; k++)
+        if (m < 25) {
+          for (int k = 0; k < 4; k++)
+            for (int i = 16 * ti; i < 16 * ti + 16; i++) {
+              const double xv = xo[k * D + i], f = m < 24 ? (double)fn[(size_t)m * 4 * D + k * D + i] : xv;
+              sum += f * xv;
+              mag += std::fabs(f * xv);
+            }
+        } else {  // Gram row: Σ_i x'_j[i]·x'_k[i] over the tile
           for (int i = 16 * ti; i < 16 * ti + 16; i++) {
-            const double xv = xo[k * D + i], f = m < 24 ? (double)fn[(size_t)m * 4 * D + k * D + i] : xv;
-            sum += f * xv;
-            mag += std::fabs(f * xv);
+            const double t = (double)xo[gj[m - 25] * D + i] * xo[gk[m - 25] * D + i];
+            sum += t;
+            mag += std::fabs(t);
           }
+        }
         const double g = part[m * (D / 16) + ti];
         pe = std::isfinite(g) ? max(pe, std::fabs(g - sum) / max(mag, 1e-30)) : INFINITY;
       }
   }
+  bool gram = false;
 };
 
 struct Case { int D, I, Is, blk, E, K; double limit; int smem1; };
@@ -770,7 +785,8 @@ int main() {
       launch(moe2l_g1_f1_d0_b2, D / 16, 512, a);
       const std::vector<float> want = out;
       MoeArgs ah = a;
-      ah.hc = hd.args();
+      hd.gram = ci % 2 == 1;  // the Gram rows in odd cases
+      ah.hc = hd.args(hd.gram);
       std::fill(out.begin(), out.end(), NAN);
       launch(moe1lx_d0_b7, grid1, 128, ah);
       launch(moe2lh_g1_f1_d0_b2, D / 16, 512, ah);
@@ -778,8 +794,8 @@ int main() {
       int xbad;
       double pe;
       hd.check(out.data(), xbad, pe);
-      printf("%s leanxh case %d: out %s leanx's bits, %d x' values off HCExpand's, partials max rel %.3g\n",
-             (same && xbad == 0 && pe <= 1e-5) ? "ok" : "FAIL", ci, same ? "=" : "!=", xbad, pe);
+      printf("%s leanxh case %d%s: out %s leanx's bits, %d x' values off HCExpand's, partials max rel %.3g\n",
+             (same && xbad == 0 && pe <= 1e-5) ? "ok" : "FAIL", ci, hd.gram ? " (Gram rows)" : "", same ? "=" : "!=", xbad, pe);
     }
   }
   printf("worst %.3g\n", worst);
@@ -793,7 +809,8 @@ int main() {
 // in one launch, row groups, tiles past the last row, warps sharing a tile
 // (wpr 1 to 8), x RMS-normalized in the launch (GemvProj.Norm, against
 // RMSNorm(x)·w in float64); and that a second run gives the same bits;
-// and gemvmh_f4 (the boundary's epilogue) where a case fits it. Skipped
+// and gemvmh_f4 (the boundary's epilogue, with the Gram rows) and gemvmc_f4
+// (x a boundary's a formed in the launch) where a case fits them. Skipped
 // with -short or without g++.
 func TestGemvMEmulated(t *testing.T) {
 	inc, err := moeLeanEmuSource()
@@ -862,6 +879,8 @@ func TestGemvMEmulated(t *testing.T) {
 const gemvmEmuMain = `
 static HcEpi g_hc;  // gemvmh_f4's second argument
 static void gemvmh_f4_wrap(const GemvArgsM a) { gemvmh_f4(a, g_hc); }
+static HcCol g_col;  // gemvmc_f4's
+static void gemvmc_f4_wrap(const GemvArgsM a) { gemvmc_f4(a, g_col); }
 struct P { int rows, cols, groups, wpr, blk0; bool norm; };
 struct GCase { int n; P p[8]; unsigned grid; int smem; };
 static const GCase gcases[] = {
@@ -937,7 +956,8 @@ int main() {
       HcData hd(c.p[0].rows, rng);
       launch<const GemvArgsM>(gemvm_f4, c.grid, 256, a);
       const std::vector<float> want4 = ys[0];
-      g_hc = hd.args();
+      hd.gram = true;
+      g_hc = hd.args(true);
       std::fill(ys[0].begin(), ys[0].end(), NAN);
       launch<const GemvArgsM>(gemvmh_f4_wrap, c.grid, 256, a);
       const bool same = memcmp(want4.data(), ys[0].data(), 4 * want4.size()) == 0;
@@ -946,6 +966,65 @@ int main() {
       hd.check(ys[0].data(), xbad, pe);
       printf("%s gemvmh_f4 case %d: y %s gemvm_f4's bits, %d x' values off HCExpand's, partials max rel %.3g\n",
              (same && xbad == 0 && pe <= 1e-5) ? "ok" : "FAIL", ci, same ? "=" : "!=", xbad, pe);
+    }
+    // gemvmc_f4 (every product one-tile blocks of one row group on a plain
+    // x of the same width): x is a boundary's a formed in the launch from x'
+    // and the partials (HcCol; the Σx'² and Gram rows made from x' here),
+    // y against W·a in float64, a = RMS(Σ_j pre_j·x'_j; w) with pre and ρ
+    // from the summed partials and the RMS over a's own values.
+    bool fits = true;
+    for (int i = 0; i < c.n; i++) fits = fits && c.p[i].wpr == 8 && c.p[i].groups == 1 && !c.p[i].norm && c.p[i].cols == c.p[0].cols;
+    if (fits) {
+      const int D = c.p[0].cols, S = D / 16, nm = 24;
+      static const int gj[10] = {0, 0, 0, 0, 1, 1, 1, 2, 2, 3}, gk[10] = {0, 1, 2, 3, 1, 2, 3, 2, 3, 3};
+      std::vector<float> xs4(4 * D), part((size_t)(nm + 11) * S), base(24), scale(3), w(D);
+      for (auto &v : xs4) v = (float)nd(rng);
+      for (auto &v : part) v = (float)(0.3 * nd(rng) / std::sqrt((double)S));
+      for (auto &v : base) v = (float)nd(rng);
+      for (auto &v : scale) v = (float)nd(rng);
+      for (auto &v : w) v = (float)(0.5 + (rng() % 1000) / 1000.0);
+      for (int t = 0; t < S; t++) {
+        double sq = 0, G[10] = {0};
+        for (int i = 16 * t; i < 16 * t + 16; i++)
+          for (int q = 0; q < 10; q++) {
+            const double v = (double)xs4[gj[q] * D + i] * xs4[gk[q] * D + i];
+            G[q] += v;
+            if (gj[q] == gk[q]) sq += v;
+          }
+        part[nm * S + t] = (float)sq;
+        for (int q = 0; q < 10; q++) part[(nm + 1 + q) * S + t] = (float)G[q];
+      }
+      g_col = HcCol{xs4.data(), part.data(), base.data(), scale.data(), w.data(), S, nm, D, 0, 1e-6f, 1e-6f, 1e-6f, 0.f};
+      double dsum[5] = {0, 0, 0, 0, 0};
+      for (int r = 0; r < 5; r++)
+        for (int t = 0; t < S; t++) dsum[r] += part[(r < 4 ? r : nm) * S + t];
+      const double rho = 1 / std::sqrt(dsum[4] / (4.0 * D) + 1e-6);
+      double pre[4];
+      for (int j = 0; j < 4; j++) pre[j] = 1 / (1 + std::exp(-(dsum[j] * rho * scale[0] + base[j]))) + 1e-6;
+      std::vector<double> av(D);
+      double ss = 0;
+      for (int k = 0; k < D; k++) {
+        av[k] = 0;
+        for (int j = 0; j < 4; j++) av[k] += pre[j] * xs4[j * D + k];
+        ss += av[k] * av[k];
+      }
+      const double inv = 1 / std::sqrt(ss / D + 1e-6);
+      for (int k = 0; k < D; k++) av[k] *= inv * w[k];
+      for (auto &y : ys) std::fill(y.begin(), y.end(), NAN);
+      launch<const GemvArgsM>(gemvmc_f4_wrap, c.grid, 256, a);
+      double e = 0;
+      for (int i = 0; i < c.n; i++) {
+        const P &pp = c.p[i];
+        std::vector<double> wy(pp.rows);
+        for (int r = 0; r < pp.rows; r++) {
+          double sacc = 0;
+          for (int k = 0; k < pp.cols; k++) sacc += ws[i].v[r * pp.cols + k] * av[k];
+          wy[r] = sacc;
+        }
+        e = max(e, maxrel(ys[i], wy));
+      }
+      printf("%s gemvmc_f4 case %d: max rel %.3g against W·a in float64\n", e <= 1e-5 ? "ok" : "FAIL", ci, e);
+      worst = max(worst, e);
     }
   }
   printf("worst %.3g\n", worst);

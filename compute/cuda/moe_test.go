@@ -548,6 +548,9 @@ func TestHCEpilogueChecks(t *testing.T) {
 	if err := c.LaunchGemvHC(&Gemv{}, ok(), Stream{}); err == nil || !strings.Contains(err.Error(), "has none") {
 		t.Errorf("LaunchGemvHC without the epilogue kernel: %v, want a refusal", err)
 	}
+	if err := c.LaunchGemvCollapse(&Gemv{}, &HCCollapse{XS: 0x1000, Part: 0x2000, Site: site}, Stream{}); err == nil || !strings.Contains(err.Error(), "cannot form its x") {
+		t.Errorf("LaunchGemvCollapse without the collapse kernel: %v, want a refusal", err)
+	}
 }
 
 // TestHCEpilogueDevice runs the boundary that a producer begins in its
@@ -703,4 +706,115 @@ func testHCEpilogue(t *testing.T, e *fwdEnv, producer string, D int) {
 			break
 		}
 	}
+}
+
+// TestHCCollapseDevice checks LaunchGemvCollapse on the device: after a
+// fused MoE decode began the next boundary with the Gram rows
+// (RunMoEDecodeHC, HCEpilogue.Gram) and HCMixNormTiles finished it, two
+// one-token FP8 products on the boundary's output formed in the launch
+// (gemvmc) against the same products on the finish's A (LaunchGemv): within
+// 5e-6 (a's RMS comes from the Gram rows), and a captured graph of the
+// whole chain replays to its direct run's bits.
+func TestHCCollapseDevice(t *testing.T) {
+	withFwd(t, func(e *fwdEnv) {
+		const E, K, I, Is, hc, nm, D = 8, 6, 256, 256, 4, 24, 4096
+		rng := rand.New(rand.NewPCG(91, 5))
+		mc := newMoECase(t, e, rng, E, D, I, Is)
+		up := func(d compute.WeightData) *DeviceWeight {
+			w, err := e.c.UploadWeight(e.a, d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return w
+		}
+		fnw := up(computetest.RandomWeight(rng, compute.F32, nm, hc*D, 0.3/math.Sqrt(float64(hc*D))))
+		wa := up(computetest.RandomWeight(rng, compute.FP8Block, 1024, D, 1/math.Sqrt(D)))
+		wb := up(computetest.RandomWeight(rng, compute.FP8Block, 512, D, 1/math.Sqrt(D)))
+		scale := computetest.Normal(rng, 3, 1)
+		scale[2] = 4
+		p := &HC{Fn: fnw, Base: e.up(computetest.Normal(rng, nm, 1)), Scale: e.up(scale), HC: hc, Iters: 20, Eps: 1e-6, NormEps: 1e-6}
+		post0, comb0 := make([]float32, hc), make([]float32, hc*hc)
+		for i := range post0 {
+			post0[i] = 2 * rng.Float32()
+		}
+		for i := range comb0 {
+			comb0[i] = rng.Float32() / hc
+		}
+		dx := e.up(computetest.Normal(rng, D, 1))
+		dX, dpost, dcomb, dw := e.up(computetest.Normal(rng, hc*D, 1)), e.up(post0), e.up(comb0), e.up(computetest.Normal(rng, D, 1))
+		dids, drw := e.upInts([]int{1, 3, 5, 7, 0, 2}), e.up([]float32{0.5, 0.25, 0.125, 2, 1, 0.75})
+		out, xs := e.poisoned(D), e.poisoned(hc*D)
+		pre, post, comb, a := e.poisoned(hc), e.poisoned(hc), e.poisoned(hc*hc), e.poisoned(D)
+		scratch, err := e.a.Alloc(max(HCNormScratchBytes(hc, D, 1), HCEpiloguePartBytes(D)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := e.c.PrepareMoEDecode(e.a, mc.tab, K, mc.sh, dx, out, 0.75, MoELeanX)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ya, yb, ca, cb := e.poisoned(1024), e.poisoned(512), e.poisoned(1024), e.poisoned(512)
+		mma := GemvVariant{MMA: true, U: gemvmHCU}
+		gp, err := e.c.PrepareGemv([]GemvProj{{W: wa, Y: ya, X: a, Groups: 1}, {W: wb, Y: yb, X: a, Groups: 1}}, mma)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gc, err := e.c.PrepareGemv([]GemvProj{{W: wa, Y: ca, X: a, Groups: 1}, {W: wb, Y: cb, X: a, Groups: 1}}, mma)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !gc.HasCollapse() {
+			t.Fatalf("the [1024, %d] + [512, %d] products cannot form their x", D, D)
+		}
+		s := e.c.Stream()
+		enqueue := func() error {
+			h := &HCEpilogue{X: dX, Post: dpost, Comb: dcomb, XOut: xs, Part: scratch, Fn: p, Gram: true}
+			if err := e.c.RunMoEDecodeHC(m, dids, drw, h, s); err != nil {
+				return err
+			}
+			nb := &HCNorm{X: dX, O: out, Post: dpost, Comb: dcomb, XOut: xs, Pre: pre, PostOut: post, CombOut: comb, A: a, Norm: dw, Eps: 1e-6, Scratch: scratch, T: 1}
+			if err := e.c.HCMixNormTiles(nb, p, s); err != nil {
+				return err
+			}
+			if err := e.c.LaunchGemvCollapse(gc, &HCCollapse{XS: xs, Part: scratch, Site: p, Norm: dw, Eps: 1e-6}, s); err != nil {
+				return err
+			}
+			return e.c.LaunchGemv(gp, s)
+		}
+		if err := enqueue(); err != nil {
+			t.Fatal(err)
+		}
+		direct := [][]float32{e.down(ca, 1024), e.down(cb, 512)}
+		for i, c := range []struct {
+			what      string
+			got, want []float32
+		}{{"[1024] product", direct[0], e.down(ya, 1024)}, {"[512] product", direct[1], e.down(yb, 512)}} {
+			want := make([]float64, len(c.want))
+			for j, v := range c.want {
+				want[j] = float64(v)
+			}
+			r := computetest.MaxRel(c.got, want)
+			if !(r <= 5e-6) {
+				t.Errorf("%s on the collapse formed in the launch: max relative difference %.3g from the product on the finish's a (limit 5e-6)", c.what, r)
+			}
+			t.Logf("product %d: within %.3g of the product on the finish's a", i, r)
+		}
+		if err := e.c.BeginCapture(s); err != nil {
+			t.Fatal(err)
+		}
+		err = enqueue()
+		g, err2 := e.c.EndCapture(s)
+		if err != nil || err2 != nil {
+			t.Fatal(err, err2)
+		}
+		defer e.c.DestroyGraph(g)
+		for range 2 {
+			if err := e.c.LaunchGraph(g, s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !slices.Equal(direct[0], e.down(ca, 1024)) || !slices.Equal(direct[1], e.down(cb, 512)) {
+			t.Errorf("a graph replay of the collapse chain differs from the direct run")
+		}
+	})
 }

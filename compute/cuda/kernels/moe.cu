@@ -80,8 +80,9 @@ struct HcEpi {
   const float *comb;  // [4, 4] and comb
   const float *fn;    // [nm, 4·D] F32: the boundary's hc_fn
   float *xout;        // [4, D] x'
-  float *part;        // [nm + 1, D/16] the partials
-  int nm, pad;        // nm: MOE_HC_NM (0: no epilogue)
+  float *part;        // [nm + 1 (+ 10 with gram), D/16] the partials
+  int nm;             // MOE_HC_NM (0: no epilogue)
+  int gram;           // non-zero: also the streams' Gram partials (rows nm + 1 ..; see hc_epi_finish)
 };
 static_assert(sizeof(HcEpi) == 56, "HcEpi must mirror hcEpiArgs (56 bytes)");
 
@@ -1656,9 +1657,22 @@ __device__ __forceinline__ void hc_epi_finish(const HcEpi &h, int D, int r0, con
     h.xout[(long long)k0 * D + r0 + i] = x0;
     h.xout[(long long)k1 * D + r0 + i] = x1;
   }
-  for (int m = warp; m <= h.nm; m += nw) {
-    float v = m < h.nm ? __fmaf_rn(sfn[m * 64 + 16 * k1 + i], x1, __fmul_rn(sfn[m * 64 + 16 * k0 + i], x0))
-                       : __fmaf_rn(x1, x1, __fmul_rn(x0, x0));
+  // With gram: lanes 0-15 gather row i's four streams (the other half-warp
+  // holds streams 1 and 3) for the Gram rows nm + 1 + p, pair p of (j, k)
+  // in (0,0), (0,1), (0,2), (0,3), (1,1), (1,2), (1,3), (2,2), (2,3), (3,3).
+  const float y0 = __shfl_xor_sync(0xffffffffu, x0, 16), y1 = __shfl_xor_sync(0xffffffffu, x1, 16);
+  const float xk[4] = {x0, y0, x1, y1};  // lanes 0-15: streams 0, 1, 2, 3 of row i
+  const int rows = h.nm + 1 + (h.gram ? 10 : 0);
+  for (int m = warp; m < rows; m += nw) {
+    float v;
+    if (m < h.nm) {
+      v = __fmaf_rn(sfn[m * 64 + 16 * k1 + i], x1, __fmul_rn(sfn[m * 64 + 16 * k0 + i], x0));
+    } else if (m == h.nm) {
+      v = __fmaf_rn(x1, x1, __fmul_rn(x0, x0));
+    } else {
+      const int p = m - h.nm - 1, j = p < 4 ? 0 : p < 7 ? 1 : p < 9 ? 2 : 3, k = p - (j == 0 ? 0 : j == 1 ? 3 : j == 2 ? 5 : 6);
+      v = lane < 16 ? __fmul_rn(xk[j], xk[k]) : 0.f;
+    }
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
     if (lane == 0) h.part[(long long)m * (D >> 4) + (r0 >> 4)] = v;
@@ -1973,11 +1987,99 @@ __device__ __forceinline__ void gemvm_stage_xn(const float *__restrict__ v, cons
   lean_stage_x(v, xw, c0, n, W, false, w, rsqrtf(ss / (float)cols + eps));
 }
 
-template <int UF, bool HCE = false>
-__device__ __forceinline__ void gemvm_body(const GemvMatM &m, int blk, const float *nw, float eps, const HcEpi *hc = nullptr) {
+// HcCol is a sublayer boundary's output a = RMS(Σ_j pre_j·x'_j; w) that a
+// one-token product (gemvmc_*) forms itself while it stages x, from x' and
+// the partials a producer's epilogue left with the Gram rows (HcEpi.gram):
+// row j < 4 pre's dot products, row nm the streams' Σx'², rows nm + 1 ..
+// nm + 10 the Gram entries (hc_epi_finish's pair order), each S tiles.
+struct HcCol {
+  const float *xs;           // [4, D] x'
+  const float *part;         // [nm + 11, S]
+  const float *base, *scale; // the mix site's (base[0..4) and scale[0] are read)
+  const float *w;            // [D] the RMSNorm weight, or null
+  int S, nm, D, pad;
+  float normEps, eps, rmsEps, pad2;  // the site's NormEps and Eps, the RMSNorm's ε
+};
+static_assert(sizeof(HcCol) == 72, "HcCol must mirror hcColArgs (72 bytes)");
+
+// hcc_gates sums the 15 partial rows a block needs (a warp a row: lane l
+// adds elements l, l + 32, … in order, then the xor tree: fuse_hc_finish4w's
+// order, so pre and ρ are its bits) and returns, to every thread, the four
+// pre gates (fuse_hc_finish4w's operations) and inv = 1/sqrt(Σa²/D + ε)
+// with Σa² = Σ_jk pre_j·pre_k·G_jk (the Gram rows; not the finish's Σ over
+// a's elements, so a differs from its a in the last bits). Every thread
+// of the block calls it (one barrier); sums is [15] shared.
+__device__ __forceinline__ void hcc_gates(const HcCol &c, float *sums, float (&p)[4], float &inv) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int r = warp; r < 15; r += nw) {
+    const float *row = c.part + (long long)(r < 4 ? r : c.nm + r - 4) * c.S;
+    float v = 0.f;
+    for (int i = lane; i < c.S; i += 32) v += __ldcg(row + i);
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
+    if (lane == 0) sums[r] = v;
+  }
+  __syncthreads();
+  const float rho = 1.0f / sqrtf(sums[4] / (float)(4 * c.D) + c.normEps);
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const float m = sums[j] * rho;
+    p[j] = (float)(1.0 / (1.0 + exp(-(double)(m * c.scale[0] + c.base[j])))) + c.eps;
+  }
+  // G_jk at sums[5 + pair]: (0,0) (0,1) (0,2) (0,3) (1,1) (1,2) (1,3) (2,2) (2,3) (3,3).
+  float ss = 0.f;
+  int q = 5;
+#pragma unroll
+  for (int j = 0; j < 4; j++)
+#pragma unroll
+    for (int k = j; k < 4; k++, q++) ss = fmaf(j == k ? p[j] * p[j] : 2.f * p[j] * p[k], sums[q], ss);
+  inv = 1.0f / sqrtf(ss / (float)c.D + c.rmsEps);
+}
+
+// hcc_stage_x is lean_stage_x (natural layout) of the boundary's a over
+// columns [c0, c0 + n): each value Σ_j pre_j·x'_j (hcf4_collapse's fma
+// order), then (v·inv)·w. Then __syncwarp.
+__device__ __forceinline__ void hcc_stage_x(const HcCol &c, const float (&p)[4], float inv, u16 *xw, int c0, int n, int W) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll 2
+  for (int i = lane; i < n / 8; i += 32) {
+    float4 a[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      float4 xj[4];
+#pragma unroll
+      for (int j = 0; j < 4; j++) xj[j] = __ldcg(reinterpret_cast<const float4 *>(c.xs + (long long)j * c.D + c0) + 2 * i + h);
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        v.x = __fmaf_rn(p[j], xj[j].x, v.x);
+        v.y = __fmaf_rn(p[j], xj[j].y, v.y);
+        v.z = __fmaf_rn(p[j], xj[j].z, v.z);
+        v.w = __fmaf_rn(p[j], xj[j].w, v.w);
+      }
+      if (c.w) {
+        const float4 wv = __ldg(reinterpret_cast<const float4 *>(c.w + c0) + 2 * i + h);
+        v = make_float4(v.x * inv * wv.x, v.y * inv * wv.y, v.z * inv * wv.z, v.w * inv * wv.w);
+      } else {
+        v = make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
+      }
+      a[h] = v;
+    }
+    uint4 H, L;
+    hilo8(a[0], a[1], false, H, L);
+    *reinterpret_cast<uint4 *>(xw + 8 * i) = H;
+    *reinterpret_cast<uint4 *>(xw + W + 8 * i) = L;
+  }
+  __syncwarp();
+}
+
+template <int UF, bool HCE = false, bool HCC = false>
+__device__ __forceinline__ void gemvm_body(const GemvMatM &m, int blk, const float *nw, float eps, const HcEpi *hc = nullptr,
+                                           const HcCol *col = nullptr) {
   extern __shared__ uint4 moe_smem[];
   __shared__ float red[GEMVM_WARPS][16];
   __shared__ __align__(16) float hfn[HCE ? MOE_HC_NM * 64 : 4], hxs[HCE ? 64 : 4], hpc[HCE ? 20 : 4], ho[HCE ? 16 : 4];
+  __shared__ float hsum[HCC ? 15 : 1];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int wpr = m.wpr, part = warp % wpr;
   const int r0 = (blk * (GEMVM_WARPS / wpr) + warp / wpr) * 16;
@@ -1997,6 +2099,13 @@ __device__ __forceinline__ void gemvm_body(const GemvMatM &m, int blk, const flo
         s0, end, UF, [&](Ch &c, int s) { c.template load<true>(pw, 8LL * m.cols, ps, m.bshift, s, end); },
         [&](const Ch &c, int s) { c.template compute<true>(xb, bl, s, end, t, acc); },
         [&] {
+          if (HCC) {  // x' and the partials are two kernels back: no wait here (the kernel waits at its end)
+            MOXIE_PDL_TRIGGER();
+            float p[4], inv;
+            hcc_gates(*col, hsum, p, inv);
+            hcc_stage_x(*col, p, inv, xw, s0 * 64, W, W);
+            return;
+          }
           MOXIE_PDL();
           if (HCE) hc_epi_stage(*hc, m.rows, r0, hfn, hxs, hpc);
           if (nw) gemvm_stage_xn(xg, nw, eps, m.cols, xw, s0 * 64, W, W);
@@ -2046,6 +2155,20 @@ __device__ __forceinline__ int gemvm_mat(const GemvArgsM &a) {
 #define GEMVMH(UF) \
   extern "C" __global__ void __launch_bounds__(32 * GEMVM_WARPS) gemvmh_f##UF(const GemvArgsM a, const HcEpi h) { MOXIE_PDL_INSIDE(); gemvm_body<UF, true>(a.m[0], blockIdx.x, a.nw[0], a.eps[0], &h); }
 
+// gemvmc_f<UF>: gemvm_f<UF> whose x (every product's, one row group, one
+// whole-block tile a block: every warp calls the staging) is a boundary's
+// a formed in the launch (HcCol; hcc_gates, hcc_stage_x). Its inputs come
+// from two or more kernels back, so its blocks do not wait for the kernel
+// before them (the boundary's finish) until they end: what runs after
+// this kernel may rely on that one's results.
+#define GEMVMC(UF) \
+  extern "C" __global__ void __launch_bounds__(32 * GEMVM_WARPS) gemvmc_f##UF(const GemvArgsM a, const HcCol c) { \
+    MOXIE_PDL_INSIDE(); \
+    const int i = gemvm_mat(a); \
+    gemvm_body<UF, false, true>(a.m[i], blockIdx.x - a.m[i].blk0, nullptr, 0.f, nullptr, &c); \
+    MOXIE_PDL_WAIT(); \
+  }
+
 //@module moe
 // The default module, compiled (or read from the disk cache) on first use:
 // the two kernels of MoEPreferred (MoELeanX: moe1lx_d0_b7, moe2l_g1_f1_d0_b2;
@@ -2053,7 +2176,7 @@ __device__ __forceinline__ int gemvm_mat(const GemvArgsM &a) {
 // a decode session launches by default (gemvm_f4: $MOXIE_CUDA_GEMVM's
 // default "a,q,wo,u4" in dsv4).
 MOE1LX(0, 7) MOE2L(1, 1, 0, 2) MOE2LH(1, 1, 0, 2)
-GEMVM(4) GEMVMH(4)
+GEMVM(4) GEMVMH(4) GEMVMC(4)
 
 //@module bench
 // Every other variant's kernels, compiled only when a prepare asks for a

@@ -1752,7 +1752,7 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 			// wo_b that also begins the FFN-side boundary (stepFused reads
 			// s.hcTiles next).
 			if s.ffnNext != nil && s.hcEpi && T == 1 && dec != nil && dec.wo == nil && dec.woBHC != nil &&
-				s.ffnNext.HC == 4 && s.ffnNext.Fn != nil && s.ffnNext.Fn.Format == compute.F32 {
+				cuda.HCEpilogueFits(s.ffnNext, cfg.Dim) {
 				h := &cuda.HCEpilogue{X: s.x, Post: s.post, Comb: s.comb, XOut: s.xmid, Part: s.hcScratch, Fn: s.ffnNext}
 				if err := c.LaunchGemvHC(dec.woBHC, h, st); err != nil {
 					return err
@@ -1923,7 +1923,7 @@ func (s *DeviceSession) moe(c *cuda.Ctx, b *devBlock, l, T, p0 int, next *cuda.H
 		// on every path here (gate and route, or GateRoute, launch after
 		// it).
 		if next != nil && s.hcEpi && T == 1 && dec.HasHCEpilogue() && (b.shared == nil || sharedOf(b) != nil) &&
-			next.HC == 4 && next.Fn != nil && next.Fn.Format == compute.F32 {
+			cuda.HCEpilogueFits(next, cfg.Dim) {
 			h := &cuda.HCEpilogue{X: s.xmid, Post: s.post, Comb: s.comb, XOut: s.x, Part: s.hcScratch, Fn: next, Gram: s.hcCol}
 			if err := c.RunMoEDecodeHC(dec, s.ids, s.rw, h, st); err != nil {
 				return err

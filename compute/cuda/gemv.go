@@ -238,13 +238,13 @@ func (c *Ctx) LaunchGemvCollapse(g *Gemv, in *HCCollapse, s Stream) error {
 		return fmt.Errorf("cuda gemv: collapse launch of a Gemv that cannot form its x")
 	}
 	D := int(g.args.M[0].Cols)
-	switch {
-	case in == nil || in.Site == nil || in.Site.Fn == nil:
+	if in == nil {
 		return fmt.Errorf("cuda gemv: collapse: nil input or mix site")
-	case in.Site.HC != 4 || in.Site.Fn.Rows != hcEpiRows || in.Site.Fn.Cols != 4*D:
-		return fmt.Errorf("cuda gemv: collapse: mix site HC %d, Fn [%d, %d], want HC 4, Fn [%d, %d] for x of %d", in.Site.HC, in.Site.Fn.Rows, in.Site.Fn.Cols, hcEpiRows, 4*D, D)
-	case D%16 != 0:
-		return fmt.Errorf("cuda gemv: collapse: x of %d values, want a multiple of 16", D)
+	}
+	if err := hcEpiSite("cuda gemv: collapse", in.Site, D); err != nil {
+		return err
+	}
+	switch {
 	case !nonNull(in.XS, in.Part, in.Site.Base, in.Site.Scale) || in.XS%16 != 0 || in.Part%4 != 0 || in.Norm%16 != 0:
 		return fmt.Errorf("cuda gemv: collapse: XS %#x (16-byte aligned), Part %#x, Norm %#x (16-byte aligned or 0), Base %#x, Scale %#x", in.XS, in.Part, in.Norm, in.Site.Base, in.Site.Scale)
 	case math.IsNaN(float64(in.Eps)) || in.Eps < 0:

@@ -828,19 +828,37 @@ func moeHCKernelName(v MoEVariant) string {
 // it (RunMoEDecodeHC).
 func (m *MoEDecode) HasHCEpilogue() bool { return m != nil && m.kh != nil }
 
+// HCEpilogueFits reports whether p, a boundary's mix site at stream width
+// D, is one the epilogue kernels and LaunchGemvCollapse take: HC 4, Fn F32
+// [24, 4·D], D a multiple of 16.
+func HCEpilogueFits(p *HC, D int) bool { return hcEpiSite("", p, D) == nil }
+
+// hcEpiSite is HCEpilogueFits's check, its error starting with what.
+func hcEpiSite(what string, p *HC, D int) error {
+	switch {
+	case p == nil || p.Fn == nil:
+		return fmt.Errorf("%s: nil boundary or mix site", what)
+	case p.HC != 4 || p.Fn.Rows != hcEpiRows || p.Fn.Cols != 4*D:
+		return fmt.Errorf("%s: boundary's mix site: HC %d, Fn [%d, %d], want HC 4, Fn [%d, %d]", what, p.HC, p.Fn.Rows, p.Fn.Cols, hcEpiRows, 4*D)
+	case p.Fn.Format != compute.F32:
+		return fmt.Errorf("%s: boundary's Fn is %v, want %v", what, p.Fn.Format, compute.F32)
+	case D%16 != 0:
+		return fmt.Errorf("%s: boundary at width %d: want a multiple of 16", what, D)
+	}
+	return nil
+}
+
 // hcEpilogueArgs validates h for a producer of D rows whose input and
 // output are in and out, and returns the kernels' argument block; errors
 // start with what.
 func hcEpilogueArgs(what string, h *HCEpilogue, D int, in, out DevicePtr) (hcEpiArgs, error) {
-	switch {
-	case h == nil || h.Fn == nil || h.Fn.Fn == nil:
+	if h == nil {
 		return hcEpiArgs{}, fmt.Errorf("%s: nil boundary or mix site", what)
-	case h.Fn.HC != 4 || h.Fn.Fn.Rows != hcEpiRows || h.Fn.Fn.Cols != 4*D:
-		return hcEpiArgs{}, fmt.Errorf("%s: boundary's mix site: HC %d, Fn [%d, %d], want HC 4, Fn [%d, %d]", what, h.Fn.HC, h.Fn.Fn.Rows, h.Fn.Fn.Cols, hcEpiRows, 4*D)
-	case h.Fn.Fn.Format != compute.F32:
-		return hcEpiArgs{}, fmt.Errorf("%s: boundary's Fn is %v, want %v", what, h.Fn.Fn.Format, compute.F32)
-	case D%16 != 0:
-		return hcEpiArgs{}, fmt.Errorf("%s: boundary after %d rows: want a multiple of 16", what, D)
+	}
+	if err := hcEpiSite(what, h.Fn, D); err != nil {
+		return hcEpiArgs{}, err
+	}
+	switch {
 	case !nonNull(h.X, h.Post, h.Comb, h.XOut, h.Part):
 		return hcEpiArgs{}, fmt.Errorf("%s: boundary: null X %#x, Post %#x, Comb %#x, XOut %#x or Part %#x", what, h.X, h.Post, h.Comb, h.XOut, h.Part)
 	case (h.X|h.Post|h.Comb|h.XOut|h.Part|h.Fn.Fn.Data)%16 != 0:

@@ -574,6 +574,8 @@ template <class A> void launch(void (*k)(A), unsigned grid, unsigned threads, A 
 // x' values are off HCExpand's float32 operations on out, and the
 // partials' largest error against float64 tile sums (relative to the sum
 // of the terms' magnitudes).
+// The Gram rows' stream pairs (j, k), in hc_epi_finish's order.
+static const int gj[10] = {0, 0, 0, 0, 1, 1, 1, 2, 2, 3}, gk[10] = {0, 1, 2, 3, 1, 2, 3, 2, 3, 3};
 struct HcData {
   int D;
   std::vector<float> x, post, comb, fn, xo, part;
@@ -594,7 +596,6 @@ struct HcData {
         xbad += memcmp(&v, &xo[k * D + i], 4) != 0;
       }
     pe = 0;
-    static const int gj[10] = {0, 0, 0, 0, 1, 1, 1, 2, 2, 3}, gk[10] = {0, 1, 2, 3, 1, 2, 3, 2, 3, 3};
     for (int m = 0; m < (gram ? 35 : 25); m++)
       for (int ti = 0; ti < D / 16; ti++) {
         double sum = 0, mag = 0;
@@ -976,8 +977,7 @@ int main() {
     for (int i = 0; i < c.n; i++) fits = fits && c.p[i].wpr == 8 && c.p[i].groups == 1 && !c.p[i].norm && c.p[i].cols == c.p[0].cols;
     if (fits) {
       const int D = c.p[0].cols, S = D / 16, nm = 24;
-      static const int gj[10] = {0, 0, 0, 0, 1, 1, 1, 2, 2, 3}, gk[10] = {0, 1, 2, 3, 1, 2, 3, 2, 3, 3};
-      std::vector<float> xs4(4 * D), part((size_t)(nm + 11) * S), base(24), scale(3), w(D);
+        std::vector<float> xs4(4 * D), part((size_t)(nm + 11) * S), base(24), scale(3), w(D);
       for (auto &v : xs4) v = (float)nd(rng);
       for (auto &v : part) v = (float)(0.3 * nd(rng) / std::sqrt((double)S));
       for (auto &v : base) v = (float)nd(rng);

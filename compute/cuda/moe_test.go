@@ -571,16 +571,19 @@ func TestHCEpilogueDevice(t *testing.T) {
 	})
 }
 
-func testHCEpilogue(t *testing.T, e *fwdEnv, producer string, D int) {
-	const E, K, I, Is, hc, nm, cols = 8, 6, 256, 256, 4, 24, 2048
-	rng := rand.New(rand.NewPCG(77, uint64(D)))
+// newHCBoundary makes a random V4 mix site (HC 4, F32 Fn [24, 4·D]) and a
+// boundary's inputs on the device: the streams X [4, D], the previous
+// boundary's post [4] and comb [4, 4], and an RMSNorm weight w [D].
+func newHCBoundary(t *testing.T, e *fwdEnv, rng *rand.Rand, D int) (p *HC, X, post, comb, w DevicePtr) {
+	t.Helper()
+	const hc, nm = 4, 24
 	fnw, err := e.c.UploadWeight(e.a, computetest.RandomWeight(rng, compute.F32, nm, hc*D, 0.3/math.Sqrt(float64(hc*D))))
 	if err != nil {
 		t.Fatal(err)
 	}
 	scale := computetest.Normal(rng, 3, 1)
 	scale[2] = 4
-	p := &HC{Fn: fnw, Base: e.up(computetest.Normal(rng, nm, 1)), Scale: e.up(scale), HC: hc, Iters: 20, Eps: 1e-6, NormEps: 1e-6}
+	p = &HC{Fn: fnw, Base: e.up(computetest.Normal(rng, nm, 1)), Scale: e.up(scale), HC: hc, Iters: 20, Eps: 1e-6, NormEps: 1e-6}
 	post0, comb0 := make([]float32, hc), make([]float32, hc*hc)
 	for i := range post0 {
 		post0[i] = 2 * rng.Float32()
@@ -588,7 +591,13 @@ func testHCEpilogue(t *testing.T, e *fwdEnv, producer string, D int) {
 	for i := range comb0 {
 		comb0[i] = rng.Float32() / hc
 	}
-	dX, dpost, dcomb, dw := e.up(computetest.Normal(rng, hc*D, 1)), e.up(post0), e.up(comb0), e.up(computetest.Normal(rng, D, 1))
+	return p, e.up(computetest.Normal(rng, hc*D, 1)), e.up(post0), e.up(comb0), e.up(computetest.Normal(rng, D, 1))
+}
+
+func testHCEpilogue(t *testing.T, e *fwdEnv, producer string, D int) {
+	const E, K, I, Is, hc, cols = 8, 6, 256, 256, 4, 2048
+	rng := rand.New(rand.NewPCG(77, uint64(D)))
+	p, dX, dpost, dcomb, dw := newHCBoundary(t, e, rng, D)
 	// The producer: plain and epilogue launches writing out.
 	var plain func(out DevicePtr) (func(Stream) error, error)
 	var epi func(out DevicePtr, h *HCEpilogue) (func(Stream) error, error)
@@ -717,9 +726,10 @@ func testHCEpilogue(t *testing.T, e *fwdEnv, producer string, D int) {
 // whole chain replays to its direct run's bits.
 func TestHCCollapseDevice(t *testing.T) {
 	withFwd(t, func(e *fwdEnv) {
-		const E, K, I, Is, hc, nm, D = 8, 6, 256, 256, 4, 24, 4096
+		const E, K, I, Is, hc, D = 8, 6, 256, 256, 4, 4096
 		rng := rand.New(rand.NewPCG(91, 5))
 		mc := newMoECase(t, e, rng, E, D, I, Is)
+		p, dX, dpost, dcomb, dw := newHCBoundary(t, e, rng, D)
 		up := func(d compute.WeightData) *DeviceWeight {
 			w, err := e.c.UploadWeight(e.a, d)
 			if err != nil {
@@ -727,21 +737,9 @@ func TestHCCollapseDevice(t *testing.T) {
 			}
 			return w
 		}
-		fnw := up(computetest.RandomWeight(rng, compute.F32, nm, hc*D, 0.3/math.Sqrt(float64(hc*D))))
 		wa := up(computetest.RandomWeight(rng, compute.FP8Block, 1024, D, 1/math.Sqrt(D)))
 		wb := up(computetest.RandomWeight(rng, compute.FP8Block, 512, D, 1/math.Sqrt(D)))
-		scale := computetest.Normal(rng, 3, 1)
-		scale[2] = 4
-		p := &HC{Fn: fnw, Base: e.up(computetest.Normal(rng, nm, 1)), Scale: e.up(scale), HC: hc, Iters: 20, Eps: 1e-6, NormEps: 1e-6}
-		post0, comb0 := make([]float32, hc), make([]float32, hc*hc)
-		for i := range post0 {
-			post0[i] = 2 * rng.Float32()
-		}
-		for i := range comb0 {
-			comb0[i] = rng.Float32() / hc
-		}
 		dx := e.up(computetest.Normal(rng, D, 1))
-		dX, dpost, dcomb, dw := e.up(computetest.Normal(rng, hc*D, 1)), e.up(post0), e.up(comb0), e.up(computetest.Normal(rng, D, 1))
 		dids, drw := e.upInts([]int{1, 3, 5, 7, 0, 2}), e.up([]float32{0.5, 0.25, 0.125, 2, 1, 0.75})
 		out, xs := e.poisoned(D), e.poisoned(hc*D)
 		pre, post, comb, a := e.poisoned(hc), e.poisoned(hc), e.poisoned(hc*hc), e.poisoned(D)

@@ -1609,6 +1609,14 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 __device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
+// moe_warp_sum: v summed over the warp by the xor butterfly 16, 8, 4, 2, 1
+// (every lane gets the same bits).
+__device__ __forceinline__ float moe_warp_sum(float v) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
+  return v;
+}
+
 // The sublayer boundary after a producer of a model-width output o [D]
 // (MoE stage 2: moe2lh; a one-token FP8 product: gemvmh_*), begun in its
 // epilogue: each block, once its 16 output rows o[r0, r0 + 16) are summed,
@@ -1673,8 +1681,7 @@ __device__ __forceinline__ void hc_epi_finish(const HcEpi &h, int D, int r0, con
       const int p = m - h.nm - 1, j = p < 4 ? 0 : p < 7 ? 1 : p < 9 ? 2 : 3, k = p - (j == 0 ? 0 : j == 1 ? 3 : j == 2 ? 5 : 6);
       v = lane < 16 ? __fmul_rn(xk[j], xk[k]) : 0.f;
     }
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
+    v = moe_warp_sum(v);
     if (lane == 0) h.part[(long long)m * (D >> 4) + (r0 >> 4)] = v;
   }
 }
@@ -1982,8 +1989,7 @@ __device__ __forceinline__ void gemvm_stage_xn(const float *__restrict__ v, cons
     ss = fmaf(p.z, p.z, ss);
     ss = fmaf(p.w, p.w, ss);
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  ss = moe_warp_sum(ss);
   lean_stage_x(v, xw, c0, n, W, false, w, rsqrtf(ss / (float)cols + eps));
 }
 
@@ -2015,8 +2021,7 @@ __device__ __forceinline__ void hcc_gates(const HcCol &c, float *sums, float (&p
     const float *row = c.part + (long long)(r < 4 ? r : c.nm + r - 4) * c.S;
     float v = 0.f;
     for (int i = lane; i < c.S; i += 32) v += __ldcg(row + i);
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
+    v = moe_warp_sum(v);
     if (lane == 0) sums[r] = v;
   }
   __syncthreads();

@@ -571,6 +571,29 @@ func TestHCEpilogueDevice(t *testing.T) {
 	})
 }
 
+// replayCaptured captures enqueue's launches on s as a CUDA graph, replays
+// it n times, waits for s and destroys the graph.
+func (e *fwdEnv) replayCaptured(t *testing.T, s Stream, enqueue func() error, n int) {
+	t.Helper()
+	if err := e.c.BeginCapture(s); err != nil {
+		t.Fatal(err)
+	}
+	err := enqueue()
+	g, err2 := e.c.EndCapture(s)
+	if err != nil || err2 != nil {
+		t.Fatal(err, err2)
+	}
+	defer e.c.DestroyGraph(g)
+	for range n {
+		if err := e.c.LaunchGraph(g, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.c.Sync(s); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // newHCBoundary makes a random V4 mix site (HC 4, F32 Fn [24, 4·D]) and a
 // boundary's inputs on the device: the streams X [4, D], the previous
 // boundary's post [4] and comb [4, 4], and an RMSNorm weight w [D].
@@ -672,20 +695,7 @@ func testHCEpilogue(t *testing.T, e *fwdEnv, producer string, D int) {
 			return e.c.HCMixNorm(nb, p, s)
 		}
 		if graph {
-			if err := e.c.BeginCapture(s); err != nil {
-				t.Fatal(err)
-			}
-			err := enqueue()
-			g, err2 := e.c.EndCapture(s)
-			if err != nil || err2 != nil {
-				t.Fatal(err, err2)
-			}
-			defer e.c.DestroyGraph(g)
-			for range 2 {
-				if err := e.c.LaunchGraph(g, s); err != nil {
-					t.Fatal(err)
-				}
-			}
+			e.replayCaptured(t, s, enqueue, 2)
 		} else if err := enqueue(); err != nil {
 			t.Fatal(err)
 		}
@@ -797,20 +807,7 @@ func TestHCCollapseDevice(t *testing.T) {
 			}
 			t.Logf("product %d: within %.3g of the product on the finish's a", i, r)
 		}
-		if err := e.c.BeginCapture(s); err != nil {
-			t.Fatal(err)
-		}
-		err = enqueue()
-		g, err2 := e.c.EndCapture(s)
-		if err != nil || err2 != nil {
-			t.Fatal(err, err2)
-		}
-		defer e.c.DestroyGraph(g)
-		for range 2 {
-			if err := e.c.LaunchGraph(g, s); err != nil {
-				t.Fatal(err)
-			}
-		}
+		e.replayCaptured(t, s, enqueue, 2)
 		if !slices.Equal(direct[0], e.down(ca, 1024)) || !slices.Equal(direct[1], e.down(cb, 512)) {
 			t.Errorf("a graph replay of the collapse chain differs from the direct run")
 		}

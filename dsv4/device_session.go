@@ -1354,6 +1354,10 @@ func (s *DeviceSession) stepFused(c *cuda.Ctx, T, p0, rows int, graph bool) erro
 	bound := func(x, o, xout cuda.DevicePtr, hcp *cuda.HC, norm cuda.DevicePtr) error {
 		a := &cuda.HCNorm{X: x, O: o, Post: s.post, Comb: s.comb, XOut: xout, Pre: s.pre, PostOut: s.post, CombOut: s.comb,
 			A: s.a, Norm: norm, Eps: eps, Scratch: s.hcScratch, Counters: s.hcCounters, T: T}
+		if s.hcTiles { // the producer just enqueued began it: x' in xout, the partials in the scratch
+			s.hcTiles = false
+			return c.HCMixNormTiles(a, hcp, st)
+		}
 		return c.HCMixNorm(a, hcp, st)
 	}
 	for l, b := range d.layers {
@@ -1364,28 +1368,18 @@ func (s *DeviceSession) stepFused(c *cuda.Ctx, T, p0, rows int, graph bool) erro
 		case err != nil:
 		case l == 0:
 			err = bound(s.x, 0, 0, &b.hcAttn, b.attnNorm)
-		case s.hcTiles: // the MoE before began it: x' in s.x, the partials in the scratch
-			s.hcTiles = false
-			err = c.HCMixNormTiles(&cuda.HCNorm{X: s.xmid, O: s.moeOut, Post: s.post, Comb: s.comb, XOut: s.x, Pre: s.pre,
-				PostOut: s.post, CombOut: s.comb, A: s.a, Norm: b.attnNorm, Eps: eps, Scratch: s.hcScratch, T: T}, &b.hcAttn, st)
-			if s.hcCol { // with the Gram rows: wq_a+wkv may form a itself
+		default:
+			col := s.hcTiles && s.hcCol // begun by the MoE with the Gram rows: wq_a+wkv may form a itself
+			if err = bound(s.xmid, s.moeOut, s.x, &b.hcAttn, b.attnNorm); err == nil && col {
 				s.attnCol = &cuda.HCCollapse{XS: s.x, Part: s.hcScratch, Site: &b.hcAttn, Norm: b.attnNorm, Eps: eps}
 			}
-		default:
-			err = bound(s.xmid, s.moeOut, s.x, &b.hcAttn, b.attnNorm)
 		}
 		if err == nil {
 			s.ffnNext = &b.hcFFN
 			err = s.attention(c, b, s.layers[l], T, p0, graph)
 			s.ffnNext, s.attnCol = nil, nil
 		}
-		switch { // into the MoE: x, attnOut → xmid
-		case err != nil:
-		case s.hcTiles: // wo_b began it: x' in s.xmid, the partials in the scratch
-			s.hcTiles = false
-			err = c.HCMixNormTiles(&cuda.HCNorm{X: s.x, O: s.attnOut, Post: s.post, Comb: s.comb, XOut: s.xmid, Pre: s.pre,
-				PostOut: s.post, CombOut: s.comb, A: s.a, Norm: b.ffnNorm, Eps: eps, Scratch: s.hcScratch, T: T}, &b.hcFFN, st)
-		default:
+		if err == nil { // into the MoE: x, attnOut → xmid (begun by wo_b where it could)
 			err = bound(s.x, s.attnOut, s.xmid, &b.hcFFN, b.ffnNorm)
 		}
 		if err == nil {

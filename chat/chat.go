@@ -16,6 +16,7 @@ package chat
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -147,6 +148,27 @@ func Encode(tok *tokenizer.Tokenizer, msgs []Message, opts Options) ([]int, erro
 		return nil, err
 	}
 	return tok.EncodeSegments(segs), nil
+}
+
+// SystemPrefix returns how many of ids, msgs encoded by Encode with opts,
+// are the leading system messages alone (with their tools): the tokens
+// that conversations with the same system prompt share whatever follows,
+// where a prompt cache may keep a checkpoint. 0 when msgs do not start with
+// a system message, or ids do not start with those messages' encoding and
+// go on past it.
+func SystemPrefix(tok *tokenizer.Tokenizer, msgs []Message, opts Options, ids []int) int {
+	k := 0
+	for k < len(msgs) && msgs[k].Role == "system" {
+		k++
+	}
+	if k == 0 {
+		return 0
+	}
+	pre, err := Encode(tok, msgs[:k], opts)
+	if err != nil || len(pre) >= len(ids) || !slices.Equal(pre, ids[:len(pre)]) {
+		return 0
+	}
+	return len(pre)
 }
 
 // segments renders msgs as template and message segments.

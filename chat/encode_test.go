@@ -68,3 +68,43 @@ func TestEncodeKeepsControlTokensOutOfContent(t *testing.T) {
 		t.Errorf("Decode(Encode) = %q, want the rendered text %q", tok.Decode(ids), text)
 	}
 }
+
+// TestSystemPrefix: conversations with one system prompt (and tools) share
+// exactly the prefix SystemPrefix reports, and it is what the system
+// messages alone encode to; without a system message it is 0.
+func TestSystemPrefix(t *testing.T) {
+	tok := tinyTokenizer(t)
+	sys := []Message{{Role: "system", Content: "You are a careful assistant. Answer briefly."},
+		{Role: "system", Content: "Dates are in UTC.", Tools: []Tool{{Type: "function", Function: []byte(`{"name":"clock","description":"the time","parameters":{"type":"object"}}`)}}}}
+	convs := [][]Message{
+		append(slices.Clone(sys), Message{Role: "user", Content: "What time is it?"}),
+		append(slices.Clone(sys), Message{Role: "user", Content: "Tell me a story."}, Message{Role: "assistant", Content: "Once."}, Message{Role: "user", Content: "More."}),
+	}
+	for _, opts := range []Options{{}, {Thinking: true}} {
+		var prefixes [][]int
+		for i, msgs := range convs {
+			ids, err := Encode(tok, msgs, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := SystemPrefix(tok, msgs, opts, ids)
+			alone, err := Encode(tok, sys, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n == 0 || !slices.Equal(ids[:n], alone) {
+				t.Fatalf("thinking %v, conversation %d: prefix %d, want the system messages' %d ids", opts.Thinking, i, n, len(alone))
+			}
+			prefixes = append(prefixes, ids[:n])
+			if z := SystemPrefix(tok, msgs[len(sys):], opts, ids); z != 0 {
+				t.Errorf("without a system message: prefix %d, want 0", z)
+			}
+			if z := SystemPrefix(tok, msgs, opts, ids[:n]); z != 0 {
+				t.Errorf("ids that end with the system part: prefix %d, want 0", z)
+			}
+		}
+		if !slices.Equal(prefixes[0], prefixes[1]) {
+			t.Errorf("thinking %v: the two conversations' prefixes differ", opts.Thinking)
+		}
+	}
+}

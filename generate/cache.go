@@ -32,6 +32,8 @@ type Cache struct {
 	max     int
 	entries []cacheEntry // least recently stored first
 	closed  bool
+	disk    *diskTier      // UseDisk; nil: memory only
+	sending sync.WaitGroup // evictions on their way to the disk tier's writer
 }
 
 // cacheEntry is a finished generation's sequence and the tokens it holds,
@@ -58,10 +60,44 @@ func (c *Cache) Len() int {
 // take removes and returns the cached sequence (an entry's sequence or its
 // snapshot) whose tokens are the longest proper prefix of prompt, and how
 // many tokens it holds; nil and 0 when none is. The entry's other sequence
-// is closed.
-func (c *Cache) take(prompt []int) (Sequence, int) {
+// is closed. With a disk tier, a file whose tokens are a longer prefix
+// than any entry's is restored instead (fromDisk; the entries stay).
+func (c *Cache) take(prompt []int) (seq Sequence, held int, fromDisk bool) {
 	c.mu.Lock()
-	best, snap, n := -1, false, -1
+	d := c.disk
+	_, _, n := c.bestMem(prompt)
+	c.mu.Unlock()
+	if d != nil {
+		if f, ok := d.best(prompt, n); ok {
+			if s, err := d.restore(f); err == nil {
+				return s, len(f.tokens), true
+			}
+		}
+	}
+	c.mu.Lock()
+	best, snap, n := c.bestMem(prompt)
+	if best < 0 {
+		c.mu.Unlock()
+		return nil, 0, false
+	}
+	e := c.entries[best]
+	c.entries = append(c.entries[:best], c.entries[best+1:]...)
+	c.mu.Unlock()
+	if snap {
+		_ = e.seq.Close()
+		return e.snap, n, false
+	}
+	if e.snap != nil {
+		_ = e.snap.Close()
+	}
+	return e.seq, n, false
+}
+
+// bestMem returns the entry (and whether its snapshot) whose tokens are the
+// longest proper prefix of prompt and their count: -1 and 0 when none is;
+// c.mu must be held.
+func (c *Cache) bestMem(prompt []int) (best int, snap bool, n int) {
+	best, n = -1, 0
 	// longer: tokens are a proper prefix of prompt, longer than the best.
 	longer := func(tokens []int) bool {
 		return len(tokens) > n && len(tokens) < len(prompt) && slices.Equal(tokens, prompt[:len(tokens)])
@@ -74,21 +110,7 @@ func (c *Cache) take(prompt []int) (Sequence, int) {
 			best, snap, n = i, true, len(e.snapTokens)
 		}
 	}
-	if best < 0 {
-		c.mu.Unlock()
-		return nil, 0
-	}
-	e := c.entries[best]
-	c.entries = append(c.entries[:best], c.entries[best+1:]...)
-	c.mu.Unlock()
-	if snap {
-		_ = e.seq.Close()
-		return e.snap, n
-	}
-	if e.snap != nil {
-		_ = e.snap.Close()
-	}
-	return e.seq, n
+	return best, snap, n
 }
 
 // put stores seq, which holds tokens, with snap holding snapTokens (snap
@@ -107,8 +129,34 @@ func (c *Cache) put(seq Sequence, tokens []int, snap Sequence, snapTokens []int)
 	}
 	c.entries = append(c.entries, e)
 	evict := c.trim(c.max)
+	d := c.async(evict)
 	c.mu.Unlock()
-	return closeAll(evict)
+	return c.retire(d, evict)
+}
+
+// async returns the disk tier that the evicted entries es go to in the
+// background (nil: none, they are closed at once) and counts them as on
+// their way; c.mu must be held.
+func (c *Cache) async(es []cacheEntry) *diskTier {
+	if c.disk == nil || len(es) == 0 || c.closed {
+		return nil
+	}
+	c.sending.Add(1)
+	return c.disk
+}
+
+// retire hands evicted entries to d's writer (which saves, then closes
+// them), or closes them when d is nil.
+func (c *Cache) retire(d *diskTier, es []cacheEntry) error {
+	if d == nil {
+		return closeAll(es)
+	}
+	defer c.sending.Done()
+	for _, e := range es {
+		d.pending.Add(1)
+		d.queue <- e
+	}
+	return nil
 }
 
 // trim removes and returns the least recently stored entries beyond keep;
@@ -130,26 +178,46 @@ func (c *Cache) trim(keep int) []cacheEntry {
 func (c *Cache) makeRoom() error {
 	c.mu.Lock()
 	evict := c.trim(c.max - 1)
+	d := c.async(evict)
 	c.mu.Unlock()
-	return closeAll(evict)
+	return c.retire(d, evict)
 }
 
 // Clear closes every cached sequence (freeing their memory) and empties
-// the cache, which stays usable. The error joins the Close errors.
+// the cache, which stays usable; with a disk tier each is written first,
+// before Clear returns. The error joins the Close errors.
 func (c *Cache) Clear() error {
 	c.mu.Lock()
 	evict := c.entries
 	c.entries = nil
+	d := c.disk
 	c.mu.Unlock()
-	return closeAll(evict)
+	if d == nil {
+		return closeAll(evict)
+	}
+	var errs []error
+	for _, e := range evict {
+		errs = append(errs, d.retire(e))
+	}
+	return errors.Join(errs...)
 }
 
-// Close clears the cache; sequences stored after it are closed at once.
+// Close clears the cache (with a disk tier, once every sequence evicted
+// earlier has been written too); sequences stored after it are closed at
+// once.
 func (c *Cache) Close() error {
 	c.mu.Lock()
+	first := !c.closed
 	c.closed = true
+	d := c.disk
 	c.mu.Unlock()
-	return c.Clear()
+	err := c.Clear()
+	if d != nil && first {
+		c.sending.Wait()
+		close(d.queue)
+		<-d.done
+	}
+	return err
 }
 
 func closeAll(es []cacheEntry) error {
@@ -161,4 +229,31 @@ func closeAll(es []cacheEntry) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// wantsCheckpoint reports whether a checkpoint of seq holding tokens would
+// be written (Options.Checkpoints): a disk tier, a Saver, enough tokens,
+// and no file with exactly these tokens yet.
+func (c *Cache) wantsCheckpoint(seq Sequence, tokens []int) bool {
+	c.mu.Lock()
+	d := c.disk
+	c.mu.Unlock()
+	if d == nil || len(tokens) < max(d.opts.MinTokens, 1) {
+		return false
+	}
+	if _, ok := seq.(Saver); !ok {
+		return false
+	}
+	return !d.has(tokens)
+}
+
+// checkpoint writes seq, which holds tokens, to the disk tier now; a
+// failure is reported to DiskOptions.OnError and otherwise ignored.
+func (c *Cache) checkpoint(seq Sequence, tokens []int) {
+	c.mu.Lock()
+	d := c.disk
+	c.mu.Unlock()
+	if sv, ok := seq.(Saver); ok && d != nil {
+		d.report(d.write(sv, tokens))
+	}
 }

@@ -33,6 +33,17 @@ func cachedRun(t *testing.T, m *fakeModel, cache *Cache, prompt []int, max int, 
 	return res
 }
 
+// checkFresh fails t unless got is what a fresh sequence of the script(3,
+// tA) model generates from prompt (cachedRun, max tokens): what a cached
+// or restored sequence must reproduce.
+func checkFresh(t *testing.T, got, prompt []int, max int) {
+	t.Helper()
+	fresh := cachedRun(t, &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, next: script(3, tA)}, nil, prompt, max, nil)
+	if !slices.Equal(got, fresh.Tokens) {
+		t.Errorf("generated %v, a fresh sequence %v", got, fresh.Tokens)
+	}
+}
+
 func TestCacheChatTurns(t *testing.T) {
 	m := &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, next: script(3, tA)}
 	cache := NewCache(1)
@@ -56,10 +67,7 @@ func TestCacheChatTurns(t *testing.T) {
 	if m.appended != 3+5 {
 		t.Errorf("second turn fed %d tokens to the model, want %d", m.appended, 3+5)
 	}
-	fresh := cachedRun(t, &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, next: script(3, tA)}, nil, turn2, 6, nil)
-	if !slices.Equal(r2.Tokens, fresh.Tokens) {
-		t.Errorf("continued sequence generated %v, a fresh one %v", r2.Tokens, fresh.Tokens)
-	}
+	checkFresh(t, r2.Tokens, turn2, 6)
 	if open, closed := m.stats(); open != 1 || closed != 0 {
 		t.Errorf("%d sequences opened and %d closed over two turns, want 1 and 0", open, closed)
 	}
@@ -105,10 +113,7 @@ func TestCacheNoReuse(t *testing.T) {
 			if r2.CachedTokens != 0 {
 				t.Errorf("%d cached tokens, want 0", r2.CachedTokens)
 			}
-			fresh := cachedRun(t, &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, next: script(3, tA)}, nil, p, 4, nil)
-			if !slices.Equal(r2.Tokens, fresh.Tokens) {
-				t.Errorf("generated %v, a fresh sequence %v", r2.Tokens, fresh.Tokens)
-			}
+			checkFresh(t, r2.Tokens, p, 4)
 			// Two sequences opened; the first was evicted (closed) when the
 			// second was stored in the one-sequence cache.
 			if open, closed := m.stats(); open != 2 || closed != 1 || cache.Len() != 1 {
@@ -194,10 +199,7 @@ func TestCacheFailures(t *testing.T) {
 		if r.CachedTokens != 5 {
 			t.Errorf("%d cached tokens, want 5", r.CachedTokens)
 		}
-		fresh := cachedRun(t, &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, next: script(3, tA)}, nil, p, 3, nil)
-		if !slices.Equal(r.Tokens, fresh.Tokens) {
-			t.Errorf("continued %v, fresh %v", r.Tokens, fresh.Tokens)
-		}
+		checkFresh(t, r.Tokens, p, 3)
 	})
 	for _, size := range []int{1, 2} {
 		// A model that holds one sequence at a time: with one slot the miss
@@ -243,8 +245,8 @@ func TestCacheTakeIsExclusive(t *testing.T) {
 	cache := NewCache(2)
 	res := cachedRun(t, m, cache, prompt3, 2, nil)
 	p := append(append(append([]int(nil), prompt3...), res.Tokens...), tC)
-	s1, n1 := cache.take(p)
-	s2, n2 := cache.take(p)
+	s1, n1, _ := cache.take(p)
+	s2, n2, _ := cache.take(p)
 	if s1 == nil || n1 != 4 || s2 != nil || n2 != 0 {
 		t.Errorf("two takes: (%v, %d) then (%v, %d); want the sequence once", s1, n1, s2, n2)
 	}

@@ -31,6 +31,7 @@ type fakeModel struct {
 	newFail  int // if > 0, NewSequence fails while more than this many sequences are open
 	clones   int // sequences made by CloneSequence
 	noClone  bool
+	seqID    string // SequenceID's suffix (disk_test.go)
 }
 
 type fakeSeq struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"moxie/sample"
@@ -83,6 +84,15 @@ type Options struct {
 	// reasoning is dropped. It costs a copy of the state and a one-token
 	// call each generation.
 	Snapshot bool
+	// Checkpoints are prompt lengths (the end of a system prompt, say) at
+	// which, with a Cache that has a disk tier and a sequence that
+	// implements Saver, the sequence is written to disk as its prefill
+	// passes them (the prompt is then fed in pieces), unless a file already
+	// holds exactly those tokens: a later prompt that starts the same way,
+	// a conversation of its own, restores that state instead of prefilling
+	// it. Lengths the cached sequence already holds, or that leave fewer
+	// than two prompt tokens after them, are skipped.
+	Checkpoints []int
 }
 
 // Event is one step of the stream passed to the emit callback.
@@ -118,6 +128,9 @@ type Result struct {
 	// CachedTokens is how many of the prompt's first tokens a sequence
 	// from Options.Cache already held (not prefilled again).
 	CachedTokens int
+	// CachedFromDisk: that sequence was restored from the cache's disk
+	// tier (Cache.UseDisk).
+	CachedFromDisk bool
 	// Prefill is the time from the call to the prompt's logits; TimeToFirstToken
 	// adds the first sample; Decode is the time from the first token to the end.
 	Prefill, TimeToFirstToken, Decode time.Duration
@@ -211,11 +224,11 @@ func Generate(ctx context.Context, model Model, prompt []int, opts Options, emit
 
 	var seq Sequence
 	if opts.Cache != nil {
-		seq, res.CachedTokens = opts.Cache.take(prompt)
+		seq, res.CachedTokens, res.CachedFromDisk = opts.Cache.take(prompt)
 		if seq != nil && seq.Len() != res.CachedTokens {
 			// Not what was stored: do not trust it.
 			_ = seq.Close()
-			seq, res.CachedTokens = nil, 0
+			seq, res.CachedTokens, res.CachedFromDisk = nil, 0, false
 		}
 	}
 	if seq == nil {
@@ -297,6 +310,16 @@ func Generate(ctx context.Context, model Model, prompt []int, opts Options, emit
 		}
 		finish()
 		return res, fmt.Errorf("generate: prefill: %w", e)
+	}
+	for _, c := range slices.Sorted(slices.Values(opts.Checkpoints)) {
+		if opts.Cache == nil || c <= held || c > len(prompt)-2 || !opts.Cache.wantsCheckpoint(seq, prompt[:c]) {
+			continue
+		}
+		if _, err := seq.Append(ctx, prompt[held:c]); err != nil {
+			return prefillFailed(err)
+		}
+		held = c
+		opts.Cache.checkpoint(seq, prompt[:c])
 	}
 	rest := prompt[held:]
 	cl, canClone := seq.(Cloner)

@@ -32,3 +32,8 @@ type dsv4Chat struct{ t *tokenizer.Tokenizer }
 func (c dsv4Chat) Prompt(msgs []chat.Message, opts chat.Options) ([]int, error) {
 	return chat.Encode(c.t, msgs, opts)
 }
+
+// SystemPrefix implements systemPrefixer (chat.SystemPrefix).
+func (c dsv4Chat) SystemPrefix(msgs []chat.Message, opts chat.Options, ids []int) int {
+	return chat.SystemPrefix(c.t, msgs, opts, ids)
+}

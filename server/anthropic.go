@@ -274,11 +274,15 @@ func (s *Server) messagesJob(req *messagesRequest, count bool) (*job, *apiError)
 		return nil, e
 	}
 	msgs = withTools(msgs, tools)
-	prompt, err := s.b.Chat.Prompt(msgs, chat.Options{Thinking: thinking})
+	copts := chat.Options{Thinking: thinking}
+	prompt, err := s.b.Chat.Prompt(msgs, copts)
 	if err != nil {
 		return nil, badRequest("messages", "invalid_value", "messages: %v", err)
 	}
 	j := &job{chat: true, model: req.Model, prompt: prompt, thinking: thinking}
+	if !count {
+		j.system = s.systemPart(msgs, copts, prompt)
+	}
 	if count {
 		return j, nil
 	}

@@ -23,6 +23,23 @@ type job struct {
 	p        params
 	thinking bool
 	sampler  generate.Sampler
+	system   int // the prompt's system part, a prompt-cache checkpoint (0: none)
+}
+
+// systemPrefixer is a ChatTemplate that says where a prompt's leading
+// system messages end (chat.SystemPrefix).
+type systemPrefixer interface {
+	SystemPrefix(msgs []chat.Message, opts chat.Options, ids []int) int
+}
+
+// systemPart is chat.SystemPrefix through the template, when it can say
+// and a prompt cache could use it; else 0.
+func (s *Server) systemPart(msgs []chat.Message, opts chat.Options, ids []int) int {
+	sp, ok := s.b.Chat.(systemPrefixer)
+	if !ok || s.cache == nil || s.cfg.DiskCache == nil {
+		return 0
+	}
+	return sp.SystemPrefix(msgs, opts, ids)
 }
 
 func (s *Server) checkModel(model string) *apiError {
@@ -112,11 +129,12 @@ func (s *Server) chatJob(req *chatRequest) (*job, *apiError) {
 	if req.Logprobs != nil && *req.Logprobs || req.TopLogprobs != nil {
 		return nil, badRequest("logprobs", "unsupported_value", "logprobs: not supported")
 	}
-	prompt, err := s.b.Chat.Prompt(msgs, chat.Options{Thinking: thinking})
+	copts := chat.Options{Thinking: thinking}
+	prompt, err := s.b.Chat.Prompt(msgs, copts)
 	if err != nil {
 		return nil, badRequest("messages", "invalid_value", "messages: %v", err)
 	}
-	j := &job{chat: true, model: req.Model, prompt: prompt, p: p, thinking: thinking}
+	j := &job{chat: true, model: req.Model, prompt: prompt, p: p, thinking: thinking, system: s.systemPart(msgs, copts, prompt)}
 	maxField := "max_tokens"
 	if req.MaxCompletion != nil {
 		maxField = "max_completion_tokens"
@@ -435,6 +453,9 @@ func (s *Server) generateJob(ctx context.Context, j *job, out *output, deliver f
 		// A thinking chat's next prompt drops this turn's reasoning and
 		// leaves this prompt at its last token (<think>).
 		Snapshot: j.chat && j.thinking,
+	}
+	if j.system > 0 {
+		opts.Checkpoints = []int{j.system}
 	}
 	if j.p.ignoreEOS {
 		opts.StopTokens = nil // run to max_tokens (benchmarks)

@@ -171,6 +171,14 @@ type Config struct {
 	// many were reused). 0 means one per generation slot (Concurrency);
 	// negative disables. Cached sequences keep their memory.
 	PromptCache int
+	// DiskCache, when set with the prompt cache on, gives the prompt cache a
+	// disk tier (generate.Cache.UseDisk): a sequence evicted from memory,
+	// and every cached one when the server stops, is written to
+	// DiskCache.Dir, and a later request (in this process or the next)
+	// whose prompt extends one restores it instead of prefilling. The model
+	// must implement generate.Restorer (New fails otherwise); sequences that
+	// cannot be saved (generate.Saver) are not written.
+	DiskCache *generate.DiskOptions
 	// KeepAlive is the idle time after which a stream gets an SSE comment
 	// line (": keep-alive"), e.g. during a long prefill (default 15s;
 	// negative disables).
@@ -243,6 +251,21 @@ func New(cfg Config, b Backend) (*Server, error) {
 		s.cache = generate.NewCache(cfg.Concurrency)
 	case cfg.PromptCache > 0:
 		s.cache = generate.NewCache(cfg.PromptCache)
+	}
+	if cfg.DiskCache != nil && s.cache != nil {
+		r, ok := b.Model.(generate.Restorer)
+		if !ok {
+			return nil, fmt.Errorf("server: DiskCache: the model cannot restore saved sequences")
+		}
+		opts := *cfg.DiskCache
+		if opts.OnError == nil {
+			opts.OnError = func(err error) { log.Warn("prompt cache on disk", "err", err) }
+		}
+		n, err := s.cache.UseDisk(opts, r)
+		if err != nil {
+			return nil, fmt.Errorf("server: %w", err)
+		}
+		log.Info("prompt cache on disk", "dir", opts.Dir, "saved sequences", n)
 	}
 	s.base, s.cancel = context.WithCancel(context.Background())
 	mux := http.NewServeMux()

@@ -44,8 +44,12 @@ meaningless (random weights).`, stderr)
 	stats := fs.Bool("stats", true, "print a stats line after each answer")
 	promptCache := fs.Bool("prompt-cache", true, "in a chat, continue the conversation's sequence when the next prompt extends it, so a turn prefills only its new tokens (false: every turn prefills the whole conversation)")
 	mf := addMemFlags(fs)
+	df := addDiskFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if df.dir != "" && !*promptCache {
+		return usagef("--cache-dir needs the prompt cache (--prompt-cache=true)")
 	}
 	if *maxTokens < 1 {
 		return usagef("--max-tokens must be at least 1")
@@ -71,6 +75,15 @@ meaningless (random weights).`, stderr)
 	if *promptCache {
 		r.cache = generate.NewCache(1)
 		defer r.cache.Close()
+		dopts, err := df.options(lm, stderr)
+		if err != nil {
+			return err
+		}
+		if dopts != nil {
+			if _, err := r.cache.UseDisk(*dopts, lm.m); err != nil {
+				return err
+			}
+		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -168,6 +181,7 @@ func (r *runner) interactive(ctx context.Context, stdin io.Reader) error {
 // turn answers one user message, streaming the reply, and keeps both in the history.
 func (r *runner) turn(ctx context.Context, prompt string) error {
 	var ids []int
+	var checkpoints []int // the system prompt's end: a disk cache's checkpoint
 	eos, _ := r.tok.EOS()
 	if r.raw {
 		ids = r.tok.Encode(prompt, tokenizer.EncodeOptions{})
@@ -177,9 +191,13 @@ func (r *runner) turn(ctx context.Context, prompt string) error {
 	} else {
 		msgs := append(append([]chat.Message(nil), r.history...), chat.Message{Role: "user", Content: prompt})
 		var err error
-		ids, err = chat.Encode(r.tok, msgs, chat.Options{Thinking: r.think})
+		copts := chat.Options{Thinking: r.think}
+		ids, err = chat.Encode(r.tok, msgs, copts)
 		if err != nil {
 			return err
+		}
+		if n := chat.SystemPrefix(r.tok, msgs, copts, ids); n > 0 {
+			checkpoints = []int{n}
 		}
 	}
 	sampler, err := sample.New(r.params)
@@ -203,7 +221,8 @@ func (r *runner) turn(ctx context.Context, prompt string) error {
 		MaxTokens: r.maxTokens, Sampler: sampler, StopTokens: []int{eos}, Detokenizer: r.tok.NewDecoder(), Cache: r.cache,
 		// The template drops this turn's reasoning from the next prompt,
 		// which then leaves this prompt at its last token (<think>).
-		Snapshot: r.think && !r.raw,
+		Snapshot:    r.think && !r.raw,
+		Checkpoints: checkpoints,
 	}, emit)
 	if !r.raw {
 		d, _, perr := parser.Finish()
@@ -272,6 +291,9 @@ func formatStats(res generate.Result, st servingStats, rss int64) string {
 	cached := ""
 	if res.CachedTokens > 0 {
 		cached = fmt.Sprintf(" (%d cached)", res.CachedTokens)
+		if res.CachedFromDisk {
+			cached = fmt.Sprintf(" (%d cached, from disk)", res.CachedTokens)
+		}
 	}
 	return fmt.Sprintf("[prompt %d tok%s | first token %s | prefill %.1f tok/s | decode %.1f tok/s | %d tok, %s%s | %s]",
 		res.PromptTokens, cached, res.TimeToFirstToken.Round(time.Millisecond), res.PrefillTokensPerSecond(),

@@ -331,3 +331,49 @@ func BenchmarkChatTurns(b *testing.B) {
 		})
 	}
 }
+
+// TestRunDiskCache: with --cache-dir, a second run whose prompt has the
+// first's system prompt restores that part from disk (the stats line says
+// so) instead of prefilling it; without a system prompt nothing is
+// checkpointed.
+func TestRunDiskCache(t *testing.T) {
+	dir := t.TempDir()
+	sys := strings.Repeat("The county court house stands on the square, and the river runs past the mill to the south. ", 6)
+	run1 := []string{"run", "--cache-dir", dir, "--system", sys, "--max-tokens", "3", "--temperature", "0", "Where is the mill?"}
+	code, _, errs := moxie(t, run1...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if strings.Contains(errs, "cached") {
+		t.Errorf("the first run reports cached tokens:\n%s", errs)
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "*.mxseq"))
+	if len(files) != 2 { // the system prompt's checkpoint, and the conversation at exit
+		t.Fatalf("%d files in the cache directory, want 2", len(files))
+	}
+	code, out, errs := moxie(t, "run", "--cache-dir", dir, "--system", sys, "--max-tokens", "3", "--temperature", "0", "Who built the court house?")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	m := regexp.MustCompile(`\[prompt (\d+) tok \((\d+) cached, from disk\)`).FindStringSubmatch(errs)
+	if m == nil {
+		t.Fatalf("the second run's stats line does not report tokens from disk:\n%s", errs)
+	}
+	if p, c := atoi(m[1]), atoi(m[2]); c >= p || c < 64 {
+		t.Errorf("%d of %d prompt tokens from disk, want the system prompt's (at least 64, fewer than all)", c, p)
+	}
+	if strings.TrimSpace(out) == "" {
+		t.Error("no answer")
+	}
+	if code, _, errs := moxie(t, "run", "--cache-dir", dir, "--prompt-cache=false", "Hi"); code != 2 || !strings.Contains(errs, "--cache-dir needs the prompt cache") {
+		t.Errorf("--cache-dir without the prompt cache: exit %d, %s", code, errs)
+	}
+	if code, _, errs := moxie(t, "run", "--cache-dir", dir, "--cache-disk", "lots", "Hi"); code != 2 || !strings.Contains(errs, "--cache-disk") {
+		t.Errorf("--cache-disk lots: exit %d, %s", code, errs)
+	}
+}
+
+func atoi(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
+}

@@ -84,6 +84,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, ready f
 	quiet := fs.Bool("quiet", false, "do not log each request")
 	promptCache := fs.Int("prompt-cache", 0, "finished sequences kept so that a request whose prompt extends one (a chat's next turn) prefills only its new tokens; each keeps its memory (0: one per --concurrency slot; -1: off)")
 	mf := addMemFlags(fs)
+	df := addDiskFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -127,6 +128,13 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, ready f
 	if *name != "" {
 		backend.Name = *name
 	}
+	if df.dir != "" && *promptCache < 0 {
+		return usagef("--cache-dir needs the prompt cache (--prompt-cache >= 0)")
+	}
+	dopts, err := df.options(lm, stderr)
+	if err != nil {
+		return err
+	}
 	logLevel := slog.LevelInfo
 	if *quiet {
 		logLevel = slog.LevelWarn
@@ -134,8 +142,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, ready f
 	s, err := server.New(server.Config{
 		Concurrency: *concurrency, QueueSize: *queue, APIKey: key, MaxBodyBytes: *maxBody,
 		DefaultMaxTokens: *maxTokens, DefaultThinking: *thinking, ShutdownGrace: *grace, KeepAlive: *keepAlive, PromptCache: *promptCache,
-		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: logLevel})),
-		Gauges: lm.gauges,
+		DiskCache: dopts,
+		Logger:    slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: logLevel})),
+		Gauges:    lm.gauges,
 	}, backend)
 	if err != nil {
 		return err

@@ -75,23 +75,44 @@ func TestServeFlags(t *testing.T) {
 
 // TestServeTinyModel serves the real synth:tiny model, answers a completion
 // and shuts down cleanly when its context is cancelled.
-func TestServeTinyModel(t *testing.T) {
+// startServe runs moxie serve with args (and --addr 127.0.0.1:0) and
+// returns its address, its stdout and stderr, and stop, which cancels it
+// and checks that it returned nil.
+func startServe(t *testing.T, args ...string) (addr string, out, errb *lockedBuffer, stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var out, errb lockedBuffer
+	out, errb = &lockedBuffer{}, &lockedBuffer{}
 	addrc := make(chan string, 1)
 	errc := make(chan error, 1)
 	go func() {
-		errc <- serve(ctx, []string{"--model", "synth:tiny", "--addr", "127.0.0.1:0", "--api-key", "k", "--quiet"}, &out, &errb, func(a string) { addrc <- a })
+		errc <- serve(ctx, append(args, "--addr", "127.0.0.1:0"), out, errb, func(a string) { addrc <- a })
 	}()
-	var addr string
 	select {
 	case addr = <-addrc:
 	case err := <-errc:
+		cancel()
 		t.Fatalf("serve: %v\n%s", err, errb.String())
 	case <-time.After(60 * time.Second):
+		cancel()
 		t.Fatal("server did not start")
 	}
+	stop = func() {
+		t.Helper()
+		cancel()
+		select {
+		case err := <-errc:
+			if err != nil {
+				t.Errorf("serve returned %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("serve did not stop")
+		}
+	}
+	return addr, out, errb, stop
+}
+
+func TestServeTinyModel(t *testing.T) {
+	addr, out, errb, stop := startServe(t, "--model", "synth:tiny", "--api-key", "k", "--quiet")
 	req, _ := http.NewRequest("POST", "http://"+addr+"/v1/completions",
 		strings.NewReader(`{"model":"synth:tiny","prompt":"Hi","max_tokens":4,"temperature":0}`))
 	req.Header.Set("Authorization", "Bearer k")
@@ -134,15 +155,7 @@ func TestServeTinyModel(t *testing.T) {
 	if !strings.Contains(errb.String(), "synthetic model") {
 		t.Errorf("no synthetic-model note on stderr: %q", errb.String())
 	}
-	cancel()
-	select {
-	case err := <-errc:
-		if err != nil {
-			t.Errorf("serve returned %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("serve did not stop")
-	}
+	stop()
 	if !strings.Contains(out.String(), "moxie serve: stopped") {
 		t.Errorf("stdout: %q", out.String())
 	}
@@ -180,5 +193,56 @@ func TestRunServeSignal(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "moxie serve: stopped") || !strings.Contains(errb.String(), "shutting down") {
 		t.Errorf("stdout %q stderr %q", out.String(), errb.String())
+	}
+}
+
+// TestServeDiskCache: with --cache-dir, a chat request whose system prompt
+// an earlier one had (in this server, or in one before a restart) reuses
+// that part of the prompt (usage.prompt_tokens_details.cached_tokens).
+func TestServeDiskCache(t *testing.T) {
+	dir := t.TempDir()
+	sys := strings.Repeat("You answer in one short sentence. ", 4)
+	// start runs a server on the cache directory and returns its chat
+	// function (the cached tokens of a request) and its stop.
+	start := func() (func(user string) (prompt, cached int), func()) {
+		addr, _, _, stop := startServe(t, "--model", "synth:tiny", "--quiet", "--cache-dir", dir)
+		chat := func(user string) (int, int) {
+			body, _ := json.Marshal(map[string]any{"model": "synth:tiny", "max_tokens": 2, "temperature": 0,
+				"messages": []map[string]string{{"role": "system", "content": sys}, {"role": "user", "content": user}}})
+			resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			var r struct {
+				Usage struct {
+					PromptTokens int `json:"prompt_tokens"`
+					Details      struct {
+						Cached int `json:"cached_tokens"`
+					} `json:"prompt_tokens_details"`
+				} `json:"usage"`
+			}
+			if resp.StatusCode != 200 || json.Unmarshal(b, &r) != nil {
+				t.Fatalf("status %d: %s", resp.StatusCode, b)
+			}
+			return r.Usage.PromptTokens, r.Usage.Details.Cached
+		}
+		return chat, stop
+	}
+	chat, stop := start()
+	p1, c1 := chat("Hi")
+	p2, c2 := chat("Yo")
+	stop()
+	// BOS and the system text: all but <｜User｜>, H, i, <｜Assistant｜>,
+	// </think> (the tiny vocabulary spells text byte by byte).
+	want := p1 - 5
+	if c1 != 0 || c2 != want || p2 != p1 {
+		t.Errorf("first server: cached %d then %d of %d and %d prompt tokens; want 0 then %d", c1, c2, p1, p2, want)
+	}
+	chat, stop = start()
+	defer stop()
+	if p, c := chat("Hey"); c != want {
+		t.Errorf("after a restart: cached %d of %d prompt tokens, want %d", c, p, want)
 	}
 }

@@ -1,0 +1,39 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+
+	"moxie/generate"
+)
+
+// diskFlags are --cache-dir and --cache-disk: the prompt cache's disk tier.
+type diskFlags struct {
+	dir, budget string
+}
+
+func addDiskFlags(fs *flag.FlagSet) *diskFlags {
+	f := &diskFlags{}
+	fs.StringVar(&f.dir, "cache-dir", "", "also keep conversations' sequences on disk in this directory: one evicted from memory, and each held at exit, is written there, and a later prompt that extends one (the next turn, in this process or a later one) restores it instead of prefilling; CPU sessions only (off by default)")
+	fs.StringVar(&f.budget, "cache-disk", "16GiB", "with --cache-dir: the most disk space its files may take; the least recently used are removed beyond it")
+	return f
+}
+
+// options returns the disk tier's options (nil without --cache-dir), or a
+// usage error. Background errors are printed to stderr.
+func (f *diskFlags) options(lm *loadedModel, stderr io.Writer) (*generate.DiskOptions, error) {
+	if f.dir == "" {
+		return nil, nil
+	}
+	budget, err := parseBytes(f.budget)
+	if err != nil || budget <= 0 {
+		return nil, usagef("--cache-disk %q: want a size such as 16GiB", f.budget)
+	}
+	if lm.dev != nil {
+		fmt.Fprintln(stderr, "moxie: --cache-dir: sequences on the GPU are not saved yet, so the disk cache is off (--backend cpu uses it)")
+		return nil, nil
+	}
+	return &generate.DiskOptions{Dir: f.dir, Budget: budget, MinTokens: 64,
+		OnError: func(err error) { fmt.Fprintf(stderr, "moxie: prompt cache on disk: %v\n", err) }}, nil
+}

@@ -23,6 +23,7 @@ type metrics struct {
 
 	promptTokens, generatedTokens atomic.Uint64
 	cachedTokens                  atomic.Uint64 // prompt tokens a cached sequence already held
+	diskTokens, diskRestores      atomic.Uint64 // of those, restored from the prompt cache's disk tier
 	clientGone                    atomic.Uint64
 	inflight                      atomic.Int64
 	// last completed generation's rates, as float64 bits
@@ -92,6 +93,10 @@ func addFloat(a *atomic.Uint64, d float64) {
 func (m *metrics) generation(r generate.Result, reason string) {
 	m.promptTokens.Add(uint64(r.PromptTokens))
 	m.cachedTokens.Add(uint64(r.CachedTokens))
+	if r.CachedFromDisk {
+		m.diskTokens.Add(uint64(r.CachedTokens))
+		m.diskRestores.Add(1)
+	}
 	m.generatedTokens.Add(uint64(r.GeneratedTokens))
 	m.mu.Lock()
 	m.finished[reason]++
@@ -167,6 +172,10 @@ func (s *Server) writeMetrics(w io.Writer) {
 	fmt.Fprintf(w, "moxie_prompt_tokens_total %d\n", m.promptTokens.Load())
 	head("moxie_prompt_cached_tokens_total", "counter", "Prompt tokens not prefilled because a cached sequence held them (the prompt cache).")
 	fmt.Fprintf(w, "moxie_prompt_cached_tokens_total %d\n", m.cachedTokens.Load())
+	head("moxie_prompt_disk_cached_tokens_total", "counter", "Of the cached prompt tokens, those restored from the prompt cache's disk tier (--cache-dir).")
+	fmt.Fprintf(w, "moxie_prompt_disk_cached_tokens_total %d\n", m.diskTokens.Load())
+	head("moxie_prompt_disk_restores_total", "counter", "Sequences restored from the prompt cache's disk tier.")
+	fmt.Fprintf(w, "moxie_prompt_disk_restores_total %d\n", m.diskRestores.Load())
 	head("moxie_generated_tokens_total", "counter", "Tokens generated.")
 	fmt.Fprintf(w, "moxie_generated_tokens_total %d\n", m.generatedTokens.Load())
 	head("moxie_prefill_seconds_total", "counter", "Time spent in prefill.")

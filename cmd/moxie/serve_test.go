@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -202,10 +203,12 @@ func TestRunServeSignal(t *testing.T) {
 func TestServeDiskCache(t *testing.T) {
 	dir := t.TempDir()
 	sys := strings.Repeat("You answer in one short sentence. ", 4)
+	var lastAddr string
 	// start runs a server on the cache directory and returns its chat
 	// function (the cached tokens of a request) and its stop.
 	start := func() (func(user string) (prompt, cached int), func()) {
 		addr, _, _, stop := startServe(t, "--model", "synth:tiny", "--quiet", "--cache-dir", dir)
+		lastAddr = addr
 		chat := func(user string) (int, int) {
 			body, _ := json.Marshal(map[string]any{"model": "synth:tiny", "max_tokens": 2, "temperature": 0,
 				"messages": []map[string]string{{"role": "system", "content": sys}, {"role": "user", "content": user}}})
@@ -244,5 +247,16 @@ func TestServeDiskCache(t *testing.T) {
 	defer stop()
 	if p, c := chat("Hey"); c != want {
 		t.Errorf("after a restart: cached %d of %d prompt tokens, want %d", c, p, want)
+	}
+	resp, err := http.Get("http://" + lastAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, line := range []string{fmt.Sprintf("moxie_prompt_disk_cached_tokens_total %d\n", want), "moxie_prompt_disk_restores_total 1\n"} {
+		if !strings.Contains(string(b), line) {
+			t.Errorf("/metrics lacks %q", line)
+		}
 	}
 }

@@ -65,6 +65,18 @@ func loadDeviceModel(t testing.TB, spec string, opts Options) *Model {
 	return m
 }
 
+// tinyPair loads synth:tiny on the device (with opts) and on the CPU.
+func tinyPair(t testing.TB, opts Options) (dev, host *Model) {
+	t.Helper()
+	dev = loadDeviceModel(t, "synth:tiny", opts)
+	src, err := checkpoint.Open("synth:tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Close() })
+	return dev, loadTiny(t, src)
+}
+
 func newDeviceSession(t testing.TB, m *Model) *DeviceSession {
 	t.Helper()
 	s, err := m.NewDeviceSession()
@@ -182,13 +194,7 @@ func recordSelections(set func(func(layer, pos int, sel []int))) map[int]map[int
 // hash and score routing, shared expert) for prefill, chunked prefill,
 // decode after prefill and pure decode, and the indexer's selections.
 func TestDeviceTiny(t *testing.T) {
-	md := loadDeviceModel(t, "synth:tiny", Options{})
-	src, err := checkpoint.Open("synth:tiny")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	mc := loadTiny(t, src)
+	md, mc := tinyPair(t, Options{})
 	V := mc.Cfg.VocabSize
 	toks := testTokens(40, V, 11)
 	cpuFull, err := mc.NewSession().PrefillAll(toks)

@@ -14,6 +14,7 @@ import (
 	"math"
 	"slices"
 
+	"moxie/dsv4/config"
 	"moxie/generate"
 )
 
@@ -66,8 +67,7 @@ func (s *Session) SaveSequence(w io.Writer) error {
 	u32(uint32(c.IndexHeadDim))
 	binary.LittleEndian.PutUint64(buf[:], uint64(s.pos))
 	bw.Write(buf[:])
-	for i, ls := range s.layers {
-		b := s.m.layers[i]
+	for _, ls := range s.layers {
 		var flags byte
 		if ls.comp != nil && ls.comp.hasPrev {
 			flags |= 1
@@ -75,8 +75,8 @@ func (s *Session) SaveSequence(w io.Writer) error {
 		if ls.icomp != nil && ls.icomp.hasPrev {
 			flags |= 2
 		}
-		u32(uint32(compRatio(b.comp)))
-		u32(uint32(compRatio(idxComp(b))))
+		u32(uint32(ls.comp.ratio()))
+		u32(uint32(ls.icomp.ratio()))
 		bw.WriteByte(flags)
 	}
 	for _, ls := range s.layers {
@@ -108,18 +108,21 @@ func (ls *layerState) arrays() [][]float32 {
 	return append(out, ls.ckv, ls.ikeys)
 }
 
-func compRatio(cp *compressor) int {
-	if cp == nil {
+// ratio is the compressor's ratio, 0 for none.
+func (cs *compState) ratio() int {
+	if cs == nil {
 		return 0
 	}
-	return cp.ratio
+	return cs.c.ratio
 }
 
-func idxComp(b *block) *compressor {
-	if b.idx == nil {
-		return nil
+// entries is how many floats of entries a compressor holds after pos
+// tokens.
+func (cs *compState) entries(pos int) int {
+	if cs == nil {
+		return 0
 	}
-	return b.idx.comp
+	return pos / cs.c.ratio * cs.c.dw
 }
 
 func writeFloats(w *bufio.Writer, a []float32) {
@@ -132,23 +135,50 @@ func writeFloats(w *bufio.Writer, a []float32) {
 
 // RestoreSequence implements generate.Restorer: it reads a state written by
 // SaveSequence of a session of this model (the same configuration; the
-// caller checks the weights' identity, SequenceID) and returns a Session in
-// that state, which continues exactly as the saved one would have. r must
-// hold the state and nothing more. Errors name the field that does not
-// match what this model expects. A GPU-loaded model restores nothing: its
-// sequences live on the device.
+// caller checks the weights' identity, SequenceID) and returns a session in
+// that state: a Session, or on a GPU-loaded model a DeviceSession (the state
+// uploaded; device.go), which continues as the saved one would have (a
+// Session saved and restored on the CPU: exactly). r must hold the state and
+// nothing more. Errors name the field that does not match what this model
+// expects.
 func (m *Model) RestoreSequence(r io.Reader) (generate.Sequence, error) {
-	s, err := m.restoreSession(r)
+	s, err := m.readState(r)
 	if err != nil {
 		return nil, err
+	}
+	if m.dev != nil {
+		return m.restoreDevice(s)
 	}
 	return s, nil
 }
 
-func (m *Model) restoreSession(r io.Reader) (*Session, error) {
-	if m.dev != nil || m.hostUnbound {
-		return nil, errors.New("dsv4: a saved session is restored only on the CPU; this model runs on the GPU")
+// blankState returns an empty state at position 0 shaped by the model's
+// configuration: NewSession for a model bound on the host; for a
+// GPU-loaded one, a host copy whose compressors carry only their shapes (no
+// weights), which is read and written but never run.
+func (m *Model) blankState() *Session {
+	if !m.hostUnbound {
+		return m.NewSession()
 	}
+	c := m.Cfg
+	s := &Session{m: m}
+	for l := range c.NLayers {
+		ls := &layerState{ring: make([]float32, c.Window*c.HeadDim)}
+		r := c.Ratio(l)
+		switch c.Kind(l) {
+		case config.CSA:
+			ls.comp = newCompState(&compressor{ratio: r, c: 2, dw: c.HeadDim})
+			ls.icomp = newCompState(&compressor{ratio: r, c: 2, dw: c.IndexHeadDim})
+		case config.HCA:
+			ls.comp = newCompState(&compressor{ratio: r, c: 1, dw: c.HeadDim})
+		}
+		s.layers = append(s.layers, ls)
+	}
+	return s
+}
+
+// readState reads a saved state into blankState's session.
+func (m *Model) readState(r io.Reader) (*Session, error) {
 	c := m.Cfg
 	sr := &stateReader{r: bufio.NewReaderSize(r, 1<<16), crc: crc32.New(castagnoli)}
 	magic := make([]byte, len(stateMagic))
@@ -161,7 +191,7 @@ func (m *Model) restoreSession(r io.Reader) (*Session, error) {
 	want := []struct {
 		name string
 		v    uint32
-	}{{"version", stateVersion}, {"layers", uint32(len(m.layers))}, {"window", uint32(c.Window)},
+	}{{"version", stateVersion}, {"layers", uint32(m.Cfg.NLayers)}, {"window", uint32(c.Window)},
 		{"head_dim", uint32(c.HeadDim)}, {"index_head_dim", uint32(c.IndexHeadDim)}}
 	for _, f := range want {
 		v, err := sr.u32(f.name)
@@ -180,13 +210,13 @@ func (m *Model) restoreSession(r io.Reader) (*Session, error) {
 	if pos > uint64(c.MaxPositions) {
 		return nil, fmt.Errorf("dsv4: saved session's pos %d exceeds max_position_embeddings %d", pos, c.MaxPositions)
 	}
-	s := m.NewSession()
+	s := m.blankState()
 	s.pos = int(pos)
-	for i, b := range m.layers {
+	for i, ls := range s.layers {
 		for _, f := range []struct {
 			name string
 			want int
-		}{{"compressor ratio", compRatio(b.comp)}, {"indexer ratio", compRatio(idxComp(b))}} {
+		}{{"compressor ratio", ls.comp.ratio()}, {"indexer ratio", ls.icomp.ratio()}} {
 			v, err := sr.u32(fmt.Sprintf("layer %d %s", i, f.name))
 			if err != nil {
 				return nil, err
@@ -199,7 +229,6 @@ func (m *Model) restoreSession(r io.Reader) (*Session, error) {
 		if err := sr.full(fl[:], fmt.Sprintf("layer %d flags", i)); err != nil {
 			return nil, err
 		}
-		ls := s.layers[i]
 		for k, cs := range []*compState{ls.comp, ls.icomp} {
 			has := fl[0]&(1<<k) != 0
 			switch {
@@ -217,7 +246,6 @@ func (m *Model) restoreSession(r io.Reader) (*Session, error) {
 		}
 	}
 	for i, ls := range s.layers {
-		b := m.layers[i]
 		fixed := ls.arrays()
 		fixed = fixed[:len(fixed)-2] // the ring and compressor windows: model-sized, allocated
 		for k, a := range fixed {
@@ -227,15 +255,11 @@ func (m *Model) restoreSession(r io.Reader) (*Session, error) {
 		}
 		// The entries grow with pos: read before they are allocated.
 		var err error
-		if b.comp != nil {
-			if ls.ckv, err = sr.grow(s.pos/b.comp.ratio*b.comp.dw, fmt.Sprintf("layer %d compressed entries", i)); err != nil {
-				return nil, err
-			}
+		if ls.ckv, err = sr.grow(ls.comp.entries(s.pos), fmt.Sprintf("layer %d compressed entries", i)); err != nil {
+			return nil, err
 		}
-		if ic := idxComp(b); ic != nil {
-			if ls.ikeys, err = sr.grow(s.pos/ic.ratio*ic.dw, fmt.Sprintf("layer %d indexer keys", i)); err != nil {
-				return nil, err
-			}
+		if ls.ikeys, err = sr.grow(ls.icomp.entries(s.pos), fmt.Sprintf("layer %d indexer keys", i)); err != nil {
+			return nil, err
 		}
 	}
 	sum := sr.crc.Sum32()
@@ -308,33 +332,32 @@ func (sr *stateReader) grow(n int, field string) ([]float32, error) {
 }
 
 // SequenceID implements generate.Restorer: a digest of the configuration
-// and a sample of the weights (the final norm, the output mix's
-// parameters and 64 rows of the embedding spread over the vocabulary), so
-// that a state saved by a session of other weights, even of the same
-// shapes, is not restored into this model. Computed once per call (a few
-// hundred kilobytes hashed).
+// and a sample of the stored weights (the final norm, the output mix's
+// parameters and 64 rows of the embedding spread over the vocabulary; for
+// a synthetic source, whose weights its name and configuration fix, the
+// name instead of the embedding), so that a state saved by a session of
+// other weights, even of the same shapes, is not restored into this model.
+// Each call hashes a few hundred kilobytes.
 func (m *Model) SequenceID() string {
 	h := sha256.New()
 	h.Write([]byte("dsv4 session state 1\n"))
 	cj, _ := json.Marshal(m.Cfg)
 	h.Write(cj)
-	hashFloats(h, m.norm)
-	hashFloats(h, m.hcHead.Base)
-	hashFloats(h, m.hcHead.Scale)
-	V, D := m.Cfg.VocabSize, m.Cfg.Dim
-	if row := 2 * D; len(m.embed) >= V*row {
-		for k := range 64 {
-			r := k * V / 64
-			h.Write(m.embed[r*row : (r+1)*row])
+	for _, name := range []string{"norm.weight", "hc_head_base", "hc_head_scale"} {
+		if d, err := m.src.TensorData(name); err == nil {
+			h.Write(d)
+		}
+	}
+	if m.src.Synthetic() {
+		h.Write([]byte(m.src.Name()))
+	} else if d, err := m.src.TensorData("embed.weight"); err == nil {
+		V := m.Cfg.VocabSize
+		if row := len(d) / max(V, 1); row > 0 {
+			for k := range 64 {
+				r := k * V / 64
+				h.Write(d[r*row : (r+1)*row])
+			}
 		}
 	}
 	return hex.EncodeToString(h.Sum(nil)[:16])
-}
-
-func hashFloats(h hash.Hash, a []float32) {
-	var b [4]byte
-	for _, v := range a {
-		binary.LittleEndian.PutUint32(b[:], math.Float32bits(v))
-		h.Write(b[:])
-	}
 }

@@ -31,7 +31,7 @@ func (f *diskFlags) options(lm *loadedModel, stderr io.Writer) (*generate.DiskOp
 		return nil, usagef("--cache-disk %q: want a size such as 16GiB", f.budget)
 	}
 	if lm.dev != nil {
-		fmt.Fprintln(stderr, "moxie: --cache-dir: sequences on the GPU are not saved yet, so the disk cache is off (--backend cpu uses it)")
+		fmt.Fprintln(stderr, "moxie: --cache-dir: the disk cache does not work with GPU sessions yet, so it is off (--backend cpu uses it)")
 		return nil, nil
 	}
 	return &generate.DiskOptions{Dir: f.dir, Budget: budget, MinTokens: 64,

@@ -231,6 +231,22 @@ func closeAll(es []cacheEntry) error {
 	return errors.Join(errs...)
 }
 
+// checkpoints returns the prompt lengths to checkpoint at: cps, and with a
+// disk tier whose DiskOptions.Every is set, its multiples below n.
+func (c *Cache) checkpoints(cps []int, n int) []int {
+	c.mu.Lock()
+	d := c.disk
+	c.mu.Unlock()
+	if d == nil || d.opts.Every <= 0 {
+		return cps
+	}
+	out := slices.Clone(cps)
+	for k := d.opts.Every; k < n; k += d.opts.Every {
+		out = append(out, k)
+	}
+	return out
+}
+
 // wantsCheckpoint reports whether a checkpoint of seq holding tokens would
 // be written (Options.Checkpoints): a disk tier, a Saver, enough tokens,
 // and no file with exactly these tokens yet.

@@ -48,6 +48,11 @@ type DiskOptions struct {
 	Budget int64
 	// MinTokens: shorter sequences are not written (they prefill quickly).
 	MinTokens int
+	// Every, if > 0, also checkpoints a prefill every Every prompt tokens
+	// (Options.Checkpoints at its multiples), so that a later prompt that
+	// shares any long start with this one (a document, then another
+	// question) restores the last checkpoint inside the shared part.
+	Every int
 	// OnError, if set, hears what failed in the background (a write, a
 	// corrupt file that was then removed); the cache carries on without it.
 	OnError func(error)

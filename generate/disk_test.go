@@ -338,3 +338,24 @@ func TestDiskCacheCheckpoint(t *testing.T) {
 		t.Errorf("%d files after the third conversation, want 3 (no second checkpoint of the same start)", n)
 	}
 }
+
+// TestDiskCacheEvery: DiskOptions.Every checkpoints a prefill at its
+// multiples; a later prompt that shares a long start restores the last
+// checkpoint inside it.
+func TestDiskCacheEvery(t *testing.T) {
+	dir := t.TempDir()
+	m := &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, next: script(3, tA)}
+	c, _ := diskCache(t, m, 1, DiskOptions{Dir: dir, Every: 4}, nil)
+	defer c.Close()
+	doc := []int{tBOS, tA, tB, tC, tD, tE, tA, tB, tC, tD, tE}
+	cachedRun(t, m, c, doc, 2, nil)
+	if n := len(mxseqFiles(t, dir)); n != 2 { // at 4 and 8 (not 12: the prompt has 11)
+		t.Fatalf("%d files after an 11-token prefill, want the checkpoints at 4 and 8", n)
+	}
+	other := append(slices.Clone(doc[:9]), tA, tA, tE)
+	r2 := cachedRun(t, m, c, other, 2, nil)
+	if !r2.CachedFromDisk || r2.CachedTokens != 8 {
+		t.Errorf("a prompt sharing 9 tokens: %d cached, from disk %v; want the checkpoint of 8", r2.CachedTokens, r2.CachedFromDisk)
+	}
+	checkFresh(t, r2.Tokens, other, 2)
+}

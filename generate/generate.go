@@ -311,8 +311,12 @@ func Generate(ctx context.Context, model Model, prompt []int, opts Options, emit
 		finish()
 		return res, fmt.Errorf("generate: prefill: %w", e)
 	}
-	for _, c := range slices.Sorted(slices.Values(opts.Checkpoints)) {
-		if opts.Cache == nil || c <= held || c > len(prompt)-2 || !opts.Cache.wantsCheckpoint(seq, prompt[:c]) {
+	var cps []int
+	if opts.Cache != nil {
+		cps = opts.Cache.checkpoints(opts.Checkpoints, len(prompt))
+	}
+	for _, c := range slices.Compact(slices.Sorted(slices.Values(cps))) {
+		if c <= held || c > len(prompt)-2 || !opts.Cache.wantsCheckpoint(seq, prompt[:c]) {
 			continue
 		}
 		if _, err := seq.Append(ctx, prompt[held:c]); err != nil {

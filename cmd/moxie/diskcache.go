@@ -11,12 +11,14 @@ import (
 // diskFlags are --cache-dir and --cache-disk: the prompt cache's disk tier.
 type diskFlags struct {
 	dir, budget string
+	every       int
 }
 
 func addDiskFlags(fs *flag.FlagSet) *diskFlags {
 	f := &diskFlags{}
 	fs.StringVar(&f.dir, "cache-dir", "", "also keep conversations' sequences on disk in this directory: one evicted from memory, and each held at exit, is written there, and a later prompt that extends one (the next turn, in this process or a later one) restores it instead of prefilling; CPU sessions only (off by default)")
 	fs.StringVar(&f.budget, "cache-disk", "16GiB", "with --cache-dir: the most disk space its files may take; the least recently used are removed beyond it")
+	fs.IntVar(&f.every, "cache-every", 0, "with --cache-dir: also save a prefill's state every N prompt tokens, so that a later prompt sharing a long start with it (a document, then another question) restores the last save inside the shared part (0: only at the end of the system prompt)")
 	return f
 }
 
@@ -26,6 +28,9 @@ func (f *diskFlags) options(lm *loadedModel, stderr io.Writer) (*generate.DiskOp
 	if f.dir == "" {
 		return nil, nil
 	}
+	if f.every < 0 {
+		return nil, usagef("--cache-every %d: want 0 or more tokens", f.every)
+	}
 	budget, err := parseBytes(f.budget)
 	if err != nil || budget <= 0 {
 		return nil, usagef("--cache-disk %q: want a size such as 16GiB", f.budget)
@@ -34,6 +39,6 @@ func (f *diskFlags) options(lm *loadedModel, stderr io.Writer) (*generate.DiskOp
 		fmt.Fprintln(stderr, "moxie: --cache-dir: the disk cache does not work with GPU sessions yet, so it is off (--backend cpu uses it)")
 		return nil, nil
 	}
-	return &generate.DiskOptions{Dir: f.dir, Budget: budget, MinTokens: 64,
+	return &generate.DiskOptions{Dir: f.dir, Budget: budget, MinTokens: 64, Every: f.every,
 		OnError: func(err error) { fmt.Fprintf(stderr, "moxie: prompt cache on disk: %v\n", err) }}, nil
 }

@@ -365,6 +365,25 @@ func TestRunDiskCache(t *testing.T) {
 	if strings.TrimSpace(out) == "" {
 		t.Error("no answer")
 	}
+	// --cache-every: raw prompts that share a long start.
+	doc := strings.Repeat("The mill stood by the river for a hundred years. ", 12)
+	dir2 := t.TempDir()
+	for i, q := range []string{"Who built it?", "When did it burn?"} {
+		code, _, errs := moxie(t, "run", "--cache-dir", dir2, "--cache-every", "100", "--raw", "--max-tokens", "2", doc+q)
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, errs)
+		}
+		m := regexp.MustCompile(`\[prompt (\d+) tok \((\d+) cached, from disk\)`).FindStringSubmatch(errs)
+		switch {
+		case i == 0 && m != nil:
+			t.Errorf("the first raw prompt reports tokens from disk:\n%s", errs)
+		case i == 1 && (m == nil || atoi(m[2])%100 != 0 || atoi(m[2]) < 100):
+			t.Errorf("the second raw prompt does not restore a multiple of 100 tokens from disk:\n%s", errs)
+		}
+	}
+	if code, _, errs := moxie(t, "run", "--cache-dir", dir, "--cache-every", "-1", "Hi"); code != 2 || !strings.Contains(errs, "--cache-every") {
+		t.Errorf("--cache-every -1: exit %d, %s", code, errs)
+	}
 	if code, _, errs := moxie(t, "run", "--cache-dir", dir, "--prompt-cache=false", "Hi"); code != 2 || !strings.Contains(errs, "--cache-dir needs the prompt cache") {
 		t.Errorf("--cache-dir without the prompt cache: exit %d, %s", code, errs)
 	}

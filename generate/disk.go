@@ -185,8 +185,8 @@ type diskFile struct {
 // and a later prompt that extends a file's tokens further than any
 // sequence in memory restores it instead of prefilling, in this process
 // or a later one. The files written by earlier processes for this model
-// are indexed now; it returns how many. Call it once, before the cache is
-// used.
+// are indexed now (the least recently used beyond the budget removed); it
+// returns how many it keeps. Call it once, before the cache is used.
 func (c *Cache) UseDisk(opts DiskOptions, m Restorer) (int, error) {
 	if opts.Budget == 0 {
 		opts.Budget = DefaultDiskBudget
@@ -232,11 +232,15 @@ func (c *Cache) UseDisk(opts DiskOptions, m Restorer) (int, error) {
 		d.files = append(d.files, a.f)
 		d.total += a.f.size
 	}
+	d.mu.Lock()
+	evict := d.overBudget()
+	d.mu.Unlock()
+	d.remove(evict)
 	c.mu.Lock()
 	c.disk = d
 	c.mu.Unlock()
 	go d.writer()
-	return len(found), nil
+	return len(d.files), nil
 }
 
 // index reads the header of file name; tokens nil: another model's.
@@ -351,17 +355,29 @@ func (d *diskTier) write(s Saver, tokens []int) error {
 	d.drop(name)
 	d.files = append(d.files, diskFile{name: name, tokens: slices.Clone(tokens), size: size})
 	d.total += size
+	evict := d.overBudget()
+	d.mu.Unlock()
+	d.remove(evict)
+	return nil
+}
+
+// overBudget takes the least recently used files beyond the budget out of
+// the index and returns their names; d.mu must be held.
+func (d *diskTier) overBudget() []string {
 	var evict []string
 	for d.total > d.opts.Budget && len(d.files) > 0 {
 		evict = append(evict, d.files[0].name)
 		d.total -= d.files[0].size
 		d.files = d.files[1:]
 	}
-	d.mu.Unlock()
-	for _, n := range evict {
+	return evict
+}
+
+// remove deletes the named files.
+func (d *diskTier) remove(names []string) {
+	for _, n := range names {
 		_ = os.Remove(filepath.Join(d.opts.Dir, n))
 	}
-	return nil
 }
 
 // drop removes name from the index; d.mu must be held.

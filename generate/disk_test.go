@@ -209,6 +209,24 @@ func TestDiskCacheBudgetAndFilters(t *testing.T) {
 	if found != 2 {
 		t.Errorf("the second cache indexed %d files, want 2", found)
 	}
+	// A smaller budget applies at once to what is there.
+	tight := opts
+	tight.Dir = t.TempDir()
+	for _, f := range mxseqFiles(t, dir) {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(tight.Dir, filepath.Base(f)), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tight.Budget = info.Size() + 10
+	c3, n3 := diskCache(t, m, 1, tight, nil)
+	defer c3.Close()
+	if left := len(mxseqFiles(t, tight.Dir)); n3 != 1 || left != 2 { // this model's newer file and the other model's
+		t.Errorf("a budget of one file: %d kept, %d files left; want 1 kept, 2 left", n3, left)
+	}
 	for i := 2; i >= 0; i-- {
 		r := cachedRun(t, m, c2, append(slices.Clone(held[i]), tE), 1, nil)
 		if want := i > 0; r.CachedFromDisk != want {

@@ -125,11 +125,17 @@ func (cs *compState) entries(pos int) int {
 	return pos / cs.c.ratio * cs.c.dw
 }
 
+// writeFloats writes a little-endian, 16 Ki values at a time (errors
+// stick in w).
 func writeFloats(w *bufio.Writer, a []float32) {
-	var b [4]byte
-	for _, v := range a {
-		binary.LittleEndian.PutUint32(b[:], math.Float32bits(v))
-		w.Write(b[:])
+	var buf [1 << 16]byte
+	for len(a) > 0 {
+		n := min(len(a), len(buf)/4)
+		for i, v := range a[:n] {
+			binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(v))
+		}
+		w.Write(buf[:4*n])
+		a = a[n:]
 	}
 }
 

@@ -16,7 +16,7 @@ type diskFlags struct {
 
 func addDiskFlags(fs *flag.FlagSet) *diskFlags {
 	f := &diskFlags{}
-	fs.StringVar(&f.dir, "cache-dir", "", "also keep conversations' sequences on disk in this directory: one evicted from memory, and each held at exit, is written there, and a later prompt that extends one (the next turn, in this process or a later one) restores it instead of prefilling; CPU sessions only (off by default)")
+	fs.StringVar(&f.dir, "cache-dir", "", "also keep sequences on disk in this directory: each conversation evicted from memory or held at exit, and a checkpoint at the end of the system prompt, are written there, and a later prompt that extends one (the next turn, or another conversation with the same system prompt, in this process or a later one) restores it instead of prefilling; CPU sessions only (off by default)")
 	fs.StringVar(&f.budget, "cache-disk", "16GiB", "with --cache-dir: the most disk space its files may take; the least recently used are removed beyond it")
 	fs.IntVar(&f.every, "cache-every", 0, "with --cache-dir: also save a prefill's state every N prompt tokens, so that a later prompt sharing a long start with it (a document, then another question) restores the last save inside the shared part (0: only at the end of the system prompt)")
 	return f

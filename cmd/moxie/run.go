@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -42,11 +43,15 @@ meaningless (random weights).`, stderr)
 	system := fs.String("system", "", "system prompt")
 	raw := fs.Bool("raw", false, "send PROMPT as raw text, without the chat template")
 	stats := fs.Bool("stats", true, "print a stats line after each answer")
+	historyFile := fs.String("history", "", "keep the chat in this JSON file (OpenAI-style messages): a run continues the conversation it holds and saves each turn to it, so a chat can go on across runs; with --cache-dir the next run restores the conversation's state instead of prefilling it")
 	promptCache := fs.Bool("prompt-cache", true, "in a chat, continue the conversation's sequence when the next prompt extends it, so a turn prefills only its new tokens (false: every turn prefills the whole conversation)")
 	mf := addMemFlags(fs)
 	df := addDiskFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *historyFile != "" && *raw {
+		return usagef("--history keeps a chat; --raw sends a raw prompt without one")
 	}
 	if df.dir != "" && !*promptCache {
 		return usagef("--cache-dir needs the prompt cache (--prompt-cache=true)")
@@ -69,8 +74,19 @@ meaningless (random weights).`, stderr)
 	}
 	r := &runner{m: lm.m, lm: lm, tok: tok, params: params, maxTokens: *maxTokens, think: *think, raw: *raw,
 		stats: *stats, stdout: stdout, stderr: stderr}
+	if *historyFile != "" {
+		if r.history, err = loadHistory(*historyFile); err != nil {
+			return err
+		}
+		r.historyFile = *historyFile
+	}
 	if *system != "" {
-		r.history = append(r.history, chat.Message{Role: "system", Content: *system})
+		switch {
+		case len(r.history) == 0:
+			r.history = append(r.history, chat.Message{Role: "system", Content: *system})
+		case r.history[0].Role != "system" || r.history[0].Content != *system:
+			return usagef("--system differs from the system prompt of the chat in %s (leave --system out to continue it)", *historyFile)
+		}
 	}
 	if *promptCache {
 		r.cache = generate.NewCache(1)
@@ -137,9 +153,11 @@ type runner struct {
 	raw       bool
 	stats     bool
 	history   []chat.Message
-	cache     *generate.Cache // the conversation's sequence between turns; nil: none
-	stdout    io.Writer
-	stderr    io.Writer
+	// historyFile, when set, receives history after each turn and /reset.
+	historyFile string
+	cache       *generate.Cache // the conversation's sequence between turns; nil: none
+	stdout      io.Writer
+	stderr      io.Writer
 }
 
 func (r *runner) interactive(ctx context.Context, stdin io.Reader) error {
@@ -165,6 +183,9 @@ func (r *runner) interactive(ctx context.Context, stdin io.Reader) error {
 				if err := r.cache.Clear(); err != nil {
 					return err
 				}
+			}
+			if err := r.saveHistory(); err != nil {
+				return err
 			}
 			fmt.Fprintln(r.stderr, "(conversation cleared)")
 			continue
@@ -240,7 +261,50 @@ func (r *runner) turn(ctx context.Context, prompt string) error {
 	}
 	r.history = append(r.history, chat.Message{Role: "user", Content: prompt},
 		chat.Message{Role: "assistant", Content: content.String(), ReasoningContent: reasoning.String()})
+	if herr := r.saveHistory(); herr != nil && err == nil {
+		err = herr
+	}
 	return err
+}
+
+// saveHistory writes the chat to historyFile, if set (a temporary file
+// renamed into place).
+func (r *runner) saveHistory() error {
+	if r.historyFile == "" {
+		return nil
+	}
+	b, err := json.MarshalIndent(r.history, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(r.historyFile, func(w io.Writer) error {
+		_, err := w.Write(append(b, '\n'))
+		return err
+	})
+}
+
+// loadHistory reads a chat saved by --history; a missing file is an empty
+// chat.
+func loadHistory(path string) ([]chat.Message, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var msgs []chat.Message
+	if err := json.Unmarshal(b, &msgs); err != nil {
+		return nil, fmt.Errorf("--history %s: not a chat (a JSON array of messages with role and content): %v", path, err)
+	}
+	for i, m := range msgs {
+		switch m.Role {
+		case "system", "user", "assistant":
+		default:
+			return nil, fmt.Errorf("--history %s: message %d has role %q (want system, user or assistant)", path, i, m.Role)
+		}
+	}
+	return msgs, nil
 }
 
 // show prints a parsed delta, marking where reasoning starts and ends.

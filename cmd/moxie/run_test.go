@@ -396,3 +396,48 @@ func atoi(s string) int {
 	n, _ := strconv.Atoi(s)
 	return n
 }
+
+// TestRunHistory: --history carries a chat across runs (each run adds its
+// turn to the file), and with --cache-dir the second run restores the first
+// run's sequence from disk instead of prefilling the conversation.
+func TestRunHistory(t *testing.T) {
+	dir := t.TempDir()
+	hist := filepath.Join(dir, "chat.json")
+	cache := filepath.Join(dir, "cache")
+	sys := strings.Repeat("Answer in the style of a county newspaper. ", 10)
+	args := func(q string) []string {
+		return []string{"run", "--history", hist, "--cache-dir", cache, "--max-tokens", "4", "--temperature", "0", q}
+	}
+	code, _, errs := moxie(t, append([]string{"run", "--history", hist, "--system", sys}, args("Tell me about the river.")[3:]...)...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	msgs, err := loadHistory(hist)
+	if err != nil || len(msgs) != 3 || msgs[0].Content != sys || msgs[1].Content != "Tell me about the river." || msgs[2].Role != "assistant" {
+		t.Fatalf("after one turn the history holds %+v (%v)", msgs, err)
+	}
+	code, _, errs = moxie(t, args("And then what happened?")...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	m := regexp.MustCompile(`\[prompt (\d+) tok \((\d+) cached, from disk\)`).FindStringSubmatch(errs)
+	if m == nil || atoi(m[2]) < 64 {
+		t.Errorf("the second run did not restore the conversation from disk:\n%s", errs)
+	}
+	if msgs, _ = loadHistory(hist); len(msgs) != 5 || msgs[3].Content != "And then what happened?" {
+		t.Errorf("after two turns the history holds %d messages", len(msgs))
+	}
+	if code, _, errs := moxie(t, "run", "--history", hist, "--system", "Another prompt.", "Hi"); code != 2 || !strings.Contains(errs, "--system differs") {
+		t.Errorf("another --system: exit %d, %s", code, errs)
+	}
+	bad := filepath.Join(dir, "bad.json")
+	if err := os.WriteFile(bad, []byte(`{"role":"user"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errs := moxie(t, "run", "--history", bad, "Hi"); code == 0 || !strings.Contains(errs, bad) {
+		t.Errorf("a history that is not a chat: exit %d, %s", code, errs)
+	}
+	if code, _, errs := moxie(t, "run", "--history", hist, "--raw", "Hi"); code != 2 || !strings.Contains(errs, "--raw") {
+		t.Errorf("--history with --raw: exit %d, %s", code, errs)
+	}
+}

@@ -1,12 +1,16 @@
 package dsv4
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"moxie/compute/cuda"
 	"moxie/dsv4/config"
@@ -303,4 +307,76 @@ func TestDeviceSaveRestore(t *testing.T) {
 	if _, err := md.RestoreSequence(bytes.NewReader(save(big))); err == nil || !strings.Contains(err.Error(), "context limit") {
 		t.Errorf("a state past the context limit: %v", err)
 	}
+}
+
+// BenchmarkDeviceRestore (GPU) compares, on $MOXIE_DEVICE_BENCH, a fresh
+// session's prefill of $MOXIE_DEVICE_PREFILL tokens (default 4096) with
+// writing that session's state to a file and restoring it from the file
+// into a new device session (read, parse, upload): what a prompt whose
+// start was saved (the prompt cache's disk tier) costs instead of the
+// prefill. Each iteration does all three; the metrics are means.
+func BenchmarkDeviceRestore(b *testing.B) {
+	m := benchDeviceModel(b)
+	n := 4096
+	if v := os.Getenv("MOXIE_DEVICE_PREFILL"); v != "" {
+		if _, err := fmt.Sscan(v, &n); err != nil || n < 1 {
+			b.Fatalf("MOXIE_DEVICE_PREFILL=%q", v)
+		}
+	}
+	toks := testTokens(n, m.Cfg.VocabSize, 2)
+	path := filepath.Join(b.TempDir(), "state")
+	var pre, save, restore time.Duration
+	var size int64
+	for b.Loop() {
+		s, err := m.NewDeviceSession()
+		if err != nil {
+			b.Fatal(err)
+		}
+		t0 := time.Now()
+		if _, err := s.Prefill(toks); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		f, err := os.Create(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		w := bufio.NewWriterSize(f, 1<<20)
+		if err := s.SaveSequence(w); err != nil {
+			b.Fatal(err)
+		}
+		if err := w.Flush(); err != nil {
+			b.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			b.Fatal(err)
+		}
+		t2 := time.Now()
+		s.Close()
+		t3 := time.Now()
+		f, err = os.Open(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		seq, err := m.RestoreSequence(bufio.NewReaderSize(f, 1<<20))
+		if err != nil {
+			b.Fatal(err)
+		}
+		t4 := time.Now()
+		info, _ := f.Stat()
+		f.Close()
+		size = info.Size()
+		if seq.Len() != n {
+			b.Fatalf("restored %d tokens, want %d", seq.Len(), n)
+		}
+		seq.Close()
+		pre += t1.Sub(t0)
+		save += t2.Sub(t1)
+		restore += t4.Sub(t3)
+	}
+	ms := func(d time.Duration) float64 { return d.Seconds() * 1e3 / float64(b.N) }
+	b.ReportMetric(ms(pre), "prefill-ms")
+	b.ReportMetric(ms(save), "save-ms")
+	b.ReportMetric(ms(restore), "restore-ms")
+	b.ReportMetric(float64(size)/1e6, "state-MB")
 }

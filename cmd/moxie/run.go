@@ -91,7 +91,7 @@ meaningless (random weights).`, stderr)
 	if *promptCache {
 		r.cache = generate.NewCache(1)
 		defer r.cache.Close()
-		dopts, err := df.options(lm, stderr)
+		dopts, err := df.options(stderr)
 		if err != nil {
 			return err
 		}

@@ -131,7 +131,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, ready f
 	if df.dir != "" && *promptCache < 0 {
 		return usagef("--cache-dir needs the prompt cache (--prompt-cache >= 0)")
 	}
-	dopts, err := df.options(lm, stderr)
+	dopts, err := df.options(stderr)
 	if err != nil {
 		return err
 	}

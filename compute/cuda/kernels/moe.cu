@@ -1399,15 +1399,13 @@ __device__ __forceinline__ void lean_stage_x(const float *__restrict__ v, u16 *x
 // words w0, w1 of rows g and g+8, span 4q+t) with B from xq (this lane's
 // 32 columns of span 4q+t, hi or lo, routed layout; bl: the lane supplies
 // B), scaled by the rows' scales fa, fb into acc: Fp4Wide's sequence for
-// one matrix and group. js: the lane's 16-byte pieces j = 0..3 of B lie at
-// xq + 8·(j ^ js) (a swizzled layout, lean2_swz; 0: in order).
+// one matrix and group.
 template <int DEC>
-__device__ __forceinline__ void lean_group(const uint4 &w0, const uint4 &w1, float fa, float fb, const u16 *xq, bool bl, float (&acc)[4],
-                                           int js = 0) {
+__device__ __forceinline__ void lean_group(const uint4 &w0, const uint4 &w1, float fa, float fb, const u16 *xq, bool bl, float (&acc)[4]) {
   float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
   for (int j = 0; j < 4; j++) {
-    const uint4 b = bl ? *reinterpret_cast<const uint4 *>(xq + 8 * (j ^ js)) : make_uint4(0u, 0u, 0u, 0u);
+    const uint4 b = bl ? *reinterpret_cast<const uint4 *>(xq + 8 * j) : make_uint4(0u, 0u, 0u, 0u);
     u32 a0, a1, a2, a3, b0, b1, b2, b3;
     MoeDec<DEC>::run(quarter(w0, j), a0, a1, a2, a3);
     MoeDec<DEC>::run(quarter(w1, j), b0, b1, b2, b3);
@@ -1719,13 +1717,6 @@ __device__ __forceinline__ void lean_ring_walk(int q, int end, int step, Ld ld, 
   }
 }
 
-// lean2_swz is where a stage-2 ring slot keeps the 16-byte piece c (0..31:
-// hi, then lo, 8 columns each) of a routed unit's h: piece c ^ ((c >> 3) &
-// 3). A lane (g, t) that supplies B reads pieces 16(g & 1) + 4t + j, and
-// the 8 such lanes of one read (j fixed) then hit 8 different groups of 4
-// banks (in order, (g & 1) and t >> 1 left them on 2: a 4-way conflict).
-__device__ __forceinline__ int lean2_swz(int c) { return c ^ ((c >> 3) & 3); }
-
 // Stage 2's routed chunk: G units (128-column groups of any expert slots)
 // of w2 rows g and g+8.
 template <int G>
@@ -1797,10 +1788,9 @@ __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
                 c.w[i][r] = ldw(reinterpret_cast<const uint4 *>(Wk + (r0 + g + 8 * r) * rb) + 4 * q + t);
                 c.sc[i][r] = __ldg(Sk + (r0 + g + 8 * r) * sb + 4 * q + t);
               }
-              // h: lane L copies 16 bytes: hi (L < 16) or lo, columns 128q + 8(L & 15),
-              // into the slot's 16-byte piece lean2_swz(L).
+              // h: lane L copies 16 bytes: hi (L < 16) or lo, columns 128q + 8(L & 15).
               const u16 *src = a.h + (long long)k * 2 * a.I + (lane >> 4) * a.I + 128 * q + 8 * (lane & 15);
-              cp_async16(slots + (slot * G + i) * 256 + 8 * lean2_swz(lane), src);
+              cp_async16(slots + (slot * G + i) * 256 + (lane >> 4) * 128 + 8 * (lane & 15), src);
             } else {
 #pragma unroll
               for (int r = 0; r < 2; r++) {
@@ -1820,7 +1810,7 @@ __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
               continue;
             }
             lean_group<DEC>(c.w[i][0], c.w[i][1], __int_as_float(c.sc[i][0] << 23), __int_as_float(c.sc[i][1] << 23), slots + (slot * G + i) * 256 + (g & 1) * 128 + t * 32, blR,
-                            accR, ((g & 1) << 1) | (t >> 1));
+                            accR);
           }
         });
   }

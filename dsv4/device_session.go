@@ -162,8 +162,8 @@ type DeviceSession struct {
 	// boundary, which is then only its finish.
 	hcEpi, hcTiles bool
 	ffnNext        *cuda.HC
-	// hcCol (MOXIE_CUDA_HCCOL=on, with hcEpi; off by default: not yet
-	// measured on a GPU): the MoE's epilogue also leaves the Gram rows, and
+	// hcCol (MOXIE_CUDA_HCCOL=on, with hcEpi; off by default: 1.8% slower
+	// on the H200, session 13): the MoE's epilogue also leaves the Gram rows, and
 	// wq_a+wkv's Gemv forms the attention-side boundary's output itself
 	// (cuda.LaunchGemvCollapse, decodeSets.byAC) without waiting for the
 	// finish; attnCol is its input while stepFused runs the attention.

@@ -143,14 +143,15 @@ func writeFloats(w *bufio.Writer, a []float32) {
 // SaveSequence of a session of this model (the same configuration; the
 // caller checks the weights' identity, SequenceID) and returns a session in
 // that state: a Session, or on a GPU-loaded model a DeviceSession (the state
-// uploaded; device.go), which continues as the saved one would have (a
-// Session saved and restored on the CPU: exactly). r must hold the state and
-// nothing more. Errors name the field that does not match what this model
-// expects.
+// uploaded; device_state.go), which continues as the saved one would have
+// (a Session saved and restored on the CPU: exactly). r must hold the state
+// and nothing more. Errors about the state name the field that does not
+// match what this model expects and wrap generate.ErrBadState; a device
+// session that cannot be made (memory, the context limit) fails without it.
 func (m *Model) RestoreSequence(r io.Reader) (generate.Sequence, error) {
 	s, err := m.readState(r)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", generate.ErrBadState, err)
 	}
 	if m.dev != nil {
 		return m.restoreDevice(s)

@@ -3,12 +3,14 @@ package dsv4
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"testing"
 
 	"moxie/dsv4/config"
+	"moxie/generate"
 )
 
 // saveState returns s's saved state.
@@ -125,6 +127,9 @@ func TestRestoreSessionErrors(t *testing.T) {
 			}
 			if !strings.Contains(err.Error(), c.want) {
 				t.Errorf("error %q, want it to contain %q", err, c.want)
+			}
+			if !errors.Is(err, generate.ErrBadState) {
+				t.Errorf("error %q does not wrap generate.ErrBadState", err)
 			}
 		})
 	}

@@ -69,6 +69,8 @@ func (c *Cache) take(prompt []int) (seq Sequence, held int, fromDisk bool) {
 	c.mu.Unlock()
 	if d != nil {
 		if f, ok := d.best(prompt, n); ok {
+			// A new sequence, like a miss's: room first (makeRoom).
+			_ = c.makeRoom()
 			if s, err := d.restore(f); err == nil {
 				return s, len(f.tokens), true
 			}

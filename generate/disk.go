@@ -34,9 +34,16 @@ type Restorer interface {
 	SequenceID() string
 	// RestoreSequence reads one state, all of r, written by SaveSequence
 	// of a sequence of this model, and returns a sequence in that state
-	// (it continues exactly as the saved one would have).
+	// (it continues exactly as the saved one would have). An error that
+	// means the state itself is unusable (malformed, truncated, not this
+	// model's) wraps ErrBadState; any other (no memory for a new
+	// sequence) leaves a cache's file in place for a later try.
 	RestoreSequence(r io.Reader) (Sequence, error)
 }
+
+// ErrBadState marks a saved sequence that cannot be restored whatever the
+// circumstances (see Restorer).
+var ErrBadState = errors.New("unusable saved sequence")
 
 // DiskOptions configure a Cache's disk tier (Cache.UseDisk).
 type DiskOptions struct {
@@ -424,10 +431,12 @@ func (d *diskTier) best(prompt []int, n int) (diskFile, bool) {
 func (d *diskTier) restore(f diskFile) (Sequence, error) {
 	path := filepath.Join(d.opts.Dir, f.name)
 	seq, err := d.read(path, f)
+	bad, gone := errors.Is(err, ErrBadState), errors.Is(err, os.ErrNotExist)
 	d.mu.Lock()
-	if err != nil {
+	switch {
+	case bad || gone:
 		d.drop(f.name)
-	} else {
+	case err == nil:
 		for i, g := range d.files { // most recently used last
 			if g.name == f.name {
 				d.files = append(slices.Delete(d.files, i, i+1), g)
@@ -436,9 +445,14 @@ func (d *diskTier) restore(f diskFile) (Sequence, error) {
 		}
 	}
 	d.mu.Unlock()
-	if err != nil {
+	switch {
+	case bad:
 		_ = os.Remove(path)
 		err = fmt.Errorf("disk cache: %s (removed): %w", path, err)
+	case err != nil:
+		err = fmt.Errorf("disk cache: %s: %w", path, err)
+	}
+	if err != nil {
 		d.report(err)
 		return nil, err
 	}
@@ -463,9 +477,9 @@ func (d *diskTier) read(path string, f diskFile) (Sequence, error) {
 	h, err := readDiskHeader(r, size)
 	switch {
 	case err != nil:
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrBadState, err)
 	case h.id != d.id || !slices.Equal(h.tokens, f.tokens):
-		return nil, errors.New("changed since it was indexed")
+		return nil, fmt.Errorf("%w: changed since it was indexed", ErrBadState)
 	}
 	// readDiskHeader buffers: hash the header afresh and read on from it.
 	crc.Reset()
@@ -484,13 +498,13 @@ func (d *diskTier) read(path string, f diskFile) (Sequence, error) {
 	_, err = io.ReadFull(file, b[:])
 	switch {
 	case left > 0:
-		err = fmt.Errorf("the model read %d bytes of a %d-byte state", state-left, state)
+		err = fmt.Errorf("%w: the model read %d bytes of a %d-byte state", ErrBadState, state-left, state)
 	case err != nil:
-		err = errors.New("truncated inside the checksum")
+		err = fmt.Errorf("%w: truncated inside the checksum", ErrBadState)
 	case binary.LittleEndian.Uint32(b[:]) != crc.Sum32():
-		err = fmt.Errorf("corrupt (checksum %08x, contents give %08x)", binary.LittleEndian.Uint32(b[:]), crc.Sum32())
+		err = fmt.Errorf("%w: corrupt (checksum %08x, contents give %08x)", ErrBadState, binary.LittleEndian.Uint32(b[:]), crc.Sum32())
 	case seq.Len() != len(h.tokens):
-		err = fmt.Errorf("restored %d tokens, the file names %d", seq.Len(), len(h.tokens))
+		err = fmt.Errorf("%w: restored %d tokens, the file names %d", ErrBadState, seq.Len(), len(h.tokens))
 	}
 	if err != nil {
 		_ = seq.Close()

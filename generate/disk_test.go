@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -34,8 +35,11 @@ func (m *fakeModel) RestoreSequence(r io.Reader) (Sequence, error) {
 	if err != nil {
 		return nil, err
 	}
+	if m.restoreFail != nil {
+		return nil, m.restoreFail
+	}
 	if !bytes.HasPrefix(b, []byte("fakeseq")) || (len(b)-7)%4 != 0 {
-		return nil, errors.New("fake model: not a saved sequence")
+		return nil, fmt.Errorf("%w: fake model: not a saved sequence", ErrBadState)
 	}
 	b = b[7:]
 	h := make([]int, len(b)/4)
@@ -376,4 +380,31 @@ func TestDiskCacheEvery(t *testing.T) {
 		t.Errorf("a prompt sharing 9 tokens: %d cached, from disk %v; want the checkpoint of 8", r2.CachedTokens, r2.CachedFromDisk)
 	}
 	checkFresh(t, r2.Tokens, other, 2)
+}
+
+// TestDiskCacheRestoreFailsForNow: a restore that fails for want of
+// resources (not ErrBadState) keeps the file, and a later restore uses it.
+func TestDiskCacheRestoreFailsForNow(t *testing.T) {
+	dir := t.TempDir()
+	m := &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, next: script(3, tA)}
+	c1, _ := diskCache(t, m, 1, DiskOptions{Dir: dir}, nil)
+	r1 := cachedRun(t, m, c1, prompt3, 3, nil)
+	if err := c1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	turn := append(append(slices.Clone(prompt3), r1.Tokens...), tC)
+	m.restoreFail = errors.New("fake model: out of device memory")
+	var errs []error
+	c2, _ := diskCache(t, m, 1, DiskOptions{Dir: dir}, &errs)
+	defer c2.Close()
+	if r := cachedRun(t, m, c2, turn, 2, nil); r.CachedTokens != 0 {
+		t.Errorf("%d cached tokens from a failed restore", r.CachedTokens)
+	}
+	if len(errs) != 1 || strings.Contains(errs[0].Error(), "removed") {
+		t.Errorf("reported %v, want one error that keeps the file", errs)
+	}
+	m.restoreFail = nil
+	if r := cachedRun(t, m, c2, turn, 2, nil); !r.CachedFromDisk {
+		t.Errorf("after the failure cleared: %d cached, from disk %v; want the file restored", r.CachedTokens, r.CachedFromDisk)
+	}
 }

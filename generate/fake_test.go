@@ -32,6 +32,8 @@ type fakeModel struct {
 	clones   int // sequences made by CloneSequence
 	noClone  bool
 	seqID    string // SequenceID's suffix (disk_test.go)
+	// restoreFail, if set, is RestoreSequence's error (disk_test.go).
+	restoreFail error
 }
 
 type fakeSeq struct {

@@ -90,13 +90,13 @@ func transferState(c floatCopier, cfg *config.Config, dls []*devLayerState, h *S
 			if err == nil {
 				err = copyRows(c, up, p.dev.ringZ, p.dev.rows, p.host.curZ, R, w, e*R, pos)
 			}
-			if err == nil && cp.c == 2 && e > 0 { // the overlapping compressor's previous window
+			if err == nil && p.host.holdsPrev(pos) { // the overlapping compressor's previous window
 				if err = copyRows(c, up, p.dev.ringKV, p.dev.rows, p.host.prev, R, w, (e-1)*R, e*R); err == nil {
 					err = copyRows(c, up, p.dev.ringZ, p.dev.rows, p.host.prevZ, R, w, (e-1)*R, e*R)
 				}
 			}
 			if !up {
-				p.host.hasPrev = cp.c == 2 && e > 0
+				p.host.hasPrev = p.host.holdsPrev(pos)
 				*p.ent = make([]float32, e*cp.dw)
 			}
 			if err == nil {

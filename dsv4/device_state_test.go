@@ -319,34 +319,16 @@ func TestDeviceSaveRestore(t *testing.T) {
 // after it is written (from the page cache).
 func BenchmarkDeviceRestore(b *testing.B) {
 	m := benchDeviceModel(b)
-	n := 4096
-	if v := os.Getenv("MOXIE_DEVICE_PREFILL"); v != "" {
-		if _, err := fmt.Sscan(v, &n); err != nil || n < 1 {
-			b.Fatalf("MOXIE_DEVICE_PREFILL=%q", v)
-		}
-	}
+	n := benchPrefillTokens(b)
 	toks := testTokens(n, m.Cfg.VocabSize, 2)
 	path := filepath.Join(b.TempDir(), "state")
 	// One untimed prefill first: the kernels compile on first use.
-	if w, err := m.NewDeviceSession(); err != nil {
-		b.Fatal(err)
-	} else {
-		if _, err := w.Prefill(toks); err != nil {
-			b.Fatal(err)
-		}
-		w.Close()
-	}
+	w, _ := timedPrefill(b, m, toks)
+	w.Close()
 	var pre, save, restore time.Duration
 	var size int64
 	for b.Loop() {
-		s, err := m.NewDeviceSession()
-		if err != nil {
-			b.Fatal(err)
-		}
-		t0 := time.Now()
-		if _, err := s.Prefill(toks); err != nil {
-			b.Fatal(err)
-		}
+		s, tp := timedPrefill(b, m, toks)
 		t1 := time.Now()
 		f, err := os.Create(path)
 		if err != nil {
@@ -381,7 +363,7 @@ func BenchmarkDeviceRestore(b *testing.B) {
 			b.Fatalf("restored %d tokens, want %d", seq.Len(), n)
 		}
 		seq.Close()
-		pre += t1.Sub(t0)
+		pre += tp
 		save += t2.Sub(t1)
 		restore += t4.Sub(t3)
 	}

@@ -716,27 +716,41 @@ func benchDeviceDecode(b *testing.B, graphs bool) {
 // (default 4096) on a fresh device session (last-position logits).
 func BenchmarkDevicePrefill(b *testing.B) {
 	m := benchDeviceModel(b)
+	n := benchPrefillTokens(b)
+	toks := testTokens(n, m.Cfg.VocabSize, 2)
+	var d time.Duration
+	for b.Loop() {
+		s, t := timedPrefill(b, m, toks)
+		d += t
+		s.Close()
+	}
+	b.ReportMetric(float64(n*b.N)/d.Seconds(), "tok/s")
+}
+
+// benchPrefillTokens is $MOXIE_DEVICE_PREFILL, the prompt length of the
+// prefill benchmarks (default 4096).
+func benchPrefillTokens(b *testing.B) int {
 	n := 4096
 	if v := os.Getenv("MOXIE_DEVICE_PREFILL"); v != "" {
 		if _, err := fmt.Sscan(v, &n); err != nil || n < 1 {
 			b.Fatalf("MOXIE_DEVICE_PREFILL=%q", v)
 		}
 	}
-	toks := testTokens(n, m.Cfg.VocabSize, 2)
-	var d time.Duration
-	for b.Loop() {
-		s, err := m.NewDeviceSession()
-		if err != nil {
-			b.Fatal(err)
-		}
-		t0 := time.Now()
-		if _, err := s.Prefill(toks); err != nil {
-			b.Fatal(err)
-		}
-		d += time.Since(t0)
-		s.Close()
+	return n
+}
+
+// timedPrefill prefills toks into a new device session of m and returns
+// it and the prefill's wall time.
+func timedPrefill(b *testing.B, m *Model, toks []int) (*DeviceSession, time.Duration) {
+	s, err := m.NewDeviceSession()
+	if err != nil {
+		b.Fatal(err)
 	}
-	b.ReportMetric(float64(n*b.N)/d.Seconds(), "tok/s")
+	t0 := time.Now()
+	if _, err := s.Prefill(toks); err != nil {
+		b.Fatal(err)
+	}
+	return s, time.Since(t0)
 }
 
 // routeRecord keeps every routing decision by (position, layer).

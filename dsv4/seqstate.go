@@ -116,6 +116,10 @@ func (cs *compState) ratio() int {
 	return cs.c.ratio
 }
 
+// holdsPrev reports whether the compressor keeps a closed window's rows
+// (prev) after pos tokens: the overlapping (CSA) one, once a window closed.
+func (cs *compState) holdsPrev(pos int) bool { return cs.c.c == 2 && pos >= cs.c.ratio }
+
 // entries is how many floats of entries a compressor holds after pos
 // tokens.
 func (cs *compState) entries(pos int) int {
@@ -201,12 +205,8 @@ func (m *Model) readState(r io.Reader) (*Session, error) {
 	}{{"version", stateVersion}, {"layers", uint32(m.Cfg.NLayers)}, {"window", uint32(c.Window)},
 		{"head_dim", uint32(c.HeadDim)}, {"index_head_dim", uint32(c.IndexHeadDim)}}
 	for _, f := range want {
-		v, err := sr.u32(f.name)
-		if err != nil {
+		if err := sr.expect(f.name, f.v); err != nil {
 			return nil, err
-		}
-		if v != f.v {
-			return nil, fmt.Errorf("dsv4: saved session's %s is %d, this model's %d", f.name, v, f.v)
 		}
 	}
 	var b8 [8]byte
@@ -220,17 +220,11 @@ func (m *Model) readState(r io.Reader) (*Session, error) {
 	s := m.blankState()
 	s.pos = int(pos)
 	for i, ls := range s.layers {
-		for _, f := range []struct {
-			name string
-			want int
-		}{{"compressor ratio", ls.comp.ratio()}, {"indexer ratio", ls.icomp.ratio()}} {
-			v, err := sr.u32(fmt.Sprintf("layer %d %s", i, f.name))
-			if err != nil {
-				return nil, err
-			}
-			if int64(v) != int64(f.want) {
-				return nil, fmt.Errorf("dsv4: saved session's layer %d %s is %d, this model's %d", i, f.name, v, f.want)
-			}
+		if err := sr.expect(fmt.Sprintf("layer %d compressor ratio", i), uint32(ls.comp.ratio())); err != nil {
+			return nil, err
+		}
+		if err := sr.expect(fmt.Sprintf("layer %d indexer ratio", i), uint32(ls.icomp.ratio())); err != nil {
+			return nil, err
 		}
 		var fl [1]byte
 		if err := sr.full(fl[:], fmt.Sprintf("layer %d flags", i)); err != nil {
@@ -242,7 +236,7 @@ func (m *Model) readState(r io.Reader) (*Session, error) {
 			case cs == nil && has:
 				return nil, fmt.Errorf("dsv4: saved session's layer %d flags %#x name a compressor this layer lacks", i, fl[0])
 			case cs == nil:
-			case has != (cs.c.c == 2 && s.pos >= cs.c.ratio):
+			case has != cs.holdsPrev(s.pos):
 				return nil, fmt.Errorf("dsv4: saved session's layer %d flags %#x disagree with pos %d", i, fl[0], s.pos)
 			default:
 				cs.hasPrev = has
@@ -298,6 +292,18 @@ func (sr *stateReader) full(b []byte, field string) error {
 		return fmt.Errorf("dsv4: reading saved session's %s: %w", field, err)
 	}
 	sr.crc.Write(b)
+	return nil
+}
+
+// expect reads field, a u32, and fails unless it is want.
+func (sr *stateReader) expect(field string, want uint32) error {
+	v, err := sr.u32(field)
+	if err != nil {
+		return err
+	}
+	if v != want {
+		return fmt.Errorf("dsv4: saved session's %s is %d, this model's %d", field, v, want)
+	}
 	return nil
 }
 

@@ -236,9 +236,7 @@ func closeAll(es []cacheEntry) error {
 // checkpoints returns the prompt lengths to checkpoint at: cps, and with a
 // disk tier whose DiskOptions.Every is set, its multiples below n.
 func (c *Cache) checkpoints(cps []int, n int) []int {
-	c.mu.Lock()
-	d := c.disk
-	c.mu.Unlock()
+	d := c.tier()
 	if d == nil || d.opts.Every <= 0 {
 		return cps
 	}
@@ -253,9 +251,7 @@ func (c *Cache) checkpoints(cps []int, n int) []int {
 // be written (Options.Checkpoints): a disk tier, a Saver, enough tokens,
 // and no file with exactly these tokens yet.
 func (c *Cache) wantsCheckpoint(seq Sequence, tokens []int) bool {
-	c.mu.Lock()
-	d := c.disk
-	c.mu.Unlock()
+	d := c.tier()
 	if d == nil || len(tokens) < max(d.opts.MinTokens, 1) {
 		return false
 	}
@@ -268,10 +264,15 @@ func (c *Cache) wantsCheckpoint(seq Sequence, tokens []int) bool {
 // checkpoint writes seq, which holds tokens, to the disk tier now; a
 // failure is reported to DiskOptions.OnError and otherwise ignored.
 func (c *Cache) checkpoint(seq Sequence, tokens []int) {
-	c.mu.Lock()
-	d := c.disk
-	c.mu.Unlock()
+	d := c.tier()
 	if sv, ok := seq.(Saver); ok && d != nil {
 		d.report(d.write(sv, tokens))
 	}
+}
+
+// tier returns the disk tier (nil: none).
+func (c *Cache) tier() *diskTier {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.disk
 }

@@ -387,14 +387,16 @@ func (d *diskTier) remove(names []string) {
 	}
 }
 
+// find returns the index entry of file name, or -1; d.mu must be held.
+func (d *diskTier) find(name string) int {
+	return slices.IndexFunc(d.files, func(f diskFile) bool { return f.name == name })
+}
+
 // drop removes name from the index; d.mu must be held.
 func (d *diskTier) drop(name string) {
-	for i, f := range d.files {
-		if f.name == name {
-			d.total -= f.size
-			d.files = slices.Delete(d.files, i, i+1)
-			return
-		}
+	if i := d.find(name); i >= 0 {
+		d.total -= d.files[i].size
+		d.files = slices.Delete(d.files, i, i+1)
 	}
 }
 
@@ -403,12 +405,8 @@ func (d *diskTier) has(tokens []int) bool {
 	name := d.fileName(tokens)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for _, f := range d.files {
-		if f.name == name && slices.Equal(f.tokens, tokens) {
-			return true
-		}
-	}
-	return false
+	i := d.find(name)
+	return i >= 0 && slices.Equal(d.files[i].tokens, tokens)
 }
 
 // best returns the file whose tokens are the longest proper prefix of
@@ -426,23 +424,20 @@ func (d *diskTier) best(prompt []int, n int) (diskFile, bool) {
 	return out, found
 }
 
-// restore reads f back into a sequence and marks it recently used; a file
-// that fails is removed (and reported).
+// restore reads f back into a sequence and marks it recently used. A
+// failure is reported; a file whose state is unusable (ErrBadState) is
+// removed, one that has gone leaves the index, and any other keeps both.
 func (d *diskTier) restore(f diskFile) (Sequence, error) {
 	path := filepath.Join(d.opts.Dir, f.name)
 	seq, err := d.read(path, f)
 	bad, gone := errors.Is(err, ErrBadState), errors.Is(err, os.ErrNotExist)
 	d.mu.Lock()
-	switch {
+	switch i := d.find(f.name); {
 	case bad || gone:
 		d.drop(f.name)
-	case err == nil:
-		for i, g := range d.files { // most recently used last
-			if g.name == f.name {
-				d.files = append(slices.Delete(d.files, i, i+1), g)
-				break
-			}
-		}
+	case err == nil && i >= 0: // most recently used last
+		g := d.files[i]
+		d.files = append(slices.Delete(d.files, i, i+1), g)
 	}
 	d.mu.Unlock()
 	switch {
@@ -472,17 +467,17 @@ func (d *diskTier) read(path string, f diskFile) (Sequence, error) {
 		return nil, err
 	}
 	size := info.Size()
-	crc := crc32.New(diskCRC)
-	r := io.TeeReader(file, crc)
-	h, err := readDiskHeader(r, size)
+	h, err := readDiskHeader(file, size)
 	switch {
 	case err != nil:
 		return nil, fmt.Errorf("%w: %w", ErrBadState, err)
 	case h.id != d.id || !slices.Equal(h.tokens, f.tokens):
 		return nil, fmt.Errorf("%w: changed since it was indexed", ErrBadState)
 	}
-	// readDiskHeader buffers: hash the header afresh and read on from it.
-	crc.Reset()
+	// readDiskHeader buffers: the checksum starts from the header's
+	// encoding (its bytes, as it accepted them), and reading goes on from
+	// the header's end.
+	crc := crc32.New(diskCRC)
 	crc.Write(appendDiskHeader(nil, h.id, h.tokens))
 	if _, err := file.Seek(h.size, io.SeekStart); err != nil {
 		return nil, err

@@ -81,6 +81,19 @@ func mxseqFiles(t *testing.T, dir string) []string {
 	return f
 }
 
+// savedTurn runs prompt3 for 3 tokens with a disk cache in dir, closes the
+// cache (writing the sequence), and returns the next turn's prompt: prompt3,
+// the tokens generated, then tC.
+func savedTurn(t *testing.T, m *fakeModel, dir string) []int {
+	t.Helper()
+	c, _ := diskCache(t, m, 1, DiskOptions{Dir: dir}, nil)
+	r := cachedRun(t, m, c, prompt3, 3, nil)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return append(append(slices.Clone(prompt3), r.Tokens...), tC)
+}
+
 // TestDiskCacheAcrossRestarts: a conversation's sequence written at Close
 // is restored by the next process's cache: the next turn prefills only its
 // new tokens and generates what a fresh sequence would.
@@ -258,11 +271,7 @@ func TestDiskCacheCorruptFile(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
 			m := &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, next: script(3, tA)}
-			c1, _ := diskCache(t, m, 1, DiskOptions{Dir: dir}, nil)
-			r1 := cachedRun(t, m, c1, prompt3, 3, nil)
-			if err := c1.Close(); err != nil {
-				t.Fatal(err)
-			}
+			turn := savedTurn(t, m, dir)
 			f := mxseqFiles(t, dir)[0]
 			b, err := os.ReadFile(f)
 			if err != nil {
@@ -274,7 +283,6 @@ func TestDiskCacheCorruptFile(t *testing.T) {
 			var errs []error
 			c2, found := diskCache(t, m, 1, DiskOptions{Dir: dir}, &errs)
 			defer c2.Close()
-			turn := append(append(slices.Clone(prompt3), r1.Tokens...), tC)
 			r := cachedRun(t, m, c2, turn, 3, nil)
 			if r.CachedTokens != 0 {
 				t.Errorf("%d tokens taken from a damaged file", r.CachedTokens)
@@ -387,12 +395,7 @@ func TestDiskCacheEvery(t *testing.T) {
 func TestDiskCacheRestoreFailsForNow(t *testing.T) {
 	dir := t.TempDir()
 	m := &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, next: script(3, tA)}
-	c1, _ := diskCache(t, m, 1, DiskOptions{Dir: dir}, nil)
-	r1 := cachedRun(t, m, c1, prompt3, 3, nil)
-	if err := c1.Close(); err != nil {
-		t.Fatal(err)
-	}
-	turn := append(append(slices.Clone(prompt3), r1.Tokens...), tC)
+	turn := savedTurn(t, m, dir)
 	m.restoreFail = errors.New("fake model: out of device memory")
 	var errs []error
 	c2, _ := diskCache(t, m, 1, DiskOptions{Dir: dir}, &errs)

@@ -1911,11 +1911,13 @@ func (s *DeviceSession) moe(c *cuda.Ctx, b *devBlock, l, T, p0 int, next *cuda.H
 		if err := s.ensureChosen(c, b, l); err != nil {
 			return err
 		}
-		// The default variant (cuda.MoELeanX) starts the shared expert
+		// The default variant (cuda.MoELeanXW) starts the shared expert
 		// before the routing kernel just launched has finished: its input
 		// s.a must come from further back (the HC boundary), which holds
 		// on every path here (gate and route, or GateRoute, launch after
-		// it).
+		// it). Its stage 2 reads the expert ids and tables before it waits
+		// for stage 1: nothing between the two launches writes them
+		// (ensureChosen's copies come before stage 1).
 		if next != nil && s.hcEpi && T == 1 && dec.HasHCEpilogue() && (b.shared == nil || sharedOf(b) != nil) &&
 			cuda.HCEpilogueFits(next, cfg.Dim) {
 			h := &cuda.HCEpilogue{X: s.xmid, Post: s.post, Comb: s.comb, XOut: s.x, Part: s.hcScratch, Fn: next, Gram: s.hcCol}

@@ -36,6 +36,7 @@ std::barrier<> *g_warp_bar[32];
 #define MOXIE_PDL_PF(...) do {} while (0)
 #define MOXIE_PDL_UNLESS(c) do {} while (0)
 #define MOXIE_PDL_INSIDE() do {} while (0)
+#define MOXIE_PF(...) do {} while (0)
 #define MOXIE_PDL_WAIT() do {} while (0)
 #define MOXIE_PDL_TRIGGER() do {} while (0)
 inline void __syncthreads() { g_block_bar->arrive_and_wait(); }

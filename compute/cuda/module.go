@@ -73,6 +73,10 @@ const pdlMarker = "//@pdl"
 // this way). pdl_test.go accepts it as a kernel's first statement; the
 // wait inside is the kernel's own contract, checked by its tests.
 //
+// MOXIE_PF(...) asks L2 for what MOXIE_PDL_PF(...) would, with the same
+// contract on its arguments, and does not wait: a MOXIE_PDL_INSIDE kernel's
+// hints.
+//
 // MOXIE_PDL_PF(...) first asks L2 for weight bytes the block will read
 // early (prefetch.global.L2, one hint per 128-byte line, the lines spread
 // over the block's threads) and then does MOXIE_PDL(), so that with a
@@ -136,6 +140,7 @@ __device__ __forceinline__ void moxie_pdl_pf(const void *p, long long bytes) { m
 #define MOXIE_PDL_PF(...) do { moxie_pdl_pf(__VA_ARGS__); MOXIE_PDL(); } while (0)
 #define MOXIE_PDL_UNLESS(cond) do { if (!(cond)) MOXIE_PDL_WAIT(); MOXIE_PDL_TRIGGER(); } while (0)
 #define MOXIE_PDL_INSIDE() do {} while (0)
+#define MOXIE_PF(...) moxie_pdl_pf(__VA_ARGS__)
 #line 1
 `
 

@@ -246,6 +246,15 @@ const (
 	// emulation; TestMoEDecode has not yet run them on a GPU.
 	MoELeanXW8G4
 	MoELeanXW8G2
+	// MoELeanXW: MoELeanX whose stage 2 (moe2lw; moe2lhw with the
+	// boundary's epilogue) waits inside: its blocks read the expert ids
+	// and records, and each routed warp issues its first two chunks of
+	// weight loads, before the PDL wait, as the tensor-core Gemv does; h
+	// is copied after it. The ids are read two kernels after the routing
+	// wrote them, as MoELeanXE's are. In a microbenchmark on the H200
+	// (session 14: both stages in a PDL graph, V4-Flash shapes, per-launch
+	// weights beyond L2) the pair took 41.9 us against MoELeanX's 44.7.
+	MoELeanXW
 	moeVariantCount
 )
 
@@ -275,6 +284,7 @@ var moeVariants = [moeVariantCount]struct {
 	lean    bool
 	early   bool
 	early2  bool // lean stage 2 that waits inside (moe2le)
+	ew      bool // lean stage 2 with its first weights before the wait (moe2lw)
 	split   int  // lean stage 2 split over this many blocks a row group (moe2s), of nw warps
 	nw      int
 }{
@@ -304,6 +314,7 @@ var moeVariants = [moeVariantCount]struct {
 	MoELeanXE:     {name: "leanxe", u1: 1, uf1: 1, u2: 1, uf2: 1, b: 7, b2: 2, lean: true, early: true, early2: true},
 	MoELeanXW8G4:  {name: "leanxw8g4", u1: 1, uf1: 1, u2: 4, uf2: 4, b: 7, b2: 2, lean: true, early: true, split: 1, nw: 8},
 	MoELeanXW8G2:  {name: "leanxw8g2", u1: 1, uf1: 1, u2: 2, uf2: 2, b: 7, b2: 2, lean: true, early: true, split: 1, nw: 8},
+	MoELeanXW:     {name: "leanxw", u1: 1, uf1: 1, u2: 1, uf2: 1, b: 7, b2: 2, lean: true, early: true, ew: true},
 }
 
 func (v MoEVariant) String() string {
@@ -319,13 +330,17 @@ func (v MoEVariant) String() string {
 // (2026-11-30, BenchmarkMoEDecode, V4-Flash shapes, both stages replayed as
 // a graph) wide1 took 53.2 us against u8's 60.4 (43% of HBM against 38%);
 // in session 5 lean 48.9 and leanx 45.9, and the 8-layer decode step 1.61
-// ms (wide1), 1.59 (lean), 1.55 (leanx). leanx carries a contract on its
-// caller (see MoELeanX): x is not written by the kernel just before.
-const MoEPreferred = MoELeanX
+// ms (wide1), 1.59 (lean), 1.55 (leanx); in session 14 leanxw 41.9 against
+// leanx's 44.9, the 8-layer step at a 4k context 1.284 against 1.308 ms
+// (three alternating pairs, faster in each). leanxw carries leanx's
+// contract on its caller (see MoELeanX: x is not written by the kernel
+// just before) and MoELeanXE's (stage 1 and stage 2 launched back to back
+// on one stream, nothing between them writing the ids or the tables).
+const MoEPreferred = MoELeanXW
 
 // ParseMoEVariant returns the variant named s (its String form: u8, occ3,
 // u8cvt, persist, persistpf, wide, wide1, widepf, widep, wide3, wide1s,
-// wide1ss, wide1a, wide1p, lean, leanpf, leanx, leanx2, leanx2p, leanxg2, leanx1g2, leanx1g4, leanx1g2g2, leanxe, leanxw8g4, leanxw8g2; "" is MoEPreferred), e.g. from an environment
+// wide1ss, wide1a, wide1p, lean, leanpf, leanx, leanx2, leanx2p, leanxg2, leanx1g2, leanx1g4, leanx1g2g2, leanxe, leanxw8g4, leanxw8g2, leanxw; "" is MoEPreferred), e.g. from an environment
 // variable.
 func ParseMoEVariant(s string) (MoEVariant, error) {
 	if s == "" {
@@ -367,6 +382,9 @@ func moeKernelNames(v MoEVariant) (string, string) {
 		}
 		if p.early2 {
 			s2 = "moe2le"
+		}
+		if p.ew {
+			s2 = "moe2lw"
 		}
 		return fmt.Sprintf("%s_d%d_b%d", s1, p.dec, p.b), fmt.Sprintf("%s_g%d_f%d_d%d_b%d", s2, p.u2, p.uf2, p.dec, b2)
 	}
@@ -811,7 +829,8 @@ func HCEpiloguePartBytes(D int) int { return 4 * (hcEpiRows + 1 + hcGramRows) * 
 
 // moeHCKernelName names v's stage 2 with the boundary's epilogue, or ""
 // where v has none (only the lean stage 2 of one block a row group, as
-// MoELeanX's; the default module holds moe2lh_g1_f1_d0_b2).
+// MoELeanX's and MoELeanXW's; the default module holds moe2lh_g1_f1_d0_b2
+// and moe2lhw_g1_f1_d0_b2).
 func moeHCKernelName(v MoEVariant) string {
 	p := moeVariants[v]
 	if !p.lean || p.split > 0 || p.pfr || p.early2 || p.u2 != 1 || p.uf2 != 1 {
@@ -821,7 +840,11 @@ func moeHCKernelName(v MoEVariant) string {
 	if p.b2 != 0 {
 		b2 = p.b2
 	}
-	return fmt.Sprintf("moe2lh_g%d_f%d_d%d_b%d", p.u2, p.uf2, p.dec, b2)
+	name := "moe2lh"
+	if p.ew {
+		name = "moe2lhw"
+	}
+	return fmt.Sprintf("%s_g%d_f%d_d%d_b%d", name, p.u2, p.uf2, p.dec, b2)
 }
 
 // HasHCEpilogue reports whether m's stage 2 can begin the boundary after

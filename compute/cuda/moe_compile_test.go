@@ -54,10 +54,10 @@ func TestMoEModuleSources(t *testing.T) {
 		want      []string
 		notWant   []string
 	}{
-		{"default", def, []string{"struct MoeArgs", "static_assert(sizeof(MoeArgs) == 200", "MOE1LX(0, 7) MOE2L(1, 1, 0, 2) MOE2LH(1, 1, 0, 2)", "GEMVM(4) GEMVMH(4) GEMVMC(4)"},
-			[]string{"GEMVM(1)", "GEMVM(2)", "MOE1L(0, 7)", "MOE2LP(1, 1, 0, 2)", "MOE1(8, 2, 0, 2)", "MOE1W(2, 2, 0, 2)", "MOE2S(2, 2, 0, 4, 3, 6)", "//@module"}},
-		{"bench", bench, []string{"struct MoeArgs", "GEMVM(1) GEMVM(2)", "MOE1(8, 2, 0, 2)", "MOE1L(0, 7) MOE2LP(1, 1, 0, 2)", "MOE1WP(1, 1, 0, 2)", "MOE1LXG(2, 0, 4)"},
-			[]string{"GEMVM(4)", "MOE1LX(0, 7)", "MOE2L(1, 1, 0, 2)", "//@module"}},
+		{"default", def, []string{"struct MoeArgs", "static_assert(sizeof(MoeArgs) == 200", "MOE1LX(0, 7) MOE2LW(1, 1, 0, 2) MOE2LHW(1, 1, 0, 2)", "GEMVM(4) GEMVMH(4) GEMVMC(4)"},
+			[]string{"GEMVM(1)", "GEMVM(2)", "MOE1L(0, 7)", "MOE2L(1, 1, 0, 2)", "MOE2LH(1, 1, 0, 2)", "MOE2LP(1, 1, 0, 2)", "MOE1(8, 2, 0, 2)", "MOE1W(2, 2, 0, 2)", "MOE2S(2, 2, 0, 4, 3, 6)", "//@module"}},
+		{"bench", bench, []string{"struct MoeArgs", "GEMVM(1) GEMVM(2)", "MOE1(8, 2, 0, 2)", "MOE1L(0, 7) MOE2LP(1, 1, 0, 2)", "MOE2L(1, 1, 0, 2) MOE2LH(1, 1, 0, 2)", "MOE1WP(1, 1, 0, 2)", "MOE1LXG(2, 0, 4)"},
+			[]string{"GEMVM(4)", "MOE1LX(0, 7)", "MOE2LW(1, 1, 0, 2)", "MOE2LHW(1, 1, 0, 2)", "//@module"}},
 	} {
 		checkModuleSource(t, tc.name, tc.src, tc.want, tc.notWant)
 		if !hasPDLMarker(tc.src) {
@@ -492,6 +492,7 @@ inline float __int_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; 
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 template <class T> inline T __ldg(const T *p) { return *p; }
+inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
 inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
   const uint64_t v = ((uint64_t)y << 32) | x;
   unsigned r = 0;
@@ -731,7 +732,8 @@ int main() {
                     {"leanx2", moe1lx_d0_b7, moe2s_g2_f2_d0_w4_s3_b6, 3, 128}, {"leanx2p", moe1lx_d0_b7, moe2sp_g2_f2_d0_w4_s3_b6, 3, 128},
                     {"leanxg2", moe1lx_d0_b7, moe2l_g2_f2_d0_b1, 1, 512}, {"leanx1g2", moe1lx_g2_d0_b4, moe2l_g1_f1_d0_b2, 1, 512},
                     {"leanx1g4", moe1lx_g4_d0_b2, moe2l_g1_f1_d0_b2, 1, 512}, {"leanxe", moe1lx_d0_b7, moe2le_g1_f1_d0_b2, 1, 512},
-                    {"leanxw8g4", moe1lx_d0_b7, moe2s_g4_f4_d0_w8_s1_b2, 1, 256}, {"leanxw8g2", moe1lx_d0_b7, moe2s_g2_f2_d0_w8_s1_b2, 1, 256}};
+                    {"leanxw8g4", moe1lx_d0_b7, moe2s_g4_f4_d0_w8_s1_b2, 1, 256}, {"leanxw8g2", moe1lx_d0_b7, moe2s_g2_f2_d0_w8_s1_b2, 1, 256},
+                    {"leanxw", moe1lx_d0_b7, moe2lw_g1_f1_d0_b2, 1, 512}};
     // A split stage 2's partials (3·D) and tickets (D/16), zero to start.
     std::vector<float> part(3 * D + D / 16, 0.f);
     a.part = part.data();
@@ -789,14 +791,20 @@ int main() {
       hd.gram = ci % 2 == 1;  // the Gram rows in odd cases
       ah.hc = hd.args(hd.gram);
       std::fill(out.begin(), out.end(), NAN);
-      launch(moe1lx_d0_b7, grid1, 128, ah);
-      launch(moe2lh_g1_f1_d0_b2, D / 16, 512, ah);
-      const bool same = memcmp(want.data(), out.data(), 4 * D) == 0;
-      int xbad;
-      double pe;
-      hd.check(out.data(), xbad, pe);
-      printf("%s leanxh case %d%s: out %s leanx's bits, %d x' values off HCExpand's, partials max rel %.3g\n",
-             (same && xbad == 0 && pe <= 1e-5) ? "ok" : "FAIL", ci, hd.gram ? " (Gram rows)" : "", same ? "=" : "!=", xbad, pe);
+      // leanxhw: leanxw's stage 2 with the epilogue (moe2lhw), the same checks.
+      for (int w = 0; w < 2; w++) {
+        std::fill(out.begin(), out.end(), NAN);
+        std::fill(hd.xo.begin(), hd.xo.end(), NAN);
+        std::fill(hd.part.begin(), hd.part.end(), NAN);
+        launch(moe1lx_d0_b7, grid1, 128, ah);
+        launch(w ? moe2lhw_g1_f1_d0_b2 : moe2lh_g1_f1_d0_b2, D / 16, 512, ah);
+        const bool same = memcmp(want.data(), out.data(), 4 * D) == 0;
+        int xbad;
+        double pe;
+        hd.check(out.data(), xbad, pe);
+        printf("%s %s case %d%s: out %s leanx's bits, %d x' values off HCExpand's, partials max rel %.3g\n",
+               (same && xbad == 0 && pe <= 1e-5) ? "ok" : "FAIL", w ? "leanxhw" : "leanxh", ci, hd.gram ? " (Gram rows)" : "", same ? "=" : "!=", xbad, pe);
+      }
     }
   }
   printf("worst %.3g\n", worst);

@@ -499,7 +499,7 @@ func TestMoERunChecks(t *testing.T) {
 // TestHCEpilogueChecks checks which variants have the boundary's epilogue and
 // what RunMoEDecodeHC refuses before it touches the device.
 func TestHCEpilogueChecks(t *testing.T) {
-	for v, want := range map[MoEVariant]string{MoELeanX: "moe2lh_g1_f1_d0_b2", MoELean: "moe2lh_g1_f1_d0_b2",
+	for v, want := range map[MoEVariant]string{MoELeanX: "moe2lh_g1_f1_d0_b2", MoELean: "moe2lh_g1_f1_d0_b2", MoELeanXW: "moe2lhw_g1_f1_d0_b2",
 		MoELeanPF: "", MoELeanX2: "", MoELeanXG2: "", MoELeanXE: "", MoEWide1: "", MoEDefault: ""} {
 		if got := moeHCKernelName(v); got != want {
 			t.Errorf("moeHCKernelName(%v) = %q, want %q", v, got, want)
@@ -557,13 +557,15 @@ func TestHCEpilogueChecks(t *testing.T) {
 // epilogue (RunMoEDecodeHC or LaunchGemvHC, then HCMixNormTiles) beside the
 // plain path (RunMoEDecode or LaunchGemv, then HCMixNorm: the two-kernel
 // boundary, checked against the unfused ops by TestFuseHCNorm) on the same
-// inputs, for a fused MoE decode and a one-token FP8 product, at V4's width
+// inputs, for a fused MoE decode (MoELeanX's stage 2, and MoELeanXW's,
+// which waits inside: "moew") and a one-token FP8 product, at V4's width
 // and a small one: the output and x' must be the same bits, pre, post, comb
 // and a within 2e-6 (the gates' dot products add in another order), and a
-// captured graph of the new path must replay to the bits of its direct run.
+// captured graph of the new path must replay to the bits of its direct run;
+// MoELeanXW's output must also be MoELeanX's bits.
 func TestHCEpilogueDevice(t *testing.T) {
 	withFwd(t, func(e *fwdEnv) {
-		for _, producer := range []string{"moe", "gemv"} {
+		for _, producer := range []string{"moe", "moew", "gemv"} {
 			for _, D := range []int{4096, 256} {
 				testHCEpilogue(t, e, producer, D)
 			}
@@ -624,17 +626,36 @@ func testHCEpilogue(t *testing.T, e *fwdEnv, producer string, D int) {
 	// The producer: plain and epilogue launches writing out.
 	var plain func(out DevicePtr) (func(Stream) error, error)
 	var epi func(out DevicePtr, h *HCEpilogue) (func(Stream) error, error)
+	var ref func() []float32 // another path's output that must be the same bits ("moew": MoELeanX's)
 	switch producer {
-	case "moe":
+	case "moe", "moew":
 		mc := newMoECase(t, e, rng, E, D, I, Is)
 		dx := e.up(computetest.Normal(rng, D, 1))
 		dids, drw := e.upInts([]int{1, 3, 5, 7, 0, 2}), e.up([]float32{0.5, 0.25, 0.125, 2, 1, 0.75})
-		prep := func(out DevicePtr) (*MoEDecode, error) {
-			m, err := e.c.PrepareMoEDecode(e.a, mc.tab, K, mc.sh, dx, out, 0.75, MoELeanX)
+		v := MoELeanX
+		if producer == "moew" {
+			v = MoELeanXW
+		}
+		prepV := func(out DevicePtr, v MoEVariant) (*MoEDecode, error) {
+			m, err := e.c.PrepareMoEDecode(e.a, mc.tab, K, mc.sh, dx, out, 0.75, v)
 			if err == nil && !m.HasHCEpilogue() {
-				err = fmt.Errorf("MoELeanX has no boundary epilogue")
+				err = fmt.Errorf("%v has no boundary epilogue", v)
 			}
 			return m, err
+		}
+		prep := func(out DevicePtr) (*MoEDecode, error) { return prepV(out, v) }
+		if v != MoELeanX {
+			ref = func() []float32 {
+				out := e.poisoned(D)
+				m, err := prepV(out, MoELeanX)
+				if err == nil {
+					err = e.c.RunMoEDecode(m, dids, drw, e.c.Stream())
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				return e.down(out, D)
+			}
 		}
 		plain = func(out DevicePtr) (func(Stream) error, error) {
 			m, err := prep(out)
@@ -704,6 +725,9 @@ func testHCEpilogue(t *testing.T, e *fwdEnv, producer string, D int) {
 	old, got, gotG := run(false, false), run(true, false), run(true, true)
 	if !slices.Equal(old.out, got.out) || !slices.Equal(old.xs, got.xs) {
 		t.Errorf("%s D %d: out or x' differ from the plain path's bits", producer, D)
+	}
+	if ref != nil && !slices.Equal(ref(), old.out) {
+		t.Errorf("%s D %d: out differs from MoELeanX's bits", producer, D)
 	}
 	for _, c := range []struct {
 		what      string

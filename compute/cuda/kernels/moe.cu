@@ -1717,6 +1717,41 @@ __device__ __forceinline__ void lean_ring_walk(int q, int end, int step, Ld ld, 
   }
 }
 
+// lean_ring_walk for a walk whose first two chunks' weights are asked for
+// before the kernel waits for the one before it: ld(ch, q, slot, part)
+// issues chunk q's weight loads (part & 1) and its B copies (part & 2);
+// the first two chunks' weights go out, then wait() (the PDL wait, and
+// whatever must follow it), then their B copies, one commit group each,
+// then the walk goes on as lean_ring_walk's (ld with part 3).
+template <typename Chunk, typename Ld, typename Cp, typename Wait>
+__device__ __forceinline__ void lean_ring_walk_early(int q, int end, int step, Ld ld, Cp cp, Wait wait) {
+  Chunk A, B;
+  if (q < end) ld(A, q, 0, 1);
+  if (q + step < end) ld(B, q + step, 1, 1);
+  wait();
+  if (q < end) ld(A, q, 0, 2);
+  cp_async_commit();
+  if (q + step < end) ld(B, q + step, 1, 2);
+  cp_async_commit();
+  while (q < end) {
+    cp_async_wait1();
+    __syncwarp();
+    cp(A, q, 0);
+    __syncwarp();
+    if (q + 2 * step < end) ld(A, q + 2 * step, 0, 3);
+    cp_async_commit();
+    if (q + step < end) {
+      cp_async_wait1();
+      __syncwarp();
+      cp(B, q + step, 1);
+      __syncwarp();
+      if (q + 3 * step < end) ld(B, q + 3 * step, 1, 3);
+      cp_async_commit();
+    }
+    q += 2 * step;
+  }
+}
+
 // Stage 2's routed chunk: G units (128-column groups of any expert slots)
 // of w2 rows g and g+8.
 template <int G>
@@ -1730,11 +1765,18 @@ struct Lean2Fp4 {
 // layout) or UF FP8 spans' (hi of the UF·64 columns, then lo). PFR: a
 // warp first asks L2 for its whole routed range (one hint a unit and row:
 // 16 rows x 64 bytes a unit), so it is in flight at once. (The shared
-// expert's rows were asked for before the PDL wait: moe2_pf.)
-template <int G, int UF, int DEC, bool PFR, int NW = LEAN2_WARPS, int SP = 1, bool EARLY = false, bool HCE = false>
+// expert's rows were asked for before the PDL wait: moe2_pf.) EW: the
+// kernel waits inside (MOXIE_PDL_INSIDE): the block reads the expert ids
+// and records, and each routed warp issues its first two chunks of weight
+// loads, before the PDL wait; h is copied, and the boundary's slices
+// (HCE) asked for, after it. The ids are the routing kernel's, two
+// kernels back: the stage 1 in front must have blocks that wait for it
+// (moe1lx's routed tiles do; see moe2le).
+template <int G, int UF, int DEC, bool PFR, int NW = LEAN2_WARPS, int SP = 1, bool EARLY = false, bool HCE = false, bool EW = false>
 __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
   static_assert(UF <= 2 * G, "a ring slot holds 2G FP8 spans");
   static_assert(!HCE || (SP == 1 && !EARLY), "the boundary's epilogue: one block a row group");
+  static_assert(!EW || (SP == 1 && !EARLY && !PFR), "early weights: one block a row group, no other early work");
   __shared__ uint4 ring[NW][2][G * 32];
   __shared__ float red[NW][8][2];
   __shared__ const u8 *recW[MOE_MAXK], *recS[MOE_MAXK];
@@ -1743,9 +1785,9 @@ __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int rg = blockIdx.x / SP, part = blockIdx.x - rg * SP;
   const int r0 = rg * 16;
-  if (HCE) hc_epi_stage(a.hc, a.D, r0, hfn, hxs, hpc);
+  if (HCE && !EW) hc_epi_stage(a.hc, a.D, r0, hfn, hxs, hpc);
   for (int k = threadIdx.x; k < a.K; k += blockDim.x) {
-    const int id = __ldg(a.ids + k);
+    const int id = EW ? __ldcg(a.ids + k) : __ldg(a.ids + k);  // EW: before the wait, from L2
     const bool ok = (unsigned)id < (unsigned)a.E;
     recW[k] = ok ? a.t2[id].W : nullptr;
     recS[k] = ok ? a.t2[id].S : nullptr;
@@ -1757,8 +1799,20 @@ __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
   const long long rb = a.I >> 1, sb = a.I >> 5;
   u16 *slots = reinterpret_cast<u16 *>(&ring[warp][0][0]);  // slot i at slots + i·G·256
   float accR[4] = {0.f, 0.f, 0.f, 0.f}, accS[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+  // A routed unit ui's expert slot is ui / gpe = umulhi(2·ui, gmul), gmul =
+  // ceil(2^31 / gpe) (exact while ui < 2^31 / gpe: ui < K·gpe is far
+  // below), not a division a unit.
+  const u32 gmul = (0x80000000u + (u32)gpe - 1u) / (u32)gpe;
+  // bad: an expert of this warp's routed range is outside the table (its
+  // units are loaded as zeros and the block's rows become NaN).
   bool bad = false;
+  if (u0 < R)
+    for (int k = (int)__umulhi(2u * u0, gmul), kl = (int)__umulhi(2u * (min(u1, R) - 1), gmul); k <= kl; k++) bad |= !recW[k];
   const bool blR = (g >> 1) == t;
+  auto wait = [&] {  // EW: the PDL wait, then what must follow it
+    MOXIE_PDL();
+    if (HCE) hc_epi_stage(a.hc, a.D, r0, hfn, hxs, hpc);
+  };
   if (PFR && u0 < R) {
     const int n = min(u1, R) - u0;
     for (int i = lane; i < 16 * n; i += 32) {
@@ -1774,45 +1828,47 @@ __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
   if (u0 < R) {
     const int uend = min(u1, R);
     using Ch = Lean2Fp4<G>;
-    lean_ring_walk<Ch>(
-        u0, uend, G,
-        [&](Ch &c, int u, int slot) {
+    // part & 1: the units' weights and scales (zeros for an expert outside
+    // the table); part & 2: their h (lane L copies 16 bytes: hi (L < 16) or
+    // lo, columns 128q + 8(L & 15)).
+    auto ld = [&](Ch &c, int u, int slot, int part) {
 #pragma unroll
-          for (int i = 0; i < G; i++) {
-            const int ui = u + i, k = ui / gpe, q = ui - k * gpe;
-            const u8 *Wk = ui < uend ? recW[k] : nullptr;
-            if (Wk) {
-              const u8 *Sk = recS[k];
+      for (int i = 0; i < G; i++) {
+        const int ui = u + i, k = (int)__umulhi(2u * ui, gmul), q = ui - k * gpe;
+        const u8 *Wk = ui < uend ? recW[k] : nullptr;
+        if (Wk) {
+          const u8 *Sk = recS[k];
+          if (part & 1)
 #pragma unroll
-              for (int r = 0; r < 2; r++) {
-                c.w[i][r] = ldw(reinterpret_cast<const uint4 *>(Wk + (r0 + g + 8 * r) * rb) + 4 * q + t);
-                c.sc[i][r] = __ldg(Sk + (r0 + g + 8 * r) * sb + 4 * q + t);
-              }
-              // h: lane L copies 16 bytes: hi (L < 16) or lo, columns 128q + 8(L & 15).
-              const u16 *src = a.h + (long long)k * 2 * a.I + (lane >> 4) * a.I + 128 * q + 8 * (lane & 15);
-              cp_async16(slots + (slot * G + i) * 256 + (lane >> 4) * 128 + 8 * (lane & 15), src);
-            } else {
-#pragma unroll
-              for (int r = 0; r < 2; r++) {
-                c.w[i][r] = make_uint4(0u, 0u, 0u, 0u);
-                c.sc[i][r] = 0u;
-              }
+            for (int r = 0; r < 2; r++) {
+              c.w[i][r] = ldw(reinterpret_cast<const uint4 *>(Wk + (r0 + g + 8 * r) * rb) + 4 * q + t);
+              c.sc[i][r] = __ldg(Sk + (r0 + g + 8 * r) * sb + 4 * q + t);
             }
+          if (part & 2) {
+            const u16 *src = a.h + (long long)k * 2 * a.I + (lane >> 4) * a.I + 128 * q + 8 * (lane & 15);
+            cp_async16(slots + (slot * G + i) * 256 + (lane >> 4) * 128 + 8 * (lane & 15), src);
           }
-        },
-        [&](const Ch &c, int u, int slot) {
+        } else if (part & 1) {
 #pragma unroll
-          for (int i = 0; i < G; i++) {
-            const int ui = u + i, k = ui / gpe;
-            if (ui >= uend) break;
-            if (!recW[k]) {
-              bad = true;
-              continue;
-            }
-            lean_group<DEC>(c.w[i][0], c.w[i][1], __int_as_float(c.sc[i][0] << 23), __int_as_float(c.sc[i][1] << 23), slots + (slot * G + i) * 256 + (g & 1) * 128 + t * 32, blR,
-                            accR);
+          for (int r = 0; r < 2; r++) {
+            c.w[i][r] = make_uint4(0u, 0u, 0u, 0u);
+            c.sc[i][r] = 0u;
           }
-        });
+        }
+      }
+    };
+    auto cp = [&](const Ch &c, int u, int slot) {
+#pragma unroll
+      for (int i = 0; i < G; i++) {
+        if (u + i >= uend) break;
+        lean_group<DEC>(c.w[i][0], c.w[i][1], __int_as_float(c.sc[i][0] << 23), __int_as_float(c.sc[i][1] << 23), slots + (slot * G + i) * 256 + (g & 1) * 128 + t * 32, blR,
+                        accR);
+      }
+    };
+    if (EW) lean_ring_walk_early<Ch>(u0, uend, G, ld, cp, wait);
+    else lean_ring_walk<Ch>(u0, uend, G, [&](Ch &c, int u, int slot) { ld(c, u, slot, 3); }, cp);
+  } else if (EW) {
+    wait();
   }
   float accQ[1][4] = {{accR[0], accR[1], accR[2], accR[3]}};
   quad_sum<1>(accQ);
@@ -1914,6 +1970,15 @@ __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
 // after waiting for the routing (the MOXIE_PDL_UNLESS rule of module.go).
 #define MOE2LE(G, UF, DEC, B) \
   extern "C" __global__ void __launch_bounds__(32 * LEAN2_WARPS, B) moe2le_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_INSIDE(); moe_stage2l<G, UF, DEC, true, LEAN2_WARPS, 1, true>(a); }
+
+// moe2lw_g<G>_f<UF>_d<DEC>_b<B>: moe2l with EW (moe_stage2l): the expert
+// ids and records, and each routed warp's first two chunks of weights,
+// before the PDL wait (the ids as moe2le reads them); moe2lhw_...: the same
+// with the boundary's epilogue (moe2lh).
+#define MOE2LW(G, UF, DEC, B) \
+  extern "C" __global__ void __launch_bounds__(32 * LEAN2_WARPS, B) moe2lw_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_INSIDE(); MOXIE_PF(moe2_pf(a)); moe_stage2l<G, UF, DEC, false, LEAN2_WARPS, 1, false, false, true>(a); }
+#define MOE2LHW(G, UF, DEC, B) \
+  extern "C" __global__ void __launch_bounds__(32 * LEAN2_WARPS, B) moe2lhw_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_INSIDE(); MOXIE_PF(moe2h_pf(a)); moe_stage2l<G, UF, DEC, false, LEAN2_WARPS, 1, false, true, true>(a); }
 
 // moe2s_g<G>_f<UF>_d<DEC>_w<NW>_s<SP>_b<B>: split stage 2 (see the
 // family's comment), NW warps a block, SP blocks a row group, B blocks an
@@ -2176,11 +2241,12 @@ __device__ __forceinline__ int gemvm_mat(const GemvArgsM &a) {
 
 //@module moe
 // The default module, compiled (or read from the disk cache) on first use:
-// the two kernels of MoEPreferred (MoELeanX: moe1lx_d0_b7, moe2l_g1_f1_d0_b2;
-// their names do not depend on the shapes) and the tensor-core Gemv kernel
-// a decode session launches by default (gemvm_f4: $MOXIE_CUDA_GEMVM's
-// default "a,q,wo,u4" in dsv4).
-MOE1LX(0, 7) MOE2L(1, 1, 0, 2) MOE2LH(1, 1, 0, 2)
+// the kernels of MoEPreferred (MoELeanXW: moe1lx_d0_b7, moe2lw_g1_f1_d0_b2,
+// and moe2lhw_g1_f1_d0_b2 that begins the next boundary; their names do not
+// depend on the shapes) and the tensor-core Gemv kernels a decode session
+// launches by default (gemvm_f4: $MOXIE_CUDA_GEMVM's default "a,q,wo,u4"
+// in dsv4).
+MOE1LX(0, 7) MOE2LW(1, 1, 0, 2) MOE2LHW(1, 1, 0, 2)
 GEMVM(4) GEMVMH(4) GEMVMC(4)
 
 //@module bench
@@ -2201,8 +2267,10 @@ MOE1WA(2, 0, 2)
 MOE2WSP(2, 4, 0, 2)
 MOE1WSP(1, 2, 0, 2)
 MOE1WP(1, 1, 0, 2)
-// The lean family but leanx's pair.
+// The lean family but leanxw's kernels (leanx's stage 2, moe2l and moe2lh,
+// the default until session 14, among them).
 MOE1L(0, 7) MOE2LP(1, 1, 0, 2) MOE2L(2, 2, 0, 1) MOE2LP(2, 2, 0, 1)
+MOE2L(1, 1, 0, 2) MOE2LH(1, 1, 0, 2)
 MOE2LE(1, 1, 0, 2)
 MOE2S(2, 2, 0, 4, 3, 6)
 // Not split (SP 1): 8-warp blocks, one a row group, each warp 16 units at

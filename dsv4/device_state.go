@@ -17,18 +17,45 @@ import (
 // window before it) and the entries; the device's extra rows (its rings
 // keep a prefill chunk more) are not needed to continue.
 func (s *DeviceSession) SaveSequence(w io.Writer) error {
-	if s.failed != nil {
-		return s.failed
-	}
-	h := s.m.blankState()
-	h.pos = s.pos
-	if err := s.d.dev.Do(func(c *cuda.Ctx) error { return transferState(c, s.m.Cfg, s.layers, h, false) }); err != nil {
-		return fmt.Errorf("dsv4: reading the device session's state: %w", err)
+	h, err := s.hostState()
+	if err != nil {
+		return err
 	}
 	return h.SaveSequence(w)
 }
 
-var _ generate.Saver = (*DeviceSession)(nil)
+// CloneSequence implements generate.Cloner (the snapshot a thinking chat's
+// next turn continues from): a new device session holding this one's
+// state, copied through host memory as SaveSequence and RestoreSequence
+// copy it, without the file. The copy costs a second session's device
+// memory; when it fails (say, for want of that memory) s is unchanged and
+// the caller goes without the snapshot.
+func (s *DeviceSession) CloneSequence() (generate.Sequence, error) {
+	h, err := s.hostState()
+	if err != nil {
+		return nil, err
+	}
+	return s.m.restoreDevice(h)
+}
+
+// hostState reads the session's state back into a host Session of its
+// model (what a CPU session at the same position would hold).
+func (s *DeviceSession) hostState() (*Session, error) {
+	if s.failed != nil {
+		return nil, s.failed
+	}
+	h := s.m.blankState()
+	h.pos = s.pos
+	if err := s.d.dev.Do(func(c *cuda.Ctx) error { return transferState(c, s.m.Cfg, s.layers, h, false) }); err != nil {
+		return nil, fmt.Errorf("dsv4: reading the device session's state: %w", err)
+	}
+	return h, nil
+}
+
+var (
+	_ generate.Saver  = (*DeviceSession)(nil)
+	_ generate.Cloner = (*DeviceSession)(nil)
+)
 
 // restoreDevice returns a new device session holding h's state (h from
 // readState).

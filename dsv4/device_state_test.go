@@ -224,8 +224,9 @@ func TestRowRuns(t *testing.T) {
 // TestDeviceSaveRestore (GPU): a state saved by a CPU session continues on
 // the device, one saved by a device session (after captured decode steps)
 // continues on the CPU, both within the device-vs-CPU tolerance, and a
-// device session restored from a device session's state continues with its
-// bits; both loads of the weights give one SequenceID.
+// device session restored from a device session's state, or cloned from it
+// (CloneSequence), continues with its bits; both loads of the weights give
+// one SequenceID.
 func TestDeviceSaveRestore(t *testing.T) {
 	md, mc := tinyPair(t, Options{DeviceContext: 320})
 	V := mc.Cfg.VocabSize
@@ -297,9 +298,22 @@ func TestDeviceSaveRestore(t *testing.T) {
 	}
 	state := save(ds)
 	compareDevice(t, "device state continued on the CPU", cont(restore(mc, state)), want, V, 1e-4)
+	// A clone (generate.Cloner: Options.Snapshot's copy) continues with the
+	// original's bits, and continuing it first leaves the original as it was.
+	clone, err := ds.CloneSequence()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { clone.Close() })
+	if clone.Len() != len(head) {
+		t.Fatalf("clone at %d, want %d", clone.Len(), len(head))
+	}
 	again := restore(md, state)
+	fromClone := cont(clone)
 	if got, wantDev := cont(again), cont(ds); !slices.Equal(got, wantDev) {
 		t.Errorf("a device session restored from a device session's state continues with other bits (max rel %.3g)", maxRel(got, wantDev))
+	} else if !slices.Equal(fromClone, wantDev) {
+		t.Errorf("a clone of a device session continues with other bits (max rel %.3g)", maxRel(fromClone, wantDev))
 	}
 	// A state longer than the device session's context limit (320).
 	big := mc.NewSession()

@@ -23,7 +23,7 @@ type Sequence interface {
 }
 
 // Cloner is implemented by sequences that can copy their state (the CPU
-// session; a GPU session would need a second copy of its device memory).
+// session; the GPU session, into a second session's device memory).
 // Generate uses it for Options.Snapshot.
 type Cloner interface {
 	// CloneSequence returns an independent sequence in the same state:

@@ -340,16 +340,9 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 				chunks = append(chunks, T)
 			}
 		}
-		err := d.dev.Do(func(cc *cuda.Ctx) error {
-			var err error
-			free, _, err = cc.MemInfo()
-			return err
-		})
-		if err != nil {
+		var err error
+		if free, err = m.sessionMemory(); err != nil {
 			return nil, err
-		}
-		if d.budget > 0 { // what --gpu-mem leaves beside the weights
-			free = min(free, uint64(max(d.budget-int64(d.bytes), 0)))
 		}
 	}
 	for i, T := range chunks {
@@ -363,6 +356,49 @@ func (m *Model) NewDeviceSession() (*DeviceSession, error) {
 		return s.open(pl, size)
 	}
 	return nil, fmt.Errorf("dsv4: no prefill chunk to try (context %d)", d.maxCtx)
+}
+
+// sessionMemory is the GPU memory free for sessions' state: what the
+// device has free, and no more than --gpu-mem leaves beside the weights.
+func (m *Model) sessionMemory() (uint64, error) {
+	d := m.dev
+	var free uint64
+	err := d.dev.Do(func(cc *cuda.Ctx) error {
+		var err error
+		free, _, err = cc.MemInfo()
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	if d.budget > 0 {
+		free = min(free, uint64(max(d.budget-int64(d.bytes), 0)))
+	}
+	return free, nil
+}
+
+// snapshotSession opens a device session for a copy of another's state
+// (CloneSequence) with the smallest prefill chunk (DefaultMaxChunk, or the
+// model's own when smaller), and only where that leaves sessionMargin of
+// GPU memory free: a snapshot must not take the memory the next prompt's
+// session needs.
+func (m *Model) snapshotSession() (*DeviceSession, error) {
+	T := min(DefaultMaxChunk, m.dev.maxCtx)
+	if !m.autoChunk {
+		T = min(T, m.maxChunk)
+	}
+	s, pl, size, err := m.planDeviceSession(T)
+	if err != nil {
+		return nil, err
+	}
+	free, err := m.sessionMemory()
+	if err != nil {
+		return nil, err
+	}
+	if uint64(size)+sessionMargin > free {
+		return nil, fmt.Errorf("dsv4: no GPU memory for a snapshot session: it needs %d bytes and %d to spare, %d free", size, sessionMargin, free)
+	}
+	return s.open(pl, size)
 }
 
 // autoDeviceChunks are the prefill chunks NewDeviceSession tries, largest

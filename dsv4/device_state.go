@@ -27,15 +27,23 @@ func (s *DeviceSession) SaveSequence(w io.Writer) error {
 // CloneSequence implements generate.Cloner (the snapshot a thinking chat's
 // next turn continues from): a new device session holding this one's
 // state, copied through host memory as SaveSequence and RestoreSequence
-// copy it, without the file. The copy costs a second session's device
-// memory; when it fails (say, for want of that memory) s is unchanged and
-// the caller goes without the snapshot.
+// copy it, without the file. The copy is a second session with the
+// smallest prefill chunk (snapshotSession), opened only where it leaves a
+// margin of GPU memory free; when it fails, s is unchanged and the caller
+// goes without the snapshot.
 func (s *DeviceSession) CloneSequence() (generate.Sequence, error) {
 	h, err := s.hostState()
 	if err != nil {
 		return nil, err
 	}
-	return s.m.restoreDevice(h)
+	c, err := s.m.snapshotSession()
+	if err != nil {
+		return nil, err
+	}
+	if err := s.m.fillDevice(c, h); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // hostState reads the session's state back into a host Session of its
@@ -64,16 +72,25 @@ func (m *Model) restoreDevice(h *Session) (generate.Sequence, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := m.fillDevice(s, h); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// fillDevice uploads h's state into s, a new device session of m; on error
+// s is closed.
+func (m *Model) fillDevice(s *DeviceSession, h *Session) error {
 	if h.pos > s.limit {
 		_ = s.Close()
-		return nil, fmt.Errorf("dsv4: the saved sequence holds %d tokens, more than the device session's context limit of %d (--ctx)", h.pos, s.limit)
+		return fmt.Errorf("dsv4: the saved sequence holds %d tokens, more than the device session's context limit of %d (--ctx)", h.pos, s.limit)
 	}
 	if err := m.dev.dev.Do(func(c *cuda.Ctx) error { return transferState(c, m.Cfg, s.layers, h, true) }); err != nil {
 		_ = s.Close()
-		return nil, fmt.Errorf("dsv4: uploading a saved sequence: %w", err)
+		return fmt.Errorf("dsv4: uploading a saved sequence: %w", err)
 	}
 	s.pos = h.pos
-	return s, nil
+	return nil
 }
 
 // floatCopier is the two copies transferState makes (*cuda.Ctx's, after

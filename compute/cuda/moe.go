@@ -255,6 +255,14 @@ const (
 	// (session 14: both stages in a PDL graph, V4-Flash shapes, per-launch
 	// weights beyond L2) the pair took 41.9 us against MoELeanX's 44.7.
 	MoELeanXW
+	// MoELeanXWR: MoELeanXW whose stage 1 (moe1lxr) loads each routed
+	// warp's first scale words into registers before it stages x and
+	// stores them after, so that the two latencies overlap (in the
+	// knock-out microbenchmark, session 14, stage 1 without its scale
+	// staging took 24.5 us against 27.0; loading the scales beside every
+	// chunk's weights instead, leanxws, was slower: 30.0). Not yet
+	// measured on a GPU.
+	MoELeanXWR
 	moeVariantCount
 )
 
@@ -285,6 +293,7 @@ var moeVariants = [moeVariantCount]struct {
 	early   bool
 	early2  bool // lean stage 2 that waits inside (moe2le)
 	ew      bool // lean stage 2 with its first weights before the wait (moe2lw)
+	sr      bool // lean stage 1 with its scale loads overlapping its x staging (moe1lxr)
 	split   int  // lean stage 2 split over this many blocks a row group (moe2s), of nw warps
 	nw      int
 }{
@@ -315,6 +324,7 @@ var moeVariants = [moeVariantCount]struct {
 	MoELeanXW8G4:  {name: "leanxw8g4", u1: 1, uf1: 1, u2: 4, uf2: 4, b: 7, b2: 2, lean: true, early: true, split: 1, nw: 8},
 	MoELeanXW8G2:  {name: "leanxw8g2", u1: 1, uf1: 1, u2: 2, uf2: 2, b: 7, b2: 2, lean: true, early: true, split: 1, nw: 8},
 	MoELeanXW:     {name: "leanxw", u1: 1, uf1: 1, u2: 1, uf2: 1, b: 7, b2: 2, lean: true, early: true, ew: true},
+	MoELeanXWR:    {name: "leanxwr", u1: 1, uf1: 1, u2: 1, uf2: 1, b: 7, b2: 2, lean: true, early: true, ew: true, sr: true},
 }
 
 func (v MoEVariant) String() string {
@@ -340,7 +350,7 @@ const MoEPreferred = MoELeanXW
 
 // ParseMoEVariant returns the variant named s (its String form: u8, occ3,
 // u8cvt, persist, persistpf, wide, wide1, widepf, widep, wide3, wide1s,
-// wide1ss, wide1a, wide1p, lean, leanpf, leanx, leanx2, leanx2p, leanxg2, leanx1g2, leanx1g4, leanx1g2g2, leanxe, leanxw8g4, leanxw8g2, leanxw; "" is MoEPreferred), e.g. from an environment
+// wide1ss, wide1a, wide1p, lean, leanpf, leanx, leanx2, leanx2p, leanxg2, leanx1g2, leanx1g4, leanx1g2g2, leanxe, leanxw8g4, leanxw8g2, leanxw, leanxwr; "" is MoEPreferred), e.g. from an environment
 // variable.
 func ParseMoEVariant(s string) (MoEVariant, error) {
 	if s == "" {
@@ -377,6 +387,8 @@ func moeKernelNames(v MoEVariant) (string, string) {
 			s1, s2 = "moe1lp", "moe2lp"
 		case p.early && p.u1 > 1:
 			s1 = fmt.Sprintf("moe1lx_g%d", p.u1)
+		case p.early && p.sr:
+			s1 = "moe1lxr"
 		case p.early:
 			s1 = "moe1lx"
 		}

@@ -733,7 +733,7 @@ int main() {
                     {"leanxg2", moe1lx_d0_b7, moe2l_g2_f2_d0_b1, 1, 512}, {"leanx1g2", moe1lx_g2_d0_b4, moe2l_g1_f1_d0_b2, 1, 512},
                     {"leanx1g4", moe1lx_g4_d0_b2, moe2l_g1_f1_d0_b2, 1, 512}, {"leanxe", moe1lx_d0_b7, moe2le_g1_f1_d0_b2, 1, 512},
                     {"leanxw8g4", moe1lx_d0_b7, moe2s_g4_f4_d0_w8_s1_b2, 1, 256}, {"leanxw8g2", moe1lx_d0_b7, moe2s_g2_f2_d0_w8_s1_b2, 1, 256},
-                    {"leanxw", moe1lx_d0_b7, moe2lw_g1_f1_d0_b2, 1, 512}};
+                    {"leanxw", moe1lx_d0_b7, moe2lw_g1_f1_d0_b2, 1, 512}, {"leanxwr", moe1lxr_d0_b7, moe2lw_g1_f1_d0_b2, 1, 512}};
     // A split stage 2's partials (3·D) and tickets (D/16), zero to start.
     std::vector<float> part(3 * D + D / 16, 0.f);
     a.part = part.data();

@@ -1437,6 +1437,27 @@ struct Lean1Fp4 {
   }
 };
 
+// lean_stage_scales's item i (row g = i & 7 of group q0 + (i >> 3)): its
+// four scale words (w1 row g, g+8, w3 row g, g+8), and their transposed
+// store.
+__device__ __forceinline__ void lean_scales_load(const u8 *S1, const u8 *S3, int r0, int sb, int q0, int i, u32 (&w)[4]) {
+  const int g = i & 7, q = q0 + (i >> 3);
+  w[0] = __ldg(reinterpret_cast<const u32 *>(S1 + (r0 + g) * sb) + q);
+  w[1] = __ldg(reinterpret_cast<const u32 *>(S1 + (r0 + g + 8) * sb) + q);
+  w[2] = __ldg(reinterpret_cast<const u32 *>(S3 + (r0 + g) * sb) + q);
+  w[3] = __ldg(reinterpret_cast<const u32 *>(S3 + (r0 + g + 8) * sb) + q);
+}
+__device__ __forceinline__ void lean_scales_store(const u32 (&w)[4], int i, u32 *ssw) {
+  const int g = i & 7, qi = i >> 3, x = qi & 3;
+  const u32 lo01 = __byte_perm(w[0], w[1], 0x5140), hi01 = __byte_perm(w[0], w[1], 0x7362);
+  const u32 lo23 = __byte_perm(w[2], w[3], 0x5140), hi23 = __byte_perm(w[2], w[3], 0x7362);
+  u32 *d = ssw + 32 * qi + g;
+  d[(0 ^ x) << 3] = __byte_perm(lo01, lo23, 0x5410);
+  d[(1 ^ x) << 3] = __byte_perm(lo01, lo23, 0x7632);
+  d[(2 ^ x) << 3] = __byte_perm(hi01, hi23, 0x5410);
+  d[(3 ^ x) << 3] = __byte_perm(hi01, hi23, 0x7632);
+}
+
 // One warp: the E8M0 scales of groups [q0, q0 + n) of a routed stage-1
 // tile (rows r0..r0+15 of S1 and S3, sb bytes a row) into ssw (32 words a
 // group), transposed as stage_scales_t does: group q0 + i's word that lane
@@ -1446,20 +1467,38 @@ __device__ __forceinline__ void lean_stage_scales(const u8 *S1, const u8 *S3, in
   const int lane = threadIdx.x & 31;
 #pragma unroll 2
   for (int i = lane; i < 8 * n; i += 32) {
-    const int g = i & 7, qi = i >> 3, q = q0 + qi;
-    const u32 w0 = __ldg(reinterpret_cast<const u32 *>(S1 + (r0 + g) * sb) + q);
-    const u32 w1 = __ldg(reinterpret_cast<const u32 *>(S1 + (r0 + g + 8) * sb) + q);
-    const u32 w2 = __ldg(reinterpret_cast<const u32 *>(S3 + (r0 + g) * sb) + q);
-    const u32 w3 = __ldg(reinterpret_cast<const u32 *>(S3 + (r0 + g + 8) * sb) + q);
-    const u32 lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
-    const u32 lo23 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
-    u32 *d = ssw + 32 * qi + g;
-    const int x = qi & 3;
-    d[(0 ^ x) << 3] = __byte_perm(lo01, lo23, 0x5410);
-    d[(1 ^ x) << 3] = __byte_perm(lo01, lo23, 0x7632);
-    d[(2 ^ x) << 3] = __byte_perm(hi01, hi23, 0x5410);
-    d[(3 ^ x) << 3] = __byte_perm(hi01, hi23, 0x7632);
+    u32 w[4];
+    lean_scales_load(S1, S3, r0, sb, q0, i, w);
+    lean_scales_store(w, i, ssw);
   }
+}
+
+// lean_stage_scales and lean_stage_x (routed layout) for a warp's groups
+// [q0, q0 + n): with SR the first 64 items' scale words are loaded into
+// registers before x is staged and stored after, so that their memory
+// latency and x's overlap (without, the warp waits for the scales, then
+// for x).
+template <bool SR>
+__device__ __forceinline__ void lean_stage_routed(const float *__restrict__ x, u16 *xw, int W, const u8 *S1, const u8 *S3, int r0, int sb, int q0,
+                                                  int n, u32 *ssw) {
+  if (!SR) {
+    lean_stage_scales(S1, S3, r0, sb, q0, n, ssw);
+    lean_stage_x(x, xw, q0 * 128, n * 128, W, true);
+    return;
+  }
+  const int lane = threadIdx.x & 31, m = 8 * n;
+  u32 wa[4], wb[4];
+  if (lane < m) lean_scales_load(S1, S3, r0, sb, q0, lane, wa);
+  if (lane + 32 < m) lean_scales_load(S1, S3, r0, sb, q0, lane + 32, wb);
+  lean_stage_x(x, xw, q0 * 128, n * 128, W, true);
+  if (lane < m) lean_scales_store(wa, lane, ssw);
+  if (lane + 32 < m) lean_scales_store(wb, lane + 32, ssw);
+  for (int i = lane + 64; i < m; i += 32) {
+    u32 w[4];
+    lean_scales_load(S1, S3, r0, sb, q0, i, w);
+    lean_scales_store(w, i, ssw);
+  }
+  __syncwarp();
 }
 
 // A lean chunk of UF FP8 spans (64 columns each) of NM matrices' 16-row
@@ -1527,7 +1566,7 @@ struct LeanFp8 {
 // beyond the first 256-byte fetch of each row), so its whole range is in
 // flight at once. (The shared tiles' rows were asked for before the PDL
 // wait: moe1_pf.)
-template <int DEC, bool PFR, int NG = 1>
+template <int DEC, bool PFR, int NG = 1, bool SR = false>
 __device__ __forceinline__ void moe_stage1l(const MoeArgs &a) {
   extern __shared__ uint4 moe_smem[];
   __shared__ float red[LEAN1_WARPS][8][4];
@@ -1592,10 +1631,7 @@ __device__ __forceinline__ void moe_stage1l(const MoeArgs &a) {
           for (int i = lane; i < 32 * lines; i += 32)
             moe_prefetch(((i >> 4) & 1 ? W3 : W1) + (r0 + (i & 15)) * rb + q0 * 64 + (i >> 5) * 128);
         }
-        if (q0 < end) {
-          lean_stage_scales(S1, S3, r0, a.D >> 5, q0, end - q0, ssw);
-          lean_stage_x(a.x, xw, q0 * 128, (end - q0) * 128, W, true);
-        }
+        if (q0 < end) lean_stage_routed<SR>(a.x, xw, W, S1, S3, r0, a.D >> 5, q0, end - q0, ssw);
       });
   quad_sum<2>(acc);
   stage1_finish<DEC>(a, false, valid, k, r0, acc, red);
@@ -1686,18 +1722,11 @@ __device__ __forceinline__ void hc_epi_finish(const HcEpi &h, int D, int r0, con
   }
 }
 
-// Walks the chunks [q, end) of a warp (step units each) with two in flight,
-// A in ring slot 0 and B in slot 1: ld(ch, q, slot) issues chunk q's weight
-// loads and its B copies (cp.async) into the slot, one commit group a chunk
-// (empty ones too, so that wait_group 1 always means "all but the newest");
-// cp(ch, q, slot) uses them once the warp's copies have landed.
+// The ring walks' steady part: chunks q (A, slot 0) and q + step (B, slot
+// 1) are issued, one commit group each; ld(ch, q, slot) issues a chunk's
+// loads and copies.
 template <typename Chunk, typename Ld, typename Cp>
-__device__ __forceinline__ void lean_ring_walk(int q, int end, int step, Ld ld, Cp cp) {
-  Chunk A, B;
-  if (q < end) ld(A, q, 0);
-  cp_async_commit();
-  if (q + step < end) ld(B, q + step, 1);
-  cp_async_commit();
+__device__ __forceinline__ void lean_ring_steady(Chunk &A, Chunk &B, int q, int end, int step, Ld ld, Cp cp) {
   while (q < end) {
     cp_async_wait1();
     __syncwarp();
@@ -1717,6 +1746,21 @@ __device__ __forceinline__ void lean_ring_walk(int q, int end, int step, Ld ld, 
   }
 }
 
+// Walks the chunks [q, end) of a warp (step units each) with two in flight,
+// A in ring slot 0 and B in slot 1: ld(ch, q, slot) issues chunk q's weight
+// loads and its B copies (cp.async) into the slot, one commit group a chunk
+// (empty ones too, so that wait_group 1 always means "all but the newest");
+// cp(ch, q, slot) uses them once the warp's copies have landed.
+template <typename Chunk, typename Ld, typename Cp>
+__device__ __forceinline__ void lean_ring_walk(int q, int end, int step, Ld ld, Cp cp) {
+  Chunk A, B;
+  if (q < end) ld(A, q, 0);
+  cp_async_commit();
+  if (q + step < end) ld(B, q + step, 1);
+  cp_async_commit();
+  lean_ring_steady(A, B, q, end, step, ld, cp);
+}
+
 // lean_ring_walk for a walk whose first two chunks' weights are asked for
 // before the kernel waits for the one before it: ld(ch, q, slot, part)
 // issues chunk q's weight loads (part & 1) and its B copies (part & 2);
@@ -1733,23 +1777,7 @@ __device__ __forceinline__ void lean_ring_walk_early(int q, int end, int step, L
   cp_async_commit();
   if (q + step < end) ld(B, q + step, 1, 2);
   cp_async_commit();
-  while (q < end) {
-    cp_async_wait1();
-    __syncwarp();
-    cp(A, q, 0);
-    __syncwarp();
-    if (q + 2 * step < end) ld(A, q + 2 * step, 0, 3);
-    cp_async_commit();
-    if (q + step < end) {
-      cp_async_wait1();
-      __syncwarp();
-      cp(B, q + step, 1);
-      __syncwarp();
-      if (q + 3 * step < end) ld(B, q + 3 * step, 1, 3);
-      cp_async_commit();
-    }
-    q += 2 * step;
-  }
+  lean_ring_steady(A, B, q, end, step, [&](Chunk &c, int u, int slot) { ld(c, u, slot, 3); }, cp);
 }
 
 // Stage 2's routed chunk: G units (128-column groups of any expert slots)
@@ -1996,6 +2024,12 @@ __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
 // tiles wait (they read the ids).
 #define MOE1LX(DEC, B) \
   extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1lx_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_UNLESS((int)blockIdx.x < (a.Is >> 4)); moe_stage1l<DEC, false>(a); }
+
+// moe1lxr_d<DEC>_b<B>: moe1lx whose routed warps load their first scale
+// words into registers before they stage x, and store them after
+// (moe_stage1l's SR: lean_stage_routed).
+#define MOE1LXR(DEC, B) \
+  extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1lxr_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_UNLESS((int)blockIdx.x < (a.Is >> 4)); moe_stage1l<DEC, false, 1, true>(a); }
 
 // moe1lx_g<NG>_d<DEC>_b<B>: moe1lx with NG routed groups (and NG FP8
 // spans) a chunk: two chunks, 128·NG bytes a lane, in flight.
@@ -2271,6 +2305,7 @@ MOE1WP(1, 1, 0, 2)
 // the default until session 14, among them).
 MOE1L(0, 7) MOE2LP(1, 1, 0, 2) MOE2L(2, 2, 0, 1) MOE2LP(2, 2, 0, 1)
 MOE2L(1, 1, 0, 2) MOE2LH(1, 1, 0, 2)
+MOE1LXR(0, 7)
 MOE2LE(1, 1, 0, 2)
 MOE2S(2, 2, 0, 4, 3, 6)
 // Not split (SP 1): 8-warp blocks, one a row group, each warp 16 units at

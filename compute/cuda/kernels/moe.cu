@@ -1762,11 +1762,11 @@ __device__ __forceinline__ void lean_ring_walk(int q, int end, int step, Ld ld, 
 }
 
 // lean_ring_walk for a walk whose first two chunks' weights are asked for
-// before the kernel waits for the one before it: ld(ch, q, slot, part)
-// issues chunk q's weight loads (part & 1) and its B copies (part & 2);
+// before the kernel waits for the one before it: ld(ch, q, slot, what)
+// issues chunk q's weight loads (what & 1) and its B copies (what & 2);
 // the first two chunks' weights go out, then wait() (the PDL wait, and
 // whatever must follow it), then their B copies, one commit group each,
-// then the walk goes on as lean_ring_walk's (ld with part 3).
+// then the walk goes on as lean_ring_walk's (ld with what 3).
 template <typename Chunk, typename Ld, typename Cp, typename Wait>
 __device__ __forceinline__ void lean_ring_walk_early(int q, int end, int step, Ld ld, Cp cp, Wait wait) {
   Chunk A, B;
@@ -1856,27 +1856,27 @@ __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
   if (u0 < R) {
     const int uend = min(u1, R);
     using Ch = Lean2Fp4<G>;
-    // part & 1: the units' weights and scales (zeros for an expert outside
-    // the table); part & 2: their h (lane L copies 16 bytes: hi (L < 16) or
+    // what & 1: the units' weights and scales (zeros for an expert outside
+    // the table); what & 2: their h (lane L copies 16 bytes: hi (L < 16) or
     // lo, columns 128q + 8(L & 15)).
-    auto ld = [&](Ch &c, int u, int slot, int part) {
+    auto ld = [&](Ch &c, int u, int slot, int what) {
 #pragma unroll
       for (int i = 0; i < G; i++) {
         const int ui = u + i, k = (int)__umulhi(2u * ui, gmul), q = ui - k * gpe;
         const u8 *Wk = ui < uend ? recW[k] : nullptr;
         if (Wk) {
           const u8 *Sk = recS[k];
-          if (part & 1)
+          if (what & 1)
 #pragma unroll
             for (int r = 0; r < 2; r++) {
               c.w[i][r] = ldw(reinterpret_cast<const uint4 *>(Wk + (r0 + g + 8 * r) * rb) + 4 * q + t);
               c.sc[i][r] = __ldg(Sk + (r0 + g + 8 * r) * sb + 4 * q + t);
             }
-          if (part & 2) {
+          if (what & 2) {
             const u16 *src = a.h + (long long)k * 2 * a.I + (lane >> 4) * a.I + 128 * q + 8 * (lane & 15);
             cp_async16(slots + (slot * G + i) * 256 + (lane >> 4) * 128 + 8 * (lane & 15), src);
           }
-        } else if (part & 1) {
+        } else if (what & 1) {
 #pragma unroll
           for (int r = 0; r < 2; r++) {
             c.w[i][r] = make_uint4(0u, 0u, 0u, 0u);

@@ -197,6 +197,10 @@ type DeviceSession struct {
 	// (Ctx.AttentionDecode, partials in attnScratch); MOXIE_CUDA_ATTNDEC=off
 	// keeps AttentionRing.
 	attnDec bool
+	// attnDecV: the decode attention's tiling and key splits
+	// ($MOXIE_CUDA_ATTNDECV, "NAME[:SPLITS]", cuda.ParseAttnDecChoice;
+	// unset: the default), for A/B measurements.
+	attnDecV cuda.AttnDecChoice
 	// invRoPE: with attnDec, the combine kernel applies the inverse RoPE
 	// of the output as it writes it (Ctx.AttentionDecodeInvRoPE) instead of
 	// a separate rope launch; MOXIE_CUDA_INVROPE=off keeps the launch.
@@ -497,6 +501,12 @@ func (m *Model) planDeviceSession(T int) (*DeviceSession, *allocPlan, int, error
 	var err error
 	if s.moeVar, s.moeOn, err = moeVariantFromEnv(); err != nil {
 		return nil, nil, 0, err
+	}
+	if s.attnDecV, err = cuda.ParseAttnDecChoice(os.Getenv("MOXIE_CUDA_ATTNDECV")); err != nil {
+		return nil, nil, 0, fmt.Errorf("dsv4: MOXIE_CUDA_ATTNDECV: %w", err)
+	}
+	if s.attnDec && !s.attnDecV.Fits(c.NHeads, c.HeadDim) {
+		return nil, nil, 0, fmt.Errorf("dsv4: MOXIE_CUDA_ATTNDECV=%q does not take %d heads of width %d", os.Getenv("MOXIE_CUDA_ATTNDECV"), c.NHeads, c.HeadDim)
 	}
 	if s.pf, err = prefetchFromEnv(); err != nil {
 		return nil, nil, 0, err
@@ -1757,7 +1767,7 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 				}
 			case fold:
 				attn = func(c *cuda.Ctx, p cuda.AttnParams, st cuda.Stream) error {
-					return c.AttentionDecodeInvRoPE(p, freq, nf, s.attnScratch, st)
+					return c.AttentionDecodeInvRoPEWith(p, freq, nf, s.attnScratch, s.attnDecV, st)
 				}
 			case T == 1 && s.attnDec:
 				attn = func(c *cuda.Ctx, p cuda.AttnParams, st cuda.Stream) error {

@@ -4,6 +4,8 @@ import (
 	_ "embed"
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 	"structs"
 	"unsafe"
 )
@@ -42,6 +44,10 @@ var attnDecVariants = []attnDecVariant{
 
 // attnDecMaxSplits is AD_MAXS in kernels/attndec.cu.
 const attnDecMaxSplits = 1024
+
+// attnDecScratchSplits bounds the splits of every tiling and choice, so that
+// AttentionDecodeScratchBytes covers them all.
+const attnDecScratchSplits = 64
 
 // attnDecThreads is AD_NT (and AD_NW warps) in kernels/attndec.cu.
 const (
@@ -222,6 +228,81 @@ func (c *Ctx) AttentionDecodeNormQ(p AttnParams, eps float32, freq DevicePtr, nf
 	}
 	r.qprep, r.qeps = attnDecQNorm|attnDecQRoPE, eps
 	return c.attentionDecodeVR(p, scratch, attnDecVariants[0], r, s)
+}
+
+// AttnDecChoice names a tiling of decode attention's partial kernel (one
+// of attnDecVariants: "g8k16", "g16k16", "g8k32", "g4k32", "g8k16db") and
+// its most key splits per query (1..64; 0 keeps the tiling's own). The zero
+// value is AttentionDecode's default. Every choice computes the same
+// attention; the splits change only the order of the combine's sums.
+type AttnDecChoice struct {
+	Variant   string
+	MaxSplits int
+}
+
+// ParseAttnDecChoice reads "NAME" or "NAME:SPLITS" (e.g. "g8k16db:16"); ""
+// is the default choice.
+func ParseAttnDecChoice(v string) (AttnDecChoice, error) {
+	if v == "" {
+		return AttnDecChoice{}, nil
+	}
+	name, sp, hasSplits := strings.Cut(v, ":")
+	if _, ok := attnDecFind(name); !ok {
+		names := make([]string, len(attnDecVariants))
+		for i, x := range attnDecVariants {
+			names[i] = x.Name
+		}
+		return AttnDecChoice{}, fmt.Errorf("cuda attndec: unknown tiling %q (want one of %s, optionally :SPLITS)", name, strings.Join(names, ", "))
+	}
+	ch := AttnDecChoice{Variant: name}
+	if hasSplits {
+		n, err := strconv.Atoi(sp)
+		if err != nil || n < 1 || n > attnDecScratchSplits {
+			return AttnDecChoice{}, fmt.Errorf("cuda attndec: splits %q in %q, want an integer 1..%d", sp, v, attnDecScratchSplits)
+		}
+		ch.MaxSplits = n
+	}
+	return ch, nil
+}
+
+// variant resolves ch to its tiling with its splits.
+func (ch AttnDecChoice) variant() (attnDecVariant, error) {
+	if ch.Variant == "" {
+		return attnDecVariants[0], nil
+	}
+	v, ok := attnDecFind(ch.Variant)
+	if !ok {
+		return v, fmt.Errorf("cuda attndec: unknown tiling %q", ch.Variant)
+	}
+	if ch.MaxSplits != 0 {
+		if ch.MaxSplits < 0 || ch.MaxSplits > attnDecScratchSplits {
+			return v, fmt.Errorf("cuda attndec: %d splits, want 1..%d", ch.MaxSplits, attnDecScratchSplits)
+		}
+		v.MaxSplits = ch.MaxSplits
+	}
+	return v, nil
+}
+
+// Fits reports whether ch's tiling takes `heads` heads of width dim (as
+// DecodeAttentionFits does for the default).
+func (ch AttnDecChoice) Fits(heads, dim int) bool {
+	v, err := ch.variant()
+	return err == nil && v.fits(heads, dim)
+}
+
+// AttentionDecodeInvRoPEWith is AttentionDecodeInvRoPE with the partial
+// kernel's tiling and splits ch (the same contract; the scratch size of
+// AttentionDecodeScratchBytes covers every choice).
+func (c *Ctx) AttentionDecodeInvRoPEWith(p AttnParams, freq DevicePtr, nfreq int, scratch DevicePtr, ch AttnDecChoice, s Stream) error {
+	v, err := ch.variant()
+	if err != nil {
+		return err
+	}
+	r := attnDecRoPE{freq: freq, nf: nfreq}
+	if err := r.check(p.Dim, true); err != nil {
+		return err
+	}
+	return c.attentionDecodeVR(p, scratch, v, r, s)
 }
 
 // attentionDecode is AttentionDecode with the named partial-kernel variant.

@@ -43,8 +43,7 @@ func BenchmarkAttentionDecode(b *testing.B) {
 	variants := []attnDecVariant{}
 	for _, v := range attnDecVariants {
 		variants = append(variants, v)
-		if v.MaxSplits > 16 {
-			w := v
+		for w := v; w.MaxSplits > 4; { // halves down to 4 splits: fewer partials to combine, longer splits
 			w.MaxSplits /= 2
 			variants = append(variants, w)
 		}

@@ -598,3 +598,54 @@ func TestAttentionDecodeNormQRejects(t *testing.T) {
 		})
 	}
 }
+
+func TestParseAttnDecChoice(t *testing.T) {
+	cases := []struct {
+		in      string
+		want    AttnDecChoice
+		wantErr string
+	}{
+		{"", AttnDecChoice{}, ""},
+		{"g8k16", AttnDecChoice{Variant: "g8k16"}, ""},
+		{"g8k16db:16", AttnDecChoice{Variant: "g8k16db", MaxSplits: 16}, ""},
+		{"g16k16:64", AttnDecChoice{Variant: "g16k16", MaxSplits: 64}, ""},
+		{"g8k16:65", AttnDecChoice{}, "splits"},
+		{"g8k16:0", AttnDecChoice{}, "splits"},
+		{"g8k16:x", AttnDecChoice{}, "splits"},
+		{"g9k16", AttnDecChoice{}, "unknown tiling"},
+		{":8", AttnDecChoice{}, "unknown tiling"},
+	}
+	for _, c := range cases {
+		t.Run(c.in, func(t *testing.T) {
+			got, err := ParseAttnDecChoice(c.in)
+			if c.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+					t.Fatalf("ParseAttnDecChoice(%q) = %v, %v; want an error about %q", c.in, got, err, c.wantErr)
+				}
+				return
+			}
+			if err != nil || got != c.want {
+				t.Fatalf("ParseAttnDecChoice(%q) = %+v, %v; want %+v", c.in, got, err, c.want)
+			}
+		})
+	}
+	// Every choice's scratch fits AttentionDecodeScratchBytes, and fits
+	// follows the tiling's head grouping.
+	for _, v := range attnDecVariants {
+		for _, sp := range []int{1, 4, 16, 64} {
+			ch := AttnDecChoice{Variant: v.Name, MaxSplits: sp}
+			w, err := ch.variant()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, keys := range []int{1, 160, 640, 2176} {
+				if need, have := 4*w.splits(keys)*64*(512+2), AttentionDecodeScratchBytes(64, 512, 1, keys); need > have {
+					t.Errorf("%+v at %d keys needs %d scratch bytes, AttentionDecodeScratchBytes gives %d", ch, keys, need, have)
+				}
+			}
+		}
+		if got, want := (AttnDecChoice{Variant: v.Name}).Fits(8, 512), 8%v.G == 0; got != want {
+			t.Errorf("%s Fits(8 heads) = %v, want %v", v.Name, got, want)
+		}
+	}
+}

@@ -263,6 +263,14 @@ const (
 	// chunk's weights instead, leanxws, was slower: 30.0). Not yet
 	// measured on a GPU.
 	MoELeanXWR
+	// MoELeanXWH: MoELeanXW whose stage 1 (moe1lxh) splits each
+	// shared-expert tile into two column halves, one a block, so that a
+	// shared warp's range (FP8: twice a routed row's bytes a column) is as
+	// long as a routed warp's; the second half to arrive adds the two
+	// halves' sums (in half order: bitwise reproducible, though not
+	// MoELeanXW's bits, whose warps sum a quarter of the columns each).
+	// Scratch: h plus sh1HalfBytes (partials and tickets).
+	MoELeanXWH
 	moeVariantCount
 )
 
@@ -294,6 +302,7 @@ var moeVariants = [moeVariantCount]struct {
 	early2  bool // lean stage 2 that waits inside (moe2le)
 	ew      bool // lean stage 2 with its first weights before the wait (moe2lw)
 	sr      bool // lean stage 1 with its scale loads overlapping its x staging (moe1lxr)
+	sh2     bool // lean stage 1 with the shared tiles in column halves (moe1lxh)
 	split   int  // lean stage 2 split over this many blocks a row group (moe2s), of nw warps
 	nw      int
 }{
@@ -325,6 +334,7 @@ var moeVariants = [moeVariantCount]struct {
 	MoELeanXW8G2:  {name: "leanxw8g2", u1: 1, uf1: 1, u2: 2, uf2: 2, b: 7, b2: 2, lean: true, early: true, split: 1, nw: 8},
 	MoELeanXW:     {name: "leanxw", u1: 1, uf1: 1, u2: 1, uf2: 1, b: 7, b2: 2, lean: true, early: true, ew: true},
 	MoELeanXWR:    {name: "leanxwr", u1: 1, uf1: 1, u2: 1, uf2: 1, b: 7, b2: 2, lean: true, early: true, ew: true, sr: true},
+	MoELeanXWH:    {name: "leanxwh", u1: 1, uf1: 1, u2: 1, uf2: 1, b: 7, b2: 2, lean: true, early: true, ew: true, sh2: true},
 }
 
 func (v MoEVariant) String() string {
@@ -389,6 +399,8 @@ func moeKernelNames(v MoEVariant) (string, string) {
 			s1 = fmt.Sprintf("moe1lx_g%d", p.u1)
 		case p.early && p.sr:
 			s1 = "moe1lxr"
+		case p.early && p.sh2:
+			s1 = "moe1lxh"
 		case p.early:
 			s1 = "moe1lx"
 		}
@@ -496,6 +508,12 @@ const moeSplitMax = 3
 // moeSplitBytes is a split stage 2's scratch beyond h, bytes: sp·D float32
 // partial sums, then D/16 uint32 tickets.
 func moeSplitBytes(sp, D int) int { return 4*sp*D + 4*(D/16) }
+
+// sh1HalfBytes is the scratch beyond h of a stage 1 with the shared tiles in
+// column halves (MoELeanXWH), bytes: 32 float32 sums a half (16 rows of w1,
+// then of w3), two halves a 16-row tile of the shared expert's is rows,
+// then a uint32 ticket a tile (kernels/moe.cu stage1_finish_half).
+func sh1HalfBytes(is int) int { return 4*64*(is/16) + 4*(is/16) }
 
 // MoEDecode is a prepared fused MoE decode step for one token: the routed
 // experts of an ExpertTable selected on the device (ids), SwiGLU with the
@@ -619,7 +637,11 @@ func moeAligned(t *ExpertTable, sh *SharedExpert) error {
 // one allocation, for any variant: h, and for a split stage 2 (MoELeanX2,
 // MoELeanX2P) its partial sums and tickets.
 func MoEDecodeScratch(t *ExpertTable, K int, sh *SharedExpert) int {
-	return moeHBytes(t, K, sh) + moeSplitBytes(moeSplitMax, t.Dim)
+	is := 0
+	if sh != nil && sh.W1 != nil {
+		is = sh.W1.Rows
+	}
+	return moeHBytes(t, K, sh) + max(moeSplitBytes(moeSplitMax, t.Dim), sh1HalfBytes(is))
 }
 
 // moeHBytes is h's bytes: K routed rows of I and the shared row of Is,
@@ -674,6 +696,10 @@ func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert
 	if split > 1 { // a partial sum a block, then tickets (split 1: moe2s's body, one block a row group)
 		m.hBytes += moeSplitBytes(split, t.Dim)
 	}
+	sh2 := moeVariants[v].sh2 && is > 0
+	if sh2 {
+		m.hBytes += sh1HalfBytes(is)
+	}
 	refs := []kernelRef{{n1, &m.k1}, {n2, &m.k2}}
 	if nh := moeHCKernelName(v); nh != "" {
 		refs = append(refs, kernelRef{nh, &m.kh})
@@ -697,6 +723,16 @@ func (c *Ctx) PrepareMoEDecode(a *Arena, t *ExpertTable, K int, sh *SharedExpert
 	}
 	tiles := is/16 + K*I/16
 	m.grid1 = Dim3{X: uint32(tiles)}
+	if sh2 {
+		m.grid1.X += uint32(is / 16) // each shared tile in two blocks
+		hb := moeHBytes(t, K, sh)
+		m.args.Part = uint64(m.h) + uint64(hb)
+		// The tickets start at zero; the kernel leaves them so.
+		if err := c.CopyToDevice(m.h+DevicePtr(hb), make([]byte, sh1HalfBytes(is))); err != nil {
+			_ = a.Free(m.h)
+			return nil, err
+		}
+	}
 	m.grid2 = Dim3{X: uint32(D / 16)}
 	if split > 1 {
 		m.grid2.X *= uint32(split)

@@ -727,21 +727,26 @@ int main() {
     if (Is > 0) { a.s1 = s1.W.data(); a.s3 = s3.W.data(); a.s2 = s2.W.data(); a.c1 = s1.S.data(); a.c3 = s3.S.data(); a.c2 = s2.S.data(); }
     a.E = E; a.K = K; a.D = D; a.I = I; a.Is = Is; a.bshift = bshift; a.limit = (float)c.limit;
     const unsigned grid1 = Is / 16 + K * I / 16;
-    struct V { const char *name; void (*k1)(MoeArgs); void (*k2)(MoeArgs); unsigned split, threads2; };
+    struct V { const char *name; void (*k1)(MoeArgs); void (*k2)(MoeArgs); unsigned split, threads2; bool sh2 = false; };
     const V vs[] = {{"lean", moe1l_d0_b7, moe2l_g1_f1_d0_b2, 1, 512}, {"leanpf", moe1lp_d0_b7, moe2lp_g1_f1_d0_b2, 1, 512}, {"leanx", moe1lx_d0_b7, moe2l_g1_f1_d0_b2, 1, 512},
                     {"leanx2", moe1lx_d0_b7, moe2s_g2_f2_d0_w4_s3_b6, 3, 128}, {"leanx2p", moe1lx_d0_b7, moe2sp_g2_f2_d0_w4_s3_b6, 3, 128},
                     {"leanxg2", moe1lx_d0_b7, moe2l_g2_f2_d0_b1, 1, 512}, {"leanx1g2", moe1lx_g2_d0_b4, moe2l_g1_f1_d0_b2, 1, 512},
                     {"leanx1g4", moe1lx_g4_d0_b2, moe2l_g1_f1_d0_b2, 1, 512}, {"leanxe", moe1lx_d0_b7, moe2le_g1_f1_d0_b2, 1, 512},
                     {"leanxw8g4", moe1lx_d0_b7, moe2s_g4_f4_d0_w8_s1_b2, 1, 256}, {"leanxw8g2", moe1lx_d0_b7, moe2s_g2_f2_d0_w8_s1_b2, 1, 256},
-                    {"leanxw", moe1lx_d0_b7, moe2lw_g1_f1_d0_b2, 1, 512}, {"leanxwr", moe1lxr_d0_b7, moe2lw_g1_f1_d0_b2, 1, 512}};
+                    {"leanxw", moe1lx_d0_b7, moe2lw_g1_f1_d0_b2, 1, 512}, {"leanxwr", moe1lxr_d0_b7, moe2lw_g1_f1_d0_b2, 1, 512},
+                    {"leanxwh", moe1lxh_d0_b7, moe2lw_g1_f1_d0_b2, 1, 512, true}};
     // A split stage 2's partials (3·D) and tickets (D/16), zero to start.
     std::vector<float> part(3 * D + D / 16, 0.f);
+    // leanxwh's shared halves' sums (64 a tile) and tickets (one a tile), zero to start.
+    std::vector<float> part2(65 * (Is / 16) + 1, 0.f);
     a.part = part.data();
     if (c.smem1 > (int)sizeof(g_smem_bytes)) { printf("FAIL case %d: stage 1 shared memory %d over the harness's buffer\n", ci, c.smem1); continue; }
     for (const V &v : vs) {
       std::fill(hbuf.begin(), hbuf.end(), 0xffff);
       std::fill(out.begin(), out.end(), NAN);
-      launch(v.k1, grid1, 128, a);
+      a.part = v.sh2 ? part2.data() : part.data();
+      const unsigned g1 = v.sh2 ? grid1 + Is / 16 : grid1;
+      launch(v.k1, g1, 128, a);
       launch(v.k2, v.split * (D / 16), v.threads2, a);
       double eh = 0;
       for (int k = 0; k < K + (Is > 0); k++) {
@@ -757,9 +762,14 @@ int main() {
       }
       const double eo = maxrel(out, outw);
       std::vector<float> first = out;
-      launch(v.k1, grid1, 128, a);
+      launch(v.k1, g1, 128, a);
       launch(v.k2, v.split * (D / 16), v.threads2, a);
       const bool same = memcmp(first.data(), out.data(), 4 * D) == 0;
+      for (int i = 0; v.sh2 && i < Is / 16; i++)
+        if (reinterpret_cast<const unsigned *>(part2.data() + 64 * (Is / 16))[i] != 0) {
+          printf("FAIL case %d %s: shared-half ticket %d left at %u\n", ci, v.name, i, reinterpret_cast<const unsigned *>(part2.data() + 64 * (Is / 16))[i]);
+          break;
+        }
       for (int i = 0; i < D / 16; i++)
         if (v.split > 1 && reinterpret_cast<const unsigned *>(part.data() + v.split * D)[i] != 0) {
           printf("FAIL case %d %s: ticket %d left at %u\n", ci, v.name, i, reinterpret_cast<const unsigned *>(part.data() + v.split * D)[i]);
@@ -771,13 +781,14 @@ int main() {
       // An id outside the table (first case): out all NaN.
       if (ci > 1) continue;
       ids[K - 1] = E;
-      launch(v.k1, grid1, 128, a);
+      launch(v.k1, g1, 128, a);
       launch(v.k2, v.split * (D / 16), v.threads2, a);
       int finite = 0;
       for (float o : out) finite += std::isfinite(o);
       if (finite) printf("FAIL case %d %s: id %d outside the table left %d finite outputs\n", ci, v.name, E, finite);
       ids[K - 1] = ((K - 1) * 7 + ci) % E;
     }
+    a.part = part.data();
     // leanxh: leanx with moe2lh, the stage 2 that begins the sublayer
     // boundary after it (HCEpilogue): out must be leanx's bits, x' HCExpand's
     // float32 operations on that out, and each tile's partials within

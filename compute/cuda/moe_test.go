@@ -449,6 +449,12 @@ func TestMoEShapes(t *testing.T) {
 				t.Errorf("variant %v: stage 2 threads %d, want %d", v, t2, 32*p.nw)
 			}
 		}
+		if p.sh2 {
+			need += 4*64*(2048/16) + 4*(2048/16) // the shared halves' sums and tickets
+			if p.split > 0 {
+				t.Errorf("variant %v: shared halves and a split stage 2 would share the partials' room", v)
+			}
+		}
 		if n := MoEDecodeScratch(good, 6, shared); n < need {
 			t.Errorf("variant %v needs %d bytes of scratch, MoEDecodeScratch gives %d", v, need, n)
 		}

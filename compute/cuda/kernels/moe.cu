@@ -103,7 +103,7 @@ struct MoeArgs {
   int E, K, D, I, Is;      // Is = 0: no shared expert
   int bshift;              // log2 of the shared expert's FP8 block edge
   float limit;             // routed clamp (0: none)
-  float *part;             // split stage 2 (moe2s): SP·D partial sums, then D/16 tickets (u32, zero between runs); else unused
+  float *part;             // split stage 2 (moe2s): SP·D partial sums, then D/16 tickets (u32, zero between runs); moe1lxh: the shared halves' sums and tickets (stage1_finish_half); else unused
   HcEpi hc;                // the boundary after the MoE, begun by stage 2 (moe2lh); hc.nm 0 elsewhere
 };
 static_assert(sizeof(MoeArgs) == 200, "MoeArgs must mirror moeArgs (200 bytes)");
@@ -1566,7 +1566,61 @@ struct LeanFp8 {
 // beyond the first 256-byte fetch of each row), so its whole range is in
 // flight at once. (The shared tiles' rows were asked for before the PDL
 // wait: moe1_pf.)
-template <int DEC, bool PFR, int NG = 1, bool SR = false>
+// stage1_finish_half: the end of one column half of a shared-expert tile
+// (moe_stage1l's SH2; tile r0/16, half hf): the half's warps' sums added
+// in warp order through red (as stage1_finish does), stored to a.part
+// (sh1HalfOffsets in moe.go: 32 floats a half, [tile][half][g or u][row]);
+// the second half of the tile to arrive (an atomic ticket a tile after the
+// partials, reset by that block, so runs and graph replays need no host
+// reset) adds half 0's sums and half 1's, in that order, and stores the
+// SwiGLU of the tile's 16 rows as stage1_finish does.
+template <int NW>
+__device__ __forceinline__ void stage1_finish_half(const MoeArgs &a, int r0, int hf, const float (&acc)[2][4], float (&red)[NW][8][4]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  if (t == 0) {
+#pragma unroll
+    for (int m = 0; m < 2; m++) {
+      red[warp][g][2 * m] = fmaf(acc[m][1], 1.f / 2048.f, acc[m][0]);
+      red[warp][g][2 * m + 1] = fmaf(acc[m][3], 1.f / 2048.f, acc[m][2]);
+    }
+  }
+  __syncthreads();
+  const int tile = r0 >> 4, tiles = a.Is >> 4;
+  float *mine = a.part + (long long)(2 * tile + hf) * 32;
+  __shared__ bool last;
+  if (threadIdx.x < 16) {
+    const int i = threadIdx.x, gi = i & 7, h8 = i >> 3;
+    float gv = 0.f, uv = 0.f;
+    for (int w = 0; w < NW; w++) {
+      gv += red[w][gi][h8];
+      uv += red[w][gi][2 + h8];
+    }
+    mine[i] = gv;
+    mine[16 + i] = uv;
+    __threadfence();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned *ticket = reinterpret_cast<unsigned *>(a.part + (long long)tiles * 64) + tile;
+    last = atomicAdd(ticket, 1u) == 1u;
+    if (last) atomicExch(ticket, 0u);  // both halves are in: ready for the next run
+  }
+  __syncthreads();
+  if (!last || threadIdx.x >= 16) return;
+  __threadfence();
+  const int i = threadIdx.x;
+  const float *p0 = a.part + (long long)(2 * tile) * 32, *p1 = p0 + 32;
+  const float gv = __ldcg(p0 + i) + __ldcg(p1 + i), uv = __ldcg(p0 + 16 + i) + __ldcg(p1 + 16 + i);
+  const float v = moe_swiglu(gv, uv, 0.f);
+  u16 *hrow = a.h + (long long)a.K * 2 * a.I;
+  hilo(v, hrow[r0 + i], hrow[a.Is + r0 + i]);
+}
+
+// SH2: the shared expert's tiles are split into two column halves, one a
+// block (blocks [0, Is/8): tile b/2, half b%2; stage1_finish_half), so that
+// a shared warp's range is as long as a routed warp's (FP8 rows are twice
+// the bytes of MXFP4 ones).
+template <int DEC, bool PFR, int NG = 1, bool SR = false, bool SH2 = false>
 __device__ __forceinline__ void moe_stage1l(const MoeArgs &a) {
   extern __shared__ uint4 moe_smem[];
   __shared__ float red[LEAN1_WARPS][8][4];
@@ -1574,16 +1628,17 @@ __device__ __forceinline__ void moe_stage1l(const MoeArgs &a) {
   const int W = lean1_width(a.D), P = lean1_groups(a.D);
   u16 *xw = reinterpret_cast<u16 *>(reinterpret_cast<u8 *>(moe_smem) + warp * (4 * W + 128 * P));  // x: 4W bytes
   u32 *ssw = reinterpret_cast<u32 *>(xw + 2 * W);                                                 // routed scales: 128P bytes
-  const int nsh = a.Is >> 4;
+  const int nsh = SH2 ? a.Is >> 3 : a.Is >> 4;
   float acc[2][4];
 #pragma unroll
   for (int m = 0; m < 2; m++)
 #pragma unroll
     for (int i = 0; i < 4; i++) acc[m][i] = 0.f;
   if ((int)blockIdx.x < nsh) {  // block-uniform: a shared-expert tile (FP8, natural layout)
-    const int r0 = blockIdx.x * 16;
-    const int spans = a.D >> 6, per = (spans + LEAN1_WARPS - 1) / LEAN1_WARPS;
-    const int s0 = warp * per, end = min(spans, s0 + per);
+    const int hf = SH2 ? (int)blockIdx.x & 1 : 0;
+    const int r0 = (SH2 ? (int)blockIdx.x >> 1 : (int)blockIdx.x) * 16;
+    const int spans = SH2 ? a.D >> 7 : a.D >> 6, per = (spans + LEAN1_WARPS - 1) / LEAN1_WARPS;
+    const int s0 = hf * spans + warp * per, end = min((hf + 1) * spans, s0 + per);
     const u8 *pw[2] = {a.s1 + (long long)(r0 + g) * a.D + 16 * t, a.s3 + (long long)(r0 + g) * a.D + 16 * t};
     const int sstride = a.D >> a.bshift;
     const u8 *ps[2] = {a.c1 + (long long)(r0 >> a.bshift) * sstride, a.c3 + (long long)(r0 >> a.bshift) * sstride};
@@ -1596,7 +1651,8 @@ __device__ __forceinline__ void moe_stage1l(const MoeArgs &a) {
         [&] {
           if (s0 < end) lean_stage_x(a.x, xw, s0 * 64, (end - s0) * 64, W, false);
         });
-    stage1_finish<DEC>(a, true, true, 0, r0, acc, red);
+    if (SH2) stage1_finish_half(a, r0, hf, acc, red);
+    else stage1_finish<DEC>(a, true, true, 0, r0, acc, red);
     return;
   }
   const int tile = blockIdx.x - nsh, tpe = a.I >> 4;
@@ -2031,6 +2087,12 @@ __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
 #define MOE1LXR(DEC, B) \
   extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1lxr_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_UNLESS((int)blockIdx.x < (a.Is >> 4)); moe_stage1l<DEC, false, 1, true>(a); }
 
+// moe1lxh_d<DEC>_b<B>: moe1lx with the shared expert's tiles in two column
+// halves (moe_stage1l's SH2; blocks [0, Is/8) skip the wait); a.part holds
+// the halves' sums and tickets (sh1HalfBytes in moe.go).
+#define MOE1LXH(DEC, B) \
+  extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1lxh_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_UNLESS((int)blockIdx.x < (a.Is >> 3)); moe_stage1l<DEC, false, 1, false, true>(a); }
+
 // moe1lx_g<NG>_d<DEC>_b<B>: moe1lx with NG routed groups (and NG FP8
 // spans) a chunk: two chunks, 128·NG bytes a lane, in flight.
 #define MOE1LXG(NG, DEC, B) \
@@ -2305,7 +2367,7 @@ MOE1WP(1, 1, 0, 2)
 // the default until session 14, among them).
 MOE1L(0, 7) MOE2LP(1, 1, 0, 2) MOE2L(2, 2, 0, 1) MOE2LP(2, 2, 0, 1)
 MOE2L(1, 1, 0, 2) MOE2LH(1, 1, 0, 2)
-MOE1LXR(0, 7)
+MOE1LXR(0, 7) MOE1LXH(0, 7)
 MOE2LE(1, 1, 0, 2)
 MOE2S(2, 2, 0, 4, 3, 6)
 // Not split (SP 1): 8-warp blocks, one a row group, each warp 16 units at

@@ -260,8 +260,9 @@ const (
 	// stores them after, so that the two latencies overlap (in the
 	// knock-out microbenchmark, session 14, stage 1 without its scale
 	// staging took 24.5 us against 27.0; loading the scales beside every
-	// chunk's weights instead, leanxws, was slower: 30.0). Not yet
-	// measured on a GPU.
+	// chunk's weights instead, leanxws, was slower: 30.0). Measured in
+	// session 15: slower (stage 1 28.12 against 27.51 us, the 8-layer step
+	// 1.2925 against 1.2735 ms); kept for the benchmark.
 	MoELeanXWR
 	// MoELeanXWH: MoELeanXW whose stage 1 (moe1lxh) splits each
 	// shared-expert tile into two column halves, one a block, so that a
@@ -269,7 +270,10 @@ const (
 	// long as a routed warp's; the second half to arrive adds the two
 	// halves' sums (in half order: bitwise reproducible, though not
 	// MoELeanXW's bits, whose warps sum a quarter of the columns each).
-	// Scratch: h plus sh1HalfBytes (partials and tickets).
+	// Scratch: h plus sh1HalfBytes (partials and tickets). Measured in
+	// session 15: slower (stage 1 28.09 against 27.42 us; the 8-layer step
+	// slower in three pairs): the routed tiles, not the shared ones, are
+	// stage 1's critical path. Kept for the benchmark.
 	MoELeanXWH
 	moeVariantCount
 )

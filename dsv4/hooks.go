@@ -18,6 +18,19 @@ type RouteRecorder interface {
 	RecordRoute(pos, layer int, experts []int, weights []float32)
 }
 
+// ExpertObserver receives every routed expert's work in a host forward pass
+// (device sessions do not call it): in layer (main layers, then MTP
+// blocks), expert's rows for the n tokens of a chunk routed to it, in token
+// order: pos [n] their absolute positions, weights [n] the gate weights
+// applied (after renormalisation and the route scale), in [n·Dim] the
+// expert's input rows (the FFN's normalised input), out [n·Dim] its output
+// rows as added into the layer's output, W2·(SwiGLU(W1·x, W3·x)·weight)
+// with the routed clamp. The slices are only valid during the call; the
+// forward pass's results do not depend on the observer.
+type ExpertObserver interface {
+	ObserveExpert(layer, expert int, pos []int, weights, in, out []float32)
+}
+
 // prefetchHashLayers announces the experts of every hash-routed layer for tokens.
 func (s *Session) prefetchHashLayers(tokens []int) {
 	p, ok := s.m.experts.(ExpertPrefetcher)

@@ -71,6 +71,10 @@ type Options struct {
 	Target Target
 	// Routes, if set, receives every routing decision (route traces).
 	Routes RouteRecorder
+	// Observer, if set, receives every routed expert's inputs and outputs
+	// in a host forward pass (calibration: REAP saliency). Host sessions
+	// only: Load refuses it with Device set.
+	Observer ExpertObserver
 	// MaxChunk bounds how many tokens one forward pass processes at once:
 	// longer prefills run as consecutive chunks (the same function, bounded
 	// activation memory). 0 means DefaultMaxChunk; with Device set, each
@@ -151,6 +155,7 @@ type Model struct {
 	experts Experts
 	target  Target
 	routes  RouteRecorder
+	observe ExpertObserver
 
 	ownBackend *cpu.Backend // created by Load; closed by Close
 	// hostUnbound: loaded with Options.Device, the weights are bound on the
@@ -215,6 +220,9 @@ func Load(src checkpoint.Source, opts Options) (*Model, error) {
 	if opts.Target != Exact {
 		return nil, fmt.Errorf("dsv4: numeric target %v is not implemented (only exact)", opts.Target)
 	}
+	if opts.Observer != nil && opts.Device != nil {
+		return nil, fmt.Errorf("dsv4: an expert observer needs host sessions; load without a device (the CPU backend) to observe experts")
+	}
 	raw, err := src.File("config.json")
 	if err != nil {
 		return nil, fmt.Errorf("dsv4: %s: %w", src.Name(), err)
@@ -232,7 +240,7 @@ func Load(src checkpoint.Source, opts Options) (*Model, error) {
 		own = cpu.New(0)
 		be = own
 	}
-	m := &Model{Cfg: cfg, be: be, src: src, target: opts.Target, routes: opts.Routes, ownBackend: own}
+	m := &Model{Cfg: cfg, be: be, src: src, target: opts.Target, routes: opts.Routes, observe: opts.Observer, ownBackend: own}
 	m.maxChunk = opts.MaxChunk
 	switch {
 	case m.maxChunk > 0:

@@ -522,6 +522,13 @@ func (s *Session) moe(b *block, f []float32, tokens, pos []int) ([]float32, erro
 			rs[j] = u.w
 		}
 		y := ffn(be, ew, x, rs, n, D, I, limit)
+		if m.observe != nil {
+			ps := make([]int, n)
+			for j, u := range us {
+				ps[j] = pos[u.tok]
+			}
+			m.observe.ObserveExpert(b.layer, e, ps, rs, x, y)
+		}
 		for j, u := range us {
 			dst := out[u.tok*D : (u.tok+1)*D]
 			for d, v := range y[j*D : (j+1)*D] {

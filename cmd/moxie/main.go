@@ -26,6 +26,7 @@ func commands() []command {
 		{"plan", "show what a memory budget keeps resident: dense weights, caches, experts per layer", runPlan},
 		{"inspect", "list a model's tensors by role, formats, bytes, bytes read per token", runInspect},
 		{"perplexity", "measure perplexity and tokens/s on a text file", runPerplexity},
+		{"calibrate", "measure REAP saliency of every routed expert on a calibration text (for pruning)", runCalibrate},
 		{"logits", "save the logits of a token sequence as .npy (prefill, then decode steps)", runLogits},
 		{"tokenize", "turn text into token ids (or ids into text with --decode)", runTokenize},
 		{"residency", "replay a route trace through expert-residency policies and the optimum", runResidency},

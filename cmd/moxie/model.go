@@ -67,6 +67,9 @@ func (l *loadedModel) Close() error {
 type memFlags struct {
 	mem, policy, routes, backend, gpuMem string
 	ctx, chunk                           int
+	// observer (not a flag): every routed expert's work in host forward
+	// passes (moxie calibrate); the model then runs on the CPU.
+	observer dsv4.ExpertObserver
 }
 
 // addMemFlags registers --mem, --ctx, --chunk, --policy, --record-routes, --gpu-mem and --backend on fs.
@@ -194,7 +197,7 @@ func loadModel(spec string, mf *memFlags, stderr io.Writer) (*loadedModel, error
 		return fail(err)
 	}
 
-	opts := dsv4.Options{Backend: l.be, Experts: l.store, MaxChunk: mf.chunk}
+	opts := dsv4.Options{Backend: l.be, Experts: l.store, MaxChunk: mf.chunk, Observer: mf.observer}
 	if l.routes != nil {
 		opts.Routes = l.routes
 	}

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"moxie/checkpoint"
+	"moxie/dsv4"
+	"moxie/reap"
+	"moxie/tokenizer"
+)
+
+// TestCalibrate runs moxie calibrate on the tiny synthetic model and checks
+// the report against the bookkeeping it must satisfy: one stats entry a layer,
+// every token (BOS included) routed to top_k experts in every layer, so each
+// layer's counts sum to tokens·top_k; and against a direct run: the same
+// windows through dsv4 with a reap.Saliency attached give the same report.
+func TestCalibrate(t *testing.T) {
+	dir := t.TempDir()
+	text := strings.Repeat("experts that are never chosen rank lowest. ", 5)
+	file := filepath.Join(dir, "c.txt")
+	os.WriteFile(file, []byte(text), 0o644)
+	out := filepath.Join(dir, "s.json")
+	code, stdout, errs := moxie(t, "calibrate", "--model", "synth:tiny", "--file", file, "--out", out, "--window", "30", "--chunk", "9", "--show", "3")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	rep, err := reap.ReadReportFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, _ := checkpoint.Open("synth:tiny")
+	defer src.Close()
+	sal, _ := reap.New(rep.Layers, rep.Experts)
+	m, err := dsv4.Load(src, dsv4.Options{Observer: sal, MaxChunk: 9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Layers != m.Cfg.NLayers || rep.Experts != m.Cfg.NRoutedExperts || rep.TopK != m.Cfg.NActivatedExperts {
+		t.Fatalf("report shape %d layers x %d experts, top %d; model %d x %d, top %d", rep.Layers, rep.Experts, rep.TopK, m.Cfg.NLayers, m.Cfg.NRoutedExperts, m.Cfg.NActivatedExperts)
+	}
+	tj, _ := src.File("tokenizer.json")
+	cj, _ := src.File("tokenizer_config.json")
+	tok, _ := tokenizer.Load(tj, cj)
+	ids := tok.Encode(text, tokenizer.EncodeOptions{})
+	run := 0
+	for lo := 0; lo < len(ids); lo += 29 {
+		seg := append([]int{m.Cfg.BOS}, ids[lo:min(lo+29, len(ids))]...)
+		if _, err := dsv4.Logits(m, seg, len(seg)); err != nil {
+			t.Fatal(err)
+		}
+		run += len(seg)
+	}
+	if rep.Tokens != run {
+		t.Errorf("report says %d tokens run, the windows hold %d", rep.Tokens, run)
+	}
+	for l, st := range rep.Stats {
+		var n int64
+		for _, c := range st.Count {
+			n += c
+		}
+		if n != int64(run*rep.TopK) {
+			t.Errorf("layer %d: %d routed slots, want tokens·top_k = %d", l, n, run*rep.TopK)
+		}
+	}
+	direct := sal.Report(rep.Model, rep.Text, rep.Tokens, rep.TopK)
+	for l := range rep.Layers {
+		for e := range rep.Experts {
+			a, oka := rep.Saliency(l, e)
+			b, okb := direct.Saliency(l, e)
+			if oka != okb || a != b {
+				t.Fatalf("layer %d expert %d: calibrate %v (%v), a direct run %v (%v)", l, e, a, oka, b, okb)
+			}
+		}
+	}
+	if !strings.Contains(stdout, "least salient") || !strings.Contains(stdout, "report") {
+		t.Errorf("stdout lacks the summary:\n%s", stdout)
+	}
+}
+
+func TestCalibrateUsage(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "c.txt")
+	os.WriteFile(file, []byte("some text"), 0o644)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--model", "synth:tiny", "--file", file}, "--out"},
+		{[]string{"--model", "synth:tiny", "--out", filepath.Join(dir, "s.json")}, "--file"},
+		{[]string{"--model", "synth:tiny", "--file", file, "--out", filepath.Join(dir, "s.json"), "--backend", "cuda"}, "CPU"},
+		{[]string{"--model", "synth:tiny", "--file", file, "--out", filepath.Join(dir, "s.json"), "--window", "1"}, "--window"},
+		{[]string{"--model", "synth:tiny", "--file", filepath.Join(dir, "missing.txt"), "--out", filepath.Join(dir, "s.json")}, "calibration text"},
+	} {
+		code, _, errs := moxie(t, append([]string{"calibrate"}, c.args...)...)
+		if code == 0 || !strings.Contains(errs, c.want) {
+			t.Errorf("calibrate %v: exit %d, stderr %q; want a failure mentioning %q", c.args, code, errs, c.want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "s.json")); err == nil {
+		t.Error("a failed calibration left a report")
+	}
+}

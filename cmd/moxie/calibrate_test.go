@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -8,6 +9,7 @@ import (
 
 	"moxie/checkpoint"
 	"moxie/dsv4"
+	"moxie/experts/trace"
 	"moxie/reap"
 	"moxie/tokenizer"
 )
@@ -101,5 +103,93 @@ func TestCalibrateUsage(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "s.json")); err == nil {
 		t.Error("a failed calibration left a report")
+	}
+}
+
+// TestPruneMasksTheLeastSalient calibrates the tiny model, then runs
+// perplexity with --prune REPORT:N while recording routes: in every
+// score-routed layer no token selects one of the report's N least salient
+// experts, and the hash-routed layers select as they do without the mask.
+func TestPruneMasksTheLeastSalient(t *testing.T) {
+	dir := t.TempDir()
+	text := strings.Repeat("a pruned model routes around the experts it lost. ", 6)
+	file := filepath.Join(dir, "c.txt")
+	os.WriteFile(file, []byte(text), 0o644)
+	sal := filepath.Join(dir, "s.json")
+	if code, _, errs := moxie(t, "calibrate", "--model", "synth:tiny", "--file", file, "--out", sal, "--window", "40"); code != 0 {
+		t.Fatalf("calibrate: exit %d: %s", code, errs)
+	}
+	rep, err := reap.ReadReportFile(sal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 3
+	routes := func(prune bool) *trace.Trace {
+		tr := filepath.Join(dir, fmt.Sprintf("r%v.trace", prune))
+		args := []string{"perplexity", "--model", "synth:tiny", "--file", file, "--window", "40", "--backend", "cpu", "--record-routes", tr}
+		if prune {
+			args = append(args, "--prune", fmt.Sprintf("%s:%d", sal, n))
+		}
+		code, _, errs := moxie(t, args...)
+		if code != 0 {
+			t.Fatalf("perplexity (prune %v): exit %d: %s", prune, code, errs)
+		}
+		if prune && !strings.Contains(errs, "least salient") {
+			t.Errorf("stderr does not say what --prune did:\n%s", errs)
+		}
+		got, err := trace.ReadFile(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	plain, pruned := routes(false), routes(true)
+	src, _ := checkpoint.Open("synth:tiny")
+	defer src.Close()
+	m, err := dsv4.Load(src, dsv4.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	masked := map[[2]int]bool{}
+	for l := range rep.Layers {
+		if !m.Cfg.HashRouted(l) {
+			for _, e := range rep.Ranking(l)[:n] {
+				masked[[2]int{l, e}] = true
+			}
+		}
+	}
+	if len(plain.Records) != len(pruned.Records) || len(plain.Records) == 0 {
+		t.Fatalf("%d records without the mask, %d with", len(plain.Records), len(pruned.Records))
+	}
+	hits := 0
+	for i, r := range pruned.Records {
+		if r.Layer >= rep.Layers {
+			continue // MTP blocks keep every expert
+		}
+		if m.Cfg.HashRouted(r.Layer) {
+			if fmt.Sprint(r.Experts) != fmt.Sprint(plain.Records[i].Experts) {
+				t.Fatalf("hash-routed layer %d position %d: %v with the mask, %v without", r.Layer, r.Pos, r.Experts, plain.Records[i].Experts)
+			}
+			continue
+		}
+		for _, e := range r.Experts {
+			if masked[[2]int{r.Layer, e}] {
+				t.Fatalf("layer %d position %d selected masked expert %d", r.Layer, r.Pos, e)
+			}
+		}
+		for _, e := range plain.Records[i].Experts {
+			if masked[[2]int{r.Layer, e}] {
+				hits++
+			}
+		}
+	}
+	if hits == 0 {
+		t.Error("the unmasked run never selected a masked expert: the test would pass without a mask")
+	}
+	for _, bad := range []string{sal, sal + ":0", sal + ":x", filepath.Join(dir, "none.json") + ":2", fmt.Sprintf("%s:%d", sal, m.Cfg.NRoutedExperts)} {
+		code, _, errs := moxie(t, "perplexity", "--model", "synth:tiny", "--file", file, "--prune", bad)
+		if code == 0 || !strings.Contains(errs, "--prune") {
+			t.Errorf("--prune %s: exit %d, stderr %q; want a failure naming --prune", bad, code, errs)
+		}
 	}
 }

@@ -66,6 +66,7 @@ func (l *loadedModel) Close() error {
 // memFlags are the memory and residency flags shared by run, serve and bench.
 type memFlags struct {
 	mem, policy, routes, backend, gpuMem string
+	prune                                string
 	ctx, chunk                           int
 	// observer (not a flag): every routed expert's work in host forward
 	// passes (moxie calibrate); the model then runs on the CPU.
@@ -81,6 +82,7 @@ func addMemFlags(fs *flag.FlagSet) *memFlags {
 	fs.StringVar(&f.policy, "policy", "lru", "expert residency policy: lru, decay[:h=64,ratio=1.25,margin=4] or static:FREQFILE")
 	fs.StringVar(&f.routes, "record-routes", "", "write every routing decision to this trace file (see moxie residency)")
 	fs.StringVar(&f.gpuMem, "gpu-mem", "", "with --backend cuda: GPU memory the model may use, e.g. 80GiB (default: all that is free); when the routed experts do not fit, they are cached in GPU slots and copied from host memory on a miss")
+	fs.StringVar(&f.prune, "prune", "", "REPORT.json:N: the routers never select the N least salient experts of each score-routed layer, by a moxie calibrate report (REAP saliency); the experts stay on disk, unread; judge the quality with moxie perplexity")
 	fs.StringVar(&f.backend, "backend", "auto", "where the model runs: auto (the GPU when a CUDA GPU, its driver and NVRTC are found and the model fits, else the CPU, saying why), cpu, or cuda (the model resident on GPU 0: weights, routed experts and sequence state)")
 	return f
 }
@@ -154,6 +156,17 @@ func loadModel(spec string, mf *memFlags, stderr io.Writer) (*loadedModel, error
 	cfg, err := config.Parse(cfgJSON)
 	if err != nil {
 		return fail(fmt.Errorf("%s: %w", src.Name(), err))
+	}
+	if mf.prune != "" {
+		p, err := parsePrune(mf.prune)
+		if err != nil {
+			return fail(usagef("%v", err))
+		}
+		masked, err := applyPrune(l.src, cfg, p, stderr)
+		if err != nil {
+			return fail(err)
+		}
+		l.src, src = masked, masked
 	}
 	ctx := mf.ctx
 	if ctx == 0 {

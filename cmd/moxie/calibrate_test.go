@@ -193,3 +193,44 @@ func TestPruneMasksTheLeastSalient(t *testing.T) {
 		}
 	}
 }
+
+func TestParsePrune(t *testing.T) {
+	for _, c := range []struct {
+		in     string
+		report string
+		n      int
+		ok     bool
+	}{
+		{"s.json:8", "s.json", 8, true},
+		{"dir:with:colons/s.json:16", "dir:with:colons/s.json", 16, true},
+		{"s.json", "", 0, false},
+		{"s.json:", "", 0, false},
+		{":4", "", 0, false},
+		{"s.json:0", "", 0, false},
+		{"s.json:-2", "", 0, false},
+		{"s.json:x", "", 0, false},
+	} {
+		p, err := parsePrune(c.in)
+		if (err == nil) != c.ok || (c.ok && (p.report != c.report || p.n != c.n)) {
+			t.Errorf("parsePrune(%q) = %+v, %v; want report %q n %d ok %v", c.in, p, err, c.report, c.n, c.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "--prune") {
+			t.Errorf("parsePrune(%q): error %q does not name --prune", c.in, err)
+		}
+	}
+}
+
+func FuzzParsePrune(f *testing.F) {
+	for _, s := range []string{"s.json:8", "a:b:3", ":", "x:0", "x:99999999999999999999"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		p, err := parsePrune(in)
+		if err != nil {
+			return
+		}
+		if p.n < 1 || p.report == "" || !strings.HasSuffix(in, ":"+fmt.Sprint(p.n)) && !strings.Contains(in, p.report) {
+			t.Fatalf("parsePrune(%q) = %+v", in, p)
+		}
+	})
+}

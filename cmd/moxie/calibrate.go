@@ -10,7 +10,6 @@ import (
 
 	"moxie/internal/progress"
 	"moxie/reap"
-	"moxie/tokenizer"
 )
 
 func runCalibrate(args []string, _ io.Reader, stdout, stderr io.Writer) error {
@@ -69,17 +68,9 @@ text apart from the one you later judge the pruned model on.`, stderr)
 		return err
 	}
 	obs.s = sal
-	tok, err := loadTokenizer(lm)
+	ids, bos, err := encodeFile(lm, text, *file)
 	if err != nil {
 		return err
-	}
-	ids := tok.Encode(string(text), tokenizer.EncodeOptions{})
-	if len(ids) == 0 {
-		return fmt.Errorf("%s: no tokens in the file", *file)
-	}
-	bos, ok := tok.BOS()
-	if !ok {
-		bos = lm.m.Cfg.BOS
 	}
 	w := min(*window, lm.m.Cfg.MaxPositions)
 	bar := progress.New(stderr, "calibrate", int64(len(ids)), false)

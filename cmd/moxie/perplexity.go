@@ -61,17 +61,9 @@ exp(mean NLL), and tokens per second.`, stderr)
 		return err
 	}
 	defer lm.Close()
-	tok, err := loadTokenizer(lm)
+	ids, bos, err := encodeFile(lm, text, *file)
 	if err != nil {
 		return err
-	}
-	ids := tok.Encode(string(text), tokenizer.EncodeOptions{})
-	if len(ids) == 0 {
-		return fmt.Errorf("%s: no tokens in the file", *file)
-	}
-	bos, ok := tok.BOS()
-	if !ok {
-		bos = lm.m.Cfg.BOS
 	}
 	w := min(*window, lm.m.Cfg.MaxPositions)
 	rep := &pplReport{Model: lm.src.Name(), Synthetic: lm.src.Synthetic(), File: *file, Window: w}
@@ -103,6 +95,25 @@ exp(mean NLL), and tokens per second.`, stderr)
 		return writeJSONFile(*jsonOut, rep)
 	}
 	return nil
+}
+
+// encodeFile tokenizes a text file's contents with the model's tokenizer
+// and returns its ids (an error naming file when there are none) and the
+// BOS id that starts each window.
+func encodeFile(lm *loadedModel, text []byte, file string) (ids []int, bos int, err error) {
+	tok, err := loadTokenizer(lm)
+	if err != nil {
+		return nil, 0, err
+	}
+	ids = tok.Encode(string(text), tokenizer.EncodeOptions{})
+	if len(ids) == 0 {
+		return nil, 0, fmt.Errorf("%s: no tokens in the file", file)
+	}
+	bos, ok := tok.BOS()
+	if !ok {
+		bos = lm.m.Cfg.BOS
+	}
+	return ids, bos, nil
 }
 
 // windowNLL runs seg (BOS first) through a fresh session in prefill chunks and

@@ -24,6 +24,10 @@ salient experts of a layer are the ones to prune first, and an expert never
 selected ranks below all. Writes every count and sum to --out as JSON and
 prints each layer's spread and its least salient experts.
 
+Then "moxie perplexity --prune S.json:N" on held-out text measures what it
+costs never to select each score-routed layer's N least salient experts, and
+run, serve and bench take the same --prune.
+
 Calibration runs on the CPU (it observes each expert's output rows); use a
 text apart from the one you later judge the pruned model on.`, stderr)
 	model := fs.String("model", defaultModel(), "model: a checkpoint directory or synth:PRESET")

@@ -35,6 +35,7 @@ text apart from the one you later judge the pruned model on.`, stderr)
 	out := fs.String("out", "", "write the saliency report (JSON) to this file")
 	window := fs.Int("window", 1024, "tokens per window, BOS included (capped at the model's context)")
 	show := fs.Int("show", 8, "least salient experts to list per layer")
+	maxTokens := fs.Int("max-tokens", 0, "calibrate on at most this many of the text's tokens, from its start (0: all)")
 	mf := addMemFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -46,6 +47,8 @@ text apart from the one you later judge the pruned model on.`, stderr)
 		return usagef("--window must be at least 2")
 	case *show < 0:
 		return usagef("--show must be at least 0")
+	case *maxTokens < 0:
+		return usagef("--max-tokens must be at least 0")
 	case mf.backend == "cuda":
 		return usagef("calibration observes each expert's output on the CPU: drop --backend cuda")
 	}
@@ -75,6 +78,9 @@ text apart from the one you later judge the pruned model on.`, stderr)
 	ids, bos, err := encodeFile(lm, text, *file)
 	if err != nil {
 		return err
+	}
+	if *maxTokens > 0 && len(ids) > *maxTokens {
+		ids = ids[:*maxTokens]
 	}
 	w := min(*window, lm.m.Cfg.MaxPositions)
 	bar := progress.New(stderr, "calibrate", int64(len(ids)), false)

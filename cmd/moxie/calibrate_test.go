@@ -82,6 +82,35 @@ func TestCalibrate(t *testing.T) {
 	}
 }
 
+// TestCalibrateMaxTokens: --max-tokens N calibrates on the text's first N
+// tokens: each layer's slots are (N + BOS a window)·top_k.
+func TestCalibrateMaxTokens(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "c.txt")
+	os.WriteFile(file, []byte(strings.Repeat("a long calibration text is cut. ", 20)), 0o644)
+	out := filepath.Join(dir, "s.json")
+	if code, _, errs := moxie(t, "calibrate", "--model", "synth:tiny", "--file", file, "--out", out, "--window", "16", "--max-tokens", "40"); code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	rep, err := reap.ReadReportFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 40 tokens in windows of 15 text tokens: 3 windows, 43 tokens run.
+	if rep.Tokens != 43 {
+		t.Errorf("%d tokens run, want 43 (40 text tokens and 3 BOS)", rep.Tokens)
+	}
+	for l, st := range rep.Stats {
+		var n int64
+		for _, c := range st.Count {
+			n += c
+		}
+		if n != int64(43*rep.TopK) {
+			t.Errorf("layer %d: %d slots, want %d", l, n, 43*rep.TopK)
+		}
+	}
+}
+
 func TestCalibrateUsage(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "c.txt")
@@ -94,6 +123,7 @@ func TestCalibrateUsage(t *testing.T) {
 		{[]string{"--model", "synth:tiny", "--out", filepath.Join(dir, "s.json")}, "--file"},
 		{[]string{"--model", "synth:tiny", "--file", file, "--out", filepath.Join(dir, "s.json"), "--backend", "cuda"}, "CPU"},
 		{[]string{"--model", "synth:tiny", "--file", file, "--out", filepath.Join(dir, "s.json"), "--window", "1"}, "--window"},
+		{[]string{"--model", "synth:tiny", "--file", file, "--out", filepath.Join(dir, "s.json"), "--max-tokens", "-1"}, "--max-tokens"},
 		{[]string{"--model", "synth:tiny", "--file", filepath.Join(dir, "missing.txt"), "--out", filepath.Join(dir, "s.json")}, "calibration text"},
 	} {
 		code, _, errs := moxie(t, append([]string{"calibrate"}, c.args...)...)

@@ -82,7 +82,7 @@ func addMemFlags(fs *flag.FlagSet) *memFlags {
 	fs.StringVar(&f.policy, "policy", "lru", "expert residency policy: lru, decay[:h=64,ratio=1.25,margin=4] or static:FREQFILE")
 	fs.StringVar(&f.routes, "record-routes", "", "write every routing decision to this trace file (see moxie residency)")
 	fs.StringVar(&f.gpuMem, "gpu-mem", "", "with --backend cuda: GPU memory the model may use, e.g. 80GiB (default: all that is free); when the routed experts do not fit, they are cached in GPU slots and copied from host memory on a miss")
-	fs.StringVar(&f.prune, "prune", "", "REPORT.json:N: the routers never select the N least salient experts of each score-routed layer, by a moxie calibrate report (REAP saliency); the experts stay on disk, unread; judge the quality with moxie perplexity")
+	fs.StringVar(&f.prune, "prune", "", "REPORT.json:N: the routers never select the N least salient experts of each score-routed layer, by a moxie calibrate report (REAP saliency); their weights stay in the checkpoint; judge the quality with moxie perplexity")
 	fs.StringVar(&f.backend, "backend", "auto", "where the model runs: auto (the GPU when a CUDA GPU, its driver and NVRTC are found and the model fits, else the CPU, saying why), cpu, or cuda (the model resident on GPU 0: weights, routed experts and sequence state)")
 	return f
 }

@@ -47,7 +47,9 @@ const prunedBiasValue = -1e30
 // replaced (checkpoint.WithTensors), so CPU and GPU runs see the same mask.
 // Hash-routed layers (a fixed token-to-expert table) and MTP blocks keep
 // every expert. The masked experts' weights stay in the checkpoint; the
-// expert store never reads them. It says what it did on stderr.
+// expert store reads them only where it preloads a whole layer (a budget
+// holding all of its experts), never on demand. It says what it did on
+// stderr.
 func applyPrune(src checkpoint.Source, cfg *config.Config, p pruneSpec, stderr io.Writer) (checkpoint.Source, error) {
 	rep, err := reap.ReadReportFile(p.report)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"io"
 	"math"
 	"slices"
+	"strings"
 
 	"moxie/dsv4/config"
 	"moxie/generate"
@@ -346,10 +347,12 @@ func (sr *stateReader) grow(n int, field string) ([]float32, error) {
 
 // SequenceID implements generate.Restorer: a digest of the configuration
 // and a sample of the stored weights (the final norm, the output mix's
-// parameters and 64 rows of the embedding spread over the vocabulary; for
-// a synthetic source, whose weights its name and configuration fix, the
-// name instead of the embedding), so that a state saved by a session of
-// other weights, even of the same shapes, is not restored into this model.
+// parameters, every router's gate bias, and 64 rows of the embedding
+// spread over the vocabulary; for a synthetic source, whose weights its
+// name and configuration fix, the name instead of the embedding), so that a
+// state saved by a session of other weights, even of the same shapes, is
+// not restored into this model. The biases make a model whose routers mask
+// experts (a pruning mask served in place of the biases) another model.
 // Each call hashes a few hundred kilobytes.
 func (m *Model) SequenceID() string {
 	h := sha256.New()
@@ -359,6 +362,14 @@ func (m *Model) SequenceID() string {
 	for _, name := range []string{"norm.weight", "hc_head_base", "hc_head_scale"} {
 		if d, err := m.src.TensorData(name); err == nil {
 			h.Write(d)
+		}
+	}
+	for _, t := range m.src.Tensors() { // sorted by name
+		if strings.HasSuffix(t.Name, ".gate.bias") {
+			if d, err := m.src.TensorData(t.Name); err == nil {
+				h.Write([]byte(t.Name))
+				h.Write(d)
+			}
 		}
 	}
 	if m.src.Synthetic() {

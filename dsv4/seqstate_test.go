@@ -5,10 +5,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
 
+	"moxie/checkpoint"
 	"moxie/dsv4/config"
 	"moxie/generate"
 )
@@ -155,6 +157,28 @@ func TestSequenceID(t *testing.T) {
 	}
 	if len(a) != 32 {
 		t.Errorf("ID %q, want 32 hex digits", a)
+	}
+	// A router masked by its gate bias (moxie's --prune) makes another model.
+	src := newMemSource(config.Tiny(), 1)
+	var name string
+	for _, ti := range src.Tensors() {
+		if strings.HasSuffix(ti.Name, ".gate.bias") {
+			name = ti.Name
+			break
+		}
+	}
+	d, err := src.TensorData(name)
+	if name == "" || err != nil {
+		t.Fatalf("no gate bias in the tiny model (%q, %v)", name, err)
+	}
+	masked := append([]byte(nil), d...)
+	binary.LittleEndian.PutUint32(masked, math.Float32bits(-1e30))
+	ms, err := checkpoint.WithTensors(src, map[string][]byte{name: masked})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := loadTiny(t, ms).SequenceID(); m == a {
+		t.Errorf("a model with %s masked shares the unmasked model's ID %s", name, a)
 	}
 }
 

@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 )
 
@@ -14,7 +15,7 @@ import (
 // The result is how a run masks experts (moxie's --prune) without writing a
 // checkpoint.
 func WithTensors(src Source, data map[string][]byte) (Source, error) {
-	for _, name := range slices.Sorted(mapKeys(data)) {
+	for _, name := range slices.Sorted(maps.Keys(data)) {
 		info, ok := src.Lookup(name)
 		if !ok {
 			return nil, fmt.Errorf("checkpoint: %s has no tensor %s to replace", src.Name(), name)
@@ -28,16 +29,6 @@ func WithTensors(src Source, data map[string][]byte) (Source, error) {
 		return &overriddenLoc{overridden: o, loc: loc}, nil
 	}
 	return o, nil
-}
-
-func mapKeys(m map[string][]byte) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 type overridden struct {

@@ -200,11 +200,7 @@ func (c *Ctx) AttentionDecode(p AttnParams, scratch DevicePtr, s Stream) error {
 // positions are p.Pos. Everything else is AttentionDecode's contract
 // (graph-capturable; bad sizes are errors naming the argument).
 func (c *Ctx) AttentionDecodeInvRoPE(p AttnParams, freq DevicePtr, nfreq int, scratch DevicePtr, s Stream) error {
-	r := attnDecRoPE{freq: freq, nf: nfreq}
-	if err := r.check(p.Dim, true); err != nil {
-		return err
-	}
-	return c.attentionDecodeVR(p, scratch, attnDecVariants[0], r, s)
+	return c.AttentionDecodeInvRoPEWith(p, freq, nfreq, scratch, AttnDecChoice{}, s)
 }
 
 // AttentionDecodeNormQ is AttentionDecodeInvRoPE on queries that p.Q holds

@@ -86,13 +86,16 @@ text apart from the one you later judge the pruned model on.`, stderr)
 	bar := progress.New(stderr, "calibrate", int64(len(ids)), false)
 	start := time.Now()
 	run := 0
-	for lo := 0; lo < len(ids); lo += w - 1 {
-		seg := append([]int{bos}, ids[lo:min(lo+w-1, len(ids))]...)
+	err = forWindows(ids, bos, w, func(seg []int) error {
 		if err := prefillWindow(lm, seg, chunk); err != nil {
 			return err
 		}
 		run += len(seg)
 		bar.Add(int64(len(seg) - 1))
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	bar.Done()
 	rep := sal.Report(lm.src.Name(), *file, run, lm.m.Cfg.NActivatedExperts)

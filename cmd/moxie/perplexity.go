@@ -70,8 +70,7 @@ exp(mean NLL), and tokens per second.`, stderr)
 	bar := progress.New(stderr, "perplexity", int64(len(ids)), false)
 	start := time.Now()
 	var nll float64
-	for lo := 0; lo < len(ids); lo += w - 1 {
-		seg := append([]int{bos}, ids[lo:min(lo+w-1, len(ids))]...)
+	err = forWindows(ids, bos, w, func(seg []int) error {
 		segNLL, err := windowNLL(lm.m, seg, chunk)
 		if err != nil {
 			return err
@@ -79,6 +78,10 @@ exp(mean NLL), and tokens per second.`, stderr)
 		nll += segNLL
 		rep.Segments++
 		bar.Add(int64(len(seg) - 1))
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	bar.Done()
 	rep.Tokens = len(ids)
@@ -114,6 +117,19 @@ func encodeFile(lm *loadedModel, text []byte, file string) (ids []int, bos int, 
 		bos = lm.m.Cfg.BOS
 	}
 	return ids, bos, nil
+}
+
+// forWindows cuts ids into windows of w tokens, each its BOS and the next
+// w-1 text tokens (the last window may be shorter), so that every text token
+// is in one window, and calls f on each in order; it stops at f's first
+// error.
+func forWindows(ids []int, bos, w int, f func(seg []int) error) error {
+	for lo := 0; lo < len(ids); lo += w - 1 {
+		if err := f(append([]int{bos}, ids[lo:min(lo+w-1, len(ids))]...)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // windowNLL runs seg (BOS first) through a fresh session in prefill chunks and

@@ -5,8 +5,9 @@
 //
 // Numeric target: Exact (plain float32 math on dequantized weights, what the
 // transformers port computes with the shared-expert clamp off; dsv4-flash.md
-// §0b). Residual streams stay float32. The qat target (DeepSeek's simulated FP8
-// activations, FP8 KV and FP4 indexer) is a later addition behind Options.Target.
+// §0b). Residual streams stay float32. The qat target (Options.Target QAT,
+// host sessions) adds DeepSeek's simulated FP8 activations, FP8 KV and FP4
+// indexer (§3.2; qat.go).
 //
 // Points the spec leaves implicit, as implemented (and confirmed against the
 // transformers oracle's golden logits and indexer selections on synth:tiny):
@@ -47,7 +48,16 @@ const (
 	// indexer fake quantization and no Hadamard rotation; routed experts clamped,
 	// shared expert not; router renormalisation without epsilon.
 	Exact Target = iota
-	// QAT would reproduce DeepSeek's reference quantization simulation; not built yet.
+	// QAT reproduces the quantization steps of DeepSeek's reference code
+	// (dsv4-flash.md §3.2): every FP8/FP4 linear's input through act_quant
+	// (E4M3, blocks of 128, power-of-two scales), the stored window and
+	// compressed KV's unrotated dims through E4M3 (blocks of 64), the
+	// indexer's queries and keys through a Walsh–Hadamard rotation and E2M1
+	// (blocks of 32), wo_a's input and output rounded to BF16 (the
+	// reference's BF16 grouped product), the routed weight multiplied in
+	// before W2. Activations between sublayers stay float32 (the reference
+	// keeps them in BF16), so it is the reference's quantization, not its
+	// bits. Host sessions only.
 	QAT
 )
 
@@ -67,7 +77,8 @@ type Options struct {
 	Backend compute.Backend
 	// Experts provides the routed experts; nil means binding them from the source.
 	Experts Experts
-	// Target is the numeric target (only Exact is implemented).
+	// Target is the numeric target: Exact (the default) or QAT (host
+	// sessions only: Load refuses it with Device set).
 	Target Target
 	// Routes, if set, receives every routing decision (route traces).
 	Routes RouteRecorder
@@ -217,8 +228,11 @@ type mtpBlock struct {
 // mis-shaped tensor is an error naming it with the expected and actual
 // dtype/shape (all problems are listed, up to a limit).
 func Load(src checkpoint.Source, opts Options) (*Model, error) {
-	if opts.Target != Exact {
-		return nil, fmt.Errorf("dsv4: numeric target %v is not implemented (only exact)", opts.Target)
+	switch {
+	case opts.Target != Exact && opts.Target != QAT:
+		return nil, fmt.Errorf("dsv4: numeric target %v: want exact or qat", opts.Target)
+	case opts.Target == QAT && opts.Device != nil:
+		return nil, fmt.Errorf("dsv4: the qat target runs on the CPU backend only; load without a device (--backend cpu) or use the exact target")
 	}
 	if opts.Observer != nil && opts.Device != nil {
 		return nil, fmt.Errorf("dsv4: an expert observer needs host sessions; load without a device (the CPU backend) to observe experts")

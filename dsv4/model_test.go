@@ -113,11 +113,6 @@ func TestLoadRejects(t *testing.T) {
 			}
 		})
 	}
-	t.Run("qat target", func(t *testing.T) {
-		if _, err := Load(base.clone(), Options{Target: QAT}); err == nil || !strings.Contains(err.Error(), "qat") {
-			t.Fatalf("err = %v, want qat not implemented", err)
-		}
-	})
 }
 
 func TestSessionRejects(t *testing.T) {

@@ -359,6 +359,9 @@ func (m *Model) SequenceID() string {
 	h.Write([]byte("dsv4 session state 1\n"))
 	cj, _ := json.Marshal(m.Cfg)
 	h.Write(cj)
+	if m.target != Exact { // another target's state (its KV simulated) is another sequence
+		h.Write([]byte("target " + m.target.String() + "\n"))
+	}
 	for _, name := range []string{"norm.weight", "hc_head_base", "hc_head_scale"} {
 		if d, err := m.src.TensorData(name); err == nil {
 			h.Write(d)

@@ -325,19 +325,33 @@ func (s *Session) attention(b *block, st *layerState, a []float32, pos []int) []
 	if b.ratio > 0 {
 		freq = m.freqCompress
 	}
+	// qat: the FP8 linears read their inputs through act_quant (aq, qlq);
+	// the BF16 ones (compressors, indexer weights) read them as they are.
+	qat := m.target == QAT
+	aq := a
+	if qat {
+		aq = actQuantCopy(a, D)
+	}
 	// Query path.
 	qlat := make([]float32, T*c.QLoraRank)
-	be.Linear(b.wqA, qlat, a, T)
+	be.Linear(b.wqA, qlat, aq, T)
 	be.RMSNorm(qlat, qlat, b.qNorm, c.QLoraRank, eps)
+	qlq := qlat
+	if qat {
+		qlq = actQuantCopy(qlat, c.QLoraRank)
+	}
 	q := make([]float32, T*H*hd)
-	be.Linear(b.wqB, q, qlat, T)
+	be.Linear(b.wqB, q, qlq, T)
 	be.RMSNorm(q, q, nil, hd, eps)
 	be.RoPE(q, pos, freq, H*hd, hd, false)
 	// Window KV.
 	kv := make([]float32, T*hd)
-	be.Linear(b.wkv, kv, a, T)
+	be.Linear(b.wkv, kv, aq, T)
 	be.RMSNorm(kv, kv, b.kvNorm, hd, eps)
 	be.RoPE(kv, pos, freq, hd, hd, false)
+	if qat {
+		kvSim(kv, hd, hd-2*len(freq))
+	}
 	// Compressor inputs.
 	var ckv, cz []float32
 	if b.comp != nil {
@@ -347,8 +361,11 @@ func (s *Session) attention(b *block, st *layerState, a []float32, pos []int) []
 	IH, ID := c.IndexNHeads, c.IndexHeadDim
 	if b.idx != nil {
 		qi = make([]float32, T*IH*ID)
-		be.Linear(b.idx.wqB, qi, qlat, T)
+		be.Linear(b.idx.wqB, qi, qlq, T)
 		be.RoPE(qi, pos, freq, IH*ID, ID, false)
+		if qat {
+			indexSim(qi, ID)
+		}
 		wts = make([]float32, T*IH)
 		be.Linear(b.idx.wproj, wts, a, T)
 		sc := float32(1 / math.Sqrt(float64(ID)) / math.Sqrt(float64(IH)))
@@ -367,13 +384,13 @@ func (s *Session) attention(b *block, st *layerState, a []float32, pos []int) []
 		copy(st.ring[(t%W)*hd:], kv[i*hd:(i+1)*hd])
 		if b.idx != nil {
 			w := b.idx.comp.c * b.idx.comp.dw
-			if e := s.compStep(st.icomp, freq, t, ikv[i*w:(i+1)*w], iz[i*w:(i+1)*w]); e != nil {
+			if e := s.compStep(st.icomp, freq, t, ikv[i*w:(i+1)*w], iz[i*w:(i+1)*w], true); e != nil {
 				st.ikeys = append(st.ikeys, e...)
 			}
 		}
 		if b.comp != nil {
 			w := b.comp.c * b.comp.dw
-			if e := s.compStep(st.comp, freq, t, ckv[i*w:(i+1)*w], cz[i*w:(i+1)*w]); e != nil {
+			if e := s.compStep(st.comp, freq, t, ckv[i*w:(i+1)*w], cz[i*w:(i+1)*w], false); e != nil {
 				st.ckv = append(st.ckv, e...)
 			}
 		}
@@ -405,8 +422,15 @@ func (s *Session) attention(b *block, st *layerState, a []float32, pos []int) []
 		be.Attention(o[i*H*hd:(i+1)*H*hd], q[i*H*hd:(i+1)*H*hd], keys, b.sink, len(keys)/hd, H, hd, scale)
 	}
 	be.RoPE(o, pos, freq, H*hd, hd, true)
+	if qat { // wo_a is a BF16 grouped product in the reference (its FP8 weights are BF16 values exactly)
+		bf16Round(o)
+	}
 	u := make([]float32, T*c.OGroups*c.OLoraRank)
 	be.GroupedLinear(b.woA, u, o, T, c.OGroups)
+	if qat {
+		bf16Round(u)
+		actQuant(u, c.OGroups*c.OLoraRank)
+	}
 	out := make([]float32, T*D)
 	be.Linear(b.woB, out, u, T)
 	return out
@@ -423,7 +447,9 @@ func compInputs(be compute.Backend, cp *compressor, a []float32, T int) (kv, z [
 
 // compStep feeds token t's (κ, z) rows into a compressor and returns the new
 // entry (normalised and rotated; a fresh slice) when t closes a window.
-func (s *Session) compStep(cs *compState, freq []float32, t int, kv, z []float32) []float32 {
+// index: the indexer's compressor (its keys take the qat target's indexer
+// simulation; the main compressor's entries the KV one).
+func (s *Session) compStep(cs *compState, freq []float32, t int, kv, z []float32, index bool) []float32 {
 	cp := cs.c
 	R, w, dw := cp.ratio, cp.c*cp.dw, cp.dw
 	slot := t % R
@@ -465,6 +491,13 @@ func (s *Session) compStep(cs *compState, freq []float32, t int, kv, z []float32
 	be.RMSNorm(e, e, cp.norm, dw, float32(s.m.Cfg.NormEps))
 	wpos := (t / R) * R
 	be.RoPE(e, []int{wpos}, freq, dw, dw, false)
+	if s.m.target == QAT {
+		if index {
+			indexSim(e, dw)
+		} else {
+			kvSim(e, dw, dw-2*len(freq))
+		}
+	}
 	return e
 }
 
@@ -521,7 +554,7 @@ func (s *Session) moe(b *block, f []float32, tokens, pos []int) ([]float32, erro
 			copy(x[j*D:(j+1)*D], f[u.tok*D:(u.tok+1)*D])
 			rs[j] = u.w
 		}
-		y := ffn(be, ew, x, rs, n, D, I, limit)
+		y := ffn(be, ew, x, rs, n, D, I, limit, m.target == QAT)
 		if m.observe != nil {
 			ps := make([]int, n)
 			for j, u := range us {
@@ -537,7 +570,7 @@ func (s *Session) moe(b *block, f []float32, tokens, pos []int) ([]float32, erro
 		}
 	}
 	if b.shared != nil {
-		y := ffn(be, *b.shared, f, nil, T, D, I*c.NSharedExperts, 0)
+		y := ffn(be, *b.shared, f, nil, T, D, I*c.NSharedExperts, 0, m.target == QAT)
 		for i, v := range y {
 			out[i] += v
 		}
@@ -546,12 +579,20 @@ func (s *Session) moe(b *block, f []float32, tokens, pos []int) ([]float32, erro
 }
 
 // ffn is a SwiGLU expert on n rows: W2·(silu(W1 x)·(W3 x)·rowScale), with the
-// clamp when limit > 0.
-func ffn(be compute.Backend, w ExpertWeights, x, rowScale []float32, n, D, I int, limit float32) []float32 {
+// clamp when limit > 0; with qat, W1 and W3 read act_quant(x) and W2
+// act_quant of its input (the routed weight multiplied in before, as the
+// reference does). x is not modified.
+func ffn(be compute.Backend, w ExpertWeights, x, rowScale []float32, n, D, I int, limit float32, qat bool) []float32 {
+	if qat {
+		x = actQuantCopy(x, D)
+	}
 	g, u := make([]float32, n*I), make([]float32, n*I)
 	be.Linear(w.W1, g, x, n)
 	be.Linear(w.W3, u, x, n)
 	be.SwiGLU(g, g, u, rowScale, I, limit)
+	if qat {
+		actQuant(g, I)
+	}
 	y := make([]float32, n*D)
 	be.Linear(w.W2, y, g, n)
 	return y

@@ -66,7 +66,7 @@ func (l *loadedModel) Close() error {
 // memFlags are the memory and residency flags shared by run, serve and bench.
 type memFlags struct {
 	mem, policy, routes, backend, gpuMem string
-	prune                                string
+	prune, target                        string
 	ctx, chunk                           int
 	// observer (not a flag): every routed expert's work in host forward
 	// passes (moxie calibrate); the model then runs on the CPU.
@@ -83,6 +83,7 @@ func addMemFlags(fs *flag.FlagSet) *memFlags {
 	fs.StringVar(&f.routes, "record-routes", "", "write every routing decision to this trace file (see moxie residency)")
 	fs.StringVar(&f.gpuMem, "gpu-mem", "", "with --backend cuda: GPU memory the model may use, e.g. 80GiB (default: all that is free); when the routed experts do not fit, they are cached in GPU slots and copied from host memory on a miss")
 	fs.StringVar(&f.prune, "prune", "", "REPORT.json:N: the routers never select the N least salient experts of each score-routed layer, by a moxie calibrate report (REAP saliency); their weights stay in the checkpoint; judge the quality with moxie perplexity")
+	fs.StringVar(&f.target, "target", "exact", "numeric target: exact (float32 math on the stored weights, as the transformers port computes) or qat (adds the quantization steps of DeepSeek's reference code: FP8 linear inputs and KV, a Hadamard-rotated FP4 indexer; runs on the CPU)")
 	fs.StringVar(&f.backend, "backend", "auto", "where the model runs: auto (the GPU when a CUDA GPU, its driver and NVRTC are found and the model fits, else the CPU, saying why), cpu, or cuda (the model resident on GPU 0: weights, routed experts and sequence state)")
 	return f
 }
@@ -100,7 +101,18 @@ func loadModel(spec string, mf *memFlags, stderr io.Writer) (*loadedModel, error
 	default:
 		return nil, usagef("--backend %q: want cpu, cuda or auto", mf.backend)
 	}
-	hostFlags := mf.mem != "" || mf.policy != "lru"
+	var target dsv4.Target
+	switch mf.target {
+	case "", "exact":
+	case "qat":
+		target = dsv4.QAT
+	default:
+		return nil, usagef("--target %q: want exact or qat", mf.target)
+	}
+	if target == dsv4.QAT && mf.backend == "cuda" {
+		return nil, usagef("--target qat runs on the CPU: use --backend cpu (or auto)")
+	}
+	hostFlags := mf.mem != "" || mf.policy != "lru" || target == dsv4.QAT
 	if mf.chunk < 0 {
 		return nil, usagef("--chunk %d: want a positive number of tokens (0 for the default)", mf.chunk)
 	}
@@ -178,6 +190,8 @@ func loadModel(spec string, mf *memFlags, stderr io.Writer) (*loadedModel, error
 		}
 	}
 	switch {
+	case mf.backend == "auto" && target == dsv4.QAT:
+		fmt.Fprintf(stderr, "note: --target qat runs on the CPU\n")
 	case mf.backend == "auto" && hostFlags:
 		fmt.Fprintf(stderr, "note: --mem/--policy plan host memory: running on the CPU\n")
 	case mf.backend == "cuda" || mf.backend == "auto":
@@ -210,7 +224,7 @@ func loadModel(spec string, mf *memFlags, stderr io.Writer) (*loadedModel, error
 		return fail(err)
 	}
 
-	opts := dsv4.Options{Backend: l.be, Experts: l.store, MaxChunk: mf.chunk, Observer: mf.observer}
+	opts := dsv4.Options{Backend: l.be, Experts: l.store, MaxChunk: mf.chunk, Observer: mf.observer, Target: target}
 	if l.routes != nil {
 		opts.Routes = l.routes
 	}

@@ -96,3 +96,56 @@ func TestPerplexityBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestPerplexityQATTarget runs the built-in trained miniature on a piece
+// of its held-out text under both numeric targets: --target qat computes
+// another function (the NLL differs) whose quality stays that of the
+// exact one (the mean NLL within 1%: the reference's quantization of
+// activations, KV and indexer is noise a trained model absorbs; a wrong
+// scale or grid would not be). Bad --target values are usage errors.
+func TestPerplexityQATTarget(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two CPU runs of the built-in model")
+	}
+	model := defaultModel()
+	if _, err := os.Stat(filepath.Join(model, "config.json")); err != nil {
+		t.Skipf("no built-in model: %v", err)
+	}
+	held, err := os.ReadFile(filepath.Join("..", "..", "training", "data", "heldout.txt"))
+	if err != nil {
+		t.Skipf("no held-out text: %v", err)
+	}
+	dir := t.TempDir()
+	file := filepath.Join(dir, "h.txt")
+	os.WriteFile(file, held[:3000], 0o644)
+	nll := map[string]float64{}
+	for _, target := range []string{"exact", "qat"} {
+		out := filepath.Join(dir, target+".json")
+		code, _, errs := moxie(t, "perplexity", "--model", model, "--file", file, "--window", "256", "--backend", "cpu", "--target", target, "--json", out)
+		if code != 0 {
+			t.Fatalf("--target %s: exit %d: %s", target, code, errs)
+		}
+		var rep pplReport
+		b, _ := os.ReadFile(out)
+		if err := json.Unmarshal(b, &rep); err != nil {
+			t.Fatal(err)
+		}
+		nll[target] = rep.MeanNLL
+	}
+	t.Logf("mean NLL: exact %.6f, qat %.6f", nll["exact"], nll["qat"])
+	if d := math.Abs(nll["qat"] - nll["exact"]); d == 0 || d > 0.01*nll["exact"] {
+		t.Errorf("mean NLL: exact %.6f, qat %.6f: want them different, within 1%%", nll["exact"], nll["qat"])
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"perplexity", "--file", file, "--target", "fp8"}, "--target"},
+		{[]string{"perplexity", "--file", file, "--target", "qat", "--backend", "cuda"}, "--backend cpu"},
+	} {
+		var errb strings.Builder
+		if code := run(tc.args, strings.NewReader(""), io.Discard, &errb); code != 2 || !strings.Contains(errb.String(), tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want exit 2 mentioning %q", tc.args, code, errb.String(), tc.want)
+		}
+	}
+}

@@ -1,0 +1,134 @@
+package dsv4
+
+import (
+	"math"
+
+	"moxie/format"
+)
+
+// The qat target's simulated quantization (dsv4-flash.md §3.2): the steps
+// DeepSeek's reference code applies to activations, to the stored KV and to
+// the indexer, each on float32 slices the caller owns, in place. Scales are
+// powers of two, so scaling is exact and the only rounding is to the FP8 or
+// FP4 grid (ties to even, as format's encoders round).
+
+const (
+	// qatActBlock is the block of a linear input's FP8 simulation (act_quant).
+	qatActBlock = 128
+	// qatKVBlock is the block of the stored KV's FP8 simulation.
+	qatKVBlock = 64
+	// qatFP4Block is the block of the indexer's FP4 simulation.
+	qatFP4Block = 32
+	// qatActMin is act_quant's floor on a block's largest magnitude.
+	qatActMin = 1e-4
+)
+
+// pow2Ceil returns 2^ceil(log2(y)) for a positive normal float32 y, from its
+// exponent and mantissa bits as the reference computes it (a power of two
+// is itself; anything above it the next one up).
+func pow2Ceil(y float32) float32 {
+	b := math.Float32bits(y)
+	e := int(b>>23&0xff) - 127
+	if b&0x7fffff != 0 {
+		e++
+	}
+	return float32(math.Ldexp(1, e))
+}
+
+// fp8Sim replaces each block of `block` values of x (the last may be
+// shorter) by its FP8 E4M3 simulation: amax = max(|x|, qatActMin) over the
+// block, s = 2^ceil(log2(amax/448)), x = e4m3(x/s)·s with x/s clamped to
+// ±448 (the encoder saturates).
+func fp8Sim(x []float32, block int) {
+	for lo := 0; lo < len(x); lo += block {
+		blk := x[lo:min(lo+block, len(x))]
+		amax := float32(qatActMin)
+		for _, v := range blk {
+			amax = max(amax, float32(math.Abs(float64(v))))
+		}
+		s := pow2Ceil(amax / 448)
+		for i, v := range blk {
+			blk[i] = format.E4M3ToFloat32(format.Float32ToE4M3(v/s)) * s
+		}
+	}
+}
+
+// actQuant is act_quant on every row of x [rows, cols]: each row's blocks of
+// qatActBlock along cols through fp8Sim. The FP8 and FP4 linears of the qat
+// target read their input through it.
+func actQuant(x []float32, cols int) {
+	for r := 0; r+cols <= len(x); r += cols {
+		fp8Sim(x[r:r+cols], qatActBlock)
+	}
+}
+
+// actQuantCopy returns actQuant of a copy of x (x is left as it is).
+func actQuantCopy(x []float32, cols int) []float32 {
+	y := append([]float32(nil), x...)
+	actQuant(y, cols)
+	return y
+}
+
+// kvSim is the stored KV's simulation on each row of x [rows, dim]: the
+// first nope values (those RoPE leaves alone) through fp8Sim in blocks of
+// qatKVBlock; the rotated tail stays as it is.
+func kvSim(x []float32, dim, nope int) {
+	for r := 0; r+dim <= len(x); r += dim {
+		fp8Sim(x[r:r+nope], qatKVBlock)
+	}
+}
+
+// fp4Sim replaces each block of qatFP4Block values of x (the last may be
+// shorter) by its FP4 E2M1 simulation: s = 2^ceil(log2(max(amax,
+// 6·2^-126)/6)), x = e2m1(x/s)·s with x/s clamped to ±6 (the encoder
+// saturates).
+func fp4Sim(x []float32) {
+	floor := float32(6 * math.Ldexp(1, -126))
+	for lo := 0; lo < len(x); lo += qatFP4Block {
+		blk := x[lo:min(lo+qatFP4Block, len(x))]
+		amax := floor
+		for _, v := range blk {
+			amax = max(amax, float32(math.Abs(float64(v))))
+		}
+		s := pow2Ceil(amax / 6)
+		for i, v := range blk {
+			blk[i] = format.E2M1ToFloat32(format.Float32ToE2M1(v/s)) * s
+		}
+	}
+}
+
+// hadamard replaces x (a power-of-two length n) by H·x/sqrt(n), H the
+// Sylvester-order Walsh–Hadamard matrix (entry (i, j) is -1 to the number
+// of bits i and j share), by the iterative butterfly in float32.
+func hadamard(x []float32) {
+	n := len(x)
+	for h := 1; h < n; h *= 2 {
+		for i := 0; i < n; i += 2 * h {
+			for j := i; j < i+h; j++ {
+				a, b := x[j], x[j+h]
+				x[j], x[j+h] = a+b, a-b
+			}
+		}
+	}
+	s := float32(1 / math.Sqrt(float64(n)))
+	for i := range x {
+		x[i] *= s
+	}
+}
+
+// indexSim is the indexer's simulation on each row of x [rows, dim] (a
+// query head or a compressed key): hadamard, then fp4Sim.
+func indexSim(x []float32, dim int) {
+	for r := 0; r+dim <= len(x); r += dim {
+		hadamard(x[r : r+dim])
+		fp4Sim(x[r : r+dim])
+	}
+}
+
+// bf16Round rounds every value of x to bfloat16 (ties to even): the
+// reference's BF16 grouped wo_a takes and gives BF16.
+func bf16Round(x []float32) {
+	for i, v := range x {
+		x[i] = format.BF16ToFloat32(format.Float32ToBF16(v))
+	}
+}

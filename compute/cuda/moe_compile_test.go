@@ -375,6 +375,7 @@ func moeLeanEmuSource() (string, error) {
 		"__device__ __forceinline__ void hilo8(",
 		"__device__ __forceinline__ float moe_sigmoid(",
 		"__device__ __forceinline__ float moe_swiglu(",
+		"template <int NW>\n__device__ __forceinline__ void stage1_sums(",
 		"template <int DEC, int NW = MOE_WARPS>",
 		"template <int NM> __device__ __forceinline__ void quad_sum(",
 		"template <typename Chunk, typename Ld, typename Cp, typename Mid>\n__device__ __forceinline__ void wide_walk(",

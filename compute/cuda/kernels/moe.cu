@@ -463,9 +463,12 @@ __device__ __forceinline__ void stage1_tile(const MoeArgs &a, bool shared, int r
 // The end of a stage-1 tile: the warps' sums added in warp order through
 // red (one barrier), SwiGLU, and the 16 h values stored as hi/lo. k is the
 // routed tile's expert slot.
-template <int DEC, int NW = MOE_WARPS>
-__device__ __forceinline__ void stage1_finish(const MoeArgs &a, bool shared, bool valid, int k, int r0, const float (&acc)[2][4],
-                                              float (&red)[NW][8][4]) {
+// stage1_sums: the tile's 16 rows of w1·x (gv) and w3·x (uv), the warps'
+// sums (hi + lo/2048 of each) added in warp order through red (one
+// barrier, which every thread of the block reaches); threads 0..15 get row
+// threadIdx.x's sums, the others zeros.
+template <int NW>
+__device__ __forceinline__ void stage1_sums(const float (&acc)[2][4], float (&red)[NW][8][4], float &gv, float &uv) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   if (t == 0) {
 #pragma unroll
@@ -475,13 +478,24 @@ __device__ __forceinline__ void stage1_finish(const MoeArgs &a, bool shared, boo
     }
   }
   __syncthreads();
+  gv = 0.f;
+  uv = 0.f;
   if (threadIdx.x < 16) {
     const int i = threadIdx.x, gi = i & 7, hf = i >> 3;
-    float gv = 0.f, uv = 0.f;
     for (int w = 0; w < NW; w++) {
       gv += red[w][gi][hf];
       uv += red[w][gi][2 + hf];
     }
+  }
+}
+
+template <int DEC, int NW = MOE_WARPS>
+__device__ __forceinline__ void stage1_finish(const MoeArgs &a, bool shared, bool valid, int k, int r0, const float (&acc)[2][4],
+                                              float (&red)[NW][8][4]) {
+  float gv, uv;
+  stage1_sums(acc, red, gv, uv);
+  if (threadIdx.x < 16) {
+    const int i = threadIdx.x;
     const int row = r0 + i;
     if (shared) {
       const float v = moe_swiglu(gv, uv, 0.f);
@@ -1559,44 +1573,24 @@ struct LeanFp8 {
   }
 };
 
-// Stage 1, lean: see the family's comment. Blocks [0, Is/16) are the
-// shared expert's tiles, then the K·I/16 routed ones (as moe_stage1).
-// PFR: a routed warp, once its first chunks are issued, asks L2 for the
-// rest of its range (prefetch hints: 16 rows of w1 and w3, 8 KB at D 4096
-// beyond the first 256-byte fetch of each row), so its whole range is in
-// flight at once. (The shared tiles' rows were asked for before the PDL
-// wait: moe1_pf.)
 // stage1_finish_half: the end of one column half of a shared-expert tile
 // (moe_stage1l's SH2; tile r0/16, half hf): the half's warps' sums added
-// in warp order through red (as stage1_finish does), stored to a.part
-// (sh1HalfOffsets in moe.go: 32 floats a half, [tile][half][g or u][row]);
+// in warp order (stage1_sums), stored to a.part
+// (sh1HalfBytes in moe.go: 32 floats a half, [tile][half][g or u][row]);
 // the second half of the tile to arrive (an atomic ticket a tile after the
 // partials, reset by that block, so runs and graph replays need no host
 // reset) adds half 0's sums and half 1's, in that order, and stores the
 // SwiGLU of the tile's 16 rows as stage1_finish does.
 template <int NW>
 __device__ __forceinline__ void stage1_finish_half(const MoeArgs &a, int r0, int hf, const float (&acc)[2][4], float (&red)[NW][8][4]) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  if (t == 0) {
-#pragma unroll
-    for (int m = 0; m < 2; m++) {
-      red[warp][g][2 * m] = fmaf(acc[m][1], 1.f / 2048.f, acc[m][0]);
-      red[warp][g][2 * m + 1] = fmaf(acc[m][3], 1.f / 2048.f, acc[m][2]);
-    }
-  }
-  __syncthreads();
+  float gv, uv;
+  stage1_sums(acc, red, gv, uv);
   const int tile = r0 >> 4, tiles = a.Is >> 4;
   float *mine = a.part + (long long)(2 * tile + hf) * 32;
   __shared__ bool last;
   if (threadIdx.x < 16) {
-    const int i = threadIdx.x, gi = i & 7, h8 = i >> 3;
-    float gv = 0.f, uv = 0.f;
-    for (int w = 0; w < NW; w++) {
-      gv += red[w][gi][h8];
-      uv += red[w][gi][2 + h8];
-    }
-    mine[i] = gv;
-    mine[16 + i] = uv;
+    mine[threadIdx.x] = gv;
+    mine[16 + threadIdx.x] = uv;
     __threadfence();
   }
   __syncthreads();
@@ -1610,12 +1604,18 @@ __device__ __forceinline__ void stage1_finish_half(const MoeArgs &a, int r0, int
   __threadfence();
   const int i = threadIdx.x;
   const float *p0 = a.part + (long long)(2 * tile) * 32, *p1 = p0 + 32;
-  const float gv = __ldcg(p0 + i) + __ldcg(p1 + i), uv = __ldcg(p0 + 16 + i) + __ldcg(p1 + 16 + i);
-  const float v = moe_swiglu(gv, uv, 0.f);
+  const float v = moe_swiglu(__ldcg(p0 + i) + __ldcg(p1 + i), __ldcg(p0 + 16 + i) + __ldcg(p1 + 16 + i), 0.f);
   u16 *hrow = a.h + (long long)a.K * 2 * a.I;
   hilo(v, hrow[r0 + i], hrow[a.Is + r0 + i]);
 }
 
+// Stage 1, lean: see the family's comment. Blocks [0, Is/16) are the
+// shared expert's tiles, then the K·I/16 routed ones (as moe_stage1).
+// PFR: a routed warp, once its first chunks are issued, asks L2 for the
+// rest of its range (prefetch hints: 16 rows of w1 and w3, 8 KB at D 4096
+// beyond the first 256-byte fetch of each row), so its whole range is in
+// flight at once. (The shared tiles' rows were asked for before the PDL
+// wait: moe1_pf.)
 // SH2: the shared expert's tiles are split into two column halves, one a
 // block (blocks [0, Is/8): tile b/2, half b%2; stage1_finish_half), so that
 // a shared warp's range is as long as a routed warp's (FP8 rows are twice

@@ -454,6 +454,82 @@ __global__ void __launch_bounds__(512, 2) pread(const uint4 *p, long long n, u32
   if (f == 0x12345678u) out[0] = f;
 }
 
+// Stage 1's bytes read by bulk copies (TMA, cp.async.bulk; session 16):
+// the question is how fast a stage 1 fed through shared memory by the copy
+// engine could read, against moe1lx (s1 base) and the plain reads. A
+// persistent grid (one block of 256 threads an SM) takes tiles b, b + G, …
+// of stage 1's Is/16 shared tiles (w1 and w3 rows [16t, 16t + 16), FP8:
+// 2 × 64 KB) and K·I/16 routed ones (expert ids[k]'s w1 and w3 rows: 2 ×
+// 32 KB of E2M1 and 2 × 2 KB of scales), each cut into pieces of at most
+// 16 KB. Thread 0 keeps NST pieces in flight in a ring of NST 16 KB
+// stages (one mbarrier a stage, complete_tx); every thread folds its share
+// of each arrived piece from shared memory (XOR), the block syncs, and the
+// stage is refilled. No math: the read side of such a design only.
+struct BulkPiece { const u8 *p; u32 bytes; };
+__device__ __forceinline__ BulkPiece bulk_piece(const MoeArgs &a, int tile, int j, bool &more) {
+  const int st = a.Is >> 4;
+  if (tile < st) {  // 8 pieces: w1 then w3, four 16 KB pieces of 64 KB each
+    const u8 *m = j < 4 ? a.s1 : a.s3;
+    more = j < 7;
+    return {m + (long long)tile * 16 * a.D + (j & 3) * 16384, 16384};
+  }
+  const int t = tile - st, per = a.I >> 4, k = t / per, r = t % per;
+  const LinRec &rec = a.t13[2 * a.ids[k] + (j >= 3)];
+  const int q = j % 3;  // two 16 KB pieces of the 32 KB rows, then the 2 KB of scales
+  more = j < 5;
+  if (q < 2) return {rec.W + (long long)r * 16 * (a.D / 2) + q * 16384, 16384};
+  return {rec.S + (long long)r * 16 * (a.D / 32), (u32)(16 * (a.D / 32))};
+}
+template <int NST>
+__global__ void __launch_bounds__(256, 1) k1bulk(MoeArgs a) {
+  extern __shared__ __align__(128) uint4 ring[];  // [NST][1024]
+  __shared__ __align__(8) unsigned long long bar[NST];
+  MOXIE_PDL();
+  const int tid = threadIdx.x, tiles = (a.Is >> 4) + a.K * (a.I >> 4);
+  if (tid == 0) {
+    for (int i = 0; i < NST; i++) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"((u32)__cvta_generic_to_shared(&bar[i])));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  // The producer's cursor (thread 0): tile, piece.
+  int pt = blockIdx.x, pj = 0;
+  auto issue = [&](int slot) {
+    if (pt >= tiles) return;
+    bool more;
+    const BulkPiece pc = bulk_piece(a, pt, pj, more);
+    const u32 b = (u32)__cvta_generic_to_shared(&bar[slot]), d = (u32)__cvta_generic_to_shared(ring + slot * 1024);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stage's generic reads before the copy's writes
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(pc.bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(d), "l"(pc.p), "r"(pc.bytes), "r"(b)
+                 : "memory");
+    if (more) pj++;
+    else { pj = 0; pt += gridDim.x; }
+  };
+  if (tid == 0)
+    for (int i = 0; i < NST; i++) issue(i);
+  // The consumers' cursor (every thread): the same walk.
+  int ct = blockIdx.x, cj = 0;
+  u32 f = 0;
+  for (int n = 0; ct < tiles; n++) {
+    const int slot = n % NST;
+    const u32 b = (u32)__cvta_generic_to_shared(&bar[slot]), par = (n / NST) & 1;
+    u32 done = 0;
+    while (!done)
+      asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }" : "=r"(done) : "r"(b), "r"(par) : "memory");
+    bool more;
+    const BulkPiece pc = bulk_piece(a, ct, cj, more);
+    for (u32 i = tid; i < pc.bytes / 16; i += 256) {
+      const uint4 v = ring[slot * 1024 + i];
+      f ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (more) cj++;
+    else { cj = 0; ct += gridDim.x; }
+    __syncthreads();
+    if (tid == 0) issue(slot);
+  }
+  if (f == 0x12345678u) a.out[0] = (float)f;
+}
+
 #define CK(x)                                                                                  \
   do {                                                                                         \
     cudaError_t e_ = (x);                                                                      \
@@ -563,8 +639,11 @@ int main(int argc, char **argv) {
   const int smem2s = 16 * ((K * (I >> 7) + (Is >> 6) + 15) / 16) * 512;
   CK(cudaFuncSetAttribute((const void *)k2s, cudaFuncAttributeMaxDynamicSharedMemorySize, smem2s));
   const dim3 g1((Is >> 4) + K * (I >> 4)), b1(128), g2(D / 16), b2(512), gp(2 * sms), bp(512);
+  CK(cudaFuncSetAttribute((const void *)k1bulk<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, 4 * 16384));
+  CK(cudaFuncSetAttribute((const void *)k1bulk<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, 8 * 16384));
+  CK(cudaFuncSetAttribute((const void *)k1bulk<12>, cudaFuncAttributeMaxDynamicSharedMemorySize, 12 * 16384));
 
-  struct Seq { const char *name; std::vector<std::pair<const void *, int>> ks; };  // kernel, kind: 1 stage1, 2 stage2, 3 pread35, 4 pread70
+  struct Seq { const char *name; std::vector<std::pair<const void *, int>> ks; };  // kernel, kind: 1 stage1, 2 stage2, 3 pread35, 4 pread70, 10 + NST k1bulk<NST>
   std::vector<Seq> seqs = {
       {"s2 repo (moe2l_g1_f1_d0_b2)", {{(const void *)k2repo, 2}}},
       {"s2 base (KO 0)", {{(const void *)k2<0, 0>, 2}}},
@@ -613,6 +692,9 @@ int main(int argc, char **argv) {
       {"s1 shared only, no math (KO1 40)", {{(const void *)k1k<40>, 1}}},
       {"s1 no decode (DEC 9)", {{(const void *)k1<9>, 1}}},
       {"pread 70 MB", {{(const void *)pread, 4}}},
+      {"s1 bytes by bulk copies, 4 stages", {{(const void *)k1bulk<4>, 14}}},
+      {"s1 bytes by bulk copies, 8 stages", {{(const void *)k1bulk<8>, 18}}},
+      {"s1 bytes by bulk copies, 12 stages", {{(const void *)k1bulk<12>, 22}}},
       {"pair s1+s2 repo", {{(const void *)k1<0>, 1}, {(const void *)k2repo, 2}}},
   };
   cudaStream_t st;
@@ -664,6 +746,7 @@ int main(int argc, char **argv) {
         if (kk.second == 1) { cfg.gridDim = g1; cfg.blockDim = b1; cfg.dynamicSmemBytes = smem1; kargs[0] = &args[r]; }
         else if (kk.second == 2) { cfg.gridDim = g2; cfg.blockDim = b2; kargs[0] = &args[r]; }
         else if (kk.second == 5) { cfg.gridDim = g2; cfg.blockDim = b2; cfg.dynamicSmemBytes = smem2s; kargs[0] = &args[r]; }
+        else if (kk.second >= 10) { cfg.gridDim = dim3(sms); cfg.blockDim = dim3(256); cfg.dynamicSmemBytes = (kk.second - 10) * 16384; kargs[0] = &args[r]; }
         else {
           PR &p = kk.second == 3 ? pr2[r] : pr1[r];
           cfg.gridDim = gp; cfg.blockDim = bp; kargs[0] = &p.p; kargs[1] = &p.n; kargs[2] = &p.o;

@@ -78,6 +78,10 @@ type Device struct {
 	// hcMix is the HCMix/HCHeadPre path choice ($MOXIE_CUDA_HCMIX) and the
 	// split path's scratch buffer (ops.go).
 	hcMix hcMixState
+
+	// carve: kernels' preferred shared-memory carveouts ($MOXIE_CUDA_CARVE,
+	// parseCarve), set as each kernel is looked up.
+	carve []carveRule
 }
 
 // Open loads the driver and NVRTC, retains the primary context of GPU
@@ -129,6 +133,10 @@ func (d *Device) init(ordinal int) error {
 		return fmt.Errorf("MOXIE_CUDA_LINEAR=%q: want narrow, wide, vec or mma (or unset for the default)", os.Getenv("MOXIE_CUDA_LINEAR"))
 	}
 	d.linWidth = w
+	var err error
+	if d.carve, err = parseCarve(os.Getenv("MOXIE_CUDA_CARVE")); err != nil {
+		return err
+	}
 	if err := l.Init(); err != nil {
 		return fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unsafe"
@@ -21,6 +22,7 @@ type Module struct {
 	mod         driver.Module
 	kernels     map[string]*Kernel
 	pdl         bool // the source carries pdlMarker
+	carve       []carveRule
 }
 
 // Kernel is one __global__ function of a Module.
@@ -233,7 +235,7 @@ func (c *Ctx) moduleWith(name, src string, extra []string) (*Module, error) {
 	if m, ok := d.modules[key]; ok {
 		return m, nil
 	}
-	m := &Module{Name: name, Key: key, lib: c.lib, kernels: map[string]*Kernel{}, pdl: hasPDLMarker(src)}
+	m := &Module{Name: name, Key: key, lib: c.lib, kernels: map[string]*Kernel{}, pdl: hasPDLMarker(src), carve: c.d.carve}
 	dir, dirErr := CacheDir()
 	var img []byte
 	if dirErr == nil {
@@ -269,9 +271,61 @@ func (m *Module) Kernel(name string) (*Kernel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("module %s: %w", m.Name, err)
 	}
+	for _, r := range m.carve {
+		if strings.HasPrefix(name, r.prefix) {
+			if err := m.lib.FuncSetAttribute(f, funcAttrCarveout, r.percent); err != nil {
+				return nil, fmt.Errorf("module %s: %s's shared-memory carveout %d%%: %w", m.Name, name, r.percent, err)
+			}
+			break
+		}
+	}
 	k := &Kernel{name: name, fn: f, pdl: m.pdl}
 	m.kernels[name] = k
 	return k, nil
+}
+
+// funcAttrCarveout is CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+// the share of the SM's unified L1/shared memory a kernel prefers as shared
+// memory, in percent of the most (the rest is L1 cache).
+const funcAttrCarveout = 9
+
+// carveRule gives the kernels whose names start with prefix a preferred
+// shared-memory carveout of percent.
+type carveRule struct {
+	prefix  string
+	percent int
+}
+
+// defaultCarve is the carveout rule set without $MOXIE_CUDA_CARVE: MoE
+// stage 1 (moe1lx_*, 7 blocks of 21.5 KB of shared memory an SM by its
+// registers, so the driver left ~28 KB of L1) at 44% (100 KB of shared
+// memory on an H200: 4 blocks an SM, ~156 KB of L1 for the weight loads in
+// flight). Session 16: stage 1 alone 26.89 → 24.91 us, the whole model
+// 169.43 → 172.27 tok/s in one call (docs/benchmarks.md).
+var defaultCarve = []carveRule{{"moe1lx", 44}}
+
+// parseCarve reads $MOXIE_CUDA_CARVE: "" (defaultCarve), "off" (the
+// driver's choice for every kernel) or comma-separated PREFIX:PERCENT rules
+// (0..100; the first rule whose prefix starts a kernel's name applies),
+// e.g. "moe1lx:44,gemvm:50". A smaller carveout leaves more L1 and fits
+// fewer blocks an SM.
+func parseCarve(v string) ([]carveRule, error) {
+	switch v {
+	case "":
+		return defaultCarve, nil
+	case "off":
+		return nil, nil
+	}
+	var rules []carveRule
+	for item := range strings.SplitSeq(v, ",") {
+		prefix, pc, ok := strings.Cut(item, ":")
+		n, err := strconv.Atoi(pc)
+		if !ok || prefix == "" || err != nil || n < 0 || n > 100 {
+			return nil, fmt.Errorf("MOXIE_CUDA_CARVE=%q: item %q, want KERNEL-PREFIX:PERCENT with PERCENT 0..100", v, item)
+		}
+		rules = append(rules, carveRule{prefix, n})
+	}
+	return rules, nil
 }
 
 // namedModule returns the device's loaded module called name or, when there

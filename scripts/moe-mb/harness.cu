@@ -11,6 +11,7 @@
 #include <cstring>
 #include <vector>
 #include <algorithm>
+#include <string>
 #include <cuda_runtime.h>
 #include "prelude.h"
 #include "common.cu"
@@ -454,6 +455,47 @@ __global__ void __launch_bounds__(512, 2) pread(const uint4 *p, long long n, u32
   if (f == 0x12345678u) out[0] = f;
 }
 
+// Stage 1's routed tiles read without math (session 16): how the lane
+// mapping of the weight loads shapes the read. moe1lx's grid and blocks
+// (the shared tiles' blocks return at once); each of a block's 4 warps
+// reads 8 KB of its tile's w1 rows and 8 KB of its w3 rows (16 rows of 2
+// KB, one contiguous 32 KB block each) in 32 loads of 16 bytes a lane,
+// DEPTH loads in flight, folded by XOR. MODE 0: moe1lx's mapping (lane (g,
+// t) reads rows g and g + 8 at byte 64q + 16t of the warp's 512-byte
+// column band: a load is 8 rows × 64 bytes); MODE 1: a load is 512
+// contiguous bytes of one row (the warp takes rows 4w .. 4w + 3 whole).
+template <int MODE, int DEPTH>
+__global__ void __launch_bounds__(128, 7) k1read(MoeArgs a) {
+  const int nsh = a.Is >> 4;
+  MOXIE_PDL_UNLESS((int)blockIdx.x < nsh);
+  if ((int)blockIdx.x < nsh) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int tile = blockIdx.x - nsh, tpe = a.I >> 4;
+  const int k = tile / tpe, r0 = (tile - k * tpe) * 16;
+  const LinRec *r1 = a.t13 + 2 * __ldg(a.ids + k);
+  const long long rb = a.D >> 1;
+  const u8 *m0 = r1[0].W + r0 * rb, *m1 = r1[1].W + r0 * rb;
+  auto addr = [&](int i) -> const uint4 * {
+    if (MODE == 0) {
+      const int q = i >> 2, m = (i >> 1) & 1, r = i & 1;
+      return reinterpret_cast<const uint4 *>((m ? m1 : m0) + (g + 8 * r) * rb + 512 * warp + 64 * q + 16 * t);
+    }
+    const int m = i & 1, j = i >> 1;
+    return reinterpret_cast<const uint4 *>((m ? m1 : m0) + (4 * warp + (j >> 2)) * rb + 512 * (j & 3) + 16 * lane);
+  };
+  uint4 v[DEPTH];
+#pragma unroll
+  for (int i = 0; i < DEPTH; i++) v[i] = ldw(addr(i));
+  u32 f = 0;
+#pragma unroll
+  for (int i = 0; i < 32; i++) {
+    const uint4 w = v[i % DEPTH];
+    f ^= w.x ^ w.y ^ w.z ^ w.w;
+    if (i + DEPTH < 32) v[i % DEPTH] = ldw(addr(i + DEPTH));
+  }
+  if (f == 0x12345678u) a.out[0] = (float)f;
+}
+
 // Stage 1's bytes read by bulk copies (TMA, cp.async.bulk; session 16):
 // the question is how fast a stage 1 fed through shared memory by the copy
 // engine could read, against moe1lx (s1 base) and the plain reads. A
@@ -639,11 +681,18 @@ int main(int argc, char **argv) {
   const int smem2s = 16 * ((K * (I >> 7) + (Is >> 6) + 15) / 16) * 512;
   CK(cudaFuncSetAttribute((const void *)k2s, cudaFuncAttributeMaxDynamicSharedMemorySize, smem2s));
   const dim3 g1((Is >> 4) + K * (I >> 4)), b1(128), g2(D / 16), b2(512), gp(2 * sms), bp(512);
+  if (const char *cv = getenv("CARVE"); cv && *cv) {  // the stage-1 kernels' preferred shared-memory carveout, percent of the most
+    const int pc = atoi(cv);
+    const void *fs[] = {(const void *)k1<0>, (const void *)k1<9>, (const void *)k1k<0>, (const void *)k1k<27>, (const void *)k1read<0, 8>};
+    for (const void *f : fs) CK(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, pc));
+    printf("carveout %d%%\n", pc);
+  }
+  CK(cudaFuncSetAttribute((const void *)k1read<0, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem1));
   CK(cudaFuncSetAttribute((const void *)k1bulk<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, 4 * 16384));
   CK(cudaFuncSetAttribute((const void *)k1bulk<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, 8 * 16384));
   CK(cudaFuncSetAttribute((const void *)k1bulk<12>, cudaFuncAttributeMaxDynamicSharedMemorySize, 12 * 16384));
 
-  struct Seq { const char *name; std::vector<std::pair<const void *, int>> ks; };  // kernel, kind: 1 stage1, 2 stage2, 3 pread35, 4 pread70, 10 + NST k1bulk<NST>
+  struct Seq { const char *name; std::vector<std::pair<const void *, int>> ks; };  // kernel, kind: 1 stage1, 2 stage2, 3 pread35, 4 pread70, 6 k1read, 7 k1read with stage 1's dynamic shared memory, 10 + NST k1bulk<NST>
   std::vector<Seq> seqs = {
       {"s2 repo (moe2l_g1_f1_d0_b2)", {{(const void *)k2repo, 2}}},
       {"s2 base (KO 0)", {{(const void *)k2<0, 0>, 2}}},
@@ -692,6 +741,13 @@ int main(int argc, char **argv) {
       {"s1 shared only, no math (KO1 40)", {{(const void *)k1k<40>, 1}}},
       {"s1 no decode (DEC 9)", {{(const void *)k1<9>, 1}}},
       {"pread 70 MB", {{(const void *)pread, 4}}},
+      {"s1 routed read, moe1lx mapping, 8 in flight", {{(const void *)k1read<0, 8>, 6}}},
+      {"s1 routed read, row-contiguous, 8 in flight", {{(const void *)k1read<1, 8>, 6}}},
+      {"s1 routed read, moe1lx mapping, 16 in flight", {{(const void *)k1read<0, 16>, 6}}},
+      {"s1 routed read, row-contiguous, 16 in flight", {{(const void *)k1read<1, 16>, 6}}},
+      {"s1 routed read, moe1lx mapping, 4 in flight", {{(const void *)k1read<0, 4>, 6}}},
+      {"s1 routed read, moe1lx mapping, 8 in flight, moe1lx's shared memory", {{(const void *)k1read<0, 8>, 7}}},
+      {"s1 routed read, row-contiguous, 4 in flight", {{(const void *)k1read<1, 4>, 6}}},
       {"s1 bytes by bulk copies, 4 stages", {{(const void *)k1bulk<4>, 14}}},
       {"s1 bytes by bulk copies, 8 stages", {{(const void *)k1bulk<8>, 18}}},
       {"s1 bytes by bulk copies, 12 stages", {{(const void *)k1bulk<12>, 22}}},
@@ -730,7 +786,18 @@ int main(int argc, char **argv) {
       printf("check: k2s differs from k2repo in %d of %d outputs\n", diff, D);
     }
   }
+  const char *only = getenv("SEQ");  // run only the sequences whose name contains one of its '|'-separated parts
   for (auto &sq : seqs) {
+    if (only && *only) {
+      bool hit = false;
+      for (const char *p = only; *p;) {
+        const char *e = strchr(p, '|');
+        const std::string part(p, e ? e - p : strlen(p));
+        hit = hit || strstr(sq.name, part.c_str()) != nullptr;
+        p = e ? e + 1 : p + strlen(p);
+      }
+      if (!hit) continue;
+    }
     cudaGraph_t gr;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
     for (int r = 0; r < REP; r++) {
@@ -746,6 +813,8 @@ int main(int argc, char **argv) {
         if (kk.second == 1) { cfg.gridDim = g1; cfg.blockDim = b1; cfg.dynamicSmemBytes = smem1; kargs[0] = &args[r]; }
         else if (kk.second == 2) { cfg.gridDim = g2; cfg.blockDim = b2; kargs[0] = &args[r]; }
         else if (kk.second == 5) { cfg.gridDim = g2; cfg.blockDim = b2; cfg.dynamicSmemBytes = smem2s; kargs[0] = &args[r]; }
+        else if (kk.second == 6) { cfg.gridDim = g1; cfg.blockDim = b1; kargs[0] = &args[r]; }
+        else if (kk.second == 7) { cfg.gridDim = g1; cfg.blockDim = b1; cfg.dynamicSmemBytes = smem1; kargs[0] = &args[r]; }
         else if (kk.second >= 10) { cfg.gridDim = dim3(sms); cfg.blockDim = dim3(256); cfg.dynamicSmemBytes = (kk.second - 10) * 16384; kargs[0] = &args[r]; }
         else {
           PR &p = kk.second == 3 ? pr2[r] : pr1[r];

@@ -97,9 +97,10 @@ func fp4Sim(x []float32) {
 	}
 }
 
-// hadamard replaces x (a power-of-two length n) by H·x/sqrt(n), H the
-// Sylvester-order Walsh–Hadamard matrix (entry (i, j) is -1 to the number
-// of bits i and j share), by the iterative butterfly in float32.
+// hadamard replaces x (a power-of-two length n: the config's validation
+// holds index_head_dim to one) by H·x/sqrt(n), H the Sylvester-order
+// Walsh–Hadamard matrix (entry (i, j) is -1 to the number of bits i and j
+// share), by the iterative butterfly in float32.
 func hadamard(x []float32) {
 	n := len(x)
 	for h := 1; h < n; h *= 2 {

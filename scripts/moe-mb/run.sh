@@ -14,6 +14,12 @@
 # switches (KO) are listed in harness.cu; knocked-out kernels compute
 # wrong results: timing only.
 #
+# Session 16 added reads without math (k1read: stage 1's routed tiles by
+# lane mapping; k1bulk: stage 1's bytes by bulk copies). The harness takes
+# SEQ (run only the sequences whose names contain one of its '|'-separated
+# parts) and CARVE (the stage-1 kernels' preferred shared-memory carveout,
+# percent), e.g. SEQ='s1 base|KO1 27)' CARVE=44 ./harness.
+#
 # Writes OUT_DIR/build.log, regs.txt (registers and shared memory of each
 # kernel), harness.txt; with NCU=1 also ncu.txt (one moe_stage2l launch:
 # speed of light, warp states, occupancy, source counters).

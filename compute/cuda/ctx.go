@@ -257,6 +257,8 @@ func (c *Ctx) Launch(f *Kernel, grid, block Dim3, shared int, s Stream, args ...
 	if knockedOut(f.name) {
 		return nil
 	}
+	f.launches++
+	f.threads, f.shared = int(block.X*max(block.Y, 1)*max(block.Z, 1)), shared
 	var pin runtime.Pinner
 	defer pin.Unpin()
 	var params unsafe.Pointer

@@ -30,6 +30,12 @@ type Kernel struct {
 	name string
 	fn   driver.Function
 	pdl  bool // its module opts in to programmatic dependent launch
+	// carve: the preferred shared-memory carveout set at lookup (percent),
+	// -1 for the driver's choice.
+	carve int
+	// Owned by the device thread: launches so far and the last one's block
+	// threads and dynamic shared memory (Ctx.KernelUses).
+	launches, threads, shared int
 }
 
 // pdlMarker is the line a kernel source carries when every __global__
@@ -271,17 +277,73 @@ func (m *Module) Kernel(name string) (*Kernel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("module %s: %w", m.Name, err)
 	}
+	carve := -1
 	for _, r := range m.carve {
 		if strings.HasPrefix(name, r.prefix) {
 			if err := m.lib.FuncSetAttribute(f, funcAttrCarveout, r.percent); err != nil {
 				return nil, fmt.Errorf("module %s: %s's shared-memory carveout %d%%: %w", m.Name, name, r.percent, err)
 			}
+			carve = r.percent
 			break
 		}
 	}
-	k := &Kernel{name: name, fn: f, pdl: m.pdl}
+	k := &Kernel{name: name, fn: f, pdl: m.pdl, carve: carve}
 	m.kernels[name] = k
 	return k, nil
+}
+
+// KernelUse is one kernel's resources and its last launch on a device
+// (Ctx.KernelUses): where its blocks fit, and so how much of the SM's
+// unified L1/shared memory the driver can leave to L1.
+type KernelUse struct {
+	Name     string
+	Launches int
+	// Threads and DynamicShared (bytes) are the last launch's.
+	Threads, DynamicShared int
+	// Registers (a thread), StaticShared and LocalBytes (a thread) are the
+	// compiled kernel's.
+	Registers, StaticShared, LocalBytes int
+	// BlocksPerSM is the occupancy API's most resident blocks an SM at the
+	// last launch's shape (it assumes the largest carveout).
+	BlocksPerSM int
+	// Carveout is the preferred shared-memory carveout set ($MOXIE_CUDA_CARVE,
+	// percent), or -1 for the driver's choice.
+	Carveout int
+}
+
+// CU_FUNC_ATTRIBUTE_NUM_REGS and CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES.
+const (
+	funcAttrNumRegs   = 4
+	funcAttrLocalSize = 3
+)
+
+// KernelUses lists every kernel launched on the device so far, by name
+// (a decode step's graph capture launches each of its kernels once).
+func (c *Ctx) KernelUses() ([]KernelUse, error) {
+	var out []KernelUse
+	for _, m := range c.d.modules {
+		for _, k := range m.kernels {
+			if k.launches == 0 {
+				continue
+			}
+			u := KernelUse{Name: k.name, Launches: k.launches, Threads: k.threads, DynamicShared: k.shared, Carveout: k.carve}
+			var err error
+			for _, a := range []struct {
+				attr int
+				dst  *int
+			}{{funcAttrNumRegs, &u.Registers}, {funcAttrSharedSize, &u.StaticShared}, {funcAttrLocalSize, &u.LocalBytes}} {
+				if *a.dst, err = c.lib.FuncGetAttribute(k.fn, a.attr); err != nil {
+					return nil, fmt.Errorf("%s: %w", k.name, err)
+				}
+			}
+			if u.BlocksPerSM, err = c.lib.OccupancyMaxActiveBlocks(k.fn, k.threads, k.shared); err != nil {
+				return nil, fmt.Errorf("%s: %w", k.name, err)
+			}
+			out = append(out, u)
+		}
+	}
+	slices.SortFunc(out, func(a, b KernelUse) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
 }
 
 // funcAttrCarveout is CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:

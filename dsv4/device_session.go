@@ -201,6 +201,15 @@ type DeviceSession struct {
 	// ($MOXIE_CUDA_ATTNDECV, "NAME[:SPLITS]", cuda.ParseAttnDecChoice;
 	// unset: the default), for A/B measurements.
 	attnDecV cuda.AttnDecChoice
+	// attnEarly: decode attention reads the positions and its first ring
+	// rows (and, where the compressors run on the side stream, the HCA
+	// entries) before it waits for the launch before it
+	// (cuda.AttnDecChoice.Early; $MOXIE_CUDA_ATTNEARLY=on). The promises
+	// hold in this step's order: the ring is written by the row ops after
+	// wq_a+wkv (or on the side stream, joined by an event), two or more
+	// launches before attention; the positions by the step's upload; the
+	// entries on the side stream when forked.
+	attnEarly bool
 	// invRoPE: with attnDec, the combine kernel applies the inverse RoPE
 	// of the output as it writes it (Ctx.AttentionDecodeInvRoPE) instead of
 	// a separate rope launch; MOXIE_CUDA_INVROPE=off keeps the launch.
@@ -424,7 +433,7 @@ func (m *Model) planDeviceSession(T int) (*DeviceSession, *allocPlan, int, error
 	s := &DeviceSession{m: m, d: d, limit: d.maxCtx, chunk: T, graphs: true, grouped: true, devMoE: true,
 		fused: os.Getenv("MOXIE_CUDA_FUSE") != "off", tcAttn: os.Getenv("MOXIE_CUDA_ATTN") != "ring",
 		attnDec: os.Getenv("MOXIE_CUDA_ATTNDEC") != "off" && cuda.DecodeAttentionFits(m.Cfg.NHeads, m.Cfg.HeadDim),
-		invRoPE: os.Getenv("MOXIE_CUDA_INVROPE") != "off", qPrep: os.Getenv("MOXIE_CUDA_QPREP") == "on",
+		invRoPE: os.Getenv("MOXIE_CUDA_INVROPE") != "off", attnEarly: os.Getenv("MOXIE_CUDA_ATTNEARLY") == "on", qPrep: os.Getenv("MOXIE_CUDA_QPREP") == "on",
 		compOne: os.Getenv("MOXIE_CUDA_COMPSTEP") != "off", woPair: os.Getenv("MOXIE_CUDA_WOPAIR") == "on",
 		pinnedLogits: os.Getenv("MOXIE_CUDA_LOGITS") != "pageable", registerDst: os.Getenv("MOXIE_CUDA_LOGITS") == "",
 		hcEpi: os.Getenv("MOXIE_CUDA_HCEPI") != "off"}
@@ -1766,8 +1775,15 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 					return c.AttentionDecodeNormQ(p, eps, freq, nf, s.attnScratch, st)
 				}
 			case fold:
+				ch := s.attnDecV
+				if s.attnEarly {
+					ch.Early = cuda.AttnEarlyKeys
+					if forked {
+						ch.Early |= cuda.AttnEarlyComp
+					}
+				}
 				attn = func(c *cuda.Ctx, p cuda.AttnParams, st cuda.Stream) error {
-					return c.AttentionDecodeInvRoPEWith(p, freq, nf, s.attnScratch, s.attnDecV, st)
+					return c.AttentionDecodeInvRoPEWith(p, freq, nf, s.attnScratch, ch, st)
 				}
 			case T == 1 && s.attnDec:
 				attn = func(c *cuda.Ctx, p cuda.AttnParams, st cuda.Stream) error {

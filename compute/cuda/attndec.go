@@ -126,6 +126,7 @@ type attnDecArgs struct {
 	RoPEFreq                                                      uint64
 	QPrep                                                         int32
 	QEps                                                          float32
+	Early, Pad3                                                   int32
 }
 
 // qprep flags of ADArgs (AD_QNORM, AD_QROPE in kernels/attndec.cu).
@@ -234,7 +235,28 @@ func (c *Ctx) AttentionDecodeNormQ(p AttnParams, eps float32, freq DevicePtr, nf
 type AttnDecChoice struct {
 	Variant   string
 	MaxSplits int
+	// Early: what the caller promises about the launches before this one
+	// (the zero value promises nothing).
+	Early AttnDecEarly
 }
+
+// AttnDecEarly are promises about the memory an AttentionDecodeInvRoPEWith
+// launch reads, which let its partial kernel start reading before it waits
+// for the launch before it on the stream (programmatic dependent launch).
+// A promise that does not hold is a race: wrong results now and then.
+type AttnDecEarly int32
+
+const (
+	// AttnEarlyKeys: p.Pos and the window ring p.Ring were last written
+	// two or more launches back on the stream, or before a dependency that
+	// is not programmatic (an event wait, a host synchronisation): the
+	// kernel reads the positions and copies its first tile of ring rows
+	// before its wait.
+	AttnEarlyKeys AttnDecEarly = 1
+	// AttnEarlyComp (with AttnEarlyKeys): p.Comp too; used where p.Idx is 0
+	// (every entry a key).
+	AttnEarlyComp AttnDecEarly = 2
+)
 
 // ParseAttnDecChoice reads "NAME" or "NAME:SPLITS" (e.g. "g8k16db:16"); ""
 // is the default choice.
@@ -294,7 +316,10 @@ func (c *Ctx) AttentionDecodeInvRoPEWith(p AttnParams, freq DevicePtr, nfreq int
 	if err != nil {
 		return err
 	}
-	r := attnDecRoPE{freq: freq, nf: nfreq}
+	if ch.Early&^(AttnEarlyKeys|AttnEarlyComp) != 0 || ch.Early == AttnEarlyComp {
+		return fmt.Errorf("cuda attndec: early promises %#x: want AttnEarlyKeys, optionally with AttnEarlyComp", int32(ch.Early))
+	}
+	r := attnDecRoPE{freq: freq, nf: nfreq, early: ch.Early}
 	if err := r.check(p.Dim, true); err != nil {
 		return err
 	}
@@ -319,6 +344,8 @@ type attnDecRoPE struct {
 	// prepares the queries (AttentionDecodeNormQ); 0: stored as they are.
 	qprep int32
 	qeps  float32
+	// early: the caller's promises (AttnDecChoice.Early).
+	early AttnDecEarly
 }
 
 // check reports a rotation the combine cannot apply to heads of width dim
@@ -375,7 +402,7 @@ func (c *Ctx) attentionDecodeVR(p AttnParams, scratch DevicePtr, v attnDecVarian
 		Pos: uint64(p.Pos), Part: uint64(scratch), RingRows: int32(p.RingRows), Window: int32(p.Window), Ratio: int32(max(p.Ratio, 1)),
 		IdxStride: int32(p.IdxStride), TopK: int32(p.TopK), Heads: int32(p.Heads), Dim: int32(p.Dim), MaxKeys: int32(p.MaxKeys),
 		Splits: int32(S), NQ: int32(p.T), KT: int32(v.KT), Scale: p.Scale, RoPENF: int32(r.nf), RoPEFreq: uint64(r.freq),
-		QPrep: r.qprep, QEps: r.qeps}
+		QPrep: r.qprep, QEps: r.qeps, Early: int32(r.early)}
 	if err := c.Launch(kp, Dim3{X: uint32(p.Heads / v.G), Y: uint32(S), Z: uint32(p.T)}, Dim3{X: attnDecThreads}, v.shared(p.Dim), s, unsafe.Pointer(&a)); err != nil {
 		return err
 	}

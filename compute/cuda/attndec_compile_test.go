@@ -14,9 +14,9 @@ import (
 // every kernel AttentionDecode launches is in the image and that each fits
 // the H200's opt-in shared memory.
 func TestAttnDecCompiles(t *testing.T) {
-	// kernels/attndec.cu static_asserts sizeof(ADArgs) == 136.
-	if n := unsafe.Sizeof(attnDecArgs{}); n != 136 {
-		t.Errorf("attnDecArgs is %d bytes, struct ADArgs 136", n)
+	// kernels/attndec.cu static_asserts sizeof(ADArgs) == 144.
+	if n := unsafe.Sizeof(attnDecArgs{}); n != 144 {
+		t.Errorf("attnDecArgs is %d bytes, struct ADArgs 144", n)
 	}
 	img := compileModuleForTest(t, "attndec", AttnDecSource())
 	requireKernels(t, img, "attndec_combine")
@@ -34,7 +34,9 @@ func TestAttnDecCompiles(t *testing.T) {
 // shuffles, runs window, HCA and CSA problems (padding, multi-tile splits,
 // MaxKeys truncation, T up to 4, dims 128/256/512, every variant; the
 // default variant also with AttentionDecodeNormQ's query preparation) and
-// compares with its own float64 attention. Skipped with -short or without
+// compares with its own float64 attention; the default variant and g8k16db
+// also with the early promises (AttnDecChoice.Early), which must give the
+// same bits. Skipped with -short or without
 // g++ (C++20).
 func TestAttnDecEmulated(t *testing.T) {
 	src := AttnDecSource()
@@ -82,11 +84,17 @@ func TestAttnDecEmulated(t *testing.T) {
 	if err != nil || !(worst <= attnDecTol) {
 		t.Errorf("emulation's last line %q: want worst <= %g", last, attnDecTol)
 	}
-	qprep := 0
+	qprep, early := 0, 0
 	for _, l := range lines {
-		if strings.Contains(l, " qprep ") {
+		switch {
+		case strings.Contains(l, " early-promises "):
+			early++
+		case strings.Contains(l, " qprep "):
 			qprep++
 		}
+	}
+	if early < 12 { // one per case at least: the default variant with the early promises
+		t.Errorf("emulation printed %d results with the early promises, want at least one per case (12)", early)
 	}
 	if qprep < 12 { // one per case: the default variant with AttentionDecodeNormQ's query preparation
 		t.Errorf("emulation printed %d results with the query preparation, want one per case (12)", qprep)

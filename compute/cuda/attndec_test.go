@@ -649,3 +649,72 @@ func TestParseAttnDecChoice(t *testing.T) {
 		}
 	}
 }
+
+// TestAttentionDecodeEarly checks that the early promises
+// (AttnDecChoice.Early: the positions and the first tile's ring rows, and
+// entries without idx, read before the partial kernel's wait) change no
+// bit: on every case, the default tiling (one key buffer) and g8k16db (two)
+// with and without them, with the inverse rotation. The inputs come from
+// host copies, so the promises hold. Bad promises are errors.
+func TestAttentionDecodeEarly(t *testing.T) {
+	withFwd(t, func(e *fwdEnv) {
+		if err := e.c.LoadAttnDec(); err != nil {
+			t.Fatal(err)
+		}
+		s := e.c.Stream()
+		for ci, tc := range attnDecCases {
+			// Not a subtest: t.Run would move the case off the device's
+			// locked OS thread (CUDA_ERROR_INVALID_CONTEXT).
+			d := tc.data(uint64(500 + ci))
+			n := tc.T * tc.heads * tc.dim
+			nf := min(32, tc.dim/8)
+			dfreq := e.up(ropeFreqs(nf))
+			p := tc.params(e, d, 1/math.Sqrt(float64(tc.dim)))
+			scratch, err := e.a.Alloc(AttentionDecodeScratchBytes(tc.heads, tc.dim, tc.T, d.maxKeys))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, name := range []string{attnDecVariants[0].Name, "g8k16db"} {
+				if v, _ := attnDecFind(name); !v.fits(tc.heads, tc.dim) {
+					continue
+				}
+				var ref []float32
+				for _, early := range []AttnDecEarly{0, AttnEarlyKeys, AttnEarlyKeys | AttnEarlyComp} {
+					if err := e.c.Memset(p.O, 0xff, 4*n, s); err != nil {
+						t.Fatal(err)
+					}
+					if err := e.c.AttentionDecodeInvRoPEWith(p, dfreq, nf, scratch, AttnDecChoice{Variant: name, Early: early}, s); err != nil {
+						t.Fatalf("%s: %s early %d: %v", tc.name, name, early, err)
+					}
+					got := e.down(p.O, n)
+					if early == 0 {
+						ref = got
+						continue
+					}
+					if !bitsEqual(got, ref) {
+						t.Errorf("%s: %s with early promises %d: not the bits without them (max rel. difference %.3g)", tc.name, name, early, computetest.MaxRel(got, f64s(ref)))
+					}
+				}
+			}
+		}
+		ok := AttnParams{O: 1, Q: 1, Ring: 1, Sinks: 1, Pos: 1, T: 1, Window: 4, RingRows: 4, Heads: 64, Dim: 512, MaxKeys: 4}
+		for _, bad := range []AttnDecEarly{AttnEarlyComp, 4, -1} {
+			if err := e.c.AttentionDecodeInvRoPEWith(ok, 1, 32, 1, AttnDecChoice{Early: bad}, s); err == nil || !strings.Contains(err.Error(), "early") {
+				t.Errorf("early %d: err = %v, want one about the promises", bad, err)
+			}
+		}
+	})
+}
+
+// TestAttnDecEarlyRejects checks, without a device (the promises are
+// checked before anything touches it), that AttnEarlyComp alone and
+// unknown bits are errors naming the promises.
+func TestAttnDecEarlyRejects(t *testing.T) {
+	var c *Ctx
+	p := AttnParams{O: 1, Q: 1, Ring: 1, Sinks: 1, Pos: 1, T: 1, Window: 4, RingRows: 4, Heads: 64, Dim: 512, MaxKeys: 4}
+	for _, bad := range []AttnDecEarly{AttnEarlyComp, 4, -1, AttnEarlyKeys | 8} {
+		if err := c.AttentionDecodeInvRoPEWith(p, 1, 32, 1, AttnDecChoice{Early: bad}, Stream{}); err == nil || !strings.Contains(err.Error(), "early") {
+			t.Errorf("early %d: err = %v, want one about the promises", bad, err)
+		}
+	}
+}

@@ -52,8 +52,22 @@ struct ADArgs {
   const float *rope_freq;  // [rope_nf] when rope_nf > 0
   int qprep;               // AD_QNORM | AD_QROPE: the partial kernel prepares q as it stages it (below)
   float qeps;              // the RMS norm's epsilon with AD_QNORM
+  int early;               // AD_EARLY_KEYS | AD_EARLY_COMP: the caller's promises (below)
+  int pad3;
 };
-static_assert(sizeof(ADArgs) == 136, "ADArgs must match attnDecArgs in attndec.go");
+static_assert(sizeof(ADArgs) == 144, "ADArgs must match attnDecArgs in attndec.go");
+
+// early: the caller promises that pos and the window ring (AD_EARLY_KEYS),
+// and the compressed entries (AD_EARLY_COMP), were written two or more
+// launches back on the stream, or before a dependency that is not
+// programmatic: the partial kernel then reads the position and copies its
+// first tile's keys, where they are all ring rows (or, with AD_EARLY_COMP
+// and no idx, entries), before it waits for the launch before it
+// (MOXIE_PDL_UNLESS's contract: that launch's blocks have all passed their
+// own wait when this one starts, so everything before it has finished).
+// q and idx are read after the wait. Results do not depend on it.
+#define AD_EARLY_KEYS 1
+#define AD_EARLY_COMP 2
 
 // qprep: the partial kernel stages q[i, h] prepared as the row ops kernel
 // (fuse.cu fuse_rows) prepares it, instead of as stored: AD_QNORM divides
@@ -210,19 +224,49 @@ __device__ __forceinline__ void ad_partial(const ADArgs &a) {
 
   const int h0 = blockIdx.x * G, s = blockIdx.y, i = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
-  // The queries' loads go out before the position's (G*D4 = GP*AD_NT).
+  const bool early = a.early & AD_EARLY_KEYS;
+  if (!early) MOXIE_PDL();
+  // The queries' loads go out before the position's (G*D4 = GP*AD_NT),
+  // unless the position and the first tile's keys go before the wait.
   float4 qr[GP];
-  {
+  auto load_q = [&] {
     const float4 *qg = (const float4 *)(a.q + ((long long)i * a.heads + h0) * D);
 #pragma unroll
     for (int r = 0; r < GP; r++) qr[r] = qg[tid + r * AD_NT];
-  }
+  };
+  if (!early) load_q();
   int nw, first;
   const int nk = ad_keys(a, i, nw, first);
   const int chunk = (nk + a.splits * KT - 1) / (a.splits * KT) * KT;
   const int j0 = s * chunk, j1 = min(nk, j0 + chunk);
   const long long row = ((long long)i * a.splits + s) * a.heads + h0;  // (query, split, head h0)
   float *ml = a.part + (long long)a.nq * a.splits * a.heads * D + 2 * row;
+  // set_rows: threads < KT locate the keys of the tile at jt (0 past the
+  // split) in buffer b; fetch: every thread copies its part of that tile.
+  auto set_rows = [&](int jt, int b) {
+    if (tid < KT) kp0[b][tid] = jt + tid < j1 ? ad_key(a, i, jt + tid, nw, first) : (const float *)0;
+  };
+  auto fetch = [&](int b) {
+#pragma unroll
+    for (int e = tid; e < KT * D4; e += AD_NT) {
+      const int j = e / D4, c = e % D4;
+      const float *p = kp0[b][j];
+      ad_cp16(ks0 + (b * KT + j) * KS4 + c, p != 0 ? (const float4 *)p + c : (const float4 *)a.ring, p != 0);
+    }
+    ad_cp_commit();
+  };
+  // pre: the first tile's keys (ring rows, or with AD_EARLY_COMP entries
+  // without idx) are on their way before the wait (block-uniform).
+  const bool pre = early && NB == 1 && j0 < j1 && (min(j1, j0 + KT) <= nw || (a.idx == 0 && (a.early & AD_EARLY_COMP)));
+  if (pre) {
+    set_rows(j0, 0);
+    __syncthreads();
+    fetch(0);
+  }
+  if (early) {
+    MOXIE_PDL();
+    load_q();
+  }
   if (j0 >= j1) {
     if (tid < G) {
       ml[2 * tid] = AD_NINF;
@@ -242,20 +286,6 @@ __device__ __forceinline__ void ad_partial(const ADArgs &a) {
 #pragma unroll
   for (int r = 0; r < GP; r++) acc[r] = make_float4(0.f, 0.f, 0.f, 0.f);
 
-  // set_rows: threads < KT locate the keys of the tile at jt (0 past the
-  // split) in buffer b; fetch: every thread copies its part of that tile.
-  auto set_rows = [&](int jt, int b) {
-    if (tid < KT) kp0[b][tid] = jt + tid < j1 ? ad_key(a, i, jt + tid, nw, first) : (const float *)0;
-  };
-  auto fetch = [&](int b) {
-#pragma unroll
-    for (int e = tid; e < KT * D4; e += AD_NT) {
-      const int j = e / D4, c = e % D4;
-      const float *p = kp0[b][j];
-      ad_cp16(ks0 + (b * KT + j) * KS4 + c, p != 0 ? (const float4 *)p + c : (const float4 *)a.ring, p != 0);
-    }
-    ad_cp_commit();
-  };
   if (NB == 2) {
     set_rows(j0, 0);
     __syncthreads();
@@ -265,9 +295,11 @@ __device__ __forceinline__ void ad_partial(const ADArgs &a) {
     const int b = NB == 2 ? (n & 1) : 0;
     __syncthreads();  // the previous tile is consumed (its rows and buffer free)
     if (NB == 1) {
-      set_rows(jt, 0);
-      __syncthreads();
-      fetch(0);
+      if (!(pre && n == 0)) {  // the first tile's copies may be in flight already
+        set_rows(jt, 0);
+        __syncthreads();
+        fetch(0);
+      }
       ad_cp_wait<0>();
     } else {
       const bool more = jt + KT < j1;
@@ -380,7 +412,7 @@ __device__ __forceinline__ void ad_partial(const ADArgs &a) {
 }
 
 #define AD_KERNEL(NAME, G, D, KT, NB) \
-  extern "C" __global__ void __launch_bounds__(AD_NT) NAME(ADArgs a) { MOXIE_PDL(); ad_partial<G, D, KT, NB>(a); }
+  extern "C" __global__ void __launch_bounds__(AD_NT) NAME(ADArgs a) { MOXIE_PDL_INSIDE(); ad_partial<G, D, KT, NB>(a); }
 
 AD_KERNEL(attndec_g8k16_d128, 8, 128, 16, 1)
 AD_KERNEL(attndec_g8k16_d256, 8, 256, 16, 1)

@@ -99,7 +99,7 @@ func TestAttnDecEmulated(t *testing.T) {
 	if qprep < 12 { // one per case: the default variant with AttentionDecodeNormQ's query preparation
 		t.Errorf("emulation printed %d results with the query preparation, want one per case (12)", qprep)
 	}
-	t.Logf("%d results (%d with the query preparation), max relative error %.3g vs float64", len(lines)-1, qprep, worst)
+	t.Logf("%d results (%d with the query preparation, %d with the early promises, each the same bits), max relative error %.3g vs float64", len(lines)-1, qprep, early, worst)
 }
 
 // TestAttnDecRoPEEmulated runs kernels/attndec.cu's combine kernel on the

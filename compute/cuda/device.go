@@ -186,6 +186,9 @@ func (d *Device) init(ordinal int) error {
 		return err
 	}
 	d.info = in
+	if in.Major != 9 && os.Getenv("MOXIE_CUDA_CARVE") == "" {
+		d.carve = nil // defaultCarve was measured on an H200 (sm_90) only
+	}
 	d.pdl = in.Major >= 9 && l.HasLaunchEx() && os.Getenv("MOXIE_CUDA_PDL") != "off"
 	d.ctx = &Ctx{d: d, lib: l, stream: Stream{s: s}}
 	return nil

@@ -363,7 +363,8 @@ type carveRule struct {
 // registers, so the driver left ~28 KB of L1) at 44% (100 KB of shared
 // memory on an H200: 4 blocks an SM, ~156 KB of L1 for the weight loads in
 // flight). Session 16: stage 1 alone 26.89 → 24.91 us, the whole model
-// 169.43 → 172.27 tok/s in one call (docs/benchmarks.md).
+// 169.43 → 172.27 tok/s in one call (docs/benchmarks.md). Applied on sm_90
+// devices only (Device.init), where it was measured.
 var defaultCarve = []carveRule{{"moe1lx", 44}}
 
 // parseCarve reads $MOXIE_CUDA_CARVE: "" (defaultCarve), "off" (the

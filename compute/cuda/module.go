@@ -359,10 +359,10 @@ type carveRule struct {
 }
 
 // defaultCarve is the carveout rule set without $MOXIE_CUDA_CARVE: MoE
-// stage 1 (moe1lx_*, 7 blocks of 21.5 KB of shared memory an SM by its
-// registers, so the driver left ~28 KB of L1) at 44% (100 KB of shared
-// memory on an H200: 4 blocks an SM, ~156 KB of L1 for the weight loads in
-// flight). Session 16: stage 1 alone 26.89 → 24.91 us, the whole model
+// stage 1 (moe1lx_*: 7 blocks of 21.5 KB of shared memory an SM by its
+// registers, and the driver's 164 KB carveout, ~92 KB of L1) at 44% (100
+// KB of shared memory on an H200: 4 blocks an SM, ~156 KB of L1 for the
+// weight loads in flight; 6 blocks with ~124 KB gained nothing). Session 16: stage 1 alone 26.89 → 24.91 us, the whole model
 // 169.43 → 172.27 tok/s in one call (docs/benchmarks.md). Applied on sm_90
 // devices only (Device.init), where it was measured.
 var defaultCarve = []carveRule{{"moe1lx", 44}}

@@ -35,23 +35,33 @@ func pow2Ceil(y float32) float32 {
 	return float32(math.Ldexp(1, e))
 }
 
-// fp8Sim replaces each block of `block` values of x (the last may be
-// shorter) by its FP8 E4M3 simulation: amax = max(|x|, qatActMin) over the
-// block, s = 2^ceil(log2(amax/448)), x = e4m3(x/s)·s with x/s clamped to
-// ±448 (the encoder saturates).
-func fp8Sim(x []float32, block int) {
+// blockSim replaces each block of `block` values of x (the last may be
+// shorter) by its simulation on a grid whose largest value is qmax: amax =
+// max(|x|, floor) over the block, s = 2^ceil(log2(amax/qmax)), x =
+// round(x/s)·s, round the grid's encoder and decoder (saturating beyond
+// ±qmax). The FP8 and FP4 simulations differ only in these.
+func blockSim(x []float32, block int, floor, qmax float32, round func(float32) float32) {
 	for lo := 0; lo < len(x); lo += block {
 		blk := x[lo:min(lo+block, len(x))]
-		amax := float32(qatActMin)
+		amax := floor
 		for _, v := range blk {
 			amax = max(amax, float32(math.Abs(float64(v))))
 		}
-		s := pow2Ceil(amax / 448)
+		s := pow2Ceil(amax / qmax)
 		for i, v := range blk {
-			blk[i] = format.E4M3ToFloat32(format.Float32ToE4M3(v/s)) * s
+			blk[i] = round(v/s) * s
 		}
 	}
 }
+
+// e4m3Round and e2m1Round round to the FP8 E4M3 and FP4 E2M1 grids (ties
+// to even, saturating).
+func e4m3Round(v float32) float32 { return format.E4M3ToFloat32(format.Float32ToE4M3(v)) }
+func e2m1Round(v float32) float32 { return format.E2M1ToFloat32(format.Float32ToE2M1(v)) }
+
+// fp8Sim is the FP8 E4M3 simulation in blocks of `block`: blockSim with
+// floor qatActMin and qmax 448.
+func fp8Sim(x []float32, block int) { blockSim(x, block, qatActMin, 448, e4m3Round) }
 
 // actQuant is act_quant on every row of x [rows, cols]: each row's blocks of
 // qatActBlock along cols through fp8Sim. The FP8 and FP4 linears of the qat
@@ -78,24 +88,9 @@ func kvSim(x []float32, dim, nope int) {
 	}
 }
 
-// fp4Sim replaces each block of qatFP4Block values of x (the last may be
-// shorter) by its FP4 E2M1 simulation: s = 2^ceil(log2(max(amax,
-// 6·2^-126)/6)), x = e2m1(x/s)·s with x/s clamped to ±6 (the encoder
-// saturates).
-func fp4Sim(x []float32) {
-	floor := float32(6 * math.Ldexp(1, -126))
-	for lo := 0; lo < len(x); lo += qatFP4Block {
-		blk := x[lo:min(lo+qatFP4Block, len(x))]
-		amax := floor
-		for _, v := range blk {
-			amax = max(amax, float32(math.Abs(float64(v))))
-		}
-		s := pow2Ceil(amax / 6)
-		for i, v := range blk {
-			blk[i] = format.E2M1ToFloat32(format.Float32ToE2M1(v/s)) * s
-		}
-	}
-}
+// fp4Sim is the FP4 E2M1 simulation in blocks of qatFP4Block: blockSim
+// with floor 6·2^-126 and qmax 6.
+func fp4Sim(x []float32) { blockSim(x, qatFP4Block, float32(6*math.Ldexp(1, -126)), 6, e2m1Round) }
 
 // hadamard replaces x (a power-of-two length n: the config's validation
 // holds index_head_dim to one) by H·x/sqrt(n), H the Sylvester-order

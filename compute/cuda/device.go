@@ -133,10 +133,6 @@ func (d *Device) init(ordinal int) error {
 		return fmt.Errorf("MOXIE_CUDA_LINEAR=%q: want narrow, wide, vec or mma (or unset for the default)", os.Getenv("MOXIE_CUDA_LINEAR"))
 	}
 	d.linWidth = w
-	var err error
-	if d.carve, err = parseCarve(os.Getenv("MOXIE_CUDA_CARVE")); err != nil {
-		return err
-	}
 	if err := l.Init(); err != nil {
 		return fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
@@ -174,6 +170,9 @@ func (d *Device) init(ordinal int) error {
 	if in.DriverVersion, err = l.DriverVersion(); err != nil {
 		return err
 	}
+	if d.carve, err = parseCarve(os.Getenv("MOXIE_CUDA_CARVE"), in.Major); err != nil {
+		return err
+	}
 	c, err := l.PrimaryCtxRetain(dev)
 	if err != nil {
 		return err
@@ -186,9 +185,6 @@ func (d *Device) init(ordinal int) error {
 		return err
 	}
 	d.info = in
-	if in.Major != 9 && os.Getenv("MOXIE_CUDA_CARVE") == "" {
-		d.carve = nil // defaultCarve was measured on an H200 (sm_90) only
-	}
 	d.pdl = in.Major >= 9 && l.HasLaunchEx() && os.Getenv("MOXIE_CUDA_PDL") != "off"
 	d.ctx = &Ctx{d: d, lib: l, stream: Stream{s: s}}
 	return nil

@@ -122,12 +122,6 @@ func (c *Ctx) linKernel(name string) (*Kernel, error) {
 	return k, nil
 }
 
-// funcAttrMaxDynamicShared is CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES.
-const funcAttrMaxDynamicShared = 8
-
-// funcAttrSharedSize is CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES (static shared memory).
-const funcAttrSharedSize = 1
-
 // DeviceWeight is a weight matrix resident in device memory in its stored
 // format (the bytes of compute.WeightData, uploaded unchanged).
 type DeviceWeight struct {

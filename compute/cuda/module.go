@@ -311,10 +311,16 @@ type KernelUse struct {
 	Carveout int
 }
 
-// CU_FUNC_ATTRIBUTE_NUM_REGS and CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES.
+// The function attributes the package reads or sets (CUfunction_attribute).
 const (
-	funcAttrNumRegs   = 4
-	funcAttrLocalSize = 3
+	funcAttrSharedSize       = 1 // CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES (static shared memory)
+	funcAttrLocalSize        = 3 // CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES
+	funcAttrNumRegs          = 4 // CU_FUNC_ATTRIBUTE_NUM_REGS
+	funcAttrMaxDynamicShared = 8 // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+	// funcAttrCarveout is CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+	// the share of the SM's unified L1/shared memory a kernel prefers as
+	// shared memory, in percent of the most (the rest is L1 cache).
+	funcAttrCarveout = 9
 )
 
 // KernelUses lists every kernel launched on the device so far, by name
@@ -346,11 +352,6 @@ func (c *Ctx) KernelUses() ([]KernelUse, error) {
 	return out, nil
 }
 
-// funcAttrCarveout is CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
-// the share of the SM's unified L1/shared memory a kernel prefers as shared
-// memory, in percent of the most (the rest is L1 cache).
-const funcAttrCarveout = 9
-
 // carveRule gives the kernels whose names start with prefix a preferred
 // shared-memory carveout of percent.
 type carveRule struct {
@@ -358,25 +359,26 @@ type carveRule struct {
 	percent int
 }
 
-// defaultCarve is the carveout rule set without $MOXIE_CUDA_CARVE: MoE
-// stage 1 (moe1lx_*: 7 blocks of 21.5 KB of shared memory an SM by its
-// registers, and the driver's 164 KB carveout, ~92 KB of L1) at 44% (100
-// KB of shared memory on an H200: 4 blocks an SM, ~156 KB of L1 for the
-// weight loads in flight; 6 blocks with ~124 KB gained nothing). Session 16: stage 1 alone 26.89 → 24.91 us, the whole model
-// 169.43 → 172.27 tok/s in one call (docs/benchmarks.md). Applied on sm_90
-// devices only (Device.init), where it was measured.
+// defaultCarve is the carveout rule set without $MOXIE_CUDA_CARVE on an
+// sm_90 device: MoE stage 1 (moe1lx_*: 7 blocks of 21.5 KB of shared
+// memory an SM by its registers, and the driver's 164 KB carveout, ~92 KB
+// of L1) at 44% (100 KB of shared memory on an H200: 4 blocks an SM, ~156
+// KB of L1 for the weight loads in flight; 6 blocks with ~124 KB gained
+// nothing). Session 16: stage 1 alone 26.89 → 24.91 us, the whole model
+// 169.43 → 172.27 tok/s in one call (docs/benchmarks.md).
 var defaultCarve = []carveRule{{"moe1lx", 44}}
 
-// parseCarve reads $MOXIE_CUDA_CARVE: "" (defaultCarve), "off" (the
-// driver's choice for every kernel) or comma-separated PREFIX:PERCENT rules
-// (0..100; the first rule whose prefix starts a kernel's name applies),
-// e.g. "moe1lx:44,gemvm:50". A smaller carveout leaves more L1 and fits
-// fewer blocks an SM.
-func parseCarve(v string) ([]carveRule, error) {
-	switch v {
-	case "":
+// parseCarve reads $MOXIE_CUDA_CARVE for a device of compute capability
+// major.x: "" (defaultCarve on sm_90, where it was measured; else none),
+// "off" (the driver's choice for every kernel) or comma-separated
+// PREFIX:PERCENT rules (0..100; the first rule whose prefix starts a
+// kernel's name applies), e.g. "moe1lx:44,gemvm:50". A smaller carveout
+// leaves more L1 and fits fewer blocks an SM.
+func parseCarve(v string, major int) ([]carveRule, error) {
+	switch {
+	case v == "" && major == 9:
 		return defaultCarve, nil
-	case "off":
+	case v == "" || v == "off":
 		return nil, nil
 	}
 	var rules []carveRule

@@ -204,7 +204,8 @@ type DeviceSession struct {
 	// attnEarly: decode attention reads the positions and its first ring
 	// rows (and, where the compressors run on the side stream, the HCA
 	// entries) before it waits for the launch before it
-	// (cuda.AttnDecChoice.Early; $MOXIE_CUDA_ATTNEARLY=on). The promises
+	// (cuda.AttnDecChoice.Early; on unless $MOXIE_CUDA_ATTNEARLY=off;
+	// session 17: the 8-layer step faster in three pairs). The promises
 	// hold in this step's order: the ring is written by the row ops after
 	// wq_a+wkv (or on the side stream, joined by an event), two or more
 	// launches before attention; the positions by the step's upload; the
@@ -433,7 +434,7 @@ func (m *Model) planDeviceSession(T int) (*DeviceSession, *allocPlan, int, error
 	s := &DeviceSession{m: m, d: d, limit: d.maxCtx, chunk: T, graphs: true, grouped: true, devMoE: true,
 		fused: os.Getenv("MOXIE_CUDA_FUSE") != "off", tcAttn: os.Getenv("MOXIE_CUDA_ATTN") != "ring",
 		attnDec: os.Getenv("MOXIE_CUDA_ATTNDEC") != "off" && cuda.DecodeAttentionFits(m.Cfg.NHeads, m.Cfg.HeadDim),
-		invRoPE: os.Getenv("MOXIE_CUDA_INVROPE") != "off", attnEarly: os.Getenv("MOXIE_CUDA_ATTNEARLY") == "on", qPrep: os.Getenv("MOXIE_CUDA_QPREP") == "on",
+		invRoPE: os.Getenv("MOXIE_CUDA_INVROPE") != "off", attnEarly: os.Getenv("MOXIE_CUDA_ATTNEARLY") != "off", qPrep: os.Getenv("MOXIE_CUDA_QPREP") == "on",
 		compOne: os.Getenv("MOXIE_CUDA_COMPSTEP") != "off", woPair: os.Getenv("MOXIE_CUDA_WOPAIR") == "on",
 		pinnedLogits: os.Getenv("MOXIE_CUDA_LOGITS") != "pageable", registerDst: os.Getenv("MOXIE_CUDA_LOGITS") == "",
 		hcEpi: os.Getenv("MOXIE_CUDA_HCEPI") != "off"}

@@ -387,3 +387,67 @@ func BenchmarkDeviceRestore(b *testing.B) {
 	b.ReportMetric(ms(restore), "restore-ms")
 	b.ReportMetric(float64(size)/1e6, "state-MB")
 }
+
+// TestDeviceStrayStep checks the property that decode steps enqueued ahead
+// of the host would rely on (compute/cuda/NOTES.md, session 17): a
+// one-token step past the sequence's end (a step enqueued before the host
+// saw the stop), undone by setting the host's length back, leaves nothing
+// a later step reads. Before every real step from the prompt's end on, a
+// second session runs a stray step with another token at the same
+// position and is set back; its logits must equal, bit for bit, those of
+// a session that never strayed, over a span that wraps the window ring
+// and closes compressed entries of every ratio. The flash-shaped case
+// (V4-Flash widths, 4 layers, a 128-key window, ratios 4 and 128) is
+// skipped under -short.
+func TestDeviceStrayStep(t *testing.T) {
+	cases := []struct {
+		name, spec    string
+		prompt, steps int
+		long          bool
+	}{
+		{"tiny", "synth:tiny", 20, 40, false},
+		{"flash4", "synth:flash?layers=4&experts=8&mtp=0", 200, 140, true},
+	}
+	for _, c := range cases {
+		if c.long && testing.Short() {
+			t.Logf("%s: skipped under -short", c.name)
+			continue
+		}
+		md := loadDeviceModel(t, c.spec, Options{DeviceContext: 512})
+		V := md.Cfg.VocabSize
+		toks := testTokens(c.prompt+c.steps, V, 21)
+		stray := testTokens(c.prompt+c.steps, V, 77)
+		ref, st := newDeviceSession(t, md), newDeviceSession(t, md)
+		for _, s := range []*DeviceSession{ref, st} {
+			if _, err := s.Prefill(toks[:c.prompt]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		bad := 0
+		for i := c.prompt; i < len(toks); i++ {
+			want, err := ref.Decode(toks[i])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := st.Decode(stray[i]); err != nil {
+				t.Fatal(err)
+			}
+			st.pos-- // the host's length set back: the stray token is not in the sequence
+			got, err := st.Decode(toks[i])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, want) {
+				if bad++; bad <= 3 {
+					t.Errorf("%s: position %d after a stray step: other logits than without it (max rel %.3g)", c.name, i, maxRel(got, want))
+				}
+			}
+		}
+		if ref.graph == nil || st.graph == nil {
+			t.Errorf("%s: no captured decode graph (%v, %v): the stray steps did not take the decode path", c.name, ref.graphErr, st.graphErr)
+		}
+		if bad > 0 {
+			t.Errorf("%s: %d of %d positions differ", c.name, bad, c.steps)
+		}
+	}
+}

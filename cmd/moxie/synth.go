@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"moxie/checkpoint"
@@ -62,23 +63,34 @@ The weights are random: the model's text is meaningless.`, stderr)
 	return nil
 }
 
-// parseBytes reads a size such as "4GiB", "16MiB", "500MB" or "1024".
+// byteUnits are parseBytes's suffixes, matched without regard to case,
+// longer ones first where one ends another.
+var byteUnits = []struct {
+	suf string
+	mul int64
+}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}}
+
+// parseBytes reads a size such as "4GiB", "16MiB", "500MB", "1.5 TB" or
+// "1024" (bytes): a decimal number and an optional unit (KiB, MiB, GiB,
+// TiB, KB, MB, GB, TB, B; any case). The whole string must be that: "80gib"
+// is 80 GiB, "12GiBs" and "4x" are errors. The size is rounded down to
+// whole bytes and must come to 1 byte or more and at most 2^62.
 func parseBytes(s string) (int64, error) {
-	units := []struct {
-		suf string
-		mul int64
-	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}}
 	t := strings.TrimSpace(s)
 	mul := int64(1)
-	for _, u := range units {
-		if strings.HasSuffix(t, u.suf) {
-			t, mul = strings.TrimSpace(strings.TrimSuffix(t, u.suf)), u.mul
+	for _, u := range byteUnits {
+		if n := len(t) - len(u.suf); n >= 0 && strings.EqualFold(t[n:], u.suf) {
+			t, mul = strings.TrimSpace(t[:n]), u.mul
 			break
 		}
 	}
-	var v float64
-	if _, err := fmt.Sscanf(t, "%g", &v); err != nil || v <= 0 || v*float64(mul) > 1<<62 {
-		return 0, fmt.Errorf("%q is not a positive size like 16MiB or 4GiB", s)
+	v, err := strconv.ParseFloat(t, 64)
+	if err != nil || strings.ContainsAny(t, "xXpP_") { // decimal only: no hex floats or digit separators
+		return 0, fmt.Errorf("%q is not a size like 16MiB, 4GiB or 1024 (bytes)", s)
 	}
-	return int64(v * float64(mul)), nil
+	b := v * float64(mul)
+	if !(b >= 1) || b > 1<<62 { // NaN fails the first test
+		return 0, fmt.Errorf("%q: a size must be at least 1 byte and at most 4 EiB", s)
+	}
+	return int64(b), nil
 }

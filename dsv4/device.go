@@ -45,6 +45,10 @@ type deviceModel struct {
 	// db.experts and db.table point at both, so sessions run as if every
 	// expert were resident (nil otherwise).
 	mapped *expertTier
+	// ahead is the session with a decode step run ahead in flight (see
+	// DeviceSession.Pipeline), nil when none; guarded by Model.pass. Any
+	// other session's pass first waits for that step and drops it.
+	ahead *DeviceSession
 
 	embed  cuda.DevicePtr // BF16 [V, D]
 	head   *cuda.DeviceWeight

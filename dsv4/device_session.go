@@ -3,6 +3,7 @@ package dsv4
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -99,6 +100,32 @@ type DeviceSession struct {
 	// are still in s.logits, for LastLogits.
 	reducer *cuda.SampleReducer
 	reduced bool
+
+	// Steps run ahead (Pipeline, generate.Pipeliner): with pipe on, a
+	// greedy AppendReduce of a captured decode step has its reduction hand
+	// the argmax to the next step on the device (cuda.SampleReducer.
+	// EnqueueGreedy) and replays the graph for it before returning. pend:
+	// such a step is in flight at position pos, for token pendTok (-1: one
+	// no call can confirm), its reduction due in host slot pendSlot once
+	// evAhead[pendSlot] has passed. logitsGone: a step ran ahead over the
+	// last call's logits (LastLogits and DrawReduced then fail). aheadOK
+	// false: $MOXIE_CUDA_AHEAD=off, Pipeline does nothing.
+	pipe, aheadOK, pend, logitsGone bool
+	pendTok, pendSlot               int
+	evAhead                         [cuda.GreedySlots]cuda.Event
+	evAheadOK                       bool
+	// With timing, the steps run ahead are bracketed by the events of
+	// aheadT[i] (i the step's count mod 4; aheadPrev[i]: the end event of
+	// the step before it, for the GPU's idle time between them); lastEnd
+	// is the end event of the last step enqueued; pendRing the pending
+	// step's i.
+	aheadT    [4][2]cuda.Event
+	aheadPrev [4]cuda.Event
+	aheadTOK  bool
+	lastEnd   cuda.Event
+	hasEnd    bool
+	aheadN    int
+	pendRing  int
 
 	// timing: each call's last chunk is timed into lastTiming (TimeSteps);
 	// evStep brackets the chunk's device work.
@@ -437,7 +464,7 @@ func (m *Model) planDeviceSession(T int) (*DeviceSession, *allocPlan, int, error
 		invRoPE: os.Getenv("MOXIE_CUDA_INVROPE") != "off", attnEarly: os.Getenv("MOXIE_CUDA_ATTNEARLY") != "off", qPrep: os.Getenv("MOXIE_CUDA_QPREP") == "on",
 		compOne: os.Getenv("MOXIE_CUDA_COMPSTEP") != "off", woPair: os.Getenv("MOXIE_CUDA_WOPAIR") == "on",
 		pinnedLogits: os.Getenv("MOXIE_CUDA_LOGITS") != "pageable", registerDst: os.Getenv("MOXIE_CUDA_LOGITS") == "",
-		hcEpi: os.Getenv("MOXIE_CUDA_HCEPI") != "off"}
+		hcEpi: os.Getenv("MOXIE_CUDA_HCEPI") != "off", aheadOK: os.Getenv("MOXIE_CUDA_AHEAD") != "off"}
 	s.hcCol = s.hcEpi && os.Getenv("MOXIE_CUDA_HCCOL") == "on"
 	D, hc, K := c.Dim, c.HCMult, c.NActivatedExperts
 	s.topk = c.IndexTopK
@@ -654,12 +681,26 @@ func (s *DeviceSession) release() {
 	s.sideOK = false
 	evs, evsOK := s.evStep, s.evStepOK
 	s.evStepOK = false
+	eva, evaOK, evt, evtOK := s.evAhead, s.evAheadOK, s.aheadT, s.aheadTOK
+	s.evAheadOK, s.aheadTOK, s.hasEnd = false, false, false
 	if a == nil && h == nil && g == nil && dh == nil && red == nil && !side && !s.pf.streamExists {
 		return
 	}
 	_ = s.d.dev.Do(func(c *cuda.Ctx) error {
+		_ = c.Sync(c.Stream()) // a step run ahead may still read the state
 		if g != nil {
 			_ = c.DestroyGraph(g)
+		}
+		if evaOK {
+			for _, e := range eva {
+				_ = c.DestroyEvent(e)
+			}
+		}
+		if evtOK {
+			for _, p := range evt {
+				_ = c.DestroyEvent(p[0])
+				_ = c.DestroyEvent(p[1])
+			}
 		}
 		s.pf.close(c)
 		if evsOK {
@@ -704,6 +745,9 @@ func (s *DeviceSession) UseDeviceExperts(on bool) { s.devMoE = on }
 // and every later one replays the graph, about 0.7 µs per kernel instead of
 // a ~4-5 µs launch). Switching off drops a captured graph.
 func (s *DeviceSession) UseGraphs(on bool) {
+	if !on {
+		_ = s.Settle() // a step run ahead replays the graph
+	}
 	s.graphs = on
 	if !on && s.graph != nil {
 		g := s.graph
@@ -981,8 +1025,209 @@ func (s *DeviceSession) AppendReduce(ctx context.Context, tokens []int, spec sam
 	if !spec.OK {
 		return fmt.Errorf("dsv4: AppendReduce with a spec that needs the logits (%+v)", spec)
 	}
-	_, err := s.forward(tokens, false, nil, &reduceReq{spec: spec, dst: dst})
+	if s.pend && spec.Greedy && len(tokens) == 1 && tokens[0] == s.pendTok && s.failed == nil {
+		return s.confirm(dst)
+	}
+	_, err := s.forward(tokens, false, nil, &reduceReq{spec: spec, dst: dst, feed: s.pipe && spec.Greedy && len(tokens) == 1})
 	return err
+}
+
+// Pipeline implements generate.Pipeliner: with it on, a greedy
+// AppendReduce of one token that replays the captured decode graph also
+// starts the step for its own argmax before returning (the reduction hands
+// the token and position to it on the device), and an AppendReduce of
+// that token then only waits for it, having started the step after it in
+// turn. A step is started only while the session has room for it. Any
+// other call first waits for a step in flight and drops it; the state is
+// then as if it had never run (TestDeviceStrayStep: a one-token step
+// writes only what the next real step at its position rewrites before
+// anything reads it). LastLogits and DrawReduced fail after a greedy
+// AppendReduce that started a step. Switching off starts no more steps
+// and keeps one in flight. With $MOXIE_CUDA_AHEAD=off it does nothing.
+func (s *DeviceSession) Pipeline(on bool) { s.pipe = on && s.aheadOK }
+
+// Settle implements generate.Pipeliner: it waits for a step started
+// ahead, if one is in flight, and drops it.
+func (s *DeviceSession) Settle() error {
+	s.m.pass.Lock()
+	defer s.m.pass.Unlock()
+	return s.settleLocked()
+}
+
+// settleLocked is Settle with Model.pass held.
+func (s *DeviceSession) settleLocked() error {
+	if !s.pend {
+		return nil
+	}
+	s.pend = false
+	if s.d.ahead == s {
+		s.d.ahead = nil
+	}
+	slot := s.pendSlot
+	err := s.d.dev.Do(func(c *cuda.Ctx) error { return c.WaitEvent(s.evAhead[slot]) })
+	if err != nil && s.failed == nil {
+		s.failed = fmt.Errorf("dsv4: waiting for the decode step run ahead at position %d: %w", s.pos, err)
+	}
+	return s.failed
+}
+
+// settleAll, with Model.pass held, drops this session's step run ahead and
+// any other session's of the same model before a pass.
+func (s *DeviceSession) settleAll() error {
+	if o := s.d.ahead; o != nil && o != s {
+		_ = o.settleLocked() // its failure is its own session's
+	}
+	return s.settleLocked()
+}
+
+// confirm is AppendReduce of the token whose step is in flight: it starts
+// the step after it (when Pipeline is on and there is room), then waits for
+// the confirmed step's reduction.
+func (s *DeviceSession) confirm(dst *sample.Reduction) error {
+	s.m.pass.Lock()
+	defer s.m.pass.Unlock()
+	slot, ring := s.pendSlot, s.pendRing
+	next := (slot + 1) % cuda.GreedySlots
+	more := s.pipe && s.pos+2 <= s.limit
+	var tm *StepTiming
+	t0 := time.Now()
+	if s.timing {
+		tm = &StepTiming{Ahead: true}
+	}
+	err := s.d.dev.Do(func(c *cuda.Ctx) error {
+		tq := time.Now()
+		if tm != nil {
+			tm.Handoff = tq.Sub(t0)
+		}
+		if more {
+			if err := s.launchAhead(c, next); err != nil {
+				return err
+			}
+		}
+		tw := time.Now()
+		if err := c.WaitEvent(s.evAhead[slot]); err != nil {
+			return err
+		}
+		if tm != nil {
+			td := time.Now()
+			tm.Enqueue, tm.Wait = tw.Sub(tq), td.Sub(tw)
+			if err := s.aheadTiming(c, ring, tm); err != nil {
+				return err
+			}
+		}
+		return s.reducer.ReadGreedy(slot, dst)
+	})
+	s.pend = false
+	if s.d.ahead == s {
+		s.d.ahead = nil
+	}
+	if err != nil {
+		s.failed = fmt.Errorf("dsv4: decode step run ahead at position %d: %w", s.pos, err)
+		return s.failed
+	}
+	s.pos++
+	s.reduced, s.logitsGone = !more, more
+	if more {
+		s.markAhead(next, dst)
+	}
+	if tm != nil {
+		tm.Wall = time.Since(t0)
+		s.lastTiming = *tm
+	}
+	return nil
+}
+
+// markAhead records the step launchAhead just started into slot, for the
+// token of dst (the reduction that handed it over).
+func (s *DeviceSession) markAhead(slot int, dst *sample.Reduction) {
+	s.pend, s.pendSlot, s.pendTok = true, slot, dst.Best
+	if dst.Bad || dst.Best < 0 {
+		s.pendTok = -1 // it ran on token 0: nothing confirms it
+	}
+	s.d.ahead = s
+}
+
+// launchAhead enqueues the decode step at position s.pos whose token and
+// position the last greedy reduction handed over: the captured graph, then
+// its own greedy reduction into slot (handing over to the next) and the
+// slot's event. The caller records it with markAhead.
+func (s *DeviceSession) launchAhead(c *cuda.Ctx, slot int) error {
+	st := c.Stream()
+	if err := s.aheadEvents(c); err != nil {
+		return err
+	}
+	i := s.aheadN % len(s.aheadT)
+	if s.timing {
+		if !s.aheadTOK {
+			for k := range s.aheadT {
+				for j := range s.aheadT[k] {
+					e, err := c.NewEvent(true)
+					if err != nil {
+						return err
+					}
+					s.aheadT[k][j] = e
+				}
+			}
+			s.aheadTOK = true
+		}
+		if err := c.Record(s.aheadT[i][0], st); err != nil {
+			return err
+		}
+	}
+	if err := c.LaunchGraph(s.graph, st); err != nil {
+		return err
+	}
+	if s.timing {
+		if err := c.Record(s.aheadT[i][1], st); err != nil {
+			return err
+		}
+		s.aheadPrev[i] = s.lastEnd
+		if !s.hasEnd {
+			s.aheadPrev[i] = s.aheadT[i][0] // no step before it was timed: no gap
+		}
+		s.lastEnd, s.hasEnd = s.aheadT[i][1], true
+	}
+	s.pendRing = i
+	s.aheadN++
+	if err := s.reducer.EnqueueGreedy(c, s.logits, slot, s.tok, s.posBuf, st); err != nil {
+		return err
+	}
+	return c.Record(s.evAhead[slot], st)
+}
+
+// aheadEvents creates the slots' events on first use.
+func (s *DeviceSession) aheadEvents(c *cuda.Ctx) error {
+	if s.evAheadOK {
+		return nil
+	}
+	for i := range s.evAhead {
+		e, err := c.NewEvent(false)
+		if err != nil {
+			return err
+		}
+		s.evAhead[i] = e
+	}
+	s.evAheadOK = true
+	return nil
+}
+
+// aheadTiming fills tm's device times for the step run ahead in ring slot
+// i, which has completed.
+func (s *DeviceSession) aheadTiming(c *cuda.Ctx, i int, tm *StepTiming) error {
+	if !s.aheadTOK {
+		return nil // started before TimeSteps
+	}
+	ms, err := c.Elapsed(s.aheadT[i][0], s.aheadT[i][1])
+	if err != nil {
+		return err
+	}
+	tm.Device = time.Duration(ms * float64(time.Millisecond))
+	gap, err := c.Elapsed(s.aheadPrev[i], s.aheadT[i][0])
+	if err != nil {
+		return err
+	}
+	tm.Gap = time.Duration(gap * float64(time.Millisecond))
+	return nil
 }
 
 // LastLogits implements generate.Reducer: the logits of the last call,
@@ -991,6 +1236,9 @@ func (s *DeviceSession) AppendReduce(ctx context.Context, tokens []int, spec sam
 func (s *DeviceSession) LastLogits(dst []float32) ([]float32, error) {
 	if s.failed != nil {
 		return nil, s.failed
+	}
+	if s.logitsGone {
+		return nil, errRanAhead
 	}
 	if !s.reduced {
 		return nil, fmt.Errorf("dsv4: LastLogits: the last call was not AppendReduce")
@@ -1015,6 +1263,9 @@ func (s *DeviceSession) DrawReduced(d sample.DeviceDraw) (int, error) {
 	if s.failed != nil {
 		return 0, s.failed
 	}
+	if s.logitsGone {
+		return 0, errRanAhead
+	}
 	if !s.reduced {
 		return 0, fmt.Errorf("dsv4: DrawReduced: the last call was not AppendReduce")
 	}
@@ -1031,11 +1282,18 @@ func (s *DeviceSession) DrawReduced(d sample.DeviceDraw) (int, error) {
 	return id, nil
 }
 
+// errRanAhead is LastLogits' and DrawReduced's error after a greedy
+// AppendReduce that started the next step.
+var errRanAhead = errors.New("dsv4: the next decode step already runs ahead over the last call's logits (Pipeline is on; a greedy sampler needs no logits)")
+
 // reduceReq asks forward for the last row's sampler reduction instead of
-// its logits.
+// its logits. feed (a greedy spec, one token, Pipeline on): if the step
+// replays the captured graph, its reduction hands the argmax to the next
+// step, which run starts ahead.
 type reduceReq struct {
 	spec sample.ReduceSpec
 	dst  *sample.Reduction
+	feed bool
 }
 
 // Len implements generate.Sequence.
@@ -1043,6 +1301,9 @@ func (s *DeviceSession) Len() int { return s.pos }
 
 // Close implements generate.Sequence: it frees the session's device memory.
 func (s *DeviceSession) Close() error {
+	s.m.pass.Lock()
+	_ = s.settleLocked()
+	s.m.pass.Unlock()
 	s.release()
 	s.failed = fmt.Errorf("dsv4: device session closed")
 	return nil
@@ -1052,6 +1313,7 @@ var (
 	_ generate.Sequence     = (*DeviceSession)(nil)
 	_ generate.IntoAppender = (*DeviceSession)(nil)
 	_ generate.Reducer      = (*DeviceSession)(nil)
+	_ generate.Pipeliner    = (*DeviceSession)(nil)
 )
 
 // forward runs tokens in chunks and returns the last position's logits
@@ -1062,9 +1324,12 @@ func (s *DeviceSession) forward(tokens []int, all bool, dst []float32, red *redu
 	if s.failed != nil {
 		return nil, s.failed
 	}
-	s.reduced = false
+	s.reduced, s.logitsGone = false, false
 	s.m.pass.Lock()
 	defer s.m.pass.Unlock()
+	if err := s.settleAll(); err != nil {
+		return nil, err
+	}
 	if err := checkTokens(s.m.Cfg, tokens); err != nil {
 		return nil, err
 	}
@@ -1115,7 +1380,8 @@ func (s *DeviceSession) forward(tokens []int, all bool, dst []float32, red *redu
 			out = l
 		}
 	}
-	s.reduced = red != nil
+	s.reduced = red != nil && !s.pend
+	s.logitsGone = s.pend
 	return out, nil
 }
 
@@ -1145,8 +1411,16 @@ type StepTiming struct {
 	// Return runs from the device thread's end of the chunk until the
 	// caller resumes.
 	Return time.Duration
-	// Device is the GPU time from the token upload to the chunk's end.
+	// Device is the GPU time from the token upload to the chunk's end
+	// (for a step run ahead, its graph's).
 	Device time.Duration
+	// Ahead: the step was started ahead (DeviceSession.Pipeline) by an
+	// earlier call, which this one confirmed; Wall then starts with this
+	// call, not with the step, and Gap is the GPU's idle time between
+	// the end of the step before it and its start (its reduction, the
+	// hand-off, and anything else the stream ran between them).
+	Ahead bool
+	Gap   time.Duration
 }
 
 // TimeSteps switches per-call timing on or off (off by default: it costs
@@ -1241,6 +1515,9 @@ func (s *DeviceSession) run(c *cuda.Ctx, tokens []int, rows int, dst []float32, 
 		return nil, c.Sync(st)
 	}
 	V := cfg.VocabSize
+	if red != nil && red.feed && s.graph != nil && s.graphable(T, rows) {
+		return nil, s.reduceAndRunAhead(c, red.dst, tm)
+	}
 	if red != nil { // s.reducer is open's while the session is usable
 		if err := s.reducer.Enqueue(c, s.logits, red.spec, st); err != nil {
 			return nil, err
@@ -1289,6 +1566,47 @@ func (s *DeviceSession) run(c *cuda.Ctx, tokens []int, rows int, dst []float32, 
 		}
 	}
 	return out, nil
+}
+
+// reduceAndRunAhead ends a greedy decode step that replayed the graph: its
+// reduction, which hands the argmax to the next step, and, when the
+// result has an argmax and the session room, that step started ahead
+// (s.pos is already its position) before the result is read into dst.
+func (s *DeviceSession) reduceAndRunAhead(c *cuda.Ctx, dst *sample.Reduction, tm *StepTiming) error {
+	st := c.Stream()
+	if err := s.aheadEvents(c); err != nil {
+		return err
+	}
+	if err := s.reducer.EnqueueGreedy(c, s.logits, 0, s.tok, s.posBuf, st); err != nil {
+		return err
+	}
+	if err := c.Record(s.evAhead[0], st); err != nil {
+		return err
+	}
+	if tm != nil {
+		s.lastEnd, s.hasEnd = s.evStep[1], true
+	}
+	// Whether the reduction has an argmax is known only after it: start
+	// the step regardless (a reduction without one hands over token 0) and
+	// mark it unconfirmable below if so.
+	more := s.pos+1 <= s.limit
+	if more {
+		if err := s.launchAhead(c, 1); err != nil {
+			return err
+		}
+		if err := c.WaitEvent(s.evAhead[0]); err != nil {
+			return err
+		}
+	} else if err := c.Sync(st); err != nil {
+		return err
+	}
+	if err := s.reducer.ReadGreedy(0, dst); err != nil {
+		return err
+	}
+	if more {
+		s.markAhead(1, dst)
+	}
+	return nil
 }
 
 // registered returns out (a caller's dst) page-locked for a direct

@@ -49,6 +49,9 @@ func (s *DeviceSession) CloneSequence() (generate.Sequence, error) {
 // hostState reads the session's state back into a host Session of its
 // model (what a CPU session at the same position would hold).
 func (s *DeviceSession) hostState() (*Session, error) {
+	if err := s.Settle(); err != nil { // a step run ahead may still write the state
+		return nil, err
+	}
 	if s.failed != nil {
 		return nil, s.failed
 	}

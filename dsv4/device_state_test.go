@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"moxie/compute/cuda"
 	"moxie/dsv4/config"
 	"moxie/generate"
+	"moxie/sample"
 )
 
 // fakeDevice is device memory for transferState on the host: DevicePtr
@@ -392,7 +394,8 @@ func BenchmarkDeviceRestore(b *testing.B) {
 // of the host would rely on (compute/cuda/NOTES.md, session 17): a
 // one-token step past the sequence's end (a step enqueued before the host
 // saw the stop), undone by setting the host's length back, leaves nothing
-// a later step reads. Before every real step from the prompt's end on, a
+// a later step reads (a decode step, or a chunk of three now and then).
+// Before every real step from the prompt's end on, a
 // second session runs a stray step with another token at the same
 // position and is set back; its logits must equal, bit for bit, those of
 // a session that never strayed, over a span that wraps the window ring
@@ -424,8 +427,14 @@ func TestDeviceStrayStep(t *testing.T) {
 			}
 		}
 		bad := 0
-		for i := c.prompt; i < len(toks); i++ {
-			want, err := ref.Decode(toks[i])
+		for i := c.prompt; i < len(toks); {
+			// Mostly decode steps; every seventh real step is a chunk of
+			// three (a prompt continuing a sequence whose last step strayed).
+			n := 1
+			if (i-c.prompt)%7 == 3 && i+3 <= len(toks) {
+				n = 3
+			}
+			want, err := ref.Prefill(toks[i : i+n])
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -433,10 +442,11 @@ func TestDeviceStrayStep(t *testing.T) {
 				t.Fatal(err)
 			}
 			st.pos-- // the host's length set back: the stray token is not in the sequence
-			got, err := st.Decode(toks[i])
+			got, err := st.Prefill(toks[i : i+n])
 			if err != nil {
 				t.Fatal(err)
 			}
+			i += n
 			if !slices.Equal(got, want) {
 				if bad++; bad <= 3 {
 					t.Errorf("%s: position %d after a stray step: other logits than without it (max rel %.3g)", c.name, i, maxRel(got, want))
@@ -448,6 +458,112 @@ func TestDeviceStrayStep(t *testing.T) {
 		}
 		if bad > 0 {
 			t.Errorf("%s: %d of %d positions differ", c.name, bad, c.steps)
+		}
+	}
+}
+
+// TestDevicePipeline checks greedy steps run ahead (Pipeline) against a
+// session that runs each step when asked: the same argmax at every step,
+// including across another session's pass (which drops the step in
+// flight), LastLogits refused while a step runs ahead, and after a stop
+// (Settle) the same logits, bit for bit, for the tokens that follow.
+func TestDevicePipeline(t *testing.T) {
+	cases := []struct {
+		name, spec    string
+		prompt, steps int
+		long          bool
+	}{
+		{"tiny", "synth:tiny", 20, 40, false},
+		{"flash4", "synth:flash?layers=4&experts=8&mtp=0", 200, 140, true},
+	}
+	greedy := sample.ReduceSpec{OK: true, Greedy: true}
+	for _, c := range cases {
+		if c.long && testing.Short() {
+			t.Logf("%s: skipped under -short", c.name)
+			continue
+		}
+		md := loadDeviceModel(t, c.spec, Options{DeviceContext: 512})
+		V := md.Cfg.VocabSize
+		toks := testTokens(c.prompt+8, V, 31)
+		ref, st := newDeviceSession(t, md), newDeviceSession(t, md)
+		for _, s := range []*DeviceSession{ref, st} {
+			if _, err := s.Prefill(toks[:c.prompt]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The reference first: a pass of another session would drop the
+		// step st runs ahead.
+		ctx := context.Background()
+		var rw, rg sample.Reduction
+		bests := make([]int, c.steps)
+		next := toks[c.prompt]
+		for i := range c.steps {
+			if err := ref.AppendReduce(ctx, []int{next}, greedy, &rw); err != nil {
+				t.Fatal(err)
+			}
+			if rw.Bad || rw.Best < 0 {
+				t.Fatalf("%s: step %d: reference reduction %+v", c.name, i, rw)
+			}
+			bests[i], next = rw.Best, rw.Best
+		}
+		st.Pipeline(true)
+		next = toks[c.prompt]
+		confirmed := 0
+		for i := range c.steps {
+			wasPend := st.pend && st.pendTok == next
+			if err := st.AppendReduce(ctx, []int{next}, greedy, &rg); err != nil {
+				t.Fatal(err)
+			}
+			if wasPend {
+				confirmed++
+			}
+			if rg.Best != bests[i] || rg.Bad || st.Len() != c.prompt+i+1 {
+				t.Fatalf("%s: step %d: argmax %d (bad %v, length %d) run ahead, %d (length %d) without", c.name, i, rg.Best, rg.Bad, st.Len(), bests[i], c.prompt+i+1)
+			}
+			if i == 5 {
+				if _, err := st.LastLogits(nil); !errors.Is(err, errRanAhead) {
+					t.Errorf("%s: LastLogits with a step run ahead: %v, want errRanAhead", c.name, err)
+				}
+			}
+			if i == c.steps/2 {
+				// Another session's pass drops the step in flight; the
+				// next call then runs its step itself.
+				other := newDeviceSession(t, md)
+				if _, err := other.Prefill(toks[:3]); err != nil {
+					t.Fatal(err)
+				}
+				if st.pend {
+					t.Errorf("%s: a step still in flight after another session's pass", c.name)
+				}
+			}
+			next = rg.Best
+		}
+		if want := c.steps - 3; confirmed < want {
+			t.Errorf("%s: %d of %d steps were confirmed runs ahead, want at least %d", c.name, confirmed, c.steps, want)
+		}
+		// A stop: the step started for next is dropped.
+		st.Pipeline(false)
+		if err := st.Settle(); err != nil {
+			t.Fatal(err)
+		}
+		if st.pend || st.Len() != ref.Len() {
+			t.Fatalf("%s: after Settle: in flight %v, length %d, want %d", c.name, st.pend, st.Len(), ref.Len())
+		}
+		for i, tk := range toks[c.prompt+1:] {
+			want, err := ref.Decode(tk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := st.Decode(tk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("%s: token %d after the stop: other logits than without steps ahead (max rel %.3g)", c.name, i, maxRel(got, want))
+			}
+		}
+		if st.graph == nil {
+			t.Errorf("%s: no captured decode graph (%v): nothing ran ahead", c.name, st.graphErr)
 		}
 	}
 }

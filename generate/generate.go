@@ -256,8 +256,15 @@ func Generate(ctx context.Context, model Model, prompt []int, opts Options, emit
 	held, healthy := res.CachedTokens, true
 	var history []int
 	var snap Sequence
+	var pipe Pipeliner // set when the decode steps run ahead
 	defer func() {
 		var cerr error
+		if pipe != nil {
+			pipe.Pipeline(false)
+			if serr := pipe.Settle(); serr != nil {
+				healthy = false
+			}
+		}
 		if opts.Cache != nil && healthy && seq.Len() == held {
 			var st []int
 			if snap != nil {
@@ -355,6 +362,14 @@ func Generate(ctx context.Context, model Model, prompt []int, opts Options, emit
 	}
 	var reduction sample.Reduction
 	reduced := false // this step's result is in reduction, not logits
+	// A greedy decode may run its steps ahead of this loop (Pipeliner):
+	// the sequence starts each step as soon as the one before it has its
+	// token; the step after the limit is not started, and one in flight
+	// when the loop ends is dropped (below, before the sequence is kept).
+	if pl, ok := seq.(Pipeliner); ok && spec.OK && spec.Greedy {
+		pipe = pl
+		pipe.Pipeline(limit > 1)
+	}
 
 	for {
 		var id int
@@ -440,6 +455,9 @@ func Generate(ctx context.Context, model Model, prompt []int, opts Options, emit
 			return cancelled(err)
 		}
 		reduced = spec.OK
+		if pipe != nil && len(res.Tokens)+1 >= limit {
+			pipe.Pipeline(false) // this step's token is the last
+		}
 		switch {
 		case reduced:
 			err = red.AppendReduce(ctx, history[len(history)-1:], spec, &reduction)

@@ -672,3 +672,155 @@ func TestGenerateReduce(t *testing.T) {
 		})
 	}
 }
+
+// pipeModel's sequences run greedy steps "ahead" as a device would
+// (Pipeliner): a greedy AppendReduce with Pipeline on starts the step for
+// its argmax (pending, not in the history), the matching AppendReduce
+// confirms it, anything else drops it first.
+type pipeModel struct {
+	*reduceModel
+	started, confirmed, dropped, onCalls int
+	seqs                                 []*pipeSeq
+}
+
+type pipeSeq struct {
+	*reduceSeq
+	pm         *pipeModel
+	on, pend   bool
+	pendTok    int
+	logitsGone bool
+}
+
+func (m *pipeModel) NewSequence() (Sequence, error) {
+	s, err := m.reduceModel.NewSequence()
+	if err != nil {
+		return nil, err
+	}
+	p := &pipeSeq{reduceSeq: s.(*reduceSeq), pm: m}
+	m.seqs = append(m.seqs, p)
+	return p, nil
+}
+
+func (s *pipeSeq) Pipeline(on bool) {
+	if on {
+		s.pm.onCalls++
+	}
+	s.on = on
+}
+
+func (s *pipeSeq) Settle() error {
+	if s.pend {
+		s.pend = false
+		s.pm.dropped++
+	}
+	return nil
+}
+
+func (s *pipeSeq) Append(ctx context.Context, tokens []int) ([]float32, error) {
+	_ = s.Settle()
+	s.logitsGone = false
+	return s.reduceSeq.Append(ctx, tokens)
+}
+
+func (s *pipeSeq) AppendReduce(ctx context.Context, tokens []int, spec sample.ReduceSpec, dst *sample.Reduction) error {
+	if s.pend && spec.Greedy && len(tokens) == 1 && tokens[0] == s.pendTok {
+		s.pm.confirmed++
+		s.pend = false
+	} else {
+		_ = s.Settle()
+	}
+	if err := s.reduceSeq.AppendReduce(ctx, tokens, spec, dst); err != nil {
+		return err
+	}
+	s.logitsGone = false
+	if s.on && spec.Greedy && len(tokens) == 1 && !dst.Bad && dst.Best >= 0 {
+		s.pend, s.pendTok, s.logitsGone = true, dst.Best, true
+		s.pm.started++
+	}
+	return nil
+}
+
+func (s *pipeSeq) LastLogits(dst []float32) ([]float32, error) {
+	if s.logitsGone {
+		return nil, errors.New("pipeSeq: logits gone")
+	}
+	return s.reduceSeq.LastLogits(dst)
+}
+
+func (s *pipeSeq) Close() error {
+	_ = s.Settle()
+	return s.reduceSeq.Close()
+}
+
+func TestGeneratePipeline(t *testing.T) {
+	// Greedy generation over a sequence that runs steps ahead gives the
+	// plain sequence's tokens; each step but the first is confirmed, none
+	// is started past the limit, a step started for a stop token is
+	// dropped before the sequence is kept, and a sampler that is not
+	// greedy never switches it on.
+	newPM := func(next func([]int) int, eos int) *pipeModel {
+		return &pipeModel{reduceModel: &reduceModel{fakeModel: &fakeModel{vocab: 16, maxCtx: 1000, eos: eos, flat: true, next: next}}}
+	}
+	for _, c := range []struct {
+		name             string
+		next             func([]int) int
+		eos              int
+		p                sample.Params
+		max              int
+		wantOn           bool
+		wantTokens       int
+		wantConfirmed    int
+		wantDropped      int
+		wantCachedLength int
+	}{
+		{"to the limit", script(3, tA, tB, tA, tA, tB), -1, sample.Params{}, 12, true, 12, 10, 0, 3 + 11}, // the last token is not appended
+		{"to the limit of 2", script(3, tA, tB), -1, sample.Params{}, 2, true, 2, 0, 0, 3 + 1},
+		{"one token", script(3, tA, tB), -1, sample.Params{}, 1, false, 1, 0, 0, 3 + 1},
+		{"stop token", script(3, tA, tB, tA, tEOS), tEOS, sample.Params{}, 50, true, 4, 2, 1, 3 + 3},
+		{"sampled", script(3, tA, tB, tA, tEOS), tEOS, sample.Params{Temperature: 0.5, TopK: 3, Seed: 4}, 8, false, -1, 0, 0, -1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			run := func(m Model, cache *Cache) Result {
+				sp, err := sample.New(c.p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				res, err := Generate(context.Background(), m, prompt3, Options{MaxTokens: c.max, Sampler: sp, Cache: cache}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return res
+			}
+			want := run(&fakeModel{vocab: 16, maxCtx: 1000, eos: c.eos, flat: true, next: c.next}, nil)
+			pm := newPM(c.next, c.eos)
+			cache := NewCache(2)
+			got := run(pm, cache)
+			if !reflect.DeepEqual(got.Tokens, want.Tokens) {
+				t.Fatalf("pipelined: %v\nplain:     %v", got.Tokens, want.Tokens)
+			}
+			if c.wantTokens >= 0 && len(got.Tokens) != c.wantTokens {
+				t.Errorf("%d tokens, want %d", len(got.Tokens), c.wantTokens)
+			}
+			if (pm.onCalls > 0) != c.wantOn {
+				t.Errorf("Pipeline(true) called %d times, want on %v", pm.onCalls, c.wantOn)
+			}
+			if !c.wantOn {
+				if pm.started != 0 {
+					t.Errorf("%d steps started ahead, want none", pm.started)
+				}
+				return
+			}
+			if pm.confirmed != c.wantConfirmed || pm.dropped != c.wantDropped || pm.started != c.wantConfirmed+c.wantDropped {
+				t.Errorf("started %d, confirmed %d, dropped %d; want %d confirmed and %d dropped", pm.started, pm.confirmed, pm.dropped, c.wantConfirmed, c.wantDropped)
+			}
+			for _, s := range pm.seqs {
+				if s.pend || s.on {
+					t.Errorf("a sequence left with a step in flight (%v) or Pipeline on (%v)", s.pend, s.on)
+				}
+			}
+			if cache.Len() != 1 || len(pm.seqs) != 1 || pm.seqs[0].Len() != c.wantCachedLength {
+				t.Errorf("cache holds %d sequences; the sequence holds %d tokens, want one of %d", cache.Len(), pm.seqs[0].Len(), c.wantCachedLength)
+			}
+		})
+	}
+}

@@ -61,6 +61,25 @@ type Reducer interface {
 	DrawReduced(d sample.DeviceDraw) (int, error)
 }
 
+// Pipeliner is implemented by Reducers that can run greedy decode steps
+// ahead of the caller (the GPU session): while Pipeline is on, a greedy
+// AppendReduce of one token may also start the step for its own argmax
+// before it returns, so the device computes while the caller handles the
+// token, and an AppendReduce of exactly that token then only waits for the
+// step (starting the one after it in turn). Any other call first waits for
+// a step in flight and drops it, leaving the sequence as if it had never
+// run; Len never counts it. LastLogits and DrawReduced may fail after a
+// greedy AppendReduce while Pipeline is on (a greedy sampler needs
+// neither). Generate uses it with a greedy sampler.
+type Pipeliner interface {
+	// Pipeline switches starting steps ahead on or off. Off starts no
+	// more steps; a step already in flight stays until a call confirms or
+	// drops it.
+	Pipeline(on bool)
+	// Settle waits for a step in flight, if any, and drops it.
+	Settle() error
+}
+
 // ReducingSampler is a Sampler that can draw from a reduction of the
 // logits (*sample.Sampler).
 type ReducingSampler interface {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
 	"runtime"
 	"slices"
 	"time"
@@ -95,9 +96,14 @@ func medianTimings(ts []dsv4.StepTiming) *stepTimingMs {
 		return float64(v[len(v)/2]) / float64(time.Millisecond)
 	}
 	return &stepTimingMs{
-		Wall:     med(func(t dsv4.StepTiming) time.Duration { return t.Wall }),
-		Device:   med(func(t dsv4.StepTiming) time.Duration { return t.Device }),
-		Idle:     med(func(t dsv4.StepTiming) time.Duration { return t.Wall - t.Device }),
+		Wall:   med(func(t dsv4.StepTiming) time.Duration { return t.Wall }),
+		Device: med(func(t dsv4.StepTiming) time.Duration { return t.Device }),
+		Idle: med(func(t dsv4.StepTiming) time.Duration {
+			if t.Ahead { // started by the call before: its idle is the gap before it
+				return t.Gap
+			}
+			return t.Wall - t.Device
+		}),
 		Handoff:  med(func(t dsv4.StepTiming) time.Duration { return t.Handoff }),
 		Enqueue:  med(func(t dsv4.StepTiming) time.Duration { return t.Enqueue }),
 		Wait:     med(func(t dsv4.StepTiming) time.Duration { return t.Wait }),
@@ -181,6 +187,7 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 	timing := fs.Bool("timing", false, "with --backend cuda, also split each decode step into GPU time (CUDA events) and the host's work around it: hand-off to the device thread, enqueue, wait, logits download, return (costs two event records a step)")
 	hostSample := fs.Bool("sample-host", false, "with --sample: download every step's logits and sample on the host even where the backend can reduce them for the sampler where they are (the GPU)")
 	sampled := fs.Bool("sample", false, "sample each decode step's token from its logits as `moxie run` does (--temperature, --top-p) inside the timed step, and decode the sampled tokens: the step a user sees (default: random tokens, no sampling)")
+	greedy := fs.Bool("greedy", false, "decode greedily as `moxie run --temperature 0` does: each step's argmax is the next token, found where the logits are, and on the GPU each step starts before the host has read the one before (MOXIE_CUDA_AHEAD=off waits); the tokens then follow the model, so with an expert tier the hit rate is the model's own, not random tokens'")
 	temp := fs.Float64("temperature", defaultTemperature, "with --sample: the sampling temperature (0 is greedy)")
 	topP := fs.Float64("top-p", defaultTopP, "with --sample: the nucleus (1 disables)")
 	mf := addMemFlags(fs)
@@ -195,6 +202,9 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 	}
 	if *warmup < 0 {
 		return usagef("--warmup must be at least 0")
+	}
+	if *greedy && *sampled {
+		return usagef("--greedy and --sample exclude each other (--sample --temperature 0 samples greedily on the host's terms)")
 	}
 	bw, err := parseBytes(*bwSize)
 	if err != nil {
@@ -259,8 +269,12 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 		into, _ := s.(generate.IntoAppender) // as generate's decode loop does
 		var logits []float32
 		var smp *sample.Sampler
-		if *sampled {
-			if smp, err = sample.New(sample.Params{Temperature: *temp, TopP: *topP, Seed: *seed + uint64(run)}); err != nil {
+		if *sampled || *greedy {
+			p := sample.Params{Temperature: *temp, TopP: *topP, Seed: *seed + uint64(run)}
+			if *greedy {
+				p = sample.Params{}
+			}
+			if smp, err = sample.New(p); err != nil {
 				return err
 			}
 		}
@@ -272,9 +286,18 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 		if spec.OK {
 			reducedOn = "device"
 		}
+		pipe, _ := s.(generate.Pipeliner)
+		if pipe != nil && spec.OK && spec.Greedy {
+			pipe.Pipeline(*decode > 1) // as generate's decode loop does
+		} else {
+			pipe = nil
+		}
 		var reduction sample.Reduction
 		for i, t := range toks[*prompt:] {
 			st := time.Now()
+			if pipe != nil && i == *decode-1 {
+				pipe.Pipeline(false) // the last step: none after it
+			}
 			if spec.OK {
 				reducedSteps++
 				err = red.AppendReduce(ctx, []int{t}, spec, &reduction)
@@ -328,6 +351,11 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 			}
 			bar.Add(1)
 		}
+		if pipe != nil {
+			if err := pipe.Settle(); err != nil {
+				return err
+			}
+		}
 		if timed && tiered {
 			preTier = preTier.Add(c1.Sub(c0))
 			decTier = decTier.Add(snap().Sub(c1))
@@ -372,7 +400,18 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 		fmt.Fprintf(stdout, "backend            cpu, %d threads, %s\n", rep.Threads, rep.GoVersion)
 	}
 	fmt.Fprintf(stdout, "prefill            %.1f tok/s (median of %d runs, %d-token prompt)\n", rep.PrefillTokPerS, rep.Runs, rep.PromptTokens)
-	if *sampled {
+	if *greedy {
+		rep.Sampling = "greedy"
+		if reducedOn != "" {
+			rep.Sampling += ", the argmax found on the " + reducedOn
+		}
+		if os.Getenv("MOXIE_CUDA_AHEAD") == "off" || reducedOn == "" {
+			rep.Sampling += ", each step after the host has its token"
+		} else {
+			rep.Sampling += ", each step started before the host reads the one before"
+		}
+		fmt.Fprintf(stdout, "decode             %.2f tok/s (median step %.2f ms over %d steps, %s)\n", rep.DecodeTokPerS, rep.DecodeStepMs, len(steps), rep.Sampling)
+	} else if *sampled {
 		rep.Sampling = fmt.Sprintf("temperature %g, top-p %g", *temp, *topP)
 		if reducedOn != "" {
 			rep.Sampling += fmt.Sprintf(", logits reduced on the %s (%d of %d steps drawn there, %d needed every logit)", reducedOn, drawnSteps, reducedSteps, fullSteps)

@@ -55,7 +55,7 @@ type SampleReducer struct {
 }
 
 // SampleReducerBytes is the device memory NewSampleReducer(n) allocates,
-// bytes (with 196,648 bytes of pinned host memory besides).
+// bytes (with 196,680 bytes of pinned host memory besides).
 func SampleReducerBytes(n int) int {
 	nb := (max(n, 1) + smpChunk - 1) / smpChunk
 	return nb*smpPartB + nb*smpChunk*12 + smpIDsOff + 12*SampleKeep + 8
@@ -80,7 +80,7 @@ func (c *Ctx) NewSampleReducer(n int) (*SampleReducer, error) {
 	r.cid = r.ce + DevicePtr(8*r.nb*smpChunk)
 	r.out = r.cid + DevicePtr(4*r.nb*smpChunk)
 	r.drawn = r.out + DevicePtr(outB)
-	if r.host, err = c.NewHostBuffer(outB + 8); err != nil {
+	if r.host, err = c.NewHostBuffer(outB + 8 + smpIDsOff); err != nil {
 		_ = c.MemFree(p)
 		return nil, err
 	}
@@ -110,7 +110,7 @@ func (r *SampleReducer) Enqueue(c *Ctx, logits DevicePtr, spec sample.ReduceSpec
 	if !spec.OK {
 		return fmt.Errorf("cuda: sampler reduction: the sampler needs the logits (spec %+v)", spec)
 	}
-	n, nb := int32(r.n), int32(r.nb)
+	n := int32(r.n)
 	grid, block := Dim3{X: uint32(r.nb), Y: 1, Z: 1}, Dim3{X: smpThreads, Y: 1, Z: 1}
 	if err := c.launchNamed(c.sampleModule, "smp_max", grid, block, 0, s,
 		unsafe.Pointer(&logits), unsafe.Pointer(&n), unsafe.Pointer(&r.part)); err != nil {
@@ -127,10 +127,7 @@ func (r *SampleReducer) Enqueue(c *Ctx, logits DevicePtr, spec sample.ReduceSpec
 			return err
 		}
 	}
-	keep := int32(SampleKeep)
-	if err := c.launchNamed(c.sampleModule, "smp_fin", Dim3{X: 1, Y: 1, Z: 1}, block, 0, s,
-		unsafe.Pointer(&r.part), unsafe.Pointer(&nb), unsafe.Pointer(&greedy), unsafe.Pointer(&r.cid),
-		unsafe.Pointer(&r.ce), unsafe.Pointer(&keep), unsafe.Pointer(&r.out)); err != nil {
+	if err := r.finish(c, greedy, 0, 0, s); err != nil {
 		return err
 	}
 	r.greed = spec.Greedy
@@ -138,6 +135,65 @@ func (r *SampleReducer) Enqueue(c *Ctx, logits DevicePtr, spec sample.ReduceSpec
 		return c.DownloadAsync(r.host, 0, r.out, smpIDsOff, s)
 	}
 	return r.download(c, 0, sampleFirst, s)
+}
+
+// finish launches smp_fin, with the hand-off to tok and pos when they are
+// set.
+func (r *SampleReducer) finish(c *Ctx, greedy int32, tok, pos DevicePtr, s Stream) error {
+	nb, keep := int32(r.nb), int32(SampleKeep)
+	return c.launchNamed(c.sampleModule, "smp_fin", Dim3{X: 1, Y: 1, Z: 1}, Dim3{X: smpThreads, Y: 1, Z: 1}, 0, s,
+		unsafe.Pointer(&r.part), unsafe.Pointer(&nb), unsafe.Pointer(&greedy), unsafe.Pointer(&r.cid),
+		unsafe.Pointer(&r.ce), unsafe.Pointer(&keep), unsafe.Pointer(&r.out), unsafe.Pointer(&tok), unsafe.Pointer(&pos))
+}
+
+// GreedySlots is how many greedy results EnqueueGreedy keeps apart on the
+// host: a step's result can be read while the next step's is on its way.
+const GreedySlots = 2
+
+// EnqueueGreedy launches a greedy reduction (the argmax and the NaN check)
+// of the row of n float32 logits at logits on s, and the download of its
+// result into host slot (0 <= slot < GreedySlots); after s has passed it
+// (an event recorded after this call, say), ReadGreedy(slot) returns it.
+// With tok and pos set (device int32s, not 0) it also hands the argmax to
+// a decode step enqueued after it that reads its token and position from
+// device memory: tok = the argmax (0 when there is none), pos += 1. A slot
+// must not be enqueued again before its last result has been read.
+func (r *SampleReducer) EnqueueGreedy(c *Ctx, logits DevicePtr, slot int, tok, pos DevicePtr, s Stream) error {
+	if slot < 0 || slot >= GreedySlots {
+		return fmt.Errorf("cuda: greedy reduction into slot %d: want 0 to %d", slot, GreedySlots-1)
+	}
+	if (tok == 0) != (pos == 0) {
+		return fmt.Errorf("cuda: greedy reduction's hand-off needs both the token and the position")
+	}
+	n := int32(r.n)
+	grid, block := Dim3{X: uint32(r.nb), Y: 1, Z: 1}, Dim3{X: smpThreads, Y: 1, Z: 1}
+	if err := c.launchNamed(c.sampleModule, "smp_max", grid, block, 0, s,
+		unsafe.Pointer(&logits), unsafe.Pointer(&n), unsafe.Pointer(&r.part)); err != nil {
+		return err
+	}
+	if err := r.finish(c, 1, tok, pos, s); err != nil {
+		return err
+	}
+	return c.DownloadAsync(r.host, r.slotOff(slot), r.out, smpIDsOff, s)
+}
+
+// slotOff is where greedy slot i lies in the host buffer: slot 0 is the
+// head's place of Enqueue's layout, slot 1 after the drawn id.
+func (r *SampleReducer) slotOff(slot int) int {
+	if slot == 0 {
+		return 0
+	}
+	return smpIDsOff + 12*SampleKeep + 8
+}
+
+// ReadGreedy fills dst with the result EnqueueGreedy left in slot, once s
+// has passed it (dst's slices are reused; greedy: no candidates).
+func (r *SampleReducer) ReadGreedy(slot int, dst *sample.Reduction) error {
+	if slot < 0 || slot >= GreedySlots {
+		return fmt.Errorf("cuda: greedy reduction from slot %d: want 0 to %d", slot, GreedySlots-1)
+	}
+	o := r.slotOff(slot)
+	return decodeReduction(r.host.Bytes()[o:o+smpIDsOff], r.n, true, dst)
 }
 
 // download enqueues the copy of candidates [from, to) (with the head when

@@ -187,9 +187,10 @@ int main() {
     SmpPart *p = part.data();
     launch(nb, [&] { smp_max(l, n, p); });
     if (!c.greedy) launch(nb, [&] { smp_exp(l, n, c.invT, c.thr, p, cid.data(), ce.data()); });
-    launch(1, [&] { smp_fin(p, nb, c.greedy, cid.data(), ce.data(), c.keep, out.data()); });
+    int feed_tok = -5, feed_pos = 100;
+    launch(1, [&] { smp_fin(p, nb, c.greedy, cid.data(), ce.data(), c.keep, out.data(), &feed_tok, &feed_pos); });
     SmpHead h; memcpy(&h, out.data(), sizeof h);
-    printf("case %zu best %d bad %d count %d complete %d z %.17g\n", ci, h.best, h.bad, h.count, h.complete, h.z);
+    printf("case %zu best %d bad %d count %d complete %d z %.17g feed %d %d\n", ci, h.best, h.bad, h.count, h.complete, h.z, feed_tok, feed_pos);
     printf("ids");
     if (!c.greedy && !h.bad && h.best >= 0 && h.complete)
       for (int i = 0; i < h.count; i++) {
@@ -258,13 +259,18 @@ func TestSampleReduceEmulated(t *testing.T) {
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			want, count := smpWant(c)
-			var ci, best, bad, gotCount, complete int
+			var ci, best, bad, gotCount, complete, feedTok, feedPos int
 			var z float64
-			if _, err := fmt.Sscanf(lines[3*i], "case %d best %d bad %d count %d complete %d z %g", &ci, &best, &bad, &gotCount, &complete, &z); err != nil || ci != i {
+			if _, err := fmt.Sscanf(lines[3*i], "case %d best %d bad %d count %d complete %d z %g feed %d %d", &ci, &best, &bad, &gotCount, &complete, &z, &feedTok, &feedPos); err != nil || ci != i {
 				t.Fatalf("line %q: %v", lines[3*i], err)
 			}
 			if best != want.Best || (bad != 0) != want.Bad {
 				t.Fatalf("best %d bad %d, want %d %v", best, bad, want.Best, want.Bad)
+			}
+			// The hand-off to the next step: the argmax (0 when none), the
+			// position one on from the 100 the harness starts with.
+			if wantTok := max(want.Best, 0); feedTok != wantTok || feedPos != 101 {
+				t.Errorf("fed token %d at position %d, want %d at 101", feedTok, feedPos, wantTok)
 			}
 			if c.greedy || want.Bad || want.Best < 0 {
 				if gotCount != 0 {
@@ -635,4 +641,83 @@ func smpDrawWant(c smpCase, u float64) int {
 		}
 	}
 	return int(kept[len(kept)-1].id)
+}
+
+func TestSampleReducerGreedySlots(t *testing.T) {
+	// EnqueueGreedy on the GPU: two rows reduced into the two host slots
+	// before either is read, each slot holding its own row's argmax (from
+	// a float64-free count: the rows' largest values are placed), and the
+	// hand-off writing the second row's argmax and the position one on.
+	// A row of -Inf hands off token 0 and says it has no argmax.
+	const n = 2*smpChunk + 77
+	rows := [][]float32{make([]float32, n), make([]float32, n), make([]float32, n)}
+	for i := range n {
+		rows[0][i] = float32(i%1000) / 1000
+		rows[1][i] = -float32(i%313) / 313
+		rows[2][i] = float32(math.Inf(-1))
+	}
+	rows[0][n-5] = 3  // the last chunk
+	rows[1][9000] = 2 // the second chunk, a tie after it
+	rows[1][9001] = 2
+	want := []int{n - 5, 9000, -1}
+	dev := testDevice(t)
+	for k := 1; k < len(rows); k++ {
+		var got [2]sample.Reduction
+		var fed [2]int32
+		err := dev.Do(func(ctx *Ctx) error {
+			d, err := ctx.MemAlloc(4*2*n + 8)
+			if err != nil {
+				return err
+			}
+			defer ctx.MemFree(d)
+			tok, pos := d+DevicePtr(8*n), d+DevicePtr(8*n+4)
+			if err := ctx.CopyFloatsToDevice(d, rows[0]); err != nil {
+				return err
+			}
+			if err := ctx.CopyFloatsToDevice(d+DevicePtr(4*n), rows[k]); err != nil {
+				return err
+			}
+			if err := ctx.CopyToDevice(tok, []byte{7, 0, 0, 0, 41, 0, 0, 0}); err != nil {
+				return err
+			}
+			r, err := ctx.NewSampleReducer(n)
+			if err != nil {
+				return err
+			}
+			defer r.Close(ctx)
+			st := ctx.Stream()
+			if err := r.EnqueueGreedy(ctx, d, 0, 0, 0, st); err != nil {
+				return err
+			}
+			if err := r.EnqueueGreedy(ctx, d+DevicePtr(4*n), 1, tok, pos, st); err != nil {
+				return err
+			}
+			if err := ctx.Sync(st); err != nil {
+				return err
+			}
+			for i := range got {
+				if err := r.ReadGreedy(i, &got[i]); err != nil {
+					return err
+				}
+			}
+			b := make([]byte, 8)
+			if err := ctx.CopyFromDevice(b, tok); err != nil {
+				return err
+			}
+			fed = [2]int32{int32(binary.LittleEndian.Uint32(b)), int32(binary.LittleEndian.Uint32(b[4:]))}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got[0].Best != want[0] || got[0].Bad || got[0].N != n {
+			t.Errorf("slot 0: best %d bad %v n %d, want %d false %d", got[0].Best, got[0].Bad, got[0].N, want[0], n)
+		}
+		if got[1].Best != want[k] || got[1].Bad {
+			t.Errorf("row %d in slot 1: best %d bad %v, want %d false", k, got[1].Best, got[1].Bad, want[k])
+		}
+		if fed != [2]int32{int32(max(want[k], 0)), 42} {
+			t.Errorf("row %d: handed off token %d at position %d, want %d at 42", k, fed[0], fed[1], max(want[k], 0))
+		}
+	}
 }

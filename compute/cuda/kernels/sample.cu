@@ -15,7 +15,11 @@
 //            block order, the candidates' count and their mass, complete =
 //            count <= cap) and, when complete, the candidates in id order
 //            after it. With greedy set smp_exp is not launched and only best
-//            and bad are written (count 0).
+//            and bad are written (count 0). With feed_tok set (not null) it
+//            also hands the argmax to the next decode step, which reads its
+//            token and position from device memory: feed_tok[0] = best (0
+//            when there is none: that step's result is then discarded) and
+//            feed_pos[0] += 1.
 //   smp_draw one block, after the others, for a row whose candidates did
 //            not fit (the host asks for it): the sampler's own selection
 //            over every candidate (the top k by rank, then the fewest ranked
@@ -190,7 +194,8 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS) smp_exp(const float* _
 }
 
 extern "C" __global__ void __launch_bounds__(SMP_THREADS) smp_fin(const SmpPart* part, int nb, int greedy, const int* __restrict__ cid,
-                                                                  const double* __restrict__ ce, int cap, unsigned char* out) {
+                                                                  const double* __restrict__ ce, int cap, unsigned char* out,
+                                                                  int* feed_tok, int* feed_pos) {
   __shared__ int off[SMP_THREADS + 1];
   __shared__ int scomplete;
   const int t = threadIdx.x;
@@ -216,6 +221,10 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS) smp_fin(const SmpPart*
     h->count = count;
     h->complete = count <= cap;
     scomplete = !greedy && !bad && best >= 0 && count <= cap;
+    if (feed_tok) {
+      feed_tok[0] = best >= 0 ? best : 0;
+      feed_pos[0] += 1;
+    }
   }
   __syncthreads();
   if (!scomplete) return;

@@ -189,6 +189,14 @@ func TestMedianTimings(t *testing.T) {
 			step(6.5, 6.25, 0.01, 0.03, 6.3, 0.1, 0.02),
 			step(9, 7.5, 0.5, 0.05, 7.9, 0.4, 0.1),
 		}, &stepTimingMs{Wall: 7, Device: 6.5, Idle: 0.5, Handoff: 0.02, Enqueue: 0.04, Wait: 6.6, Download: 0.2, Return: 0.03}},
+		// Steps run ahead: the idle is each step's Gap, not Wall - Device
+		// (the step began before the call that confirmed it). Gaps 0.02,
+		// 0.03, 0.01 (Wall - Device would be 1, 0.5, 0.25): median 0.02.
+		{"ahead", []dsv4.StepTiming{
+			{Wall: ms(7), Device: ms(6), Ahead: true, Gap: ms(0.02)},
+			{Wall: ms(6.5), Device: ms(6), Ahead: true, Gap: ms(0.03)},
+			{Wall: ms(6.5), Device: ms(6.25), Ahead: true, Gap: ms(0.01)},
+		}, &stepTimingMs{Wall: 6.5, Device: 6, Idle: 0.02}},
 		{"two: the upper middle", []dsv4.StepTiming{
 			step(7, 6.5, 0.02, 0.04, 6.6, 0.2, 0.03),
 			step(6.5, 6.25, 0.01, 0.03, 6.3, 0.1, 0.02),

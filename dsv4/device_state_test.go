@@ -390,6 +390,19 @@ func BenchmarkDeviceRestore(b *testing.B) {
 	b.ReportMetric(float64(size)/1e6, "state-MB")
 }
 
+// aheadCases are the models and spans of the tests of steps run past a
+// sequence's end: a tiny model, and (not under -short) V4-Flash widths
+// with 4 layers, a 128-key window and compress ratios 4 and 128, over
+// 140 positions.
+var aheadCases = []struct {
+	name, spec    string
+	prompt, steps int
+	long          bool
+}{
+	{"tiny", "synth:tiny", 20, 40, false},
+	{"flash4", "synth:flash?layers=4&experts=8&mtp=0", 200, 140, true},
+}
+
 // TestDeviceStrayStep checks the property that decode steps enqueued ahead
 // of the host would rely on (compute/cuda/NOTES.md, session 17): a
 // one-token step past the sequence's end (a step enqueued before the host
@@ -403,15 +416,7 @@ func BenchmarkDeviceRestore(b *testing.B) {
 // (V4-Flash widths, 4 layers, a 128-key window, ratios 4 and 128) is
 // skipped under -short.
 func TestDeviceStrayStep(t *testing.T) {
-	cases := []struct {
-		name, spec    string
-		prompt, steps int
-		long          bool
-	}{
-		{"tiny", "synth:tiny", 20, 40, false},
-		{"flash4", "synth:flash?layers=4&experts=8&mtp=0", 200, 140, true},
-	}
-	for _, c := range cases {
+	for _, c := range aheadCases {
 		if c.long && testing.Short() {
 			t.Logf("%s: skipped under -short", c.name)
 			continue
@@ -468,16 +473,8 @@ func TestDeviceStrayStep(t *testing.T) {
 // flight), LastLogits refused while a step runs ahead, and after a stop
 // (Settle) the same logits, bit for bit, for the tokens that follow.
 func TestDevicePipeline(t *testing.T) {
-	cases := []struct {
-		name, spec    string
-		prompt, steps int
-		long          bool
-	}{
-		{"tiny", "synth:tiny", 20, 40, false},
-		{"flash4", "synth:flash?layers=4&experts=8&mtp=0", 200, 140, true},
-	}
 	greedy := sample.ReduceSpec{OK: true, Greedy: true}
-	for _, c := range cases {
+	for _, c := range aheadCases {
 		if c.long && testing.Short() {
 			t.Logf("%s: skipped under -short", c.name)
 			continue

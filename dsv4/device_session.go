@@ -126,6 +126,9 @@ type DeviceSession struct {
 	hasEnd    bool
 	aheadN    int
 	pendRing  int
+	// ranAhead counts the steps run ahead that a call confirmed, dropped
+	// those that were waited for and dropped (Describe).
+	ranAhead, dropped int
 
 	// timing: each call's last chunk is timed into lastTiming (TimeSteps);
 	// evStep brackets the chunk's device work.
@@ -973,6 +976,12 @@ func (s *DeviceSession) Describe() string {
 	if t := s.d.tier; t != nil {
 		out += ", " + t.describe()
 	}
+	switch {
+	case !s.aheadOK:
+		out += ", greedy steps not run ahead (MOXIE_CUDA_AHEAD=off)"
+	case s.ranAhead+s.dropped > 0:
+		out += fmt.Sprintf(", %d greedy steps run ahead of the host (%d more dropped)", s.ranAhead, s.dropped)
+	}
 	return out
 }
 
@@ -1060,6 +1069,7 @@ func (s *DeviceSession) settleLocked() error {
 		return nil
 	}
 	s.pend = false
+	s.dropped++
 	if s.d.ahead == s {
 		s.d.ahead = nil
 	}
@@ -1126,6 +1136,7 @@ func (s *DeviceSession) confirm(dst *sample.Reduction) error {
 		return s.failed
 	}
 	s.pos++
+	s.ranAhead++
 	s.reduced, s.logitsGone = !more, more
 	if more {
 		s.markAhead(next, dst)

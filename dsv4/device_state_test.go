@@ -535,8 +535,8 @@ func TestDevicePipeline(t *testing.T) {
 			}
 			next = rg.Best
 		}
-		if want := c.steps - 3; confirmed < want {
-			t.Errorf("%s: %d of %d steps were confirmed runs ahead, want at least %d", c.name, confirmed, c.steps, want)
+		if want := c.steps - 3; confirmed < want || st.ranAhead != confirmed {
+			t.Errorf("%s: %d of %d steps were confirmed runs ahead (the session counted %d), want at least %d", c.name, confirmed, c.steps, st.ranAhead, want)
 		}
 		// A stop: the step started for next is dropped.
 		st.Pipeline(false)

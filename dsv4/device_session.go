@@ -690,7 +690,6 @@ func (s *DeviceSession) release() {
 		return
 	}
 	_ = s.d.dev.Do(func(c *cuda.Ctx) error {
-		_ = c.Sync(c.Stream()) // a step run ahead may still read the state
 		if g != nil {
 			_ = c.DestroyGraph(g)
 		}

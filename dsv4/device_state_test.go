@@ -394,13 +394,35 @@ func BenchmarkDeviceRestore(b *testing.B) {
 // sequence's end: a tiny model, and (not under -short) V4-Flash widths
 // with 4 layers, a 128-key window and compress ratios 4 and 128, over
 // 140 positions.
-var aheadCases = []struct {
+var aheadCases = []aheadCase{
+	{"tiny", "synth:tiny", 20, 40, false},
+	{"flash4", "synth:flash?layers=4&experts=8&mtp=0", 200, 140, true},
+}
+
+type aheadCase struct {
 	name, spec    string
 	prompt, steps int
 	long          bool
-}{
-	{"tiny", "synth:tiny", 20, 40, false},
-	{"flash4", "synth:flash?layers=4&experts=8&mtp=0", 200, 140, true},
+}
+
+// prefilledPair loads c's model (false when -short skips it) and returns
+// n test tokens of seed and two sessions that have prefilled c.prompt of
+// them: the reference and the session under test.
+func (c aheadCase) prefilledPair(t *testing.T, n, seed int) (md *Model, toks []int, ref, st *DeviceSession, ok bool) {
+	t.Helper()
+	if c.long && testing.Short() {
+		t.Logf("%s: skipped under -short", c.name)
+		return nil, nil, nil, nil, false
+	}
+	md = loadDeviceModel(t, c.spec, Options{DeviceContext: 512})
+	toks = testTokens(n, md.Cfg.VocabSize, seed)
+	ref, st = newDeviceSession(t, md), newDeviceSession(t, md)
+	for _, s := range []*DeviceSession{ref, st} {
+		if _, err := s.Prefill(toks[:c.prompt]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return md, toks, ref, st, true
 }
 
 // TestDeviceStrayStep checks the property that decode steps enqueued ahead
@@ -417,20 +439,11 @@ var aheadCases = []struct {
 // skipped under -short.
 func TestDeviceStrayStep(t *testing.T) {
 	for _, c := range aheadCases {
-		if c.long && testing.Short() {
-			t.Logf("%s: skipped under -short", c.name)
+		md, toks, ref, st, ok := c.prefilledPair(t, c.prompt+c.steps, 21)
+		if !ok {
 			continue
 		}
-		md := loadDeviceModel(t, c.spec, Options{DeviceContext: 512})
-		V := md.Cfg.VocabSize
-		toks := testTokens(c.prompt+c.steps, V, 21)
-		stray := testTokens(c.prompt+c.steps, V, 77)
-		ref, st := newDeviceSession(t, md), newDeviceSession(t, md)
-		for _, s := range []*DeviceSession{ref, st} {
-			if _, err := s.Prefill(toks[:c.prompt]); err != nil {
-				t.Fatal(err)
-			}
-		}
+		stray := testTokens(c.prompt+c.steps, md.Cfg.VocabSize, 77)
 		bad := 0
 		for i := c.prompt; i < len(toks); {
 			// Mostly decode steps; every seventh real step is a chunk of
@@ -475,18 +488,9 @@ func TestDeviceStrayStep(t *testing.T) {
 func TestDevicePipeline(t *testing.T) {
 	greedy := sample.ReduceSpec{OK: true, Greedy: true}
 	for _, c := range aheadCases {
-		if c.long && testing.Short() {
-			t.Logf("%s: skipped under -short", c.name)
+		md, toks, ref, st, ok := c.prefilledPair(t, c.prompt+8, 31)
+		if !ok {
 			continue
-		}
-		md := loadDeviceModel(t, c.spec, Options{DeviceContext: 512})
-		V := md.Cfg.VocabSize
-		toks := testTokens(c.prompt+8, V, 31)
-		ref, st := newDeviceSession(t, md), newDeviceSession(t, md)
-		for _, s := range []*DeviceSession{ref, st} {
-			if _, err := s.Prefill(toks[:c.prompt]); err != nil {
-				t.Fatal(err)
-			}
 		}
 		// The reference first: a pass of another session would drop the
 		// step st runs ahead.

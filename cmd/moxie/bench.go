@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"os"
 	"runtime"
 	"slices"
 	"time"
@@ -401,14 +400,11 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 	}
 	fmt.Fprintf(stdout, "prefill            %.1f tok/s (median of %d runs, %d-token prompt)\n", rep.PrefillTokPerS, rep.Runs, rep.PromptTokens)
 	if *greedy {
+		// Whether steps ran ahead is the session's to say (Describe, on
+		// stderr above): it depends on its switch and on the graph.
 		rep.Sampling = "greedy"
 		if reducedOn != "" {
 			rep.Sampling += ", the argmax found on the " + reducedOn
-		}
-		if os.Getenv("MOXIE_CUDA_AHEAD") == "off" || reducedOn == "" {
-			rep.Sampling += ", each step after the host has its token"
-		} else {
-			rep.Sampling += ", each step started before the host reads the one before"
 		}
 		fmt.Fprintf(stdout, "decode             %.2f tok/s (median step %.2f ms over %d steps, %s)\n", rep.DecodeTokPerS, rep.DecodeStepMs, len(steps), rep.Sampling)
 	} else if *sampled {

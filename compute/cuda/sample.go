@@ -110,16 +110,15 @@ func (r *SampleReducer) Enqueue(c *Ctx, logits DevicePtr, spec sample.ReduceSpec
 	if !spec.OK {
 		return fmt.Errorf("cuda: sampler reduction: the sampler needs the logits (spec %+v)", spec)
 	}
-	n := int32(r.n)
-	grid, block := Dim3{X: uint32(r.nb), Y: 1, Z: 1}, Dim3{X: smpThreads, Y: 1, Z: 1}
-	if err := c.launchNamed(c.sampleModule, "smp_max", grid, block, 0, s,
-		unsafe.Pointer(&logits), unsafe.Pointer(&n), unsafe.Pointer(&r.part)); err != nil {
+	if err := r.maxPass(c, logits, s); err != nil {
 		return err
 	}
 	greedy := int32(0)
 	if spec.Greedy {
 		greedy = 1
 	} else {
+		n := int32(r.n)
+		grid, block := Dim3{X: uint32(r.nb), Y: 1, Z: 1}, Dim3{X: smpThreads, Y: 1, Z: 1}
 		invT, thr := spec.InvT, spec.Threshold
 		if err := c.launchNamed(c.sampleModule, "smp_exp", grid, block, 0, s,
 			unsafe.Pointer(&logits), unsafe.Pointer(&n), unsafe.Pointer(&invT), unsafe.Pointer(&thr),
@@ -135,6 +134,14 @@ func (r *SampleReducer) Enqueue(c *Ctx, logits DevicePtr, spec sample.ReduceSpec
 		return c.DownloadAsync(r.host, 0, r.out, smpIDsOff, s)
 	}
 	return r.download(c, 0, sampleFirst, s)
+}
+
+// maxPass launches smp_max: each chunk's largest logit, its id and the
+// NaN flag, into the parts.
+func (r *SampleReducer) maxPass(c *Ctx, logits DevicePtr, s Stream) error {
+	n := int32(r.n)
+	return c.launchNamed(c.sampleModule, "smp_max", Dim3{X: uint32(r.nb), Y: 1, Z: 1}, Dim3{X: smpThreads, Y: 1, Z: 1}, 0, s,
+		unsafe.Pointer(&logits), unsafe.Pointer(&n), unsafe.Pointer(&r.part))
 }
 
 // finish launches smp_fin, with the hand-off to tok and pos when they are
@@ -165,10 +172,7 @@ func (r *SampleReducer) EnqueueGreedy(c *Ctx, logits DevicePtr, slot int, tok, p
 	if (tok == 0) != (pos == 0) {
 		return fmt.Errorf("cuda: greedy reduction's hand-off needs both the token and the position")
 	}
-	n := int32(r.n)
-	grid, block := Dim3{X: uint32(r.nb), Y: 1, Z: 1}, Dim3{X: smpThreads, Y: 1, Z: 1}
-	if err := c.launchNamed(c.sampleModule, "smp_max", grid, block, 0, s,
-		unsafe.Pointer(&logits), unsafe.Pointer(&n), unsafe.Pointer(&r.part)); err != nil {
+	if err := r.maxPass(c, logits, s); err != nil {
 		return err
 	}
 	if err := r.finish(c, 1, tok, pos, s); err != nil {

@@ -19,14 +19,22 @@ import (
 //
 //	q  at the layer's start: wq_a, wkv, wq_b and the indexer's wq_b
 //	o  after the query projections: wo_a; after the attention: wo_b
+//	a  after the query projections: wo_a alone (the attention's ~12 us
+//	   leave HBM idle for about its 32 MB)
 //	s  after wo_b: the router's gate and the shared expert
+//	m  after wo_b: the router's gate and the shared expert's w1 and w3
+//	   (what stage 1 reads beside the routed experts; w2 comes later)
+//
+// A fused step joins the prefetch stream back once, after its last layer,
+// so that no kernel of the main chain waits for a prefetch launch (a join
+// would cost the next kernel its programmatic early start).
 type l2Prefetch struct {
-	q, o, s      bool
-	opt          cuda.PrefetchOptions
-	stream       cuda.Stream
-	fork, join   cuda.Event
-	pending, ok  bool
-	streamExists bool
+	q, o, s, a, m bool
+	opt           cuda.PrefetchOptions
+	stream        cuda.Stream
+	fork, join    cuda.Event
+	pending, ok   bool
+	streamExists  bool
 }
 
 // parsePrefetch reads $MOXIE_CUDA_PREFETCH's value.
@@ -51,13 +59,17 @@ func parsePrefetch(v string) (l2Prefetch, error) {
 			p.o = true
 		case "s":
 			p.s = true
+		case "a":
+			p.a = true
+		case "m":
+			p.m = true
 		case "all":
 			p.q, p.o, p.s = true, true, true
 		default:
-			return p, fmt.Errorf("MOXIE_CUDA_PREFETCH=%q: unknown set %q (want a comma list of q, o, s or all, optionally :MODE, or off)", v, f)
+			return p, fmt.Errorf("MOXIE_CUDA_PREFETCH=%q: unknown set %q (want a comma list of q, o, a, s, m or all, optionally :MODE, or off)", v, f)
 		}
 	}
-	p.ok = p.q || p.o || p.s
+	p.ok = p.q || p.o || p.s || p.a || p.m
 	return p, nil
 }
 

@@ -12,6 +12,7 @@ func TestParsePrefetch(t *testing.T) {
 	for _, tc := range []struct {
 		in      string
 		q, o, s bool
+		a, m    bool
 		mode    cuda.PrefetchMode
 		err     string
 	}{
@@ -20,6 +21,8 @@ func TestParsePrefetch(t *testing.T) {
 		{in: "q", q: true},
 		{in: "o,s", o: true, s: true},
 		{in: "all", q: true, o: true, s: true},
+		{in: "a,m:bulk_el", a: true, m: true, mode: cuda.PrefetchBulkEvictLast},
+		{in: "m", m: true},
 		{in: "q,o:lines_el", q: true, o: true, mode: cuda.PrefetchLinesEvictLast},
 		{in: "x", err: `unknown set "x"`},
 		{in: "q:warp", err: "MOXIE_CUDA_PREFETCH"},
@@ -35,8 +38,8 @@ func TestParsePrefetch(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if p.q != tc.q || p.o != tc.o || p.s != tc.s || p.opt.Mode != tc.mode || p.ok != (tc.q || tc.o || tc.s) {
-				t.Fatalf("got q %v o %v s %v mode %v ok %v", p.q, p.o, p.s, p.opt.Mode, p.ok)
+			if p.q != tc.q || p.o != tc.o || p.s != tc.s || p.a != tc.a || p.m != tc.m || p.opt.Mode != tc.mode || p.ok != (tc.q || tc.o || tc.s || tc.a || tc.m) {
+				t.Fatalf("got q %v o %v s %v a %v m %v mode %v ok %v", p.q, p.o, p.s, p.a, p.m, p.opt.Mode, p.ok)
 			}
 		})
 	}

@@ -1773,12 +1773,13 @@ func (s *DeviceSession) stepFused(c *cuda.Ctx, T, p0, rows int, graph bool) erro
 			}
 			err = s.moe(c, b, l, T, p0, next)
 		}
-		if err == nil {
-			err = s.pf.joinTo(c, st)
-		}
 		if err != nil {
 			return fmt.Errorf("layer %d: %w", l, err)
 		}
+	}
+	// The prefetch stream joins once (see l2Prefetch).
+	if err := s.pf.joinTo(c, st); err != nil {
+		return err
 	}
 	if rows == 0 {
 		return nil
@@ -2025,7 +2026,7 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 					func() error { return c.Scale(s.wts, wsc, T*IH, st) })
 			})
 	}
-	steps = append(steps, func() error { return s.pf.at(c, s.pf.o, T, st, b.woA) })
+	steps = append(steps, func() error { return s.pf.at(c, s.pf.o || s.pf.a, T, st, b.woA) })
 	if err := errs(steps...); err != nil {
 		return err
 	}
@@ -2151,9 +2152,12 @@ func (s *DeviceSession) attention(c *cuda.Ctx, b *devBlock, ls *devLayerState, T
 		func() error {
 			ws := []*cuda.DeviceWeight{b.gate}
 			if b.shared != nil {
-				ws = append(ws, b.shared.w1, b.shared.w3, b.shared.w2)
+				ws = append(ws, b.shared.w1, b.shared.w3)
+				if s.pf.s {
+					ws = append(ws, b.shared.w2)
+				}
 			}
-			return s.pf.at(c, s.pf.s, T, st, ws...)
+			return s.pf.at(c, s.pf.s || s.pf.m, T, st, ws...)
 		},
 	)
 }

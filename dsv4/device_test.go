@@ -226,6 +226,7 @@ func TestDeviceTiny(t *testing.T) {
 		{"chunks 13+11+16 head in blocks of 1", []int{13, 11, 16}, false, false, false, 1, "", ""},
 		{"prefill17 then decode with every L2 prefetch", decodeSchedule(40, 17), false, false, false, 0, "all", ""},
 		{"decode only with L2 prefetch by lines", decodeSchedule(40, 1), false, false, false, 0, "q,o,s:lines", ""},
+		{"decode only with wo_a and the MoE's first weights prefetched", decodeSchedule(40, 1), false, false, false, 0, "a,m:bulk_el", ""},
 		{"prefill17 then decode, queries prepared in the kernels", decodeSchedule(40, 17), false, false, false, 0, "", "MOXIE_CUDA_QPREP=on"},
 		{"decode only, compressors stored and closed by four launches", decodeSchedule(40, 1), false, false, false, 0, "", "MOXIE_CUDA_COMPSTEP=off"},
 		// A conversation: prompt, answer, the next prompt continues the

@@ -9,7 +9,7 @@ import (
 // FuzzParsePrefetch: $MOXIE_CUDA_PREFETCH's parser refuses with an error
 // quoting the value, or turns prefetching on exactly when it names a set.
 func FuzzParsePrefetch(f *testing.F) {
-	for _, s := range []string{"", "off", "q", "q,o,s", "all", "all:bulk", "q:lines_el", "q:", ":bulk", "q,,o", "x"} {
+	for _, s := range []string{"", "off", "q", "q,o,s", "a,m", "all", "all:bulk", "q:lines_el", "q:", ":bulk", "q,,o", "x"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, v string) {
@@ -20,7 +20,7 @@ func FuzzParsePrefetch(f *testing.F) {
 			}
 			return
 		}
-		if p.ok != (p.q || p.o || p.s) {
+		if p.ok != (p.q || p.o || p.s || p.a || p.m) {
 			t.Errorf("parsePrefetch(%q) = %+v: on without a set, or a set without on", v, p)
 		}
 		if v != "" && v != "off" && !p.ok {

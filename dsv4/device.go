@@ -18,6 +18,17 @@ import (
 // Options.DeviceContext is 0.
 const DefaultDeviceContext = 4096
 
+// ResidentWeights returns the device memory that holds the model's resident
+// weights (the arena's allocated span, from its base), or ok false when the
+// model is not on a GPU. The memory is the model's: read it only (moxie
+// bench measures the read bandwidth over it), and not after Close.
+func (m *Model) ResidentWeights() (p cuda.DevicePtr, n int, ok bool) {
+	if m.dev == nil || m.dev.arena == nil {
+		return 0, 0, false
+	}
+	return m.dev.arena.Base(), m.dev.arena.Live(), true
+}
+
 // deviceModel is the model's copy resident on one GPU (Options.Device): every
 // dense weight of the main layers, the embedding and head, all routed experts
 // (stored formats, uploaded unchanged) and the small vectors decoded to

@@ -180,7 +180,9 @@ Measure prefill and decode speed at batch 1: a random prompt of
 --runs times. Reports median prefill tokens/s, median decode step, the weight
 bytes a decoded token reads, and the efficiency against the memory read
 bandwidth measured in the same run (bound = bandwidth / bytes per token): host
-memory on the CPU backend, the GPU's memory with --backend cuda.
+memory on the CPU backend, the GPU's memory with --backend cuda (the faster
+of a fresh buffer and the resident weights read in place: a buffer allocated
+beside a nearly full GPU's model can read slower than the weights do).
 MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shapes.`, stderr)
 	prompt := fs.Int("prompt", 64, "prompt tokens to prefill")
 	decode := fs.Int("decode", 16, "tokens to decode after the prompt")

@@ -16,7 +16,7 @@
 #
 # Session 16 added reads without math (k1read: stage 1's routed tiles by
 # lane mapping; k1bulk: stage 1's bytes by bulk copies). The harness takes
-# SEQ (run only the sequences whose names contain one of its '|'-separated
+# NVCC_FLAGS (extra nvcc options, e.g. -DNAME for an experiment's #ifdef), SEQ (run only the sequences whose names contain one of its '|'-separated
 # parts) and CARVE (the stage-1 kernels' preferred shared-memory carveout,
 # percent), e.g. SEQ='s1 base|KO1 27)' CARVE=44 ./harness.
 #
@@ -34,7 +34,8 @@ awk '/^\/\/@module moe/{exit} {print}' "$root/compute/cuda/kernels/moe.cu" >"$wo
 cp "$root/scripts/moe-mb/harness.cu" "$work/"
 cd "$work" || exit 1
 export PATH=/usr/local/cuda/bin:$PATH
-if ! nvcc -O3 -std=c++17 -arch=sm_90a -lineinfo -o harness harness.cu >"$out/build.log" 2>&1; then
+# shellcheck disable=SC2086
+if ! nvcc -O3 -std=c++17 -arch=sm_90a -lineinfo ${NVCC_FLAGS:-} -o harness harness.cu >"$out/build.log" 2>&1; then
   tail -50 "$out/build.log"
   exit 1
 fi

@@ -186,6 +186,8 @@ template <bool GLOBAL> __device__ __forceinline__ uint4 ldb(const u16 *p) {
 // Weight loads: read-only path, and L2 asked to fetch the surrounding 256
 // bytes (a warp's next spans of the row), so a warp's later chunks of a row
 // hit L2.
+// (Session 19: L1::no_allocate added to these made stage 1 and the pair
+// slower in the moe-mb harness; not kept.)
 __device__ __forceinline__ u32 ldw(const u32 *p) {
   u32 v;
   asm("ld.global.nc.L2::256B.u32 %0, [%1];" : "=r"(v) : "l"(p));

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# scripts/read-mb/run.sh OUT_DIR
+#
+# The read floor of a decode step's weight kernels (session 19): builds
+# read.cu with nvcc on the GPU machine (run from the repository root) and
+# times chains of read kernels of the V4-Flash weight sizes, with and
+# without their loads before the programmatic-launch wait and with a small
+# latency-bound kernel between them. read.cu's header says what each case
+# measures. Writes OUT_DIR/build.log and OUT_DIR/read.txt.
+set -u -o pipefail
+out=${1:?usage: run.sh OUT_DIR}
+mkdir -p "$out"
+export PATH=/usr/local/cuda/bin:$PATH
+work=$(mktemp -d)
+if ! nvcc -O3 -std=c++17 -arch=sm_90 -o "$work/read" scripts/read-mb/read.cu >"$out/build.log" 2>&1; then
+  tail -30 "$out/build.log"
+  exit 1
+fi
+timeout 120 "$work/read" 2>&1 | tee "$out/read.txt"

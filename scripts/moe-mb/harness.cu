@@ -444,6 +444,150 @@ __global__ void __launch_bounds__(512, 2) k2repo(MoeArgs a) {
   MOXIE_PDL_PF(moe2_pf(a));
   moe_stage2l<1, 1, 0, false>(a);
 }
+
+// Session 19: stage 2 whose routed units' weights, scale words and h go by
+// cp.async into a ring of D slots a warp in shared memory (dynamic, D·1600
+// bytes a warp), so that D units (D KB of weights) are in flight a warp
+// without holding registers; a lane copies the 2 × 16 bytes of w2 it reads
+// itself (rows g and g+8), lanes t = 0 the 4-byte scale words of rows g and
+// g+8 (byte t is lane t's scale), all lanes the unit's h as moe2l does. EW:
+// the ids and records before the PDL wait (from L2), and the first D units'
+// weights and scales, h after it (moe2lw's order). The shared expert's
+// spans are moe_stage2l's register walk (ring in the same shared memory).
+#define K2A_SLOT 1600
+__device__ __forceinline__ void cp_async16_256(void *dst, const void *src) {
+  const u32 d = (u32)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void *dst, const void *src) {
+  const u32 d = (u32)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
+}
+template <int N> __device__ __forceinline__ void cp_async_waitn() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+template <int D, bool EW>
+__device__ __forceinline__ void moe_stage2a(const MoeArgs &a) {
+  constexpr int NW = LEAN2_WARPS;
+  extern __shared__ uint4 moe_smem[];
+  __shared__ float red[NW][8][2];
+  __shared__ const u8 *recW[MOE_MAXK], *recS[MOE_MAXK];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int r0 = blockIdx.x * 16;
+  u8 *wr = reinterpret_cast<u8 *>(moe_smem) + warp * D * K2A_SLOT;
+  if (!EW) MOXIE_PDL();
+  for (int k = threadIdx.x; k < a.K; k += blockDim.x) {
+    const int id = EW ? __ldcg(a.ids + k) : __ldg(a.ids + k);
+    const bool ok = (unsigned)id < (unsigned)a.E;
+    recW[k] = ok ? a.t2[id].W : nullptr;
+    recS[k] = ok ? a.t2[id].S : nullptr;
+  }
+  __syncthreads();
+  const int gpe = a.I >> 7, R = a.K * gpe, S = a.Is >> 6, total = R + S;
+  const int per = (total + NW - 1) / NW;
+  const int u0 = min(total, warp * per), u1 = min(total, u0 + per);
+  const long long rb = a.I >> 1, sb = a.I >> 5;
+  const u32 gmul = (0x80000000u + (u32)gpe - 1u) / (u32)gpe;
+  float accR[4] = {0.f, 0.f, 0.f, 0.f}, accS[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+  const bool blR = (g >> 1) == t;
+  if (u0 < R) {
+    const int uend = min(u1, R);
+    auto issue = [&](int ui, int slot, int what) {
+      if (ui >= uend) return;
+      const int k = (int)__umulhi(2u * ui, gmul), q = ui - k * gpe;
+      const u8 *Wk = recW[k];
+      u8 *sl = wr + slot * K2A_SLOT;
+      if (what & 1) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+          if (Wk) {
+            cp_async16_256(sl + r * 512 + lane * 16, Wk + (r0 + g + 8 * r) * rb + 64 * q + 16 * t);
+            if (t == 0) cp_async4(sl + 1024 + r * 32 + g * 4, recS[k] + (r0 + g + 8 * r) * sb + 4 * q);
+          } else {
+            *reinterpret_cast<uint4 *>(sl + r * 512 + lane * 16) = make_uint4(0u, 0u, 0u, 0u);
+            if (t == 0) *reinterpret_cast<u32 *>(sl + 1024 + r * 32 + g * 4) = 0u;
+          }
+        }
+      }
+      if ((what & 2) && Wk) {
+        const u16 *src = a.h + (long long)k * 2 * a.I + (lane >> 4) * a.I + 128 * q + 8 * (lane & 15);
+        cp_async16(reinterpret_cast<u16 *>(sl + 1088) + (lane >> 4) * 128 + 8 * (lane & 15), src);
+      }
+    };
+#pragma unroll
+    for (int j = 0; j < D; j++) issue(u0 + j, j, 1);
+    if (EW) MOXIE_PDL();
+#pragma unroll
+    for (int j = 0; j < D; j++) {
+      issue(u0 + j, j, 2);
+      cp_async_commit();
+    }
+    for (int j = 0; j < uend - u0; j++) {
+      cp_async_waitn<D - 1>();
+      __syncwarp();
+      const int slot = j % D;
+      const u8 *sl = wr + slot * K2A_SLOT;
+      const uint4 w0 = *reinterpret_cast<const uint4 *>(sl + lane * 16), w1 = *reinterpret_cast<const uint4 *>(sl + 512 + lane * 16);
+      const u32 s0 = *reinterpret_cast<const u32 *>(sl + 1024 + g * 4), s1 = *reinterpret_cast<const u32 *>(sl + 1024 + 32 + g * 4);
+      lean_group<0>(w0, w1, __int_as_float(((s0 >> (8 * t)) & 255u) << 23), __int_as_float(((s1 >> (8 * t)) & 255u) << 23),
+                    reinterpret_cast<const u16 *>(sl + 1088) + (g & 1) * 128 + t * 32, blR, accR);
+      __syncwarp();
+      issue(u0 + j + D, slot, 3);
+      cp_async_commit();
+    }
+    cp_async_wait_all();
+    __syncwarp();
+  } else if (EW) {
+    MOXIE_PDL();
+  }
+  float accQ[1][4] = {{accR[0], accR[1], accR[2], accR[3]}};
+  quad_sum<1>(accQ);
+  if (u1 > R) {
+    const int sa = max(u0, R) - R, send = u1 - R;
+    const u8 *pw[1] = {a.s2 + (long long)(r0 + g) * a.Is + 16 * t};
+    const u8 *ps[1] = {a.c2 + (long long)(r0 >> a.bshift) * (a.Is >> a.bshift)};
+    const u16 *hs = a.h + (long long)a.K * 2 * a.I;
+    const bool bs = g < 2;
+    u16 *slots = reinterpret_cast<u16 *>(wr);
+    using Ch = LeanFp8<1, 1>;
+    lean_ring_walk<Ch>(
+        sa, send, 1,
+        [&](Ch &c, int s, int slot) {
+          c.template load<true>(pw, 8LL * a.Is, ps, a.bshift, s, send);
+          if (lane < 16) {
+            const int hl = lane >> 3, off = 8 * (lane & 7);
+            if (s < send) cp_async16(slots + slot * 256 + hl * 64 + off, hs + hl * a.Is + 64 * s + off);
+          }
+        },
+        [&](const Ch &c, int s, int slot) {
+          const u16 *xb = slots + slot * 256 + (g & 1) * 64 - s * 64;
+          c.template compute<true>(xb, bs, s, send, t, accS);
+        });
+  }
+  if (t == 0) {
+    const float post = MoeDec<0>::post();
+    red[warp][g][0] = fmaf(accQ[0][1], 1.f / 2048.f, accQ[0][0]) * post + fmaf(accS[0][1], 1.f / 2048.f, accS[0][0]);
+    red[warp][g][1] = fmaf(accQ[0][3], 1.f / 2048.f, accQ[0][2]) * post + fmaf(accS[0][3], 1.f / 2048.f, accS[0][2]);
+  }
+  __syncthreads();
+  if (threadIdx.x < 16) {
+    const int i = threadIdx.x;
+    float s = 0.f;
+    for (int w = 0; w < NW; w++) s += red[w][i & 7][i >> 3];
+    a.out[r0 + i] = s;
+  }
+}
+template <int D, bool EW>
+__global__ void __launch_bounds__(512, (D <= 4 ? 2 : 1)) k2a(MoeArgs a) {
+  MOXIE_PDL_INSIDE();
+  MOXIE_PF(moe2_pf(a));
+  moe_stage2a<D, EW>(a);
+}
+// The repository's default stage 2 (moe2lw) as compiled there.
+__global__ void __launch_bounds__(512, 2) k2repow(MoeArgs a) {
+  MOXIE_PDL_INSIDE();
+  MOXIE_PF(moe2_pf(a));
+  moe_stage2l<1, 1, 0, false, LEAN2_WARPS, 1, false, false, true>(a);
+}
 // A plain read of n uint4 from p (grid-stride), folded into out.
 __global__ void __launch_bounds__(512, 2) pread(const uint4 *p, long long n, u32 *out) {
   MOXIE_PDL();
@@ -691,6 +835,13 @@ int main(int argc, char **argv) {
   CK(cudaFuncSetAttribute((const void *)k1bulk<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, 4 * 16384));
   CK(cudaFuncSetAttribute((const void *)k1bulk<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, 8 * 16384));
   CK(cudaFuncSetAttribute((const void *)k1bulk<12>, cudaFuncAttributeMaxDynamicSharedMemorySize, 12 * 16384));
+  const void *k2as[] = {(const void *)k2a<2, false>, (const void *)k2a<3, false>, (const void *)k2a<4, false>, (const void *)k2a<6, false>,
+                        (const void *)k2a<4, true>, (const void *)k2a<6, true>, (const void *)k2a<8, true>};
+  const int k2ad[] = {2, 3, 4, 6, 4, 6, 8};
+  for (int i = 0; i < 7; i++) {
+    CK(cudaFuncSetAttribute(k2as[i], cudaFuncAttributeMaxDynamicSharedMemorySize, LEAN2_WARPS * k2ad[i] * K2A_SLOT));
+    CK(cudaFuncSetAttribute(k2as[i], cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+  }
 
   struct Seq { const char *name; std::vector<std::pair<const void *, int>> ks; };  // kernel, kind: 1 stage1, 2 stage2, 3 pread35, 4 pread70, 6 k1read, 7 k1read with stage 1's dynamic shared memory, 10 + NST k1bulk<NST>
   std::vector<Seq> seqs = {
@@ -752,6 +903,17 @@ int main(int argc, char **argv) {
       {"s1 bytes by bulk copies, 8 stages", {{(const void *)k1bulk<8>, 18}}},
       {"s1 bytes by bulk copies, 12 stages", {{(const void *)k1bulk<12>, 22}}},
       {"pair s1+s2 repo", {{(const void *)k1<0>, 1}, {(const void *)k2repo, 2}}},
+      {"s2 repow (moe2lw)", {{(const void *)k2repow, 2}}},
+      {"s2 async ring D2", {{(const void *)k2a<2, false>, 32}}},
+      {"s2 async ring D3", {{(const void *)k2a<3, false>, 33}}},
+      {"s2 async ring D4", {{(const void *)k2a<4, false>, 34}}},
+      {"s2 async ring D6", {{(const void *)k2a<6, false>, 36}}},
+      {"s2 async ring D4 EW", {{(const void *)k2a<4, true>, 34}}},
+      {"s2 async ring D6 EW", {{(const void *)k2a<6, true>, 36}}},
+      {"s2 async ring D8 EW", {{(const void *)k2a<8, true>, 38}}},
+      {"pair s1+s2 repow", {{(const void *)k1<0>, 1}, {(const void *)k2repow, 2}}},
+      {"pair s1+s2 async D4 EW", {{(const void *)k1<0>, 1}, {(const void *)k2a<4, true>, 34}}},
+      {"pair s1+s2 async D6 EW", {{(const void *)k1<0>, 1}, {(const void *)k2a<6, true>, 36}}},
   };
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -785,6 +947,26 @@ int main(int argc, char **argv) {
       for (int i = 0; i < D; i++) diff += memcmp(&ref[i], &got[i], 4) != 0;
       printf("check: k2s differs from k2repo in %d of %d outputs\n", diff, D);
     }
+    for (int f = 0; f < 7; f++) {  // session 19's async ring (k2a<D, EW>) and the repository's moe2lw
+      CK(cudaMemset(out, 0, sizeof(float) * D));
+      void *kargs[1] = {&args[0]};
+      CK(cudaLaunchKernel(k2as[f], g2, b2, kargs, LEAN2_WARPS * k2ad[f] * K2A_SLOT, st));
+      CK(cudaStreamSynchronize(st));
+      CK(cudaMemcpy(got.data(), out, sizeof(float) * D, cudaMemcpyDeviceToHost));
+      int diff = 0;
+      for (int i = 0; i < D; i++) diff += memcmp(&ref[i], &got[i], 4) != 0;
+      printf("check: k2a D%d%s differs from k2repo in %d of %d outputs\n", k2ad[f], f >= 4 ? " EW" : "", diff, D);
+    }
+    {
+      CK(cudaMemset(out, 0, sizeof(float) * D));
+      void *kargs[1] = {&args[0]};
+      CK(cudaLaunchKernel((const void *)k2repow, g2, b2, kargs, 0, st));
+      CK(cudaStreamSynchronize(st));
+      CK(cudaMemcpy(got.data(), out, sizeof(float) * D, cudaMemcpyDeviceToHost));
+      int diff = 0;
+      for (int i = 0; i < D; i++) diff += memcmp(&ref[i], &got[i], 4) != 0;
+      printf("check: k2repow differs from k2repo in %d of %d outputs\n", diff, D);
+    }
   }
   const char *only = getenv("SEQ");  // run only the sequences whose name contains one of its '|'-separated parts
   for (auto &sq : seqs) {
@@ -815,6 +997,7 @@ int main(int argc, char **argv) {
         else if (kk.second == 5) { cfg.gridDim = g2; cfg.blockDim = b2; cfg.dynamicSmemBytes = smem2s; kargs[0] = &args[r]; }
         else if (kk.second == 6) { cfg.gridDim = g1; cfg.blockDim = b1; kargs[0] = &args[r]; }
         else if (kk.second == 7) { cfg.gridDim = g1; cfg.blockDim = b1; cfg.dynamicSmemBytes = smem1; kargs[0] = &args[r]; }
+        else if (kk.second >= 32) { cfg.gridDim = g2; cfg.blockDim = b2; cfg.dynamicSmemBytes = LEAN2_WARPS * (kk.second - 30) * K2A_SLOT; kargs[0] = &args[r]; }
         else if (kk.second >= 10) { cfg.gridDim = dim3(sms); cfg.blockDim = dim3(256); cfg.dynamicSmemBytes = (kk.second - 10) * 16384; kargs[0] = &args[r]; }
         else {
           PR &p = kk.second == 3 ? pr2[r] : pr1[r];

@@ -836,9 +836,10 @@ int main(int argc, char **argv) {
   CK(cudaFuncSetAttribute((const void *)k1bulk<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, 8 * 16384));
   CK(cudaFuncSetAttribute((const void *)k1bulk<12>, cudaFuncAttributeMaxDynamicSharedMemorySize, 12 * 16384));
   const void *k2as[] = {(const void *)k2a<2, false>, (const void *)k2a<3, false>, (const void *)k2a<4, false>, (const void *)k2a<6, false>,
-                        (const void *)k2a<4, true>, (const void *)k2a<6, true>, (const void *)k2a<8, true>};
-  const int k2ad[] = {2, 3, 4, 6, 4, 6, 8};
-  for (int i = 0; i < 7; i++) {
+                        (const void *)k2a<4, true>, (const void *)k2a<6, true>, (const void *)k2a<8, true>, (const void *)k2a<2, true>,
+                        (const void *)k2a<3, true>};
+  const int k2ad[] = {2, 3, 4, 6, 4, 6, 8, 2, 3};
+  for (int i = 0; i < 9; i++) {
     CK(cudaFuncSetAttribute(k2as[i], cudaFuncAttributeMaxDynamicSharedMemorySize, LEAN2_WARPS * k2ad[i] * K2A_SLOT));
     CK(cudaFuncSetAttribute(k2as[i], cudaFuncAttributePreferredSharedMemoryCarveout, 100));
   }
@@ -914,6 +915,10 @@ int main(int argc, char **argv) {
       {"pair s1+s2 repow", {{(const void *)k1<0>, 1}, {(const void *)k2repow, 2}}},
       {"pair s1+s2 async D4 EW", {{(const void *)k1<0>, 1}, {(const void *)k2a<4, true>, 34}}},
       {"pair s1+s2 async D6 EW", {{(const void *)k1<0>, 1}, {(const void *)k2a<6, true>, 36}}},
+      {"s2 async ring D2 EW", {{(const void *)k2a<2, true>, 32}}},
+      {"s2 async ring D3 EW", {{(const void *)k2a<3, true>, 33}}},
+      {"pair s1+s2 async D2 EW", {{(const void *)k1<0>, 1}, {(const void *)k2a<2, true>, 32}}},
+      {"pair s1+s2 async D3 EW", {{(const void *)k1<0>, 1}, {(const void *)k2a<3, true>, 33}}},
   };
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -947,7 +952,7 @@ int main(int argc, char **argv) {
       for (int i = 0; i < D; i++) diff += memcmp(&ref[i], &got[i], 4) != 0;
       printf("check: k2s differs from k2repo in %d of %d outputs\n", diff, D);
     }
-    for (int f = 0; f < 7; f++) {  // session 19's async ring (k2a<D, EW>) and the repository's moe2lw
+    for (int f = 0; f < 9; f++) {  // session 19's async ring (k2a<D, EW>) and the repository's moe2lw
       CK(cudaMemset(out, 0, sizeof(float) * D));
       void *kargs[1] = {&args[0]};
       CK(cudaLaunchKernel(k2as[f], g2, b2, kargs, LEAN2_WARPS * k2ad[f] * K2A_SLOT, st));

@@ -6,7 +6,9 @@
 # times chains of read kernels of the V4-Flash weight sizes, with and
 # without their loads before the programmatic-launch wait and with a small
 # latency-bound kernel between them. read.cu's header says what each case
-# measures. Writes OUT_DIR/build.log and OUT_DIR/read.txt.
+# measures; then queue.cu (the MoE's two stages' bytes as two kernels, as one
+# persistent work queue, and as one plain read). Writes OUT_DIR/build.log,
+# OUT_DIR/read.txt and OUT_DIR/queue.txt.
 set -u -o pipefail
 out=${1:?usage: run.sh OUT_DIR}
 mkdir -p "$out"
@@ -17,3 +19,8 @@ if ! nvcc -O3 -std=c++17 -arch=sm_90 -o "$work/read" scripts/read-mb/read.cu >"$
   exit 1
 fi
 timeout 120 "$work/read" 2>&1 | tee "$out/read.txt"
+if ! nvcc -O3 -std=c++17 -arch=sm_90 -o "$work/queue" scripts/read-mb/queue.cu >>"$out/build.log" 2>&1; then
+  tail -30 "$out/build.log"
+  exit 1
+fi
+timeout 60 "$work/queue" 2>&1 | tee "$out/queue.txt"

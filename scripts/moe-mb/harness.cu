@@ -816,6 +816,153 @@ __global__ void __launch_bounds__(128, 4) kfused(MoeArgs a, u32 *ctr, u32 *next,
     moe_fused_s2<DEC>(a, kk == 0 ? a.K : kk - 1, rg, ctr, part);
   }
 }
+
+// kfused2: kfused's second cut. Launch bounds (128, 6); the next item's
+// index asked for while the current one runs; stage-2 items of 32 rows of
+// one expert (warps 0-1 the first 16 rows, 2-3 the next, 8 routed units or
+// 16 shared spans a warp), whose routed weights' first two chunks go out
+// before the ready-count wait (lean_ring_walk_early), h after it; tickets
+// per 32-row group at ctr[16 + rg].
+template <int DEC>
+__device__ __forceinline__ void moe_fused2_s2(const MoeArgs &a, int k, int rg, u32 *ctr, float *part) {
+  __shared__ float red2[LEAN1_WARPS][8][2];
+  __shared__ int last;
+  extern __shared__ uint4 moe_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int r0 = rg * 32 + 16 * (warp >> 1);  // this warp's 16 rows
+  const bool sh = k == a.K;
+  const int K = a.K;
+  const u32 need = (sh ? a.Is : a.I) >> 4;
+  auto wait = [&] {
+    if (threadIdx.x == 0) {
+      u32 v;
+      for (;;) {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(ctr + 1 + k) : "memory");
+        if (v >= need) break;
+        __nanosleep(20);
+      }
+    }
+    __syncthreads();
+  };
+  u16 *slots = reinterpret_cast<u16 *>(moe_smem) + warp * 512;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f}, accS[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+  if (!sh) {
+    const int id = __ldg(a.ids + k);
+    const u8 *Wk = a.t2[id].W, *Sk = a.t2[id].S;
+    const int gpe = a.I >> 7, half = gpe >> 1;
+    const int q0 = (warp & 1) * half, q1 = q0 + half;
+    const long long rb = a.I >> 1, sb = a.I >> 5;
+    const bool blR = (g >> 1) == t;
+    using Ch = Lean2Fp4<1>;
+    lean_ring_walk_early<Ch>(
+        q0, q1, 1,
+        [&](Ch &c, int q, int slot, int what) {
+          if (what & 1)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+              c.w[0][r] = ldw(reinterpret_cast<const uint4 *>(Wk + (r0 + g + 8 * r) * rb) + 4 * q + t);
+              c.sc[0][r] = __ldg(Sk + (r0 + g + 8 * r) * sb + 4 * q + t);
+            }
+          if (what & 2) {
+            const u16 *src = a.h + (long long)k * 2 * a.I + (lane >> 4) * a.I + 128 * q + 8 * (lane & 15);
+            cp_async16(slots + slot * 256 + (lane >> 4) * 128 + 8 * (lane & 15), src);
+          }
+        },
+        [&](const Ch &c, int q, int slot) {
+          lean_group<DEC>(c.w[0][0], c.w[0][1], __int_as_float(c.sc[0][0] << 23), __int_as_float(c.sc[0][1] << 23), slots + slot * 256 + (g & 1) * 128 + t * 32,
+                          blR, acc);
+        },
+        wait);
+    float accQ[1][4] = {{acc[0], acc[1], acc[2], acc[3]}};
+    quad_sum<1>(accQ);
+    if (t == 0) {
+      const float post = MoeDec<DEC>::post();
+      red2[warp][g][0] = fmaf(accQ[0][1], 1.f / 2048.f, accQ[0][0]) * post;
+      red2[warp][g][1] = fmaf(accQ[0][3], 1.f / 2048.f, accQ[0][2]) * post;
+    }
+  } else {
+    for (int i = threadIdx.x; i < 32 * (a.Is >> 7); i += blockDim.x) moe_prefetch(a.s2 + (long long)(rg * 32 + (i & 31)) * a.Is + 128 * (i >> 5));
+    wait();
+    const int S = a.Is >> 6, half = S >> 1;
+    const int sa = (warp & 1) * half, send = sa + half;
+    const u8 *pw[1] = {a.s2 + (long long)(r0 + g) * a.Is + 16 * t};
+    const u8 *ps[1] = {a.c2 + (long long)(r0 >> a.bshift) * (a.Is >> a.bshift)};
+    const u16 *hs = a.h + (long long)K * 2 * a.I;
+    const bool bs = g < 2;
+    using Ch = LeanFp8<1, 1>;
+    lean_ring_walk<Ch>(
+        sa, send, 1,
+        [&](Ch &c, int s, int slot) {
+          c.template load<true>(pw, 8LL * a.Is, ps, a.bshift, s, send);
+          if (lane < 16) {
+            const int hl = lane >> 3, off = 8 * (lane & 7);
+            if (s < send) cp_async16(slots + slot * 256 + hl * 64 + off, hs + hl * a.Is + 64 * s + off);
+          }
+        },
+        [&](const Ch &c, int s, int slot) {
+          const u16 *xb = slots + slot * 256 + (g & 1) * 64 - s * 64;
+          c.template compute<true>(xb, bs, s, send, t, accS);
+        });
+    if (t == 0) {
+      red2[warp][g][0] = fmaf(accS[0][1], 1.f / 2048.f, accS[0][0]);
+      red2[warp][g][1] = fmaf(accS[0][3], 1.f / 2048.f, accS[0][2]);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const int T = threadIdx.x >> 4, i = threadIdx.x & 15;
+    const float v = red2[2 * T][i & 7][i >> 3] + red2[2 * T + 1][i & 7][i >> 3];
+    part[(long long)k * a.D + rg * 32 + threadIdx.x] = v;
+    __threadfence();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const bool l = atomicAdd(ctr + 16 + rg, 1u) == (u32)K;
+    if (l) atomicExch(ctr + 16 + rg, 0u);
+    last = l;
+  }
+  __syncthreads();
+  if (last && threadIdx.x < 32) {
+    __threadfence();
+    float v = 0.f;
+    for (int kk = 0; kk <= K; kk++) v += __ldcg(part + (long long)kk * a.D + rg * 32 + threadIdx.x);
+    a.out[rg * 32 + threadIdx.x] = v;
+  }
+  __syncthreads();
+}
+
+template <int DEC>
+__global__ void __launch_bounds__(128, 6) kfused2(MoeArgs a, u32 *ctr, u32 *next, float *part) {
+  MOXIE_PDL();
+  __shared__ int item;
+  const int nsh = a.Is >> 4, n1 = nsh + a.K * (a.I >> 4), rgs = a.D >> 5, n2 = (a.K + 1) * rgs;
+  if (blockIdx.x == 0)
+    for (int i = threadIdx.x; i < 16 + rgs; i += blockDim.x) next[i] = 0u;
+  if (threadIdx.x == 0) item = atomicAdd(ctr, 1u);
+  __syncthreads();
+  int cur = item;
+  __syncthreads();
+  while (cur < n1 + n2) {
+    u32 nxt = 0;
+    if (threadIdx.x == 0) nxt = atomicAdd(ctr, 1u);  // the next item, while this one runs
+    if (cur < n1) {
+      moe_stage1l_bid<DEC>(a, cur);
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        const int k = cur < nsh ? a.K : (cur - nsh) / (a.I >> 4);
+        __threadfence();
+        asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(ctr + 1 + k), "r"(1u) : "memory");
+      }
+    } else {
+      const int j = cur - n1, kk = j / rgs, rg = j - kk * rgs;
+      moe_fused2_s2<DEC>(a, kk == 0 ? a.K : kk - 1, rg, ctr, part);
+    }
+    if (threadIdx.x == 0) item = (int)nxt;
+    __syncthreads();
+    cur = item;
+    __syncthreads();
+  }
+}
 // A plain read of n uint4 from p (grid-stride), folded into out.
 __global__ void __launch_bounds__(512, 2) pread(const uint4 *p, long long n, u32 *out) {
   MOXIE_PDL();
@@ -1073,6 +1220,11 @@ int main(int argc, char **argv) {
   int focc = 0;
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&focc, kfused<0>, 128, smem1));
   printf("fused queue kernel: %d blocks an SM\n", focc);
+  CK(cudaFuncSetAttribute((const void *)kfused2<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem1));
+  if (const char *cv = getenv("CARVE"); cv && *cv) CK(cudaFuncSetAttribute((const void *)kfused2<0>, cudaFuncAttributePreferredSharedMemoryCarveout, atoi(cv)));
+  int focc2 = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&focc2, kfused2<0>, 128, smem1));
+  printf("fused queue kernel 2: %d blocks an SM\n", focc2);
   const void *k2as[] = {(const void *)k2a<2, false>, (const void *)k2a<3, false>, (const void *)k2a<4, false>, (const void *)k2a<6, false>,
                         (const void *)k2a<4, true>, (const void *)k2a<6, true>, (const void *)k2a<8, true>, (const void *)k2a<2, true>,
                         (const void *)k2a<3, true>};
@@ -1154,6 +1306,8 @@ int main(int argc, char **argv) {
       {"pair s1+s2 async D4 EW", {{(const void *)k1<0>, 1}, {(const void *)k2a<4, true>, 34}}},
       {"pair s1+s2 async D6 EW", {{(const void *)k1<0>, 1}, {(const void *)k2a<6, true>, 36}}},
       {"fused queue, all blocks", {{(const void *)kfused<0>, 40}}},
+      {"fused2 queue, all blocks", {{(const void *)kfused2<0>, 42}}},
+      {"fused2 queue, half the blocks", {{(const void *)kfused2<0>, 43}}},
       {"fused queue, half the blocks", {{(const void *)kfused<0>, 41}}},
       {"s2 async ring D2 EW", {{(const void *)k2a<2, true>, 32}}},
       {"s2 async ring D3 EW", {{(const void *)k2a<3, true>, 33}}},
@@ -1219,11 +1373,12 @@ int main(int argc, char **argv) {
       CK(cudaLaunchKernel((const void *)k2repo, g2, b2, ka, 0, st));
       CK(cudaStreamSynchronize(st));
       CK(cudaMemcpy(r2.data(), out, sizeof(float) * D, cudaMemcpyDeviceToHost));
-      for (int rep = 0; rep < 2; rep++) {
+      for (int rep = 0; rep < 4; rep++) {
         CK(cudaMemset(fctr, 0, sizeof(u32) * REP * 272));
         CK(cudaMemset(out, 0, sizeof(float) * D));
         void *kf[4] = {&args[0], &fctrs[0], &fnext[0], &fpart};
-        CK(cudaLaunchKernel((const void *)kfused<0>, dim3(sms * focc), dim3(128), kf, smem1, st));
+        if (rep < 2) CK(cudaLaunchKernel((const void *)kfused<0>, dim3(sms * focc), dim3(128), kf, smem1, st));
+        else CK(cudaLaunchKernel((const void *)kfused2<0>, dim3(sms * focc2), dim3(128), kf, smem1, st));
         CK(cudaStreamSynchronize(st));
         CK(cudaMemcpy(f2.data(), out, sizeof(float) * D, cudaMemcpyDeviceToHost));
         int same = 0;
@@ -1235,8 +1390,8 @@ int main(int argc, char **argv) {
         }
         u32 c[8];
         CK(cudaMemcpy(c, fctr, sizeof c, cudaMemcpyDeviceToHost));
-        printf("check: fused queue (run %d) against stage 1 + k2repo: %d of %d bits equal, max |diff| %.3g of max |out| %.3g (out[0] %g / %g); items %u, ready %u %u %u %u %u %u %u\n",
-               rep, same, D, md, mr, r2[0], f2[0], c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]);
+        printf("check: fused queue %s (run %d) against stage 1 + k2repo: %d of %d bits equal, max |diff| %.3g of max |out| %.3g (out[0] %g / %g); items %u, ready %u %u %u %u %u %u %u\n",
+               rep < 2 ? "1" : "2", rep & 1, same, D, md, mr, r2[0], f2[0], c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]);
       }
       CK(cudaMemset(fctr, 0, sizeof(u32) * REP * 272));  // the timed graphs start from zeroed counters
     }
@@ -1270,6 +1425,10 @@ int main(int argc, char **argv) {
         else if (kk.second == 5) { cfg.gridDim = g2; cfg.blockDim = b2; cfg.dynamicSmemBytes = smem2s; kargs[0] = &args[r]; }
         else if (kk.second == 6) { cfg.gridDim = g1; cfg.blockDim = b1; kargs[0] = &args[r]; }
         else if (kk.second == 7) { cfg.gridDim = g1; cfg.blockDim = b1; cfg.dynamicSmemBytes = smem1; kargs[0] = &args[r]; }
+        else if (kk.second == 42 || kk.second == 43) {
+          cfg.gridDim = dim3(sms * (kk.second == 42 ? focc2 : std::max(1, focc2 / 2))); cfg.blockDim = dim3(128); cfg.dynamicSmemBytes = smem1;
+          kargs[0] = &args[r]; kargs[1] = &fctrs[r]; kargs[2] = &fnext[r]; kargs[3] = &fpart;
+        }
         else if (kk.second == 40 || kk.second == 41) {
           cfg.gridDim = dim3(sms * (kk.second == 40 ? focc : std::max(1, focc / 2))); cfg.blockDim = dim3(128); cfg.dynamicSmemBytes = smem1;
           kargs[0] = &args[r]; kargs[1] = &fctrs[r]; kargs[2] = &fnext[r]; kargs[3] = &fpart;

@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"moxie/compute/cuda"
 	"runtime"
 	"slices"
 	"time"
 
 	"moxie/compute/cpu/kern"
+	"moxie/compute/cuda"
 	"moxie/dsv4"
 	"moxie/dsv4/config"
 	"moxie/generate"

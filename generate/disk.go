@@ -171,9 +171,10 @@ type diskTier struct {
 	m    Restorer
 	id   string
 
-	mu    sync.Mutex
-	files []diskFile // least recently used first
-	total int64
+	mu      sync.Mutex
+	files   []diskFile     // least recently used first
+	total   int64          // bytes in files
+	reading map[string]int // files claimed by best and not yet restored: never evicted
 
 	queue   chan cacheEntry // evicted entries for the writer
 	pending sync.WaitGroup  // entries queued and not yet written
@@ -369,13 +370,20 @@ func (d *diskTier) write(s Saver, tokens []int) error {
 }
 
 // overBudget takes the least recently used files beyond the budget out of
-// the index and returns their names; d.mu must be held.
+// the index and returns their names; d.mu must be held. A file being
+// restored is passed over (the total may stay above the budget until it is
+// restored).
 func (d *diskTier) overBudget() []string {
 	var evict []string
-	for d.total > d.opts.Budget && len(d.files) > 0 {
-		evict = append(evict, d.files[0].name)
-		d.total -= d.files[0].size
-		d.files = d.files[1:]
+	for i := 0; d.total > d.opts.Budget && i < len(d.files); {
+		f := d.files[i]
+		if d.reading[f.name] > 0 {
+			i++
+			continue
+		}
+		evict = append(evict, f.name)
+		d.total -= f.size
+		d.files = slices.Delete(d.files, i, i+1)
 	}
 	return evict
 }
@@ -410,28 +418,43 @@ func (d *diskTier) has(tokens []int) bool {
 }
 
 // best returns the file whose tokens are the longest proper prefix of
-// prompt longer than n tokens (ok false when none is).
+// prompt longer than n tokens (ok false when none is). The file is claimed:
+// marked most recently used and kept from eviction (by the writer, whose
+// writes may push the tier over its budget meanwhile) until restore is
+// called with it, which the caller must do.
 func (d *diskTier) best(prompt []int, n int) (diskFile, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	var out diskFile
-	found := false
-	for _, f := range d.files {
+	at := -1
+	for i, f := range d.files {
 		if len(f.tokens) > n && len(f.tokens) < len(prompt) && slices.Equal(f.tokens, prompt[:len(f.tokens)]) {
-			out, n, found = f, len(f.tokens), true
+			at, n = i, len(f.tokens)
 		}
 	}
-	return out, found
+	if at < 0 {
+		return diskFile{}, false
+	}
+	f := d.files[at]
+	d.files = append(slices.Delete(d.files, at, at+1), f)
+	if d.reading == nil {
+		d.reading = make(map[string]int)
+	}
+	d.reading[f.name]++
+	return f, true
 }
 
-// restore reads f back into a sequence and marks it recently used. A
-// failure is reported; a file whose state is unusable (ErrBadState) is
-// removed, one that has gone leaves the index, and any other keeps both.
+// restore reads f, claimed by best, back into a sequence, marks it
+// recently used and releases the claim. A failure is reported; a file whose
+// state is unusable (ErrBadState) is removed, one that has gone leaves the
+// index, and any other keeps both.
 func (d *diskTier) restore(f diskFile) (Sequence, error) {
 	path := filepath.Join(d.opts.Dir, f.name)
 	seq, err := d.read(path, f)
 	bad, gone := errors.Is(err, ErrBadState), errors.Is(err, os.ErrNotExist)
 	d.mu.Lock()
+	if d.reading[f.name]--; d.reading[f.name] <= 0 {
+		delete(d.reading, f.name)
+	}
 	switch i := d.find(f.name); {
 	case bad || gone:
 		d.drop(f.name)
@@ -439,7 +462,9 @@ func (d *diskTier) restore(f diskFile) (Sequence, error) {
 		g := d.files[i]
 		d.files = append(slices.Delete(d.files, i, i+1), g)
 	}
+	evict := d.overBudget() // what a write passed over while f was claimed
 	d.mu.Unlock()
+	d.remove(evict)
 	switch {
 	case bad:
 		_ = os.Remove(path)

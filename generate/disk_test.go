@@ -252,6 +252,65 @@ func TestDiskCacheBudgetAndFilters(t *testing.T) {
 	}
 }
 
+// TestDiskCacheClaimedFileKept: a file chosen for a prompt is not evicted
+// by a write that pushes the tier over its budget before the file is read
+// (the writer runs beside the generation that restores it); the next
+// least recently used file goes instead, and the claimed one restores.
+func TestDiskCacheClaimedFileKept(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		files int64  // budget, in files of the size written here
+		left  []bool // after the restore: A, B, C still on disk
+	}{
+		{"room for two", 2, []bool{true, false, true}},
+		{"room for one", 1, []bool{true, false, false}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m := &fakeModel{vocab: 16, maxCtx: 1000, eos: -1, next: script(3, tA)}
+			cache, _ := diskCache(t, m, 1, DiskOptions{Dir: t.TempDir()}, nil)
+			defer cache.Close()
+			d := cache.disk
+			seqs := [][]int{{tA, tB, tC, tD}, {tB, tB, tC, tD}, {tC, tB, tC, tD}} // A, B, C: files of one size
+			save := func(toks []int) {
+				t.Helper()
+				if err := d.write(&fakeSeq{m: m, h: toks}, toks); err != nil {
+					t.Fatal(err)
+				}
+			}
+			save(seqs[0])
+			save(seqs[1])
+			d.mu.Lock()
+			d.opts.Budget = c.files * d.files[0].size
+			d.mu.Unlock()
+			f, ok := d.best(append(slices.Clone(seqs[0]), tE), 0) // A, the least recently used
+			if !ok {
+				t.Fatal("no file for a prompt extending A's tokens")
+			}
+			save(seqs[2]) // over the budget while A is claimed
+			seq, err := d.restore(f)
+			if err != nil {
+				t.Fatalf("restoring the claimed file: %v", err)
+			}
+			defer seq.Close()
+			if seq.Len() != len(seqs[0]) {
+				t.Errorf("restored %d tokens, want %d", seq.Len(), len(seqs[0]))
+			}
+			for i, toks := range seqs {
+				_, err := os.Stat(filepath.Join(d.opts.Dir, d.fileName(toks)))
+				if on := err == nil; on != c.left[i] || d.has(toks) != c.left[i] {
+					t.Errorf("file %c: on disk %v, indexed %v; want %v", 'A'+i, on, d.has(toks), c.left[i])
+				}
+			}
+			d.mu.Lock()
+			claims := len(d.reading)
+			d.mu.Unlock()
+			if claims != 0 {
+				t.Errorf("%d claims left after the restore", claims)
+			}
+		})
+	}
+}
+
 // TestDiskCacheCorruptFile: a file that fails to restore is reported,
 // removed and not used; the generation prefills instead and is right.
 func TestDiskCacheCorruptFile(t *testing.T) {

@@ -1611,8 +1611,9 @@ __device__ __forceinline__ void stage1_finish_half(const MoeArgs &a, int r0, int
   hilo(v, hrow[r0 + i], hrow[a.Is + r0 + i]);
 }
 
-// Stage 1, lean: see the family's comment. Blocks [0, Is/16) are the
-// shared expert's tiles, then the K·I/16 routed ones (as moe_stage1).
+// Stage 1, lean: see the family's comment; bid is the tile (the kernels
+// pass blockIdx.x). Tiles [0, Is/16) are the shared expert's, then the
+// K·I/16 routed ones (as moe_stage1).
 // PFR: a routed warp, once its first chunks are issued, asks L2 for the
 // rest of its range (prefetch hints: 16 rows of w1 and w3, 8 KB at D 4096
 // beyond the first 256-byte fetch of each row), so its whole range is in
@@ -1623,7 +1624,7 @@ __device__ __forceinline__ void stage1_finish_half(const MoeArgs &a, int r0, int
 // a shared warp's range is as long as a routed warp's (FP8 rows are twice
 // the bytes of MXFP4 ones).
 template <int DEC, bool PFR, int NG = 1, bool SR = false, bool SH2 = false>
-__device__ __forceinline__ void moe_stage1l(const MoeArgs &a) {
+__device__ __forceinline__ void moe_stage1l(const MoeArgs &a, const int bid) {
   extern __shared__ uint4 moe_smem[];
   __shared__ float red[LEAN1_WARPS][8][4];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -1636,9 +1637,9 @@ __device__ __forceinline__ void moe_stage1l(const MoeArgs &a) {
   for (int m = 0; m < 2; m++)
 #pragma unroll
     for (int i = 0; i < 4; i++) acc[m][i] = 0.f;
-  if ((int)blockIdx.x < nsh) {  // block-uniform: a shared-expert tile (FP8, natural layout)
-    const int hf = SH2 ? (int)blockIdx.x & 1 : 0;
-    const int r0 = (SH2 ? (int)blockIdx.x >> 1 : (int)blockIdx.x) * 16;
+  if (bid < nsh) {  // block-uniform: a shared-expert tile (FP8, natural layout)
+    const int hf = SH2 ? bid & 1 : 0;
+    const int r0 = (SH2 ? bid >> 1 : bid) * 16;
     const int spans = SH2 ? a.D >> 7 : a.D >> 6, per = (spans + LEAN1_WARPS - 1) / LEAN1_WARPS;
     const int s0 = hf * spans + warp * per, end = min((hf + 1) * spans, s0 + per);
     const u8 *pw[2] = {a.s1 + (long long)(r0 + g) * a.D + 16 * t, a.s3 + (long long)(r0 + g) * a.D + 16 * t};
@@ -1657,7 +1658,7 @@ __device__ __forceinline__ void moe_stage1l(const MoeArgs &a) {
     else stage1_finish<DEC>(a, true, true, 0, r0, acc, red);
     return;
   }
-  const int tile = blockIdx.x - nsh, tpe = a.I >> 4;
+  const int tile = bid - nsh, tpe = a.I >> 4;
   const int k = tile / tpe, r0 = (tile - k * tpe) * 16;
   const int id = __ldg(a.ids + k);
   const bool valid = (unsigned)id < (unsigned)a.E;
@@ -2036,8 +2037,8 @@ __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
 // MOE2LP one stage 2 kernel each, so that leanx's moe2l can sit in the
 // default module without its moe2lp).
 #define MOE1L(DEC, B) \
-  extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1l_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe1_pf(a)); moe_stage1l<DEC, false>(a); } \
-  extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1lp_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe1_pf(a)); moe_stage1l<DEC, true>(a); }
+  extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1l_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe1_pf(a)); moe_stage1l<DEC, false>(a, (int)blockIdx.x); } \
+  extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1lp_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe1_pf(a)); moe_stage1l<DEC, true>(a, (int)blockIdx.x); }
 #define MOE2L(G, UF, DEC, B) \
   extern "C" __global__ void __launch_bounds__(32 * LEAN2_WARPS, B) moe2l_g##G##_f##UF##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_PF(moe2_pf(a)); moe_stage2l<G, UF, DEC, false>(a); }
 #define MOE2LP(G, UF, DEC, B) \
@@ -2081,24 +2082,24 @@ __device__ __forceinline__ void moe_stage2l(const MoeArgs &a) {
 // does; x must have been written at least two kernels back. The routed
 // tiles wait (they read the ids).
 #define MOE1LX(DEC, B) \
-  extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1lx_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_UNLESS((int)blockIdx.x < (a.Is >> 4)); moe_stage1l<DEC, false>(a); }
+  extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1lx_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_UNLESS((int)blockIdx.x < (a.Is >> 4)); moe_stage1l<DEC, false>(a, (int)blockIdx.x); }
 
 // moe1lxr_d<DEC>_b<B>: moe1lx whose routed warps load their first scale
 // words into registers before they stage x, and store them after
 // (moe_stage1l's SR: lean_stage_routed).
 #define MOE1LXR(DEC, B) \
-  extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1lxr_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_UNLESS((int)blockIdx.x < (a.Is >> 4)); moe_stage1l<DEC, false, 1, true>(a); }
+  extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1lxr_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_UNLESS((int)blockIdx.x < (a.Is >> 4)); moe_stage1l<DEC, false, 1, true>(a, (int)blockIdx.x); }
 
 // moe1lxh_d<DEC>_b<B>: moe1lx with the shared expert's tiles in two column
 // halves (moe_stage1l's SH2; blocks [0, Is/8) skip the wait); a.part holds
 // the halves' sums and tickets (sh1HalfBytes in moe.go).
 #define MOE1LXH(DEC, B) \
-  extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1lxh_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_UNLESS((int)blockIdx.x < (a.Is >> 3)); moe_stage1l<DEC, false, 1, false, true>(a); }
+  extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1lxh_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_UNLESS((int)blockIdx.x < (a.Is >> 3)); moe_stage1l<DEC, false, 1, false, true>(a, (int)blockIdx.x); }
 
 // moe1lx_g<NG>_d<DEC>_b<B>: moe1lx with NG routed groups (and NG FP8
 // spans) a chunk: two chunks, 128·NG bytes a lane, in flight.
 #define MOE1LXG(NG, DEC, B) \
-  extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1lx_g##NG##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_UNLESS((int)blockIdx.x < (a.Is >> 4)); moe_stage1l<DEC, false, NG>(a); }
+  extern "C" __global__ void __launch_bounds__(32 * LEAN1_WARPS, B) moe1lx_g##NG##_d##DEC##_b##B(MoeArgs a) { MOXIE_PDL_UNLESS((int)blockIdx.x < (a.Is >> 4)); moe_stage1l<DEC, false, NG>(a, (int)blockIdx.x); }
 
 // ---- One-token FP8-block products on the lean tiles (gemvm_*) ----
 //

@@ -27,29 +27,9 @@
 // Counters live per step; each queue kernel zeroes the next step's (the
 // last step the first's, for the next replay; a memset before the first).
 // The fold of the bytes is written so nothing is optimised away.
-#include <cuda_runtime.h>
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
+#include "mb.cuh"
+#include <string>
 
-#define CK(x)                                                                            \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                           \
-    }                                                                                    \
-  } while (0)
-
-typedef unsigned int u32;
-typedef unsigned char u8;
-
-__device__ __forceinline__ uint4 ldnc(const void *p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
 __device__ __forceinline__ u32 ld_acquire(const u32 *p) {
   u32 v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -77,8 +57,6 @@ struct Step {
   u32 *out;
 };
 
-__device__ __forceinline__ u32 fold4(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
-
 // A block (256 threads) reads n bytes at p, 16 KB a round (4 loads a thread in flight).
 __device__ __forceinline__ u32 block_read(const u8 *p, int n) {
   u32 f = 0;
@@ -100,14 +78,14 @@ __device__ __forceinline__ void s1_item(const Step &s, int i, u32 &f) {
 }
 
 __global__ void __launch_bounds__(256) k_s1(Step s) {
-  asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
+  pdl_wait_launch();
   u32 f = 0;
   s1_item(s, blockIdx.x, f);
   if (f == 0x9e3779b9u) s.out[0] = f;
 }
 
 __global__ void __launch_bounds__(256) k_s2(Step s) {
-  asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
+  pdl_wait_launch();
   u32 f = 0;
   const int rg = blockIdx.x;
   for (int e = 0; e < NE; e++) {
@@ -118,7 +96,7 @@ __global__ void __launch_bounds__(256) k_s2(Step s) {
 }
 
 __global__ void __launch_bounds__(256) k_queue(Step s) {
-  asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
+  pdl_wait_launch();
   __shared__ int item;
   const int n1 = NE * T, n2 = NE * RG;
   if (blockIdx.x == 0 && threadIdx.x < 1 + NE) s.next[threadIdx.x] = 0u;
@@ -161,7 +139,7 @@ __global__ void __launch_bounds__(256) k_queue(Step s) {
 }
 
 __global__ void __launch_bounds__(256) k_one(const u8 *p, long long n, u32 *out) {
-  asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
+  pdl_wait_launch();
   u32 f = 0;
   const long long per = 4LL * 4096;
   for (long long o = (long long)blockIdx.x * per; o < n; o += (long long)gridDim.x * per) {
@@ -191,13 +169,22 @@ int main() {
   CK(cudaMalloc(&ctr, REP * 16 * 4));
   CK(cudaMalloc(&out, 64));
   std::vector<Step> steps(REP);
+  // LAYOUT=interleaved: each expert's w1/w3 then its w2 (moxie's arena and
+  // the moe-mb harness); otherwise every expert's w1/w3, then every w2.
+  const char *lay = getenv("LAYOUT");
+  const bool inter = lay && std::string(lay) == "interleaved";
+  printf("layout: %s\n", inter ? "interleaved (expert by expert)" : "grouped (all w1/w3, then all w2)");
   for (int r = 0; r < REP; r++) {
     u8 *p = buf + stepB * r;
     for (int e = 0; e < NE; e++) {
       steps[r].s1[e] = p;
       p += (size_t)T * (e == NE - 1 ? TB_S : TB_R);
+      if (inter) {
+        steps[r].s2[e] = p;
+        p += (size_t)RG * (e == NE - 1 ? W2_S : W2_R);
+      }
     }
-    for (int e = 0; e < NE; e++) {
+    for (int e = 0; !inter && e < NE; e++) {
       steps[r].s2[e] = p;
       p += (size_t)RG * (e == NE - 1 ? W2_S : W2_R);
     }
@@ -210,60 +197,28 @@ int main() {
   printf("device SMs %d, stage 1 %.1f MB, stage 2 %.1f MB a step; queue kernel %d blocks an SM\n", sms, s1b / 1e6, s2b / 1e6, occ);
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  auto launch = [&](const void *fn, dim3 g, void **args) {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    cfg.stream = st;
-    cfg.gridDim = g;
-    cfg.blockDim = dim3(256);
-    CK(cudaLaunchKernelExC(&cfg, fn, args));
-  };
+  auto launch = [&](const void *fn, dim3 g, void **args) { pdl_launch(st, fn, g, dim3(256), args); };
   for (int mode = 0; mode < 4; mode++) {
-    cudaGraph_t gr;
     CK(cudaMemsetAsync(ctr, 0, REP * 16 * 4, st));
     CK(cudaStreamSynchronize(st));
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    for (int r = 0; r < REP; r++) {
-      void *a[1] = {&steps[r]};
-      if (mode == 0) {
-        launch((const void *)k_s1, dim3(NE * T), a);
-        launch((const void *)k_s2, dim3(RG), a);
-      } else if (mode == 1 || mode == 2) {
-        launch((const void *)k_queue, dim3(sms * (mode == 1 ? occ : std::max(1, occ / 2))), a);
-      } else {
-        const u8 *p = steps[r].s1[0];
-        long long n = (long long)stepB;
-        void *b[3] = {&p, &n, &out};
-        launch((const void *)k_one, dim3(sms * 8), b);
+    const float med = graph_median_us(st, REP, [&] {
+      for (int r = 0; r < REP; r++) {
+        void *a[1] = {&steps[r]};
+        if (mode == 0) {
+          launch((const void *)k_s1, dim3(NE * T), a);
+          launch((const void *)k_s2, dim3(RG), a);
+        } else if (mode == 1 || mode == 2) {
+          launch((const void *)k_queue, dim3(sms * (mode == 1 ? occ : std::max(1, occ / 2))), a);
+        } else {
+          const u8 *p = steps[r].s1[0];
+          long long n = (long long)stepB;
+          void *b[3] = {&p, &n, &out};
+          launch((const void *)k_one, dim3(sms * 8), b);
+        }
       }
-    }
-    CK(cudaStreamEndCapture(st, &gr));
-    cudaGraphExec_t ge;
-    CK(cudaGraphInstantiate(&ge, gr, 0));
-    for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, st));
-    CK(cudaStreamSynchronize(st));
-    std::vector<float> ts;
-    for (int it = 0; it < 25; it++) {
-      CK(cudaEventRecord(e0, st));
-      CK(cudaGraphLaunch(ge, st));
-      CK(cudaEventRecord(e1, st));
-      CK(cudaEventSynchronize(e1));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      ts.push_back(ms * 1000.f / REP);
-    }
-    std::sort(ts.begin(), ts.end());
+    });
     const char *nm[] = {"two kernels (stage 1, then stage 2)", "queue, all blocks an SM", "queue, half the blocks an SM", "one plain read (the floor)"};
-    printf("%-40s %7.2f us a step (%.2f TB/s)\n", nm[mode], ts[ts.size() / 2], stepB / (ts[ts.size() / 2] * 1e6));
-    CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(gr));
+    printf("%-40s %7.2f us a step (%.2f TB/s)\n", nm[mode], med, stepB / (med * 1e6));
     if (mode == 1 || mode == 2) {  // step 1's counters after the last replay (zeroed by step 0, then used)
       u32 h[16];
       CK(cudaMemcpy(h, ctr + 16, sizeof h, cudaMemcpyDeviceToHost));

@@ -24,22 +24,7 @@
 // wq_b+indexer, stage 1 at V4-Flash shapes); and rd 4 with the loads'
 // other cache flavours (nc: no hint; 256B: moxie's ldw; na+256B: both). Prints microseconds a step
 // and, for the reads, TB/s of S over (step - lat alone) where a lat runs.
-#include <cuda_runtime.h>
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-
-#define CK(x)                                                                            \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                           \
-    }                                                                                    \
-  } while (0)
-
-typedef unsigned int u32;
+#include "mb.cuh"
 
 // The load's cache flavour FL: 0 ld.global.nc.L1::no_allocate, 1 plain
 // ld.global.nc, 2 ld.global.nc.L2::256B (moxie's ldw), 3 both hints.
@@ -102,22 +87,8 @@ int main() {
   CK(cudaMemset(words, 0, (2 * REP + 2) * 2 * 4));
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
   printf("device SMs %d\n", sms);
-  auto launch = [&](void *fn, dim3 g, dim3 b, void **args) {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    cfg.stream = st;
-    cfg.gridDim = g;
-    cfg.blockDim = b;
-    CK(cudaLaunchKernelExC(&cfg, fn, args));
-  };
+  auto launch = [&](void *fn, dim3 g, dim3 b, void **args) { pdl_launch(st, fn, g, b, args); };
   struct Case {
     const char *name;
     void *fn;  // read kernel or nullptr
@@ -140,50 +111,32 @@ int main() {
   for (long long S : sizes) {
     float latAlone = 0.f;
     for (const Case &c : cases) {
-      cudaGraph_t gr;
-      CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-      u32 *w = words;
-      for (int r = 0; r < REP; r++) {
-        if (c.withLat) {
-          u32 *o = w + 2;
-          void *a[3] = {&ring, &w, &o};
-          launch((void *)lat, dim3(1), dim3(32), a);
-          w = o;
+      const float med = graph_median_us(st, REP, [&] {
+        u32 *w = words;
+        for (int r = 0; r < REP; r++) {
+          if (c.withLat) {
+            u32 *o = w + 2;
+            void *a[3] = {&ring, &w, &o};
+            launch((void *)lat, dim3(1), dim3(32), a);
+            w = o;
+          }
+          if (c.fn) {
+            const uint4 *p = buf + (S / 16) * r;
+            long long n = S / 16;
+            u32 *o = w + 2;
+            void *a[4] = {&p, &n, &w, &o};
+            const long long per = (long long)c.ch * 256;
+            launch(c.fn, dim3((unsigned)((n + per - 1) / per)), dim3(256), a);
+            w = o;
+          }
         }
-        if (c.fn) {
-          const uint4 *p = buf + (S / 16) * r;
-          long long n = S / 16;
-          u32 *o = w + 2;
-          void *a[4] = {&p, &n, &w, &o};
-          const long long per = (long long)c.ch * 256;
-          launch(c.fn, dim3((unsigned)((n + per - 1) / per)), dim3(256), a);
-          w = o;
-        }
-      }
-      CK(cudaStreamEndCapture(st, &gr));
-      cudaGraphExec_t ge;
-      CK(cudaGraphInstantiate(&ge, gr, 0));
-      for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, st));
-      std::vector<float> ts;
-      for (int it = 0; it < 25; it++) {
-        CK(cudaEventRecord(e0, st));
-        CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        ts.push_back(ms * 1000.f / REP);
-      }
-      std::sort(ts.begin(), ts.end());
-      const float med = ts[ts.size() / 2];
+      });
       if (!c.fn) latAlone = med;
       const float readUs = c.withLat && c.fn ? med - latAlone : med;
       if (c.fn)
         printf("S %5.1f MB  %-12s %7.2f us a step  (read %6.2f us, %5.2f TB/s)\n", S / 1e6, c.name, med, readUs, S / readUs / 1e6);
       else
         printf("S %5.1f MB  %-12s %7.2f us a step\n", S / 1e6, c.name, med);
-      CK(cudaGraphExecDestroy(ge));
-      CK(cudaGraphDestroy(gr));
     }
   }
   CK(cudaDeviceSynchronize());

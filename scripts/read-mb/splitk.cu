@@ -28,6 +28,11 @@
 //   splitk R, W2 natural: W2 read in place, row-major (16-32 bytes of
 //               each 1-2 KB row), not repacked;
 //   one:        a plain read of the same bytes (the floor).
+// Session 20 added, for why queue.cu's two-kernel order of the same bytes
+// is slower (33.4 us against 28.7): stage 2 an expert at a time (k_s2x),
+// stage 1 held to 32 registers (k_s1o8: 8 blocks an SM, as queue.cu's
+// k_s1 compiles; k_s1 has 37: 6 blocks), and each stage alone. ONLY_TWO=1
+// stops after those.
 #include "mb.cuh"
 
 #define NE 7  // experts; NE-1 is the shared one
@@ -60,13 +65,22 @@ __device__ __forceinline__ u32 block_read(const u8 *p, size_t n) {
 }
 
 // Stage 1 of the two-kernel order: block i a 16-row tile, the shared expert's first.
-__global__ void __launch_bounds__(256) k_s1(Step s) {
-  pdl_wait_launch();
+__device__ __forceinline__ void s1_tile(const Step &s) {
   const int t = II / 16, i = blockIdx.x;
   const int e = i < t ? NE - 1 : (i - t) / t, j = i < t ? i : (i - t) % t;
   const size_t tb = 16 * 2 * row1(e);
   const u32 f = block_read(s.s1[e] + j * tb, tb);
   if (f == 0x9e3779b9u) s.out[0] = f;
+}
+__global__ void __launch_bounds__(256) k_s1(Step s) {
+  pdl_wait_launch();
+  s1_tile(s);
+}
+// k_s1 held to 32 registers (8 blocks an SM; k_s1 has 37: 6 blocks): queue.cu's
+// k_s1 compiles to 32.
+__global__ void __launch_bounds__(256, 8) k_s1o8(Step s) {
+  pdl_wait_launch();
+  s1_tile(s);
 }
 
 // Stage 2 of the two-kernel order: block rg the 16 rows of y it makes, all 7 experts' w2 rows.
@@ -76,6 +90,22 @@ __global__ void __launch_bounds__(256) k_s2(Step s) {
   for (int e = 0; e < NE; e++) {
     const size_t wb = s2_bytes(e) / (DD / 16);
     f ^= block_read(s.s2[e] + blockIdx.x * wb, wb);
+  }
+  if (f == 0x9e3779b9u) s.out[0] = f;
+}
+
+// Stage 2 with one expert's rows at a time (a barrier after each expert's
+// fold): its loads of the next expert cannot be issued before the last
+// expert's have arrived. For the question of why queue.cu's two-kernel
+// order (33.4 us) is slower than this file's (28.7) on the same bytes.
+__global__ void __launch_bounds__(256) k_s2x(Step s) {
+  pdl_wait_launch();
+  u32 f = 0;
+  for (int e = 0; e < NE; e++) {
+    const size_t wb = s2_bytes(e) / (DD / 16);
+    f ^= block_read(s.s2[e] + blockIdx.x * wb, wb);
+    if (f == 0x9e3779b9u) s.out[1] = f;
+    __syncthreads();
   }
   if (f == 0x9e3779b9u) s.out[0] = f;
 }
@@ -203,6 +233,38 @@ int main() {
              pdl_launch(st, (const void *)k_s2, dim3(DD / 16), b256, a);
            }
          }));
+  report("two kernels, stage 2 an expert at a time", graph_median_us(st, REP, [&] {
+           for (int r = 0; r < REP; r++) {
+             void *a[1] = {&steps[r]};
+             pdl_launch(st, (const void *)k_s1, dim3(NE * (II / 16)), b256, a);
+             pdl_launch(st, (const void *)k_s2x, dim3(DD / 16), b256, a);
+           }
+         }));
+  report("two kernels, stage 1 at 8 blocks an SM", graph_median_us(st, REP, [&] {
+           for (int r = 0; r < REP; r++) {
+             void *a[1] = {&steps[r]};
+             pdl_launch(st, (const void *)k_s1o8, dim3(NE * (II / 16)), b256, a);
+             pdl_launch(st, (const void *)k_s2, dim3(DD / 16), b256, a);
+           }
+         }));
+  const struct {
+    const char *name;
+    const void *fn;
+    int grid;
+  } alone[] = {{"stage 1 alone", (const void *)k_s1, NE * (II / 16)},
+               {"stage 1 alone, 8 blocks an SM", (const void *)k_s1o8, NE * (II / 16)},
+               {"stage 2 alone", (const void *)k_s2, DD / 16},
+               {"stage 2 alone, an expert at a time", (const void *)k_s2x, DD / 16}};
+  for (const auto &k : alone) {
+    const float us = graph_median_us(st, REP, [&] {
+      for (int r = 0; r < REP; r++) {
+        void *a[1] = {&steps[r]};
+        pdl_launch(st, k.fn, dim3(k.grid), b256, a);
+      }
+    });
+    printf("%-48s %7.2f us\n", k.name, us);
+  }
+  if (getenv("ONLY_TWO")) return 0;
   struct SK {
     int r;
     const void *fn;

@@ -20,22 +20,7 @@
 //   pingpong: two blocks (different SMs) passing a token back and forth
 //             N times; a one-way hop
 // for G = 132 (one block an SM on an H200) and G = 528 where it fits.
-#include <cuda_runtime.h>
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
-      exit(1);                                                                             \
-    }                                                                                      \
-  } while (0)
-
-typedef unsigned int u32;
+#include "../read-mb/mb.cuh"  // CK, the timing loops
 
 __device__ __forceinline__ u32 ld_acquire(const u32 *p) {
   u32 v;
@@ -112,11 +97,6 @@ __global__ void pingpong(u32 *tok, int n) {
   }
 }
 
-static float median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 int main() {
   const int N = 64, REPS = 21;
   int sms = 0;
@@ -129,22 +109,9 @@ int main() {
   CK(cudaMalloc(&cnt, 4096 * sizeof(u32)));
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-
-  auto timed = [&](auto &&run) {
-    std::vector<float> ts;
-    for (int r = 0; r < REPS; r++) {
-      CK(cudaEventRecord(e0, s));
-      run();
-      CK(cudaEventRecord(e1, s));
-      CK(cudaEventSynchronize(e1));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      ts.push_back(ms * 1000.f);
-    }
-    return median(ts);
+  auto timed = [&](const std::function<void()> &run) {
+    const std::vector<float> ts = times_us(s, REPS, 1.f, run);
+    return ts[ts.size() / 2];
   };
 
   for (int G : {sms, 4 * sms}) {

@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 #include "prelude.h"
 #include "common.cu"
+#include "mb.cuh"  // scripts/read-mb: CK, the timing loops
 
 template <> struct MoeDec<9> {
   static __device__ __forceinline__ void run(u32 w, u32 &a, u32 &b, u32 &c, u32 &d) { a = w; b = w; c = w; d = w; }
@@ -882,15 +883,6 @@ __global__ void __launch_bounds__(256, 1) k1bulk(MoeArgs a) {
   if (f == 0x12345678u) a.out[0] = (float)f;
 }
 
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));       \
-      exit(1);                                                                                 \
-    }                                                                                          \
-  } while (0)
-
 static void *dalloc(size_t n, int fill) {
   void *p;
   CK(cudaMalloc(&p, n));
@@ -1103,9 +1095,6 @@ int main(int argc, char **argv) {
   };
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
   printf("sms %d smem1 %d\n", sms, smem1);
   {
     int o1 = 0, o2 = 0;
@@ -1200,54 +1189,37 @@ int main(int argc, char **argv) {
       }
       if (!hit) continue;
     }
-    cudaGraph_t gr;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    for (int r = 0; r < REP; r++) {
-      for (auto &kk : sq.ks) {
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        cfg.stream = st;
-        void *kargs[4];
-        if (kk.second == 1) { cfg.gridDim = g1; cfg.blockDim = b1; cfg.dynamicSmemBytes = smem1 + s1pad; kargs[0] = &args[r]; }
-        else if (kk.second == 2) { cfg.gridDim = g2; cfg.blockDim = b2; kargs[0] = &args[r]; }
-        else if (kk.second == 5) { cfg.gridDim = g2; cfg.blockDim = b2; cfg.dynamicSmemBytes = smem2s; kargs[0] = &args[r]; }
-        else if (kk.second == 6) { cfg.gridDim = g1; cfg.blockDim = b1; kargs[0] = &args[r]; }
-        else if (kk.second == 7) { cfg.gridDim = g1; cfg.blockDim = b1; cfg.dynamicSmemBytes = smem1; kargs[0] = &args[r]; }
-        else if (kk.second == 42 || kk.second == 43) {
-          cfg.gridDim = dim3(sms * (kk.second == 42 ? focc2 : std::max(1, focc2 / 2))); cfg.blockDim = dim3(128); cfg.dynamicSmemBytes = smem1;
-          kargs[0] = &args[r]; kargs[1] = &fctrs[r]; kargs[2] = &fnext[r]; kargs[3] = &fpart;
+    const std::vector<float> ts = graph_times_us(st, REP, [&] {
+      for (int r = 0; r < REP; r++) {
+        for (auto &kk : sq.ks) {
+          cudaLaunchConfig_t cfg = {};
+          cudaLaunchAttribute at[1];
+          at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+          at[0].val.programmaticStreamSerializationAllowed = 1;
+          cfg.attrs = at;
+          cfg.numAttrs = 1;
+          cfg.stream = st;
+          void *kargs[4];
+          if (kk.second == 1) { cfg.gridDim = g1; cfg.blockDim = b1; cfg.dynamicSmemBytes = smem1 + s1pad; kargs[0] = &args[r]; }
+          else if (kk.second == 2) { cfg.gridDim = g2; cfg.blockDim = b2; kargs[0] = &args[r]; }
+          else if (kk.second == 5) { cfg.gridDim = g2; cfg.blockDim = b2; cfg.dynamicSmemBytes = smem2s; kargs[0] = &args[r]; }
+          else if (kk.second == 6) { cfg.gridDim = g1; cfg.blockDim = b1; kargs[0] = &args[r]; }
+          else if (kk.second == 7) { cfg.gridDim = g1; cfg.blockDim = b1; cfg.dynamicSmemBytes = smem1; kargs[0] = &args[r]; }
+          else if (kk.second == 42 || kk.second == 43) {
+            cfg.gridDim = dim3(sms * (kk.second == 42 ? focc2 : std::max(1, focc2 / 2))); cfg.blockDim = dim3(128); cfg.dynamicSmemBytes = smem1;
+            kargs[0] = &args[r]; kargs[1] = &fctrs[r]; kargs[2] = &fnext[r]; kargs[3] = &fpart;
+          }
+          else if (kk.second >= 32) { cfg.gridDim = g2; cfg.blockDim = b2; cfg.dynamicSmemBytes = LEAN2_WARPS * (kk.second - 30) * K2A_SLOT; kargs[0] = &args[r]; }
+          else if (kk.second >= 10) { cfg.gridDim = dim3(sms); cfg.blockDim = dim3(256); cfg.dynamicSmemBytes = (kk.second - 10) * 16384; kargs[0] = &args[r]; }
+          else {
+            PR &p = kk.second == 3 ? pr2[r] : pr1[r];
+            cfg.gridDim = gp; cfg.blockDim = bp; kargs[0] = &p.p; kargs[1] = &p.n; kargs[2] = &p.o;
+          }
+          CK(cudaLaunchKernelExC(&cfg, kk.first, kargs));
         }
-        else if (kk.second >= 32) { cfg.gridDim = g2; cfg.blockDim = b2; cfg.dynamicSmemBytes = LEAN2_WARPS * (kk.second - 30) * K2A_SLOT; kargs[0] = &args[r]; }
-        else if (kk.second >= 10) { cfg.gridDim = dim3(sms); cfg.blockDim = dim3(256); cfg.dynamicSmemBytes = (kk.second - 10) * 16384; kargs[0] = &args[r]; }
-        else {
-          PR &p = kk.second == 3 ? pr2[r] : pr1[r];
-          cfg.gridDim = gp; cfg.blockDim = bp; kargs[0] = &p.p; kargs[1] = &p.n; kargs[2] = &p.o;
-        }
-        CK(cudaLaunchKernelExC(&cfg, kk.first, kargs));
       }
-    }
-    CK(cudaStreamEndCapture(st, &gr));
-    cudaGraphExec_t ge;
-    CK(cudaGraphInstantiate(&ge, gr, 0));
-    for (int w = 0; w < 3; w++) CK(cudaGraphLaunch(ge, st));
-    std::vector<float> ts;
-    for (int it = 0; it < 25; it++) {
-      CK(cudaEventRecord(e0, st));
-      CK(cudaGraphLaunch(ge, st));
-      CK(cudaEventRecord(e1, st));
-      CK(cudaEventSynchronize(e1));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      ts.push_back(ms * 1000.f / REP);
-    }
-    std::sort(ts.begin(), ts.end());
+    });
     printf("%-36s median %7.2f us  min %7.2f  max %7.2f (per step of %zu kernel(s))\n", sq.name, ts[ts.size() / 2], ts[0], ts.back(), sq.ks.size());
-    CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(gr));
   }
   CK(cudaDeviceSynchronize());
   return 0;

@@ -35,7 +35,7 @@ cp "$root/scripts/moe-mb/harness.cu" "$work/"
 cd "$work" || exit 1
 export PATH=/usr/local/cuda/bin:$PATH
 # shellcheck disable=SC2086
-if ! nvcc -O3 -std=c++17 -arch=sm_90a -lineinfo ${NVCC_FLAGS:-} -o harness harness.cu >"$out/build.log" 2>&1; then
+if ! nvcc -O3 -std=c++17 -arch=sm_90a -lineinfo -I"$root/scripts/read-mb" ${NVCC_FLAGS:-} -o harness harness.cu >"$out/build.log" 2>&1; then
   tail -50 "$out/build.log"
   exit 1
 fi

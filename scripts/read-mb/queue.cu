@@ -57,19 +57,6 @@ struct Step {
   u32 *out;
 };
 
-// A block (256 threads) reads n bytes at p, 16 KB a round (4 loads a thread in flight).
-__device__ __forceinline__ u32 block_read(const u8 *p, int n) {
-  u32 f = 0;
-  for (int o = 0; o < n; o += 4 * 4096) {
-    uint4 v[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) v[k] = ldnc(p + o + (k * 256 + threadIdx.x) * 16);
-#pragma unroll
-    for (int k = 0; k < 4; k++) f ^= fold4(v[k]);
-  }
-  return f;
-}
-
 __device__ __forceinline__ void s1_item(const Step &s, int i, u32 &f) {
   // items: shared expert's tiles first, then routed expert-major
   const int e = i < T ? NE - 1 : (i - T) / T, j = i < T ? i : (i - T) % T;
@@ -136,20 +123,6 @@ __global__ void __launch_bounds__(256) k_queue(Step s) {
     f ^= g;
   }
   if (f == 0x9e3779b9u) s.out[0] = f;
-}
-
-__global__ void __launch_bounds__(256) k_one(const u8 *p, long long n, u32 *out) {
-  pdl_wait_launch();
-  u32 f = 0;
-  const long long per = 4LL * 4096;
-  for (long long o = (long long)blockIdx.x * per; o < n; o += (long long)gridDim.x * per) {
-    uint4 v[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) v[k] = ldnc(p + o + (k * 256 + threadIdx.x) * 16);
-#pragma unroll
-    for (int k = 0; k < 4; k++) f ^= fold4(v[k]);
-  }
-  if (f == 0x9e3779b9u) out[0] = f;
 }
 
 int main() {

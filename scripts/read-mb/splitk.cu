@@ -51,19 +51,6 @@ struct Step {
   u32 *out;
 };
 
-// block_read: a block of 256 threads reads n bytes (a multiple of 16 KB) at p.
-__device__ __forceinline__ u32 block_read(const u8 *p, size_t n) {
-  u32 f = 0;
-  for (size_t o = 0; o < n; o += 4 * 4096) {
-    uint4 v[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) v[k] = ldnc(p + o + (k * 256 + threadIdx.x) * 16);
-#pragma unroll
-    for (int k = 0; k < 4; k++) f ^= fold4(v[k]);
-  }
-  return f;
-}
-
 // Stage 1 of the two-kernel order: block i a 16-row tile, the shared expert's first.
 __device__ __forceinline__ void s1_tile(const Step &s) {
   const int t = II / 16, i = blockIdx.x;
@@ -83,31 +70,31 @@ __global__ void __launch_bounds__(256, 8) k_s1o8(Step s) {
   s1_tile(s);
 }
 
-// Stage 2 of the two-kernel order: block rg the 16 rows of y it makes, all 7 experts' w2 rows.
-__global__ void __launch_bounds__(256) k_s2(Step s) {
-  pdl_wait_launch();
+// Stage 2 of the two-kernel order: block rg the 16 rows of y it makes, all
+// 7 experts' w2 rows. BAR (k_s2x): a barrier after each expert's fold, so
+// the next expert's loads are not issued before the last expert's arrive
+// (for why queue.cu's two-kernel order, 33.4 us, is slower than this
+// file's, 28.7, on the same bytes).
+template <bool BAR>
+__device__ __forceinline__ void s2_rows(const Step &s) {
   u32 f = 0;
   for (int e = 0; e < NE; e++) {
     const size_t wb = s2_bytes(e) / (DD / 16);
     f ^= block_read(s.s2[e] + blockIdx.x * wb, wb);
+    if (BAR) {
+      if (f == 0x9e3779b9u) s.out[1] = f;
+      __syncthreads();
+    }
   }
   if (f == 0x9e3779b9u) s.out[0] = f;
 }
-
-// Stage 2 with one expert's rows at a time (a barrier after each expert's
-// fold): its loads of the next expert cannot be issued before the last
-// expert's have arrived. For the question of why queue.cu's two-kernel
-// order (33.4 us) is slower than this file's (28.7) on the same bytes.
+__global__ void __launch_bounds__(256) k_s2(Step s) {
+  pdl_wait_launch();
+  s2_rows<false>(s);
+}
 __global__ void __launch_bounds__(256) k_s2x(Step s) {
   pdl_wait_launch();
-  u32 f = 0;
-  for (int e = 0; e < NE; e++) {
-    const size_t wb = s2_bytes(e) / (DD / 16);
-    f ^= block_read(s.s2[e] + blockIdx.x * wb, wb);
-    if (f == 0x9e3779b9u) s.out[1] = f;
-    __syncthreads();
-  }
-  if (f == 0x9e3779b9u) s.out[0] = f;
+  s2_rows<true>(s);
 }
 
 // Split-K, R rows a tile: block i reads tile j of expert e's w1/w3 and its
@@ -177,20 +164,6 @@ __global__ void __launch_bounds__(256) k_red(Step s, int n) {
     for (int k = 0; k < 8; k++) y += red[k][lane];
     s.y[c] = y;
   }
-}
-
-__global__ void __launch_bounds__(256) k_one(const u8 *p, long long n, u32 *out) {
-  pdl_wait_launch();
-  u32 f = 0;
-  const long long per = 4LL * 4096;
-  for (long long o = (long long)blockIdx.x * per; o < n; o += (long long)gridDim.x * per) {
-    uint4 v[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) v[k] = ldnc(p + o + (k * 256 + threadIdx.x) * 16);
-#pragma unroll
-    for (int k = 0; k < 4; k++) f ^= fold4(v[k]);
-  }
-  if (f == 0x9e3779b9u) out[0] = f;
 }
 
 int main() {

@@ -1192,13 +1192,10 @@ int main(int argc, char **argv) {
     const std::vector<float> ts = graph_times_us(st, REP, [&] {
       for (int r = 0; r < REP; r++) {
         for (auto &kk : sq.ks) {
-          cudaLaunchConfig_t cfg = {};
-          cudaLaunchAttribute at[1];
-          at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-          at[0].val.programmaticStreamSerializationAllowed = 1;
-          cfg.attrs = at;
-          cfg.numAttrs = 1;
-          cfg.stream = st;
+          struct {
+            dim3 gridDim, blockDim;
+            size_t dynamicSmemBytes = 0;
+          } cfg;
           void *kargs[4];
           if (kk.second == 1) { cfg.gridDim = g1; cfg.blockDim = b1; cfg.dynamicSmemBytes = smem1 + s1pad; kargs[0] = &args[r]; }
           else if (kk.second == 2) { cfg.gridDim = g2; cfg.blockDim = b2; kargs[0] = &args[r]; }
@@ -1215,7 +1212,7 @@ int main(int argc, char **argv) {
             PR &p = kk.second == 3 ? pr2[r] : pr1[r];
             cfg.gridDim = gp; cfg.blockDim = bp; kargs[0] = &p.p; kargs[1] = &p.n; kargs[2] = &p.o;
           }
-          CK(cudaLaunchKernelExC(&cfg, kk.first, kargs));
+          pdl_launch(st, kk.first, cfg.gridDim, cfg.blockDim, kargs, cfg.dynamicSmemBytes);
         }
       }
     });

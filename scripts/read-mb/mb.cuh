@@ -34,8 +34,9 @@ __device__ __forceinline__ u32 fold4(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
 __device__ __forceinline__ void pdl_wait_launch() { asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory"); }
 
 // pdl_launch launches fn on st with programmatic stream serialization (the
-// kernel's griddepcontrol.wait orders it after the one before).
-inline void pdl_launch(cudaStream_t st, const void *fn, dim3 grid, dim3 block, void **args) {
+// kernel's griddepcontrol.wait orders it after the one before) and smem
+// bytes of dynamic shared memory.
+inline void pdl_launch(cudaStream_t st, const void *fn, dim3 grid, dim3 block, void **args, size_t smem = 0) {
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -45,6 +46,7 @@ inline void pdl_launch(cudaStream_t st, const void *fn, dim3 grid, dim3 block, v
   cfg.stream = st;
   cfg.gridDim = grid;
   cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
   CK(cudaLaunchKernelExC(&cfg, fn, args));
 }
 

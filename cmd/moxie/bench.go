@@ -222,6 +222,7 @@ MODEL defaults to the built-in model; use synth:flash?layers=2 for V4-Flash shap
 		spec = fs.Arg(0)
 	}
 	t0 := time.Now()
+	mf.preloadSynthetic = true // the timed decode must not generate experts on first use
 	lm, err := loadModel(spec, mf, stderr)
 	if err != nil {
 		return err

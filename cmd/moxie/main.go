@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 )
 
@@ -104,7 +105,40 @@ Run "moxie COMMAND --help" for a command's flags.
 }
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	stop, err := startProfile(os.Getenv("MOXIE_CPUPROFILE"))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "moxie: %v\n", err)
+		os.Exit(1)
+	}
+	code := run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	if err := stop(); err != nil {
+		fmt.Fprintf(os.Stderr, "moxie: %v\n", err)
+	}
+	os.Exit(code)
+}
+
+// startProfile starts a CPU profile of the whole command into path
+// ($MOXIE_CPUPROFILE; read it with go tool pprof) and returns what stops
+// and writes it; with path empty it does nothing.
+func startProfile(path string) (stop func() error, err error) {
+	if path == "" {
+		return func() error { return nil }, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("MOXIE_CPUPROFILE: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("MOXIE_CPUPROFILE %s: %w", path, err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("MOXIE_CPUPROFILE %s: %w", path, err)
+		}
+		return nil
+	}, nil
 }
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {

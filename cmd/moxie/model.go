@@ -71,6 +71,11 @@ type memFlags struct {
 	// observer (not a flag): every routed expert's work in host forward
 	// passes (moxie calibrate); the model then runs on the CPU.
 	observer dsv4.ExpertObserver
+	// preloadSynthetic (not a flag): a synthetic model's routed experts
+	// that fit are generated before the first token too, as a checkpoint's
+	// are read (moxie bench: its decode timings then measure decoding, not
+	// the generation of experts on first use).
+	preloadSynthetic bool
 }
 
 // addMemFlags registers --mem, --ctx, --chunk, --policy, --record-routes, --gpu-mem and --backend on fs.
@@ -235,7 +240,9 @@ func loadModel(spec string, mf *memFlags, stderr io.Writer) (*loadedModel, error
 	fmt.Fprintf(stderr, "memory: budget %s (%s); dense %s resident; %d of %d routed experts fit (%s, policy %s)\n",
 		progress.FormatBytes(budget), note, progress.FormatBytes(plan.Dense), plan.Resident(), total,
 		progress.FormatBytes(plan.ExpertsBytes), polName)
-	if !src.Synthetic() { // generated experts cost as much made ahead as on use
+	// Generated experts cost as much made ahead as on use, except where the
+	// decode is timed.
+	if !src.Synthetic() || mf.preloadSynthetic {
 		preloadExperts(l.store, stderr)
 	}
 	return l, nil

@@ -71,3 +71,33 @@ func TestConcurrentSessionsUnderTightBudget(t *testing.T) {
 		t.Fatalf("no misses under a tight budget (%+v): the test did not exercise the slow tier", st)
 	}
 }
+
+// TestLoadPreloadSynthetic: a synthetic model's routed experts are made on
+// first use unless the loader asks for them ahead (moxie bench), in which
+// case every expert that fits is in before the first token.
+func TestLoadPreloadSynthetic(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		preload bool
+	}{{"on use", false}, {"ahead", true}} {
+		t.Run(c.name, func(t *testing.T) {
+			lm, err := loadModel("synth:tiny", &memFlags{policy: "lru", backend: "cpu", ctx: 64, preloadSynthetic: c.preload}, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lm.Close()
+			resident := lm.plan.Resident()
+			if resident < 1 {
+				t.Fatalf("the plan keeps %d experts resident", resident)
+			}
+			got := lm.store.Stats().Total.Preloaded
+			want := int64(0)
+			if c.preload {
+				want = int64(resident)
+			}
+			if int64(got) != want {
+				t.Errorf("preloaded %d experts, want %d (%d resident)", got, want, resident)
+			}
+		})
+	}
+}

@@ -126,6 +126,21 @@ type HCParams struct {
 	NormEps     float32 // rms eps of the flattened streams
 }
 
+// LinearJob is one product of ManyLinear.LinearMany: Y = W·X for one row
+// (Y is [Rows], X is [Cols]).
+type LinearJob struct {
+	W    Weight
+	Y, X []float32
+}
+
+// ManyLinear is implemented by backends that run several batch-1 products
+// at once (a token's expert matrices) in one parallel split rather than
+// one each. Every product's result is Linear's, bit for bit; the Ys must
+// not overlap each other or any X.
+type ManyLinear interface {
+	LinearMany(jobs []LinearJob)
+}
+
 // Backend is the set of operations the forward pass needs. Implementations are
 // safe for use by one goroutine at a time (a backend may parallelise inside an op).
 type Backend interface {

@@ -587,8 +587,12 @@ func ffn(be compute.Backend, w ExpertWeights, x, rowScale []float32, n, D, I int
 		x = actQuantCopy(x, D)
 	}
 	g, u := make([]float32, n*I), make([]float32, n*I)
-	be.Linear(w.W1, g, x, n)
-	be.Linear(w.W3, u, x, n)
+	if ml, ok := be.(compute.ManyLinear); ok && n == 1 {
+		ml.LinearMany([]compute.LinearJob{{W: w.W1, Y: g, X: x}, {W: w.W3, Y: u, X: x}}) // one split, Linear's bits
+	} else {
+		be.Linear(w.W1, g, x, n)
+		be.Linear(w.W3, u, x, n)
+	}
 	be.SwiGLU(g, g, u, rowScale, I, limit)
 	if qat {
 		actQuant(g, I)

@@ -72,6 +72,7 @@ func bind(t *testing.T, b compute.Backend, d compute.WeightData) compute.Weight 
 func RunAll(t *testing.T, b compute.Backend) {
 	t.Run("Bind", func(t *testing.T) { testBind(t, b) })
 	t.Run("Linear", func(t *testing.T) { testLinear(t, b) })
+	t.Run("LinearMany", func(t *testing.T) { testLinearMany(t, b) })
 	t.Run("GroupedLinear", func(t *testing.T) { testGrouped(t, b) })
 	t.Run("RMSNorm", func(t *testing.T) { testRMSNorm(t, b) })
 	t.Run("HCMix", func(t *testing.T) { testHCMix(t, b) })
@@ -142,6 +143,46 @@ func testLinear(t *testing.T, b compute.Backend) {
 				expect(t, "Linear unaligned", y, want, TolLinear)
 			})
 		}
+	}
+}
+
+// testLinearMany: a backend's ManyLinear gives Linear's bits for every
+// product, whatever the formats and shapes joined (skipped where the
+// backend has none).
+func testLinearMany(t *testing.T, b compute.Backend) {
+	ml, ok := b.(compute.ManyLinear)
+	if !ok {
+		t.Skipf("%s does not implement compute.ManyLinear", b.Name())
+	}
+	shapes := []struct {
+		f          compute.Format
+		rows, cols int
+	}{
+		{compute.MXFP4, 130, 160}, {compute.FP8Block, 200, 300}, {compute.MXFP8, 40, 100},
+		{compute.BF16, 33, 50}, {compute.F32, 17, 260}, {compute.MXFP4, 2048, 256},
+	}
+	for _, set := range [][]int{{0}, {0, 0}, {5, 1}, {0, 1, 2, 3, 4, 5}} {
+		t.Run(fmt.Sprint(set), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(len(set)), 7))
+			jobs := make([]compute.LinearJob, len(set))
+			want := make([][]float32, len(set))
+			for i, k := range set {
+				sh := shapes[k]
+				w := bind(t, b, RandomWeight(rng, sh.f, sh.rows, sh.cols, 0.05))
+				x := Normal(rng, sh.cols, 1)
+				want[i] = make([]float32, sh.rows)
+				b.Linear(w, want[i], x, 1)
+				jobs[i] = compute.LinearJob{W: w, Y: make([]float32, sh.rows), X: x}
+			}
+			ml.LinearMany(jobs)
+			for i, j := range jobs {
+				for r := range j.Y {
+					if math.Float32bits(j.Y[r]) != math.Float32bits(want[i][r]) {
+						t.Fatalf("product %d (%s), row %d: %v, want Linear's %v", i, shapes[set[i]].f, r, j.Y[r], want[i][r])
+					}
+				}
+			}
+		})
 	}
 }
 

@@ -163,6 +163,26 @@ func (b *Backend) Linear(wt compute.Weight, y, x []float32, batch int) {
 	b.linearRows(w, y, x, batch, 0, w.d.Rows, w.d.Cols, 0)
 }
 
+var _ compute.ManyLinear = (*Backend)(nil)
+
+// LinearMany implements compute.ManyLinear: the products whose weights
+// have a kern kernel share one split over the workers (kern.MatVecs); the
+// others run one at a time.
+func (b *Backend) LinearMany(jobs []compute.LinearJob) {
+	ms := make([]kern.MatVec, 0, len(jobs))
+	for _, j := range jobs {
+		w := asWeight("LinearMany", j.W)
+		check("LinearMany", len(j.Y) == w.d.Rows && len(j.X) == w.d.Cols,
+			"weight [%d, %d]: len(y)=%d len(x)=%d", w.d.Rows, w.d.Cols, len(j.Y), len(j.X))
+		if w.k == nil {
+			b.Linear(j.W, j.Y, j.X, 1)
+			continue
+		}
+		ms = append(ms, kern.MatVec{W: w.k, Y: j.Y, X: j.X})
+	}
+	kern.MatVecs(b.pool, ms)
+}
+
 // groupUnit is the row granularity of GroupedLinear's split at batch 1 (a
 // multiple of the FP8 block of 128 rows, so that the FP8 kernel keeps its
 // four streams per block).

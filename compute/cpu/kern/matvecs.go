@@ -1,7 +1,5 @@
 package kern
 
-import "fmt"
-
 // MatVec is one batch-1 product of MatVecs: Y[r] = Σ_c W[r,c]·X[c] for r <
 // Rows (only Y[:Rows] is written, only X[:Cols] read).
 type MatVec struct {
@@ -29,25 +27,26 @@ func MatVecs(p *Pool, ms []MatVec) {
 	units, macs := 0, 0
 	for _, m := range ms {
 		var k kernel
+		var name string // constant strings: no formatting on the decode path
 		switch w := m.W.(type) {
 		case FP8Block:
 			w.check()
-			k = fp8Kernel{w}
+			k, name = fp8Kernel{w}, "MatVecs FP8Block"
 		case MXFP4:
 			w.check()
-			k = mxfp4Kernel{w}
+			k, name = mxfp4Kernel{w}, "MatVecs MXFP4"
 		case BF16:
 			w.check()
-			k = bf16Kernel{w}
+			k, name = bf16Kernel{w}, "MatVecs BF16"
 		case F32:
 			w.check()
-			k = f32Kernel{w}
+			k, name = f32Kernel{w}, "MatVecs F32"
 		default:
 			m.W.MatMul(p, m.Y, m.X, 1)
 			continue
 		}
 		rows, cols := m.W.Dims()
-		checkCall(fmt.Sprintf("MatVecs %T", m.W), rows, cols, m.Y, m.X, 1, 0, rows)
+		checkCall(name, rows, cols, m.Y, m.X, 1, 0, rows)
 		if rows == 0 {
 			continue
 		}

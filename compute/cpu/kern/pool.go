@@ -18,10 +18,20 @@ import (
 // kernel in this package and means "single-threaded".
 type Pool struct {
 	workers int
-	jobs    chan *job
-	mu      sync.RWMutex // guards closed against sends on a closed channel
-	closed  bool
-	done    sync.WaitGroup
+	// cur is the job every idle worker joins: set by a Run that finds it
+	// empty and cleared once that job's chunks are all claimed. Workers
+	// poll it, so handing a job over takes one store and no lock.
+	cur atomic.Pointer[job]
+	// jobs carries the jobs of Runs that found cur taken (concurrent or
+	// nested calls) and wakes parked workers; queued counts its entries so
+	// that polling workers touch the channel only when it holds one.
+	jobs     chan *job
+	queued   atomic.Int32
+	sleepers atomic.Int32 // workers blocked on jobs
+	stopping atomic.Bool  // set by Close before jobs is closed
+	mu       sync.RWMutex // guards closed against sends on a closed channel
+	closed   bool
+	done     sync.WaitGroup
 }
 
 // job is one Run call: chunks of [0,n) claimed through next; left counts
@@ -39,9 +49,42 @@ type job struct {
 // the caller of Run for its last chunks, before blocking. A decode step runs
 // hundreds of short products back to back; waking a parked thread took ~60 to
 // 120 µs on the development machine (a 2-vCPU VM), against ~25 µs of work
-// per chunk of an expert matvec. Spinning yields (runtime.Gosched) so other
-// goroutines still run.
+// per chunk of an expert matvec.
 const spinWait = 100 * time.Microsecond
+
+// spinYield is how often a polling goroutine calls runtime.Gosched, so that
+// other goroutines still get a processor while the workers poll. Each call
+// takes the scheduler's lock: yielding every few polls put a third of a
+// 16-core decode's CPU time into Gosched and lock contention (session 20's
+// profile).
+const spinYield = 20 * time.Microsecond
+
+// spinner paces a polling loop: a PAUSE a poll, Gosched every spinYield,
+// and done after spinWait.
+type spinner struct {
+	i              int
+	start, yielded time.Time
+}
+
+// spin pauses once and reports whether the caller should keep polling.
+func (s *spinner) spin() bool {
+	cpuPause()
+	s.i++
+	if s.i&15 != 0 {
+		return true
+	}
+	now := time.Now()
+	switch {
+	case s.start.IsZero():
+		s.start, s.yielded = now, now
+	case now.Sub(s.start) > spinWait:
+		return false
+	case now.Sub(s.yielded) > spinYield:
+		runtime.Gosched()
+		s.yielded = time.Now()
+	}
+	return true
+}
 
 // NewPool starts a pool of workers goroutines (including the caller of Run);
 // workers <= 0 means runtime.NumCPU(). Call Close to stop the goroutines.
@@ -59,36 +102,66 @@ func NewPool(workers int) *Pool {
 
 func (p *Pool) loop() {
 	defer p.done.Done()
+	var last *job
 	for {
-		j, ok := p.wait()
+		j, ok := p.wait(last)
 		if !ok {
 			return
 		}
 		j.work()
+		last = j
 	}
 }
 
-// wait returns the next job, polling for spinWait before it blocks; ok is
-// false once the pool is closed.
-func (p *Pool) wait() (j *job, ok bool) {
-	var start time.Time
-	for i := 0; ; i++ {
-		select {
-		case j, ok = <-p.jobs:
-			return j, ok
-		default:
+// wait returns the next job to join other than last (which the worker has
+// finished its part of), polling for spinWait before it blocks; ok is false
+// once the pool is closed.
+func (p *Pool) wait(last *job) (j *job, ok bool) {
+	var s spinner
+	for {
+		if j = p.cur.Load(); j != nil && j != last {
+			return j, true
 		}
-		if i&63 == 63 {
-			if start.IsZero() {
-				start = time.Now()
-			} else if time.Since(start) > spinWait {
-				break
+		if p.queued.Load() > 0 || p.stopping.Load() {
+			select {
+			case j, ok = <-p.jobs:
+				if ok {
+					p.queued.Add(-1)
+				}
+				return j, ok
+			default:
 			}
-			runtime.Gosched()
+		}
+		if !s.spin() {
+			break
 		}
 	}
+	// Park. A Run that publishes cur after this worker counts itself a
+	// sleeper sends it the job too; one that published it before is seen
+	// by the check below (both sides use sequentially consistent atomics).
+	p.sleepers.Add(1)
+	if j = p.cur.Load(); j != nil && j != last {
+		p.sleepers.Add(-1)
+		return j, true
+	}
 	j, ok = <-p.jobs
+	p.sleepers.Add(-1)
+	if ok {
+		p.queued.Add(-1)
+	}
 	return j, ok
+}
+
+// send offers j to a worker through the channel without blocking (a full
+// channel means every worker has a job waiting already). The caller holds
+// p.mu for reading and has checked that the pool is open.
+func (p *Pool) send(j *job) {
+	p.queued.Add(1)
+	select {
+	case p.jobs <- j:
+	default:
+		p.queued.Add(-1)
+	}
 }
 
 // Workers returns the number of goroutines that can run parts of one Run call
@@ -121,36 +194,39 @@ func (p *Pool) Run(n int, fn func(lo, hi int)) {
 	chunks := min(n, p.workers*chunksPerWorker)
 	j := &job{fn: fn, n: n, chunks: chunks, done: make(chan struct{})}
 	j.left.Store(int64(chunks))
+	helpers := min(p.workers, chunks) - 1
 	p.mu.RLock()
 	if p.closed {
 		p.mu.RUnlock()
 		fn(0, n)
 		return
 	}
-	for i := 1; i < min(p.workers, chunks); i++ {
-		select {
-		case p.jobs <- j:
-		default: // all workers already have work queued; the caller does more itself
+	if p.cur.CompareAndSwap(nil, j) {
+		// Polling workers join through cur; parked ones need the channel.
+		for k := min(int(p.sleepers.Load()), helpers); k > 0; k-- {
+			p.send(j)
 		}
+		p.mu.RUnlock()
+		j.work()
+		p.cur.Store(nil) // every chunk is claimed
+	} else {
+		for range helpers {
+			p.send(j)
+		}
+		p.mu.RUnlock()
+		j.work()
 	}
-	p.mu.RUnlock()
-	j.work()
 	j.waitDone()
 }
 
 // waitDone returns when every chunk has finished, polling for spinWait
 // before it blocks.
 func (j *job) waitDone() {
-	var start time.Time
-	for i := 0; j.left.Load() > 0; i++ {
-		if i&63 == 63 {
-			if start.IsZero() {
-				start = time.Now()
-			} else if time.Since(start) > spinWait {
-				<-j.done
-				return
-			}
-			runtime.Gosched()
+	var s spinner
+	for j.left.Load() > 0 {
+		if !s.spin() {
+			<-j.done
+			return
 		}
 	}
 }
@@ -181,6 +257,7 @@ func (p *Pool) Close() {
 	p.mu.Lock()
 	if !p.closed {
 		p.closed = true
+		p.stopping.Store(true)
 		close(p.jobs)
 	}
 	p.mu.Unlock()

@@ -1,6 +1,7 @@
 package kern
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -72,6 +73,35 @@ func TestPoolParallel(t *testing.T) {
 	})
 }
 
+// TestPoolParallelAfterIdle: every worker joins a Run whether it was polling
+// (no gap), yielding (a gap of a few spinYields) or parked (a gap past
+// spinWait). Each Run's chunks wait for all four to start, so a worker that
+// missed the job shows as a timeout instead of a deadlock.
+func TestPoolParallelAfterIdle(t *testing.T) {
+	const workers = 4
+	p := NewPool(workers)
+	defer p.Close()
+	gaps := []time.Duration{0, 3 * spinYield, 3 * spinWait, 0, 10 * time.Millisecond, 0}
+	for round, gap := range gaps {
+		time.Sleep(gap)
+		var started atomic.Int32
+		var late atomic.Bool
+		p.Run(workers, func(lo, hi int) {
+			started.Add(1)
+			for deadline := time.Now().Add(5 * time.Second); started.Load() < workers; {
+				if time.Now().After(deadline) {
+					late.Store(true)
+					return
+				}
+				time.Sleep(10 * time.Microsecond)
+			}
+		})
+		if late.Load() {
+			t.Fatalf("round %d (after %v idle): only %d of %d workers joined the Run", round, gap, started.Load(), workers)
+		}
+	}
+}
+
 func TestPoolConcurrentCallers(t *testing.T) {
 	p := NewPool(4)
 	defer p.Close()
@@ -103,21 +133,26 @@ func TestPoolNested(t *testing.T) {
 }
 
 // BenchmarkPoolRun measures the fan-out cost that decode pays per matrix
-// product: 8 chunks of ~25 µs (an expert matvec's share) and then gap of
-// work on the caller alone. With 2 workers the ideal is 100 µs + gap.
+// product: 4 chunks a worker of ~25 µs each (an expert matvec's share) and
+// then gap of work on the caller alone. The ideal is 100 µs + gap.
 func BenchmarkPoolRun(b *testing.B) {
 	spin := func(d time.Duration) {
 		for t := time.Now(); time.Since(t) < d; {
 		}
 	}
-	for _, gap := range []time.Duration{0, 30 * time.Microsecond, 300 * time.Microsecond} {
-		b.Run("gap="+gap.String(), func(b *testing.B) {
-			p := NewPool(2)
-			defer p.Close()
-			for b.Loop() {
-				p.Run(8, func(lo, hi int) { spin(time.Duration(hi-lo) * 25 * time.Microsecond) })
-				spin(gap)
-			}
-		})
+	for _, w := range workerCounts() {
+		if w == 1 {
+			continue
+		}
+		for _, gap := range []time.Duration{0, 30 * time.Microsecond, 300 * time.Microsecond} {
+			b.Run(fmt.Sprintf("workers=%d/gap=%v", w, gap), func(b *testing.B) {
+				p := NewPool(w)
+				defer p.Close()
+				for b.Loop() {
+					p.Run(4*w, func(lo, hi int) { spin(time.Duration(hi-lo) * 25 * time.Microsecond) })
+					spin(gap)
+				}
+			})
+		}
 	}
 }

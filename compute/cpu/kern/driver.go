@@ -11,6 +11,17 @@ type kernel interface {
 	decode(dst []float32, ld, r0, nr, c0, c1 int)
 }
 
+// preparer is implemented by kernels whose batch-1 product reads its input
+// in another layout on this machine. prepare writes that layout of x to
+// dst (len(dst) = len(x), 64-byte aligned) and reports whether it did
+// (false: the kernel reads x as it is), and matvecPrepared is matvec
+// reading it, with matvec's bits. A parallel product prepares x once and
+// shares it between its chunks of rows.
+type preparer interface {
+	prepare(dst, x []float32) bool
+	matvecPrepared(y, xp, x []float32, lo, hi int)
+}
+
 // Work below this many multiply-adds runs on the calling goroutine: waking
 // workers would cost more than it saves.
 const parallelMinMACs = 1 << 16
@@ -39,6 +50,18 @@ func run(p *Pool, k kernel, y, x []float32, batch, r0, r1 int) {
 	}
 	if batch == 1 {
 		units := (rows + matvecUnit - 1) / matvecUnit
+		if pk, ok := k.(preparer); ok && p != nil {
+			buf := p.floats(cols)
+			if xp := buf.aligned; pk.prepare(xp, x[:cols]) {
+				p.Run(units, func(lo, hi int) {
+					a, b := r0+lo*matvecUnit, min(r0+hi*matvecUnit, r1)
+					pk.matvecPrepared(y[a-r0:b-r0], xp, x[:cols], a, b)
+				})
+				p.putFloats(buf)
+				return
+			}
+			p.putFloats(buf)
+		}
 		p.Run(units, func(lo, hi int) {
 			a, b := r0+lo*matvecUnit, min(r0+hi*matvecUnit, r1)
 			k.matvec(y[a-r0:b-r0], x[:cols], a, b)
@@ -64,7 +87,8 @@ func gemmTiles(p *Pool, k kernel, y, x []float32, batch, r0, r1 int) {
 // b < batch, decoding each tile of tileRows x tileCols weights once.
 func gemmRows(k kernel, y []float32, ys int, x []float32, batch, lo, hi int) {
 	cols := k.cols()
-	var wbuf [tileRows * tileCols]float32
+	var wraw [tileRows*tileCols + 15]float32 // 64-byte aligned: see mxfp4MatvecAVX512
+	wbuf := (*[tileRows * tileCols]float32)(alignedTo64(wraw[:], tileRows*tileCols))
 	acc := make([]float32, tileRows*batch*accLanes)
 	for r := lo; r < hi; r += tileRows {
 		nr := min(tileRows, hi-r)
@@ -75,7 +99,7 @@ func gemmRows(k kernel, y []float32, ys int, x []float32, batch, lo, hi int) {
 		for c0 := 0; c0 < cols; c0 += tileCols {
 			c1 := min(c0+tileCols, cols)
 			k.decode(wbuf[:], tileCols, r, nr, c0, c1)
-			gemmTile(&wbuf, c1-c0, x[c0:], cols, batch, acc)
+			gemmTile(wbuf, c1-c0, x[c0:], cols, batch, acc)
 		}
 		for i := range nr {
 			for b := range batch {

@@ -80,9 +80,12 @@ func gemmPass(p *Pool, k kernel, y, x []float32, batch, r0, r1 int) {
 func gemmRowsT(k kernel, y []float32, ys int, xt []float32, blocks []gemmBlock, batch, lo, hi int) {
 	cols := k.cols()
 	wa := (batch + 15) &^ 15 // acc's row stride: every block's lanes
-	var wbuf [gemmTRows * tileCols]float32
-	var accBuf [gemmTTile * gemmTMaxBatch]float32
-	acc := accBuf[:gemmTTile*wa]
+	// 64-byte aligned (see mxfp4MatvecAVX512): the tile and the sums are
+	// read and written in 64-byte vectors.
+	var wraw [gemmTRows*tileCols + 15]float32
+	var accRaw [gemmTTile*gemmTMaxBatch + 15]float32
+	wbuf := (*[gemmTRows * tileCols]float32)(alignedTo64(wraw[:], gemmTRows*tileCols))
+	acc := alignedTo64(accRaw[:], gemmTTile*gemmTMaxBatch)[:gemmTTile*wa]
 	var aidx [16]int32
 	for l := range aidx {
 		aidx[l] = int32(l * wa)

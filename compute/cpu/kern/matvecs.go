@@ -20,7 +20,9 @@ func MatVecs(p *Pool, ms []MatVec) {
 	type part struct {
 		k    kernel
 		y, x []float32
-		u0   int // the product's first unit in the joint split
+		pk   preparer  // k, when xp is set
+		xp   []float32 // x prepared by pk, or nil
+		u0   int       // the product's first unit in the joint split
 		rows int
 	}
 	parts := make([]part, 0, len(ms))
@@ -64,6 +66,31 @@ func MatVecs(p *Pool, ms []MatVec) {
 	if p.Workers() == 1 || macs < parallelMinMACs {
 		p = nil
 	}
+	var bufs []*floatBuf
+	if p != nil { // prepare each distinct x once (an expert's w1 and w3 share it)
+		for i := range parts {
+			pt := &parts[i]
+			pk, ok := pt.k.(preparer)
+			if !ok {
+				continue
+			}
+			for j := range i {
+				q := &parts[j]
+				if q.xp != nil && len(q.x) == len(pt.x) && &q.x[0] == &pt.x[0] && sameKind(q.k, pt.k) {
+					pt.xp = q.xp
+					break
+				}
+			}
+			if pt.xp == nil {
+				buf := p.floats(len(pt.x))
+				bufs = append(bufs, buf)
+				if pk.prepare(buf.aligned, pt.x) {
+					pt.xp = buf.aligned
+				}
+			}
+			pt.pk = pk
+		}
+	}
 	p.Run(units, func(lo, hi int) {
 		// The first part holding unit lo, then each part's share of [lo, hi).
 		i := 0
@@ -75,8 +102,35 @@ func MatVecs(p *Pool, ms []MatVec) {
 			end := pt.u0 + (pt.rows+matvecUnit-1)/matvecUnit
 			ue := min(hi, end)
 			a, b := (u-pt.u0)*matvecUnit, min((ue-pt.u0)*matvecUnit, pt.rows)
-			pt.k.matvec(pt.y[a:b], pt.x, a, b)
+			if pt.xp != nil {
+				pt.pk.matvecPrepared(pt.y[a:b], pt.xp, pt.x, a, b)
+			} else {
+				pt.k.matvec(pt.y[a:b], pt.x, a, b)
+			}
 			u = ue
 		}
 	})
+	for _, b := range bufs {
+		p.putFloats(b)
+	}
+}
+
+// sameKind reports whether a and b are kernels of one format (whose
+// prepared inputs are alike).
+func sameKind(a, b kernel) bool {
+	switch a.(type) {
+	case mxfp4Kernel:
+		_, ok := b.(mxfp4Kernel)
+		return ok
+	case fp8Kernel:
+		_, ok := b.(fp8Kernel)
+		return ok
+	case bf16Kernel:
+		_, ok := b.(bf16Kernel)
+		return ok
+	case f32Kernel:
+		_, ok := b.(f32Kernel)
+		return ok
+	}
+	return false
 }

@@ -102,3 +102,38 @@ func BenchmarkMatVecsPair(b *testing.B) {
 		}
 	}
 }
+
+// TestMXFP4SplitBits: a parallel MXFP4 product (its input prepared once and
+// shared by the chunks of rows, in MatMul and in MatVecs) gives the bits of
+// the single-threaded one, which transposes the input itself: shapes with
+// more than one column chunk, a tail of columns and an odd number of rows.
+func TestMXFP4SplitBits(t *testing.T) {
+	rng := rand.New(rand.NewPCG(21, 22))
+	p := NewPool(3)
+	defer p.Close()
+	for _, s := range []struct{ rows, cols int }{{257, 4096}, {130, 4096 + 512 + 96}, {64, 8704}, {33, 2048}} {
+		t.Run(fmt.Sprintf("%dx%d", s.rows, s.cols), func(t *testing.T) {
+			w1, w3 := randMX(rng, s.rows, s.cols), randMX(rng, s.rows, s.cols)
+			x := randX(rng, s.cols)
+			want1, want3 := make([]float32, s.rows), make([]float32, s.rows)
+			w1.MatMul(nil, want1, x, 1)
+			w3.MatMul(nil, want3, x, 1)
+			got1, got3 := make([]float32, s.rows), make([]float32, s.rows)
+			w1.MatMul(p, got1, x, 1)
+			sameBits(t, "MatMul", got1, want1)
+			clear(got1)
+			MatVecs(p, []MatVec{{W: w1, Y: got1, X: x}, {W: w3, Y: got3, X: x}})
+			sameBits(t, "MatVecs w1", got1, want1)
+			sameBits(t, "MatVecs w3", got3, want3)
+		})
+	}
+}
+
+func sameBits(t *testing.T, what string, got, want []float32) {
+	t.Helper()
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("%s: row %d = %v (%#x), want %v (%#x)", what, i, got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
+		}
+	}
+}

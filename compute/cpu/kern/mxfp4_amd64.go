@@ -128,75 +128,116 @@ const mxChunk = 4096
 // Columns in whole 512-column super-groups take the vector path, the rest
 // (Cols%512, a multiple of 32) the portable one.
 func mxfp4MatvecAVX512(w MXFP4, y, x []float32, lo, hi int) {
-	var xp [mxChunk]float32
-	var pad [256 + 3]byte // a row's last super-group when the matrix ends there
-	cols := w.Cols
+	// The transposed input starts on a 64-byte boundary, so that each of
+	// the kernel's 64-byte loads of it reads one cache line (a stack array
+	// is only 8-byte aligned; line-splitting loads made the product ~2x
+	// slower on the AMD development machine). Growing the goroutine's stack
+	// moves the array with its offset from the stack's page-aligned top,
+	// so the alignment holds.
+	var buf [mxChunk + 15]float32
+	xp := alignedTo64(buf[:], mxChunk)
 	archsimd.ClearAVXUpperBits()
 	clear(y[:hi-lo])
-	for c0 := 0; c0 < cols; c0 += mxChunk {
-		c1 := min(c0+mxChunk, cols)
-		n := c1 - c0
-		nsup := n &^ 511 // columns in whole super-groups
+	for c0 := 0; c0 < w.Cols; c0 += mxChunk {
+		c1 := min(c0+mxChunk, w.Cols)
+		nsup := (c1 - c0) &^ 511
 		mxTranspose(xp[:nsup], x[c0:c0+nsup])
-		r := lo
-		// Rows in pairs q <= mxPair apart (two streams in different pages
-		// keep more memory reads in flight) up to pairEnd: every paired
-		// row has the 3 lookahead bytes after its codes, so only the
-		// matrix's last row (when this chunk ends it) is left to the
-		// single-row loop below.
-		pairEnd := hi
-		if hi == w.Rows && c1 == cols {
-			pairEnd = hi - 1
+		mxfp4Cols(w, y, xp[:nsup], x, c0, c1, lo, hi)
+	}
+}
+
+// mxPrepare writes to xp (len(xp) >= len(x)) the input layout
+// mxfp4MatvecPrepared reads: in each mxChunk of columns, the whole
+// super-groups transposed as mxTranspose does (the remaining columns are
+// not written; the tail reads x itself). A parallel product computes it
+// once and shares it between its chunks of rows instead of transposing x
+// once a chunk.
+func mxPrepare(xp, x []float32) {
+	for c0 := 0; c0 < len(x); c0 += mxChunk {
+		c1 := min(c0+mxChunk, len(x))
+		nsup := (c1 - c0) &^ 511
+		mxTranspose(xp[c0:c0+nsup], x[c0:c0+nsup])
+	}
+}
+
+// mxfp4MatvecPrepared is mxfp4MatvecAVX512 reading xp = mxPrepare(x) for
+// the vector path (and x for the tail): the same sums in the same order.
+func mxfp4MatvecPrepared(w MXFP4, y, xp, x []float32, lo, hi int) {
+	archsimd.ClearAVXUpperBits()
+	clear(y[:hi-lo])
+	for c0 := 0; c0 < w.Cols; c0 += mxChunk {
+		c1 := min(c0+mxChunk, w.Cols)
+		nsup := (c1 - c0) &^ 511
+		mxfp4Cols(w, y, xp[c0:c0+nsup], x, c0, c1, lo, hi)
+	}
+}
+
+// mxfp4Cols adds Σ_c W[r,c]·x[c] over the columns [c0,c1) (at most
+// mxChunk) to y[r-lo] for rows [lo,hi); xp holds the chunk's whole
+// super-groups transposed (len(xp) = (c1-c0) &^ 511).
+func mxfp4Cols(w MXFP4, y, xp, x []float32, c0, c1, lo, hi int) {
+	var pad [256 + 3]byte // a row's last super-group when the matrix ends there
+	cols := w.Cols
+	n := c1 - c0
+	nsup := len(xp) // columns in whole super-groups
+	r := lo
+	// Rows in pairs q <= mxPair apart (two streams in different pages
+	// keep more memory reads in flight) up to pairEnd: every paired
+	// row has the 3 lookahead bytes after its codes, so only the
+	// matrix's last row (when this chunk ends it) is left to the
+	// single-row loop below.
+	pairEnd := hi
+	if hi == w.Rows && c1 == cols {
+		pairEnd = hi - 1
+	}
+	for nsup > 0 {
+		q := min(mxPair, (pairEnd-r)/2)
+		if q == 0 || ((r+2*q-1)*cols+c0)/2+nsup/2+3 > len(w.Packed) {
+			break
 		}
-		for nsup > 0 {
-			q := min(mxPair, (pairEnd-r)/2)
-			if q == 0 || ((r+2*q-1)*cols+c0)/2+nsup/2+3 > len(w.Packed) {
-				break
-			}
-			nb := nsup / 2
-			for i := r; i < r+q; i++ {
-				o0, o1 := i*cols+c0, (i+q)*cols+c0
-				s0, s1 := w.Scale[o0/32:(o0+nsup)/32], w.Scale[o1/32:(o1+nsup)/32]
-				var a0, a1 float32
-				c0b, c1b := w.Packed[o0/2:o0/2+nb+3], w.Packed[o1/2:o1/2+nb+3]
-				if mxScalesPlain(s0) && mxScalesPlain(s1) {
-					var acc [2][16]float32
-					mxPairAVX512(&c0b[0], &c1b[0], &s0[0], &s1[0], &xp[0], nsup/512, &acc)
-					a0, a1 = sum16(&acc[0]), sum16(&acc[1])
-				} else {
-					a0, a1 = mxfp4Row2(c0b, c1b, s0, s1, xp[:nsup], nsup/512, false)
-				}
-				if nsup < n {
-					a0 += mxfp4Tail(w, i, c0, nsup, n, x)
-					a1 += mxfp4Tail(w, i+q, c0, nsup, n, x)
-				}
-				y[i-lo] += a0
-				y[i+q-lo] += a1
-			}
-			r += 2 * q
-		}
-		for ; r < hi; r++ {
-			o := r*cols + c0
-			s := w.Scale[o/32 : (o+n)/32]
-			var acc float32
-			if nsup > 0 {
-				nb := nsup / 2
-				if o/2+nb+3 <= len(w.Packed) {
-					acc = mxfp4Row(w.Packed[o/2:o/2+nb+3], s, xp[:nsup], nsup/512)
-				} else { // the matrix's last bytes: copy the final super-group
-					k := nsup/512 - 1
-					if k > 0 {
-						acc = mxfp4Row(w.Packed[o/2:o/2+256*k+3], s, xp[:512*k], k)
-					}
-					copy(pad[:256], w.Packed[o/2+256*k:o/2+256*k+256])
-					acc += mxfp4Row(pad[:], s[16*k:], xp[512*k:512*k+512], 1)
-				}
+		nb := nsup / 2
+		for i := r; i < r+q; i++ {
+			o0, o1 := i*cols+c0, (i+q)*cols+c0
+			s0, s1 := w.Scale[o0/32:(o0+nsup)/32], w.Scale[o1/32:(o1+nsup)/32]
+			var a0, a1 float32
+			c0b, c1b := w.Packed[o0/2:o0/2+nb+3], w.Packed[o1/2:o1/2+nb+3]
+			if mxScalesPlain(s0) && mxScalesPlain(s1) {
+				var acc [2][16]float32
+				mxPairAVX512(&c0b[0], &c1b[0], &s0[0], &s1[0], &xp[0], nsup/512, &acc)
+				a0, a1 = sum16(&acc[0]), sum16(&acc[1])
+			} else {
+				a0, a1 = mxfp4Row2(c0b, c1b, s0, s1, xp, nsup/512, false)
 			}
 			if nsup < n {
-				acc += mxfp4Tail(w, r, c0, nsup, n, x)
+				a0 += mxfp4Tail(w, i, c0, nsup, n, x)
+				a1 += mxfp4Tail(w, i+q, c0, nsup, n, x)
 			}
-			y[r-lo] += acc
+			y[i-lo] += a0
+			y[i+q-lo] += a1
 		}
+		r += 2 * q
+	}
+	for ; r < hi; r++ {
+		o := r*cols + c0
+		s := w.Scale[o/32 : (o+n)/32]
+		var acc float32
+		if nsup > 0 {
+			nb := nsup / 2
+			if o/2+nb+3 <= len(w.Packed) {
+				acc = mxfp4Row(w.Packed[o/2:o/2+nb+3], s, xp, nsup/512)
+			} else { // the matrix's last bytes: copy the final super-group
+				k := nsup/512 - 1
+				if k > 0 {
+					acc = mxfp4Row(w.Packed[o/2:o/2+256*k+3], s, xp[:512*k], k)
+				}
+				copy(pad[:256], w.Packed[o/2+256*k:o/2+256*k+256])
+				acc += mxfp4Row(pad[:], s[16*k:], xp[512*k:512*k+512], 1)
+			}
+		}
+		if nsup < n {
+			acc += mxfp4Tail(w, r, c0, nsup, n, x)
+		}
+		y[r-lo] += acc
 	}
 }
 

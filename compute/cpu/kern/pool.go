@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // Pool is a fixed set of worker goroutines that run the parts of a split loop
@@ -32,6 +33,33 @@ type Pool struct {
 	mu       sync.RWMutex // guards closed against sends on a closed channel
 	closed   bool
 	done     sync.WaitGroup
+	scratch  sync.Pool // *floatBuf: buffers for inputs prepared once a product
+}
+
+// floatBuf is a buffer of Pool.floats: raw as allocated, and its window
+// that starts on a 64-byte boundary.
+type floatBuf struct{ raw, aligned []float32 }
+
+// floats returns a buffer of n float32 that starts on a 64-byte boundary
+// (contents undefined), from the pool's free list when one is large
+// enough. Give it back with putFloats once no goroutine reads it.
+func (p *Pool) floats(n int) *floatBuf {
+	b, _ := p.scratch.Get().(*floatBuf)
+	if b == nil || len(b.raw) < n+15 {
+		b = &floatBuf{raw: make([]float32, n+15)}
+	}
+	b.aligned = alignedTo64(b.raw, n)
+	return b
+}
+
+// putFloats gives b back to the free list.
+func (p *Pool) putFloats(b *floatBuf) { p.scratch.Put(b) }
+
+// alignedTo64 returns the n floats of buf (len(buf) >= n+15) that start at
+// its first 64-byte boundary.
+func alignedTo64(buf []float32, n int) []float32 {
+	off := int((64-uintptr(unsafe.Pointer(unsafe.SliceData(buf)))&63)&63) / 4
+	return buf[off : off+n : off+n]
 }
 
 // job is one Run call: chunks of [0,n) claimed through next; left counts

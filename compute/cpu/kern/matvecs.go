@@ -1,5 +1,7 @@
 package kern
 
+import "reflect"
+
 // MatVec is one batch-1 product of MatVecs: Y[r] = Σ_c W[r,c]·X[c] for r <
 // Rows (only Y[:Rows] is written, only X[:Cols] read).
 type MatVec struct {
@@ -76,7 +78,7 @@ func MatVecs(p *Pool, ms []MatVec) {
 			}
 			for j := range i {
 				q := &parts[j]
-				if q.xp != nil && len(q.x) == len(pt.x) && &q.x[0] == &pt.x[0] && sameKind(q.k, pt.k) {
+				if q.xp != nil && len(q.x) == len(pt.x) && &q.x[0] == &pt.x[0] && reflect.TypeOf(q.k) == reflect.TypeOf(pt.k) {
 					pt.xp = q.xp
 					break
 				}
@@ -113,24 +115,4 @@ func MatVecs(p *Pool, ms []MatVec) {
 	for _, b := range bufs {
 		p.putFloats(b)
 	}
-}
-
-// sameKind reports whether a and b are kernels of one format (whose
-// prepared inputs are alike).
-func sameKind(a, b kernel) bool {
-	switch a.(type) {
-	case mxfp4Kernel:
-		_, ok := b.(mxfp4Kernel)
-		return ok
-	case fp8Kernel:
-		_, ok := b.(fp8Kernel)
-		return ok
-	case bf16Kernel:
-		_, ok := b.(bf16Kernel)
-		return ok
-	case f32Kernel:
-		_, ok := b.(f32Kernel)
-		return ok
-	}
-	return false
 }

@@ -142,6 +142,17 @@ type Experts interface {
 	Expert(layer, e int) (ExpertWeights, error)
 }
 
+// ExpertSet is implemented by Experts that can hand out several experts of
+// one layer at once, so that a decoded token's expert products run in one
+// parallel split. ExpertSet fills dst[i] with the weights of expert es[i]
+// (es ascending and distinct, len(dst) == len(es)), all valid until the
+// next call for the same layer, and reports true. false, with a nil error,
+// means the set cannot be held at once now (nothing is counted); the caller
+// then asks for the experts one at a time with Expert.
+type ExpertSet interface {
+	ExpertSet(layer int, es []int, dst []ExpertWeights) (bool, error)
+}
+
 // Model is a loaded DeepSeek-V4 model. Its weights are views of the source's
 // stored bytes (small vectors such as norms and HC parameters are decoded to
 // float32); the source must stay open while the model is used. A Model is
@@ -569,6 +580,18 @@ func (b *binder) block(p string, i int) *block {
 type sourceExperts struct {
 	cfg *config.Config
 	w   [][]ExpertWeights
+}
+
+// ExpertSet implements ExpertSet: the source's weights are always valid.
+func (s *sourceExperts) ExpertSet(layer int, es []int, dst []ExpertWeights) (bool, error) {
+	for i, e := range es {
+		w, err := s.Expert(layer, e)
+		if err != nil {
+			return false, err
+		}
+		dst[i] = w
+	}
+	return true, nil
 }
 
 func (s *sourceExperts) Expert(layer, e int) (ExpertWeights, error) {

@@ -417,3 +417,107 @@ func TestExpertErrorStopsSession(t *testing.T) {
 		t.Fatal("session usable after a failed step")
 	}
 }
+
+// oneAtATime hides an Experts' ExpertSet, so that the forward pass asks for
+// the experts one by one.
+type oneAtATime struct{ inner Experts }
+
+func (o oneAtATime) Expert(layer, e int) (ExpertWeights, error) { return o.inner.Expert(layer, e) }
+
+// setErr is Experts whose ExpertSet fails in one layer.
+type setErr struct {
+	oneAtATime
+	layer int
+}
+
+func (s setErr) ExpertSet(layer int, es []int, dst []ExpertWeights) (bool, error) {
+	if layer == s.layer {
+		return false, fmt.Errorf("set read failed in layer %d", layer)
+	}
+	return s.inner.(ExpertSet).ExpertSet(layer, es, dst)
+}
+
+// setDeclines is Experts whose ExpertSet always declines.
+type setDeclines struct{ oneAtATime }
+
+func (setDeclines) ExpertSet(int, []int, []ExpertWeights) (bool, error) { return false, nil }
+
+// countObserver counts ObserveExpert calls and sums their outputs.
+type countObserver struct {
+	calls int
+	sum   float64
+}
+
+func (c *countObserver) ObserveExpert(layer, expert int, pos []int, weights, in, out []float32) {
+	c.calls++
+	for _, v := range out {
+		c.sum += float64(v)
+	}
+}
+
+// TestExpertSetDecodeBits: a decoded token's experts in two joint splits
+// (ExpertSet) give the bits of the per-expert path, for both numeric
+// targets, with the observer seeing the same work; an Experts that declines
+// the set falls back, and one whose set fails stops the step with the
+// layer and the cause.
+func TestExpertSetDecodeBits(t *testing.T) {
+	src := newMemSource(config.Tiny(), 3)
+	be := cpu.New(3)
+	t.Cleanup(be.Close)
+	base, err := Load(src, Options{Backend: be})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := base.experts.(ExpertSet); !ok {
+		t.Fatal("the source's experts do not implement ExpertSet")
+	}
+	toks := testTokens(14, base.Cfg.VocabSize, 9)
+	run := func(t *testing.T, ex Experts, target Target) ([]float32, *countObserver) {
+		t.Helper()
+		obs := &countObserver{}
+		m, err := Load(src, Options{Backend: be, Experts: ex, Target: target, Observer: obs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := m.NewSession()
+		var got []float32
+		if _, err := s.Prefill(toks[:4]); err != nil {
+			t.Fatal(err)
+		}
+		for _, tok := range toks[4:] {
+			l, err := s.Decode(tok)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, l...)
+		}
+		return got, obs
+	}
+	for _, target := range []Target{Exact, QAT} {
+		t.Run(target.String(), func(t *testing.T) {
+			want, wobs := run(t, oneAtATime{base.experts}, target)
+			for name, ex := range map[string]Experts{"set": base.experts, "declines": setDeclines{oneAtATime{base.experts}}} {
+				got, gobs := run(t, ex, target)
+				for i := range want {
+					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("%s: logit %d = %v, want %v (the per-expert path's bits)", name, i, got[i], want[i])
+					}
+				}
+				if gobs.calls != wobs.calls || gobs.sum != wobs.sum {
+					t.Errorf("%s: observer saw %d calls (sum %g), want %d (%g)", name, gobs.calls, gobs.sum, wobs.calls, wobs.sum)
+				}
+			}
+		})
+	}
+	m, err := Load(src, Options{Backend: be, Experts: setErr{oneAtATime{base.experts}, 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := m.NewSession()
+	if _, err := s.Prefill(toks[:4]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Decode(toks[4]); err == nil || !strings.Contains(err.Error(), "layer 2") || !strings.Contains(err.Error(), "set read failed") {
+		t.Fatalf("err = %v, want the layer and the cause", err)
+	}
+}

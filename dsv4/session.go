@@ -525,6 +525,11 @@ func (s *Session) moe(b *block, f []float32, tokens, pos []int) ([]float32, erro
 	if p, ok := m.experts.(ExpertPrefetcher); ok && !b.hash {
 		p.Prefetch(b.layer, uniqueExperts(tokens, func(i int) []int { return ids[i*K : (i+1)*K] }))
 	}
+	if T == 1 {
+		if out, ok, err := s.moeOne(b, f, ids, wts, pos[0]); ok || err != nil {
+			return out, err
+		}
+	}
 	// Group (token, weight) pairs by expert.
 	type use struct {
 		tok int
@@ -576,6 +581,95 @@ func (s *Session) moe(b *block, f []float32, tokens, pos []int) ([]float32, erro
 		}
 	}
 	return out, nil
+}
+
+// moeOne is moe's expert part for one token (f is [D]) with every expert
+// product in two joint splits: each routed expert's and the shared expert's
+// W1 and W3, then each W2. The products, their order of accumulation and
+// the qat steps are the per-expert path's, so are the bits. It reports
+// false (and does nothing) when the backend or the experts cannot batch,
+// or when a routed expert repeats.
+func (s *Session) moeOne(b *block, f []float32, ids []int, wts []float32, pos int) ([]float32, bool, error) {
+	m := s.m
+	c := m.Cfg
+	D, K, I := c.Dim, c.NActivatedExperts, c.MoEInterDim
+	ml, ok := m.be.(compute.ManyLinear)
+	set, ok2 := m.experts.(ExpertSet)
+	if !ok || !ok2 {
+		return nil, false, nil
+	}
+	type routed struct {
+		e int
+		w float32
+	}
+	rs := make([]routed, K)
+	for k := range K {
+		rs[k] = routed{ids[k], wts[k]}
+	}
+	slices.SortFunc(rs, func(a, b routed) int { return a.e - b.e })
+	es := make([]int, K)
+	for k, r := range rs {
+		if k > 0 && r.e == rs[k-1].e {
+			return nil, false, nil
+		}
+		es[k] = r.e
+	}
+	ews := make([]ExpertWeights, K)
+	if ok, err := set.ExpertSet(b.layer, es, ews); err != nil {
+		return nil, false, fmt.Errorf("dsv4: layer %d: %w", b.layer, err)
+	} else if !ok {
+		return nil, false, nil
+	}
+	qat := m.target == QAT
+	x := f[:D]
+	if qat {
+		x = actQuantCopy(x, D)
+	}
+	n := K
+	if b.shared != nil {
+		n++
+	}
+	ws := append([]ExpertWeights(nil), ews...)
+	inter := make([]int, n) // each expert's inner width
+	for k := range K {
+		inter[k] = I
+	}
+	if b.shared != nil {
+		ws = append(ws, *b.shared)
+		inter[K] = I * c.NSharedExperts
+	}
+	g, u, y := make([][]float32, n), make([][]float32, n), make([][]float32, n)
+	jobs := make([]compute.LinearJob, 0, 2*n)
+	for k := range n {
+		g[k], u[k] = make([]float32, inter[k]), make([]float32, inter[k])
+		jobs = append(jobs, compute.LinearJob{W: ws[k].W1, Y: g[k], X: x}, compute.LinearJob{W: ws[k].W3, Y: u[k], X: x})
+	}
+	ml.LinearMany(jobs)
+	jobs = jobs[:0]
+	limit := float32(c.SwigluLimit)
+	for k := range n {
+		if k < K {
+			m.be.SwiGLU(g[k], g[k], u[k], []float32{rs[k].w}, I, limit)
+		} else {
+			m.be.SwiGLU(g[k], g[k], u[k], nil, inter[k], 0)
+		}
+		if qat {
+			actQuant(g[k], inter[k])
+		}
+		y[k] = make([]float32, D)
+		jobs = append(jobs, compute.LinearJob{W: ws[k].W2, Y: y[k], X: g[k]})
+	}
+	ml.LinearMany(jobs)
+	out := make([]float32, D)
+	for k := range n {
+		if k < K && m.observe != nil {
+			m.observe.ObserveExpert(b.layer, rs[k].e, []int{pos}, []float32{rs[k].w}, append([]float32(nil), f[:D]...), y[k])
+		}
+		for d, v := range y[k] {
+			out[d] += v
+		}
+	}
+	return out, true, nil
 }
 
 // ffn is a SwiGLU expert on n rows: W2·(silu(W1 x)·(W3 x)·rowScale), with the

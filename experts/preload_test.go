@@ -328,3 +328,64 @@ func TestPreload(t *testing.T) {
 		}
 	})
 }
+
+// TestExpertSet: a layer held whole serves a set as Expert would (the same
+// weights, a hit each); a layer with an expert not resident declines the
+// set and counts nothing; bad indexes and a closed store are errors.
+func TestExpertSet(t *testing.T) {
+	be := cpu.New(1)
+	defer be.Close()
+	dir := writeTiny(t)
+	d, err := checkpoint.OpenDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	c, err := dsv4.Load(d, dsv4.Options{Backend: be})
+	if err != nil {
+		t.Fatal(err)
+	}
+	E := c.Cfg.NRoutedExperts
+	st, err := New(d, c.Cfg, Options{Backend: be, Slots: []int{E, E, E, 3, 0}, Readers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Preload(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	es := []int{0, 2, E - 1}
+	dst := make([]dsv4.ExpertWeights, len(es))
+	ok, err := st.ExpertSet(1, es, dst)
+	if err != nil || !ok {
+		t.Fatalf("ExpertSet on a preloaded layer = %v, %v; want true", ok, err)
+	}
+	if h := st.Stats().Total.Hits; h != int64(len(es)) {
+		t.Fatalf("%d hits after the set, want %d", h, len(es))
+	}
+	for i, e := range es {
+		w, err := st.Expert(1, e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w != dst[i] {
+			t.Fatalf("expert %d: the set's weights differ from Expert's", e)
+		}
+	}
+	before := st.Stats().Total
+	if ok, err := st.ExpertSet(4, []int{0, 1}, make([]dsv4.ExpertWeights, 2)); err != nil || ok {
+		t.Fatalf("ExpertSet on a layer with no slots = %v, %v; want false, nil", ok, err)
+	}
+	if after := st.Stats().Total; after.Hits != before.Hits || after.Misses != before.Misses || after.Bypassed != before.Bypassed {
+		t.Fatalf("a declined set counted: %+v then %+v", before, after)
+	}
+	if _, err := st.ExpertSet(1, []int{E}, make([]dsv4.ExpertWeights, 1)); err == nil {
+		t.Fatal("ExpertSet with an expert out of range: no error")
+	}
+	if _, err := st.ExpertSet(1, []int{0, 1}, make([]dsv4.ExpertWeights, 1)); err == nil {
+		t.Fatal("ExpertSet with a short dst: no error")
+	}
+	st.Close()
+	if _, err := st.ExpertSet(1, []int{0}, make([]dsv4.ExpertWeights, 1)); err == nil || !strings.Contains(err.Error(), "closed") {
+		t.Fatalf("ExpertSet after Close: %v, want the store closed", err)
+	}
+}

@@ -618,6 +618,44 @@ func (s *Store) read(r readReq, files map[string]*os.File) (int, error) {
 	return n, nil
 }
 
+// ExpertSet implements dsv4.ExpertSet: when every expert of es is resident
+// and loaded it serves each as Expert would (a hit each, in order) and
+// reports true; otherwise it reports false and counts nothing, and the
+// caller asks one at a time (a miss may need the layer's one scratch slot).
+// Serving resident experts evicts nothing, so all of dst stays valid until
+// the next call for the layer.
+func (s *Store) ExpertSet(layer int, es []int, dst []dsv4.ExpertWeights) (bool, error) {
+	if len(dst) != len(es) {
+		return false, fmt.Errorf("experts: ExpertSet: %d experts, %d weights to fill", len(es), len(dst))
+	}
+	for _, e := range es {
+		if err := s.checkIndex(layer, e); err != nil {
+			return false, err
+		}
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return false, errors.New("experts: store is closed")
+	}
+	ls := s.layers[layer]
+	for _, e := range es {
+		if sl, ok := ls.where[e]; !ok || !sl.ready {
+			s.mu.Unlock()
+			return false, nil
+		}
+	}
+	s.mu.Unlock()
+	for i, e := range es {
+		w, err := s.Expert(layer, e)
+		if err != nil {
+			return false, err
+		}
+		dst[i] = w
+	}
+	return true, nil
+}
+
 // Expert returns the weights of expert e of layer (dsv4.Experts), reading it
 // from the slow tier if it is not resident; it blocks until the bytes are in.
 func (s *Store) Expert(layer, e int) (dsv4.ExpertWeights, error) {

@@ -584,14 +584,24 @@ type sourceExperts struct {
 
 // ExpertSet implements ExpertSet: the source's weights are always valid.
 func (s *sourceExperts) ExpertSet(layer int, es []int, dst []ExpertWeights) (bool, error) {
+	if err := EachExpert(s, layer, es, dst); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// EachExpert fills dst[i] with x.Expert(layer, es[i]) in order, stopping at
+// the first error: an ExpertSet for Experts whose answers for es stay valid
+// together.
+func EachExpert(x Experts, layer int, es []int, dst []ExpertWeights) error {
 	for i, e := range es {
-		w, err := s.Expert(layer, e)
+		w, err := x.Expert(layer, e)
 		if err != nil {
-			return false, err
+			return err
 		}
 		dst[i] = w
 	}
-	return true, nil
+	return nil
 }
 
 func (s *sourceExperts) Expert(layer, e int) (ExpertWeights, error) {

@@ -646,12 +646,8 @@ func (s *Store) ExpertSet(layer int, es []int, dst []dsv4.ExpertWeights) (bool, 
 		}
 	}
 	s.mu.Unlock()
-	for i, e := range es {
-		w, err := s.Expert(layer, e)
-		if err != nil {
-			return false, err
-		}
-		dst[i] = w
+	if err := dsv4.EachExpert(s, layer, es, dst); err != nil {
+		return false, err
 	}
 	return true, nil
 }

@@ -614,34 +614,29 @@ func (s *Session) moeOne(b *block, f []float32, ids []int, wts []float32, pos in
 		}
 		es[k] = r.e
 	}
-	ews := make([]ExpertWeights, K)
-	if ok, err := set.ExpertSet(b.layer, es, ews); err != nil {
+	ws := make([]ExpertWeights, K, K+1) // the routed experts, then the shared one
+	if ok, err := set.ExpertSet(b.layer, es, ws); err != nil {
 		return nil, false, fmt.Errorf("dsv4: layer %d: %w", b.layer, err)
 	} else if !ok {
 		return nil, false, nil
 	}
+	if b.shared != nil {
+		ws = append(ws, *b.shared)
+	}
+	n := len(ws)
 	qat := m.target == QAT
 	x := f[:D]
 	if qat {
 		x = actQuantCopy(x, D)
 	}
-	n := K
-	if b.shared != nil {
-		n++
-	}
-	ws := append([]ExpertWeights(nil), ews...)
-	inter := make([]int, n) // each expert's inner width
-	for k := range K {
-		inter[k] = I
-	}
-	if b.shared != nil {
-		ws = append(ws, *b.shared)
-		inter[K] = I * c.NSharedExperts
-	}
 	g, u, y := make([][]float32, n), make([][]float32, n), make([][]float32, n)
 	jobs := make([]compute.LinearJob, 0, 2*n)
 	for k := range n {
-		g[k], u[k] = make([]float32, inter[k]), make([]float32, inter[k])
+		w := I // the inner width: the shared expert's is NSharedExperts times a routed one's
+		if k == K {
+			w *= c.NSharedExperts
+		}
+		g[k], u[k] = make([]float32, w), make([]float32, w)
 		jobs = append(jobs, compute.LinearJob{W: ws[k].W1, Y: g[k], X: x}, compute.LinearJob{W: ws[k].W3, Y: u[k], X: x})
 	}
 	ml.LinearMany(jobs)
@@ -651,10 +646,10 @@ func (s *Session) moeOne(b *block, f []float32, ids []int, wts []float32, pos in
 		if k < K {
 			m.be.SwiGLU(g[k], g[k], u[k], []float32{rs[k].w}, I, limit)
 		} else {
-			m.be.SwiGLU(g[k], g[k], u[k], nil, inter[k], 0)
+			m.be.SwiGLU(g[k], g[k], u[k], nil, len(g[k]), 0)
 		}
 		if qat {
-			actQuant(g[k], inter[k])
+			actQuant(g[k], len(g[k]))
 		}
 		y[k] = make([]float32, D)
 		jobs = append(jobs, compute.LinearJob{W: ws[k].W2, Y: y[k], X: g[k]})

@@ -52,15 +52,14 @@ func run(p *Pool, k kernel, y, x []float32, batch, r0, r1 int) {
 		units := (rows + matvecUnit - 1) / matvecUnit
 		if pk, ok := k.(preparer); ok && p != nil {
 			buf := p.floats(cols)
+			defer p.putFloats(buf)
 			if xp := buf.aligned; pk.prepare(xp, x[:cols]) {
 				p.Run(units, func(lo, hi int) {
 					a, b := r0+lo*matvecUnit, min(r0+hi*matvecUnit, r1)
 					pk.matvecPrepared(y[a-r0:b-r0], xp, x[:cols], a, b)
 				})
-				p.putFloats(buf)
 				return
 			}
-			p.putFloats(buf)
 		}
 		p.Run(units, func(lo, hi int) {
 			a, b := r0+lo*matvecUnit, min(r0+hi*matvecUnit, r1)

@@ -10,6 +10,7 @@ import (
 	"moxie/dsv4/config"
 	"moxie/format"
 	"moxie/generate"
+	"moxie/qat"
 )
 
 // Session is one sequence's state: position, and per layer the window ring,
@@ -325,20 +326,20 @@ func (s *Session) attention(b *block, st *layerState, a []float32, pos []int) []
 	if b.ratio > 0 {
 		freq = m.freqCompress
 	}
-	// qat: the FP8 linears read their inputs through act_quant (aq, qlq);
+	// sim (the qat target): the FP8 linears read their inputs through act_quant (aq, qlq);
 	// the BF16 ones (compressors, indexer weights) read them as they are.
-	qat := m.target == QAT
+	sim := m.target == QAT
 	aq := a
-	if qat {
-		aq = actQuantCopy(a, D)
+	if sim {
+		aq = qat.ActQuantCopy(a, D)
 	}
 	// Query path.
 	qlat := make([]float32, T*c.QLoraRank)
 	be.Linear(b.wqA, qlat, aq, T)
 	be.RMSNorm(qlat, qlat, b.qNorm, c.QLoraRank, eps)
 	qlq := qlat
-	if qat {
-		qlq = actQuantCopy(qlat, c.QLoraRank)
+	if sim {
+		qlq = qat.ActQuantCopy(qlat, c.QLoraRank)
 	}
 	q := make([]float32, T*H*hd)
 	be.Linear(b.wqB, q, qlq, T)
@@ -349,8 +350,8 @@ func (s *Session) attention(b *block, st *layerState, a []float32, pos []int) []
 	be.Linear(b.wkv, kv, aq, T)
 	be.RMSNorm(kv, kv, b.kvNorm, hd, eps)
 	be.RoPE(kv, pos, freq, hd, hd, false)
-	if qat {
-		kvSim(kv, hd, hd-2*len(freq))
+	if sim {
+		qat.KVSim(kv, hd, hd-2*len(freq))
 	}
 	// Compressor inputs.
 	var ckv, cz []float32
@@ -363,8 +364,8 @@ func (s *Session) attention(b *block, st *layerState, a []float32, pos []int) []
 		qi = make([]float32, T*IH*ID)
 		be.Linear(b.idx.wqB, qi, qlq, T)
 		be.RoPE(qi, pos, freq, IH*ID, ID, false)
-		if qat {
-			indexSim(qi, ID)
+		if sim {
+			qat.IndexSim(qi, ID)
 		}
 		wts = make([]float32, T*IH)
 		be.Linear(b.idx.wproj, wts, a, T)
@@ -422,14 +423,14 @@ func (s *Session) attention(b *block, st *layerState, a []float32, pos []int) []
 		be.Attention(o[i*H*hd:(i+1)*H*hd], q[i*H*hd:(i+1)*H*hd], keys, b.sink, len(keys)/hd, H, hd, scale)
 	}
 	be.RoPE(o, pos, freq, H*hd, hd, true)
-	if qat { // wo_a is a BF16 grouped product in the reference (its FP8 weights are BF16 values exactly)
-		bf16Round(o)
+	if sim { // wo_a is a BF16 grouped product in the reference (its FP8 weights are BF16 values exactly)
+		qat.BF16Round(o)
 	}
 	u := make([]float32, T*c.OGroups*c.OLoraRank)
 	be.GroupedLinear(b.woA, u, o, T, c.OGroups)
-	if qat {
-		bf16Round(u)
-		actQuant(u, c.OGroups*c.OLoraRank)
+	if sim {
+		qat.BF16Round(u)
+		qat.ActQuant(u, c.OGroups*c.OLoraRank)
 	}
 	out := make([]float32, T*D)
 	be.Linear(b.woB, out, u, T)
@@ -493,9 +494,9 @@ func (s *Session) compStep(cs *compState, freq []float32, t int, kv, z []float32
 	be.RoPE(e, []int{wpos}, freq, dw, dw, false)
 	if s.m.target == QAT {
 		if index {
-			indexSim(e, dw)
+			qat.IndexSim(e, dw)
 		} else {
-			kvSim(e, dw, dw-2*len(freq))
+			qat.KVSim(e, dw, dw-2*len(freq))
 		}
 	}
 	return e
@@ -624,10 +625,10 @@ func (s *Session) moeOne(b *block, f []float32, ids []int, wts []float32, pos in
 		ws = append(ws, *b.shared)
 	}
 	n := len(ws)
-	qat := m.target == QAT
+	sim := m.target == QAT
 	x := f[:D]
-	if qat {
-		x = actQuantCopy(x, D)
+	if sim {
+		x = qat.ActQuantCopy(x, D)
 	}
 	g, u, y := make([][]float32, n), make([][]float32, n), make([][]float32, n)
 	jobs := make([]compute.LinearJob, 0, 2*n)
@@ -648,8 +649,8 @@ func (s *Session) moeOne(b *block, f []float32, ids []int, wts []float32, pos in
 		} else {
 			m.be.SwiGLU(g[k], g[k], u[k], nil, len(g[k]), 0)
 		}
-		if qat {
-			actQuant(g[k], len(g[k]))
+		if sim {
+			qat.ActQuant(g[k], len(g[k]))
 		}
 		y[k] = make([]float32, D)
 		jobs = append(jobs, compute.LinearJob{W: ws[k].W2, Y: y[k], X: g[k]})
@@ -668,12 +669,12 @@ func (s *Session) moeOne(b *block, f []float32, ids []int, wts []float32, pos in
 }
 
 // ffn is a SwiGLU expert on n rows: W2·(silu(W1 x)·(W3 x)·rowScale), with the
-// clamp when limit > 0; with qat, W1 and W3 read act_quant(x) and W2
+// clamp when limit > 0; with sim (the qat target), W1 and W3 read act_quant(x) and W2
 // act_quant of its input (the routed weight multiplied in before, as the
 // reference does). x is not modified.
-func ffn(be compute.Backend, w ExpertWeights, x, rowScale []float32, n, D, I int, limit float32, qat bool) []float32 {
-	if qat {
-		x = actQuantCopy(x, D)
+func ffn(be compute.Backend, w ExpertWeights, x, rowScale []float32, n, D, I int, limit float32, sim bool) []float32 {
+	if sim {
+		x = qat.ActQuantCopy(x, D)
 	}
 	g, u := make([]float32, n*I), make([]float32, n*I)
 	if ml, ok := be.(compute.ManyLinear); ok && n == 1 {
@@ -683,8 +684,8 @@ func ffn(be compute.Backend, w ExpertWeights, x, rowScale []float32, n, D, I int
 		be.Linear(w.W3, u, x, n)
 	}
 	be.SwiGLU(g, g, u, rowScale, I, limit)
-	if qat {
-		actQuant(g, I)
+	if sim {
+		qat.ActQuant(g, I)
 	}
 	y := make([]float32, n*D)
 	be.Linear(w.W2, y, g, n)

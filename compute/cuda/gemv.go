@@ -93,9 +93,18 @@ func (g *Gemv) Bytes() int { return g.bytes }
 // blocks only, see PrepareGemv). gemvm_f4, a decode session's default, is
 // in the default moe module; f1 and f2 compile the moe benchmark module on
 // first use (MoEModuleSources).
+//
+// QAT (with MMA, U 2 or 4; plain x only) computes the qat numeric target's
+// product instead (dsv4-flash.md §3.2; package qat): y = Σ over 64-column
+// spans of s_w·s_x·Σ q_w·q_x, x quantized to E4M3 in blocks of 128 by
+// act_quant (qat.ActQuant) inside the launch, the codes multiplied on the
+// same f16 tensor-core tiles as gemvm's (gemvq_f<U>, moe benchmark
+// module). Its sums agree with a float64 product of act_quant(x) and the
+// weights to float32 rounding, not to the bit.
 type GemvVariant struct {
 	U   int
 	MMA bool
+	QAT bool
 }
 
 // gemvmWarps is GEMVM_WARPS in kernels/moe.cu.
@@ -120,7 +129,7 @@ func gemvmWPR(tiles, spans, sms int) int {
 // with a block edge of at least 64, rows and rows per group multiples of
 // 16, columns a multiple of 64 that leave each warp at most gemvmMaxPer
 // spans.
-func (c *Ctx) prepareGemvM(ps []GemvProj, u int) (*Gemv, error) {
+func (c *Ctx) prepareGemvM(ps []GemvProj, u int, qat bool) (*Gemv, error) {
 	if u == 0 {
 		u = 2
 	}
@@ -128,6 +137,15 @@ func (c *Ctx) prepareGemvM(ps []GemvProj, u int) (*Gemv, error) {
 		return nil, fmt.Errorf("cuda gemv: MMA chunk of %d spans, want 1, 2 or 4", u)
 	}
 	name := fmt.Sprintf("gemvm_f%d", u)
+	if qat {
+		if u == 1 {
+			return nil, fmt.Errorf("cuda gemv: qat chunk of 1 span, want 2 or 4")
+		}
+		if info := c.d.info; info.Major*10+info.Minor < 89 {
+			return nil, fmt.Errorf("cuda gemv: the qat product needs E4M3 tensor cores (sm_89 or later), device is sm_%d%d", info.Major, info.Minor)
+		}
+		name = fmt.Sprintf("gemvq_f%d", u)
+	}
 	g := &Gemv{block: 32 * gemvmWarps}
 	blocks, maxPer := 0, 0
 	for i, p := range ps {
@@ -141,6 +159,9 @@ func (c *Ctx) prepareGemvM(ps []GemvProj, u int) (*Gemv, error) {
 		}
 		if w.Rows%groups != 0 || (w.Rows/groups)%16 != 0 || w.Cols%64 != 0 {
 			return nil, fmt.Errorf("cuda gemv: product %d: [%d, %d] in %d groups: the MMA kernels want rows per group a multiple of 16 and columns a multiple of 64", i, w.Rows, w.Cols, groups)
+		}
+		if p.Norm != 0 && qat {
+			return nil, fmt.Errorf("cuda gemv: product %d: the qat product takes a plain x (no Norm)", i)
 		}
 		if p.Norm != 0 && (groups != 1 || p.Norm%16 != 0 || !(p.Eps >= 0)) {
 			return nil, fmt.Errorf("cuda gemv: product %d: normalized x with %d groups, weight %#x, eps %g: want one group, a 16-byte aligned weight and eps >= 0", i, groups, p.Norm, p.Eps)
@@ -168,13 +189,13 @@ func (c *Ctx) prepareGemvM(ps []GemvProj, u int) (*Gemv, error) {
 	// One product of whole-block tiles, plain x, one row group: it can
 	// begin the boundary after it (LaunchGemvHC; the default module holds
 	// gemvmh_f4 only).
-	if m := g.args.M[0]; len(ps) == 1 && u == gemvmHCU && m.Wpr == gemvmWarps && ps[0].Norm == 0 && m.Rpg == m.Rows {
+	if m := g.args.M[0]; !qat && len(ps) == 1 && u == gemvmHCU && m.Wpr == gemvmWarps && ps[0].Norm == 0 && m.Rpg == m.Rows {
 		refs = append(refs, kernelRef{fmt.Sprintf("gemvmh_f%d", u), &g.kh})
 	}
 	// Every product of whole-block tiles, plain x, one row group, on one x:
 	// it can form that x itself from a boundary's x' and partials
 	// (LaunchGemvCollapse; gemvmc_f4 in the default module).
-	col := u == gemvmHCU
+	col := u == gemvmHCU && !qat
 	for i, p := range ps {
 		m := g.args.M[i]
 		col = col && m.Wpr == gemvmWarps && p.Norm == 0 && m.Rpg == m.Rows && p.X == ps[0].X && m.Cols == g.args.M[0].Cols
@@ -294,7 +315,10 @@ func (c *Ctx) PrepareGemv(ps []GemvProj, v GemvVariant) (*Gemv, error) {
 		return nil, fmt.Errorf("cuda gemv: %d products, want 1..%d", len(ps), GemvMax)
 	}
 	if v.MMA {
-		return c.prepareGemvM(ps, v.U)
+		return c.prepareGemvM(ps, v.U, v.QAT)
+	}
+	if v.QAT {
+		return nil, fmt.Errorf("cuda gemv: the qat product runs on the MMA kernels only (GemvVariant.MMA)")
 	}
 	u := v.U
 	if u == 0 {

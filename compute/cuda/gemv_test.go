@@ -258,7 +258,8 @@ func bitEqual32(a, b []float32) int {
 // BenchmarkGemv times one-token products at V4-Flash shapes, each launch
 // reading one of 8 copies of its weights in turn (past L2), 32 launches per
 // captured graph (graphTime): the Gemv kernels (gemvTestVariants: the
-// CUDA-core ones at U 2/4/8, the MMA ones at U 1/2/4 where they apply) against the
+// CUDA-core ones at U 2/4/8, the MMA ones at U 1/2/4 where they apply; the
+// qat target's gemvq at U 2/4) against the
 // linear kernels' automatic choice (Linear, GroupedLinear, or one
 // multi-linear launch for sets). Reports µs and %HBM of the weight bytes.
 func BenchmarkGemv(b *testing.B) {
@@ -308,9 +309,14 @@ func BenchmarkGemv(b *testing.B) {
 				us, err := graphTime(b, c, calls, func() error { i++; return launches[i%copies]() })
 				results = append(results, result{set.name + "/" + name, us, bytes, err})
 			}
-			for _, v := range gemvTestVariants {
+			// The qat target's products too (x through act_quant in the
+			// launch): not the same function.
+			for _, v := range append(gemvTestVariants, GemvVariant{U: 2, MMA: true, QAT: true}, GemvVariant{U: 4, MMA: true, QAT: true}) {
 				name := fmt.Sprintf("gemv_u%d", v.U)
-				if v.MMA {
+				switch {
+				case v.QAT:
+					name = fmt.Sprintf("gemvq_f%d", v.U)
+				case v.MMA:
 					name = fmt.Sprintf("gemvm_f%d", v.U)
 				}
 				var ls []func() error

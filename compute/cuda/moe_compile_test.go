@@ -555,6 +555,21 @@ inline void mma16816(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsig
     d[i] = (float)s;
   }
 }
+// The E4M3 code nearest v (ties to the even code), saturating at ±448: by
+// search over the codes.
+static unsigned f2e4m3(float v) {
+  const double a = std::fabs((double)v);
+  unsigned best = 0;
+  for (unsigned c = 1; c < 0x7f; c++) {
+    const double dc = std::fabs(e4m3(c) - a), db = std::fabs(e4m3(best) - a);
+    if (dc < db || (dc == db && c % 2 == 0)) best = c;
+  }
+  if (a > 448) best = 0x7e;
+  return best | (std::signbit(v) ? 0x80u : 0u);
+}
+inline unsigned q8x4(float4 v, float inv) { return f2e4m3(v.x * inv) | f2e4m3(v.y * inv) << 8 | f2e4m3(v.z * inv) << 16 | f2e4m3(v.w * inv) << 24; }
+inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
 #include "kern.inc"
 
 template <class A> void launch(void (*k)(A), unsigned grid, unsigned threads, A a) {
@@ -970,6 +985,45 @@ int main() {
       for (int i = 0; i < c.n; i++) same = same && memcmp(first[i].data(), ys[i].data(), 4 * ys[i].size()) == 0;
       printf("%s %s case %d: max rel %.3g%s\n", (e > 1e-5 || !same) ? "FAIL" : "ok", v.name, ci, e, same ? "" : ", second run differs");
       worst = max(worst, e);
+    }
+    // gemvq_f2/f4 (the qat target; plain x only): y against float64 sums of
+    // the weights' values times act_quant(x), formed here (E4M3 in blocks of
+    // 128 columns, s = 2^ceil(log2(max(amax, 1e-4)/448)) from the float32
+    // quotient, nearest code by search), within 2^-18 of Σ|w·q(x)| a row.
+    bool plain = true;
+    for (int i = 0; i < c.n; i++) plain = plain && !c.p[i].norm;
+    if (plain) {
+      std::vector<std::vector<double>> qw, qm;
+      for (int i = 0; i < c.n; i++) {
+        const P &p = c.p[i];
+        const int rpg = p.rows / p.groups;
+        std::vector<double> xq(p.groups * p.cols);
+        for (int r = 0; r < p.groups; r++)
+          for (int b = 0; b < p.cols; b += 128) {
+            float am = 1e-4f;
+            for (int k = b; k < min(b + 128, p.cols); k++) am = max(am, std::fabs(xs[i][r * p.cols + k]));
+            const double sc = std::ldexp(1.0, (int)std::ceil(std::log2((double)(am / 448.f))));
+            for (int k = b; k < min(b + 128, p.cols); k++) xq[r * p.cols + k] = e4m3(f2e4m3((float)(xs[i][r * p.cols + k] / sc))) * sc;
+          }
+        std::vector<double> w(p.rows), m(p.rows);
+        for (int r = 0; r < p.rows; r++)
+          for (int k = 0; k < p.cols; k++) {
+            const double t = ws[i].v[r * p.cols + k] * xq[(r / rpg) * p.cols + k];
+            w[r] += t;
+            m[r] += std::fabs(t);
+          }
+        qw.push_back(w);
+        qm.push_back(m);
+      }
+      const V qs[] = {{"gemvq_f2", gemvq_f2}, {"gemvq_f4", gemvq_f4}};
+      for (const V &v : qs) {
+        for (auto &y : ys) std::fill(y.begin(), y.end(), NAN);
+        launch<const GemvArgsM>(v.k, c.grid, 256, a);
+        double e = 0;
+        for (int i = 0; i < c.n; i++)
+          for (int r = 0; r < c.p[i].rows; r++) e = std::isfinite(ys[i][r]) ? max(e, std::fabs(ys[i][r] - qw[i][r]) / max(qm[i][r], 1e-300)) : INFINITY;
+        printf("%s %s case %d: max error %.3g of a row's sum of magnitudes\n", e > std::ldexp(1.0, -18) ? "FAIL" : "ok", v.name, ci, e);
+      }
     }
     // gemvmh_f4 (one product, one tile a block): y must be gemvm_f4's bits
     // and the boundary it begins as HcData::check says.

@@ -141,6 +141,15 @@ __device__ __forceinline__ u32 e4m3x2_f16x2(u32 w16) {
   return h;
 }
 
+// The E4M3 codes of v·inv (round to nearest even, saturating at ±448), x
+// in the lowest byte.
+__device__ __forceinline__ u32 q8x4(float4 v, float inv) {
+  u32 r;
+  asm("{ .reg .b16 l, h; cvt.rn.satfinite.e4m3x2.f32 l, %2, %1; cvt.rn.satfinite.e4m3x2.f32 h, %4, %3; mov.b32 %0, {l, h}; }"
+      : "=r"(r) : "f"(v.x * inv), "f"(v.y * inv), "f"(v.z * inv), "f"(v.w * inv));
+  return r;
+}
+
 // The same codes (same pairing) placed into E4M3 bytes instead (sign to bit
 // 7, exponent and mantissa bits to bits 4..2: value·2^-6, code 0.5 the E4M3
 // subnormal 2^-7), then converted by the hardware cvt.rn.f16x2.e4m3x2: the
@@ -1521,7 +1530,8 @@ __device__ __forceinline__ void lean_stage_routed(const float *__restrict__ x, u
 // tiles: pw[m] is this lane's first 16-byte word of row g of matrix m (+
 // rs: row g+8), ps[m] the tile's row of block scales, bshift log2 of the
 // block edge. compute() is Fp8Chunk's arithmetic with B (natural layout)
-// at xb + 64s + 16t (s the absolute span).
+// at xb + 64s + 16t (s the absolute span); with xs, each span's sums are
+// also scaled by xs[s/2] (x's scale of the 128-column block: gemvq_*).
 template <int NM, int UF>
 struct LeanFp8 {
   uint4 w[UF][NM][2];
@@ -1543,7 +1553,7 @@ struct LeanFp8 {
   }
 
   template <bool GUARD>
-  __device__ __forceinline__ void compute(const u16 *xb, bool bl, int s0, int spans, int t, float (&acc)[NM][4]) const {
+  __device__ __forceinline__ void compute(const u16 *xb, bool bl, int s0, int spans, int t, float (&acc)[NM][4], const float *xs = nullptr) const {
 #pragma unroll
     for (int u = 0; u < UF; u++) {
       const int s = s0 + u;
@@ -1567,7 +1577,7 @@ struct LeanFp8 {
       }
 #pragma unroll
       for (int m = 0; m < NM; m++) {
-        const float f = __int_as_float(sc[u][m] << 23);
+        const float f = xs ? __int_as_float(sc[u][m] << 23) * xs[s >> 1] : __int_as_float(sc[u][m] << 23);
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[m][i] = fmaf(d[m][i], f, acc[m][i]);
       }
@@ -2242,7 +2252,56 @@ __device__ __forceinline__ void hcc_stage_x(const HcCol &c, const float (&p)[4],
   __syncwarp();
 }
 
-template <int UF, bool HCE = false, bool HCC = false>
+// The qat target's products (gemvq_*, dsv4-flash.md §3.2: act_quant and
+// fp8_gemm): x quantized to E4M3 in blocks of 128 columns, each scaled by
+// s = 2^ceil(log2(max(amax, 1e-4)/448)) (rounded to nearest even,
+// saturating), y = Σ over 64-column spans of the weight block's scale
+// times s times Σ q_w·q_x. The codes q_x are exact in f16, so the products
+// run on LeanFp8's f16 tensor-core tiles with B one column of them (lanes g
+// == 0) and the span's sums scaled by s too. (E4M3 mma.m16n8k32 is no
+// faster on sm_90: ptxas lowers it to conversions and two HMMA.16816;
+// session 22.)
+// Stages columns [c0, c0 + n) of x (a row of cols values; c0, n and cols
+// multiples of 64) for gemvq: the E4M3 codes as f16 values at xq[0..n),
+// natural layout, and the scale of each 128-column block the columns touch
+// at xs[b - c0/128].
+// A block's amax is over all its columns, also those outside [c0, c0 + n),
+// so every warp gets the same scale. The loads of up to four blocks are
+// issued before their maxima are formed. Then __syncwarp.
+__device__ __forceinline__ void gemvq_stage_x(const float *__restrict__ v, int cols, u16 *xq, float *xs, int c0, int n) {
+  const int lane = threadIdx.x & 31, b1 = (c0 + n + 127) >> 7;
+  for (int b0 = c0 >> 7; b0 < b1; b0 += 4) {
+    float4 p[4];
+    float am[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int c = ((b0 + j) << 7) + 4 * lane;
+      p[j] = b0 + j < b1 && c < cols ? __ldg(reinterpret_cast<const float4 *>(v + c)) : make_float4(0.f, 0.f, 0.f, 0.f);
+      am[j] = fmaxf(fmaxf(fabsf(p[j].x), fabsf(p[j].y)), fmaxf(fabsf(p[j].z), fabsf(p[j].w)));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+      for (int j = 0; j < 4; j++) am[j] = fmaxf(am[j], __shfl_xor_sync(0xffffffffu, am[j], o));
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      if (b0 + j >= b1) break;
+      const u32 q = __float_as_uint(__fdiv_rn(fmaxf(am[j], 1e-4f), 448.f));
+      const int e = (int)((q >> 23) & 0xffu) - 127 + ((q & 0x7fffffu) != 0u);
+      if (lane == 0) xs[b0 + j - (c0 >> 7)] = __int_as_float((u32)(127 + e) << 23);
+      const int c = ((b0 + j) << 7) + 4 * lane;
+      if (c >= c0 && c < c0 + n) {
+        const u32 q = q8x4(p[j], __int_as_float((u32)(127 - e) << 23));
+        u32 *o = reinterpret_cast<u32 *>(xq + (c - c0));
+        o[0] = e4m3x2_f16x2(q & 0xffffu);
+        o[1] = e4m3x2_f16x2(q >> 16);
+      }
+    }
+  }
+  __syncwarp();
+}
+
+template <int UF, bool HCE = false, bool HCC = false, bool Q8 = false>
 __device__ __forceinline__ void gemvm_body(const GemvMatM &m, int blk, const float *nw, float eps, const HcEpi *hc = nullptr,
                                            const HcCol *col = nullptr) {
   extern __shared__ uint4 moe_smem[];
@@ -2254,19 +2313,21 @@ __device__ __forceinline__ void gemvm_body(const GemvMatM &m, int blk, const flo
   const int r0 = (blk * (GEMVM_WARPS / wpr) + warp / wpr) * 16;
   const int per = (m.cols >> 6) / wpr, W = 64 * per;
   const int s0 = part * per, end = s0 + per;
-  u16 *xw = reinterpret_cast<u16 *>(moe_smem) + warp * 2 * W;  // hi [W], lo [W]
+  u16 *xw = reinterpret_cast<u16 *>(moe_smem) + warp * 2 * W;  // hi [W], lo [W]; Q8: the codes [W], then the block scales
+  float *const xs = reinterpret_cast<float *>(xw + W);
   const bool live = r0 < m.rows;
   float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
   if (live) {
     const float *xg = m.x + (long long)(r0 / m.rpg) * m.cols;
     const u8 *const pw[1] = {m.w + (long long)(r0 + g) * m.cols + 16 * t};
     const u8 *const ps[1] = {m.s + (long long)(r0 >> m.bshift) * m.sstride};
-    const bool bl = g < 2;
+    const bool bl = Q8 ? g == 0 : g < 2;
     const u16 *xb = xw + (g & 1) * W - s0 * 64;  // column c's hi/lo at xb[c]
+    const float *xsb = Q8 ? xs - (s0 >> 1) : nullptr;  // span s's block scale at xsb[s/2]
     using Ch = LeanFp8<1, UF>;
     wide_walk<Ch>(
         s0, end, UF, [&](Ch &c, int s) { c.template load<true>(pw, 8LL * m.cols, ps, m.bshift, s, end); },
-        [&](const Ch &c, int s) { c.template compute<true>(xb, bl, s, end, t, acc); },
+        [&](const Ch &c, int s) { c.template compute<true>(xb, bl, s, end, t, acc, xsb); },
         [&] {
           if (HCC) {  // x' and the partials are two kernels back: no wait here (the kernel waits at its end)
             MOXIE_PDL_TRIGGER();
@@ -2277,11 +2338,13 @@ __device__ __forceinline__ void gemvm_body(const GemvMatM &m, int blk, const flo
           }
           MOXIE_PDL();
           if (HCE) hc_epi_stage(*hc, m.rows, r0, hfn, hxs, hpc);
-          if (nw) gemvm_stage_xn(xg, nw, eps, m.cols, xw, s0 * 64, W, W);
+          if (Q8) gemvq_stage_x(xg, m.cols, xw, xs, s0 * 64, W);
+          else if (nw) gemvm_stage_xn(xg, nw, eps, m.cols, xw, s0 * 64, W, W);
           else lean_stage_x(xg, xw, s0 * 64, W, W, false);
         });
   }
-  const float y0 = fmaf(acc[0][1], 1.f / 2048.f, acc[0][0]), y1 = fmaf(acc[0][3], 1.f / 2048.f, acc[0][2]);
+  // Column 0 is the sum (Q8), or columns 0 and 1 its hi and lo parts.
+  const float y0 = Q8 ? acc[0][0] : fmaf(acc[0][1], 1.f / 2048.f, acc[0][0]), y1 = Q8 ? acc[0][2] : fmaf(acc[0][3], 1.f / 2048.f, acc[0][2]);
   if (wpr == 1) {  // grid-uniform for this matrix's blocks
     if (live && t == 0) {
       m.y[r0 + g] = y0;
@@ -2338,6 +2401,11 @@ __device__ __forceinline__ int gemvm_mat(const GemvArgsM &a) {
     MOXIE_PDL_WAIT(); \
   }
 
+// gemvq_f<UF>: gemvm_f<UF> for the qat target (x through act_quant in the
+// launch, gemvq_stage_x); plain x only (no Norm).
+#define GEMVQ(UF) \
+  extern "C" __global__ void __launch_bounds__(32 * GEMVM_WARPS) gemvq_f##UF(const GemvArgsM a) { MOXIE_PDL_INSIDE(); const int i = gemvm_mat(a); gemvm_body<UF, false, false, true>(a.m[i], blockIdx.x - a.m[i].blk0, nullptr, 0.f); }
+
 //@module moe
 // The default module, compiled (or read from the disk cache) on first use:
 // the kernels of MoEPreferred (MoELeanXW: moe1lx_d0_b7, moe2lw_g1_f1_d0_b2,
@@ -2381,3 +2449,4 @@ MOE2S(4, 4, 0, 8, 1, 2) MOE2S(2, 2, 0, 8, 1, 2)
 MOE1LXG(2, 0, 4) MOE1LXG(4, 0, 2)
 // The other Gemv MMA chunks (GemvVariant{MMA: true} with U 1, or 0 or 2).
 GEMVM(1) GEMVM(2)
+GEMVQ(2) GEMVQ(4)

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -89,35 +90,22 @@ func TestGemvQAT(t *testing.T) {
 				if err != nil {
 					t.Fatalf("%s, %+v: %v", set.name, v, err)
 				}
-				var first [][]float32
-				for run := range 2 {
-					if err := e.c.LaunchGemv(g, e.c.Stream()); err != nil {
-						t.Fatalf("%s: %v", set.name, err)
-					}
-					for i, p := range ps {
-						got := e.down(p.Y, p.W.Rows)
-						if run == 1 {
-							if j := bitEqual32(got, first[i]); j >= 0 {
-								t.Errorf("%s, %+v, product %d: a second run differs at %d", set.name, v, i, j)
-							}
-							continue
-						}
-						first = append(first, got)
-						worst, at := 0.0, -1
-						for r, y := range got {
-							q := math.Abs(float64(y)-wants[i][r]) / math.Max(mags[i][r], 1e-300)
-							if !(q <= worst) {
-								worst, at = q, r
-							}
-						}
-						if !(worst <= math.Ldexp(1, -qatGemvAccBits)) {
-							t.Errorf("%s, %+v, product %d [%d, %d]: row %d: got %g, want %g: error %.3g of Σ|w·q(x)| %.3g, above 2^-%d",
-								set.name, v, i, p.W.Rows, p.W.Cols, at, got[at], wants[i][at], worst, mags[i][at], qatGemvAccBits)
-						} else {
-							t.Logf("%s, %+v, product %d: largest error %.3g of a row's Σ|w·q(x)| (2^%.1f)", set.name, v, i, worst, math.Log2(worst))
+				gemvTwice(e, g, ps, fmt.Sprintf("%s, %+v", set.name, v), func(i int, got []float32) {
+					p := ps[i]
+					worst, at := 0.0, -1
+					for r, y := range got {
+						q := math.Abs(float64(y)-wants[i][r]) / math.Max(mags[i][r], 1e-300)
+						if !(q <= worst) {
+							worst, at = q, r
 						}
 					}
-				}
+					if !(worst <= math.Ldexp(1, -qatGemvAccBits)) {
+						t.Errorf("%s, %+v, product %d [%d, %d]: row %d: got %g, want %g: error %.3g of Σ|w·q(x)| %.3g, above 2^-%d",
+							set.name, v, i, p.W.Rows, p.W.Cols, at, got[at], wants[i][at], worst, mags[i][at], qatGemvAccBits)
+					} else {
+						t.Logf("%s, %+v, product %d: largest error %.3g of a row's Σ|w·q(x)| (2^%.1f)", set.name, v, i, worst, math.Log2(worst))
+					}
+				})
 			}
 		}
 		// Refusals.

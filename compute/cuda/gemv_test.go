@@ -82,25 +82,14 @@ func TestGemv(t *testing.T) {
 				if err != nil {
 					t.Fatalf("%s, %+v: %v", set.name, v, err)
 				}
-				var first [][]float32
-				for run := range 2 {
-					if err := e.c.LaunchGemv(g, e.c.Stream()); err != nil {
-						t.Fatalf("%s: %v", set.name, err)
+				gemvTwice(e, g, ps, fmt.Sprintf("%s, %+v", set.name, v), func(i int, got []float32) {
+					p := ps[i]
+					if r := computetest.MaxRel(got, wants[i]); !(r <= computetest.TolLinear) {
+						t.Errorf("%s, %+v, product %d [%d, %d]: max relative error %.3g > %.3g", set.name, v, i, p.W.Rows, p.W.Cols, r, computetest.TolLinear)
+					} else if u == 4 {
+						t.Logf("%s, %+v, product %d: max relative error %.3g", set.name, v, i, r)
 					}
-					for i, p := range ps {
-						got := e.down(p.Y, p.W.Rows)
-						if run == 0 {
-							first = append(first, got)
-							if r := computetest.MaxRel(got, wants[i]); !(r <= computetest.TolLinear) {
-								t.Errorf("%s, %+v, product %d [%d, %d]: max relative error %.3g > %.3g", set.name, v, i, p.W.Rows, p.W.Cols, r, computetest.TolLinear)
-							} else if u == 4 {
-								t.Logf("%s, %+v, product %d: max relative error %.3g", set.name, v, i, r)
-							}
-						} else if j := bitEqual32(got, first[i]); j >= 0 {
-							t.Errorf("%s, %+v, product %d: a second run differs at %d", set.name, v, i, j)
-						}
-					}
-				}
+				})
 			}
 		}
 		// x RMS-normalized inside the launch (GemvProj.Norm: the decode
@@ -199,6 +188,29 @@ func gemvmTakes(set gemvSet) bool {
 		}
 	}
 	return true
+}
+
+// gemvTwice launches g twice, calls check with each product's output of
+// the first run, and fails e's test (naming what) where the second run's
+// bits differ from the first's.
+func gemvTwice(e *fwdEnv, g *Gemv, ps []GemvProj, what string, check func(i int, got []float32)) {
+	t := e.t
+	t.Helper()
+	var first [][]float32
+	for run := range 2 {
+		if err := e.c.LaunchGemv(g, e.c.Stream()); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		for i, p := range ps {
+			got := e.down(p.Y, p.W.Rows)
+			if run == 0 {
+				first = append(first, got)
+				check(i, got)
+			} else if j := bitEqual32(got, first[i]); j >= 0 {
+				t.Errorf("%s, product %d: a second run differs at %d", what, i, j)
+			}
+		}
+	}
 }
 
 // TestGemvMWPR checks the MMA kernels' tile split on 132 SMs against values

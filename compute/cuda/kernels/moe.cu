@@ -2261,6 +2261,7 @@ __device__ __forceinline__ void hcc_stage_x(const HcCol &c, const float (&p)[4],
 // == 0) and the span's sums scaled by s too. (E4M3 mma.m16n8k32 is no
 // faster on sm_90: ptxas lowers it to conversions and two HMMA.16816;
 // session 22.)
+
 // Stages columns [c0, c0 + n) of x (a row of cols values; c0, n and cols
 // multiples of 64) for gemvq: the E4M3 codes as f16 values at xq[0..n),
 // natural layout, and the scale of each 128-column block the columns touch
@@ -2291,10 +2292,10 @@ __device__ __forceinline__ void gemvq_stage_x(const float *__restrict__ v, int c
       if (lane == 0) xs[b0 + j - (c0 >> 7)] = __int_as_float((u32)(127 + e) << 23);
       const int c = ((b0 + j) << 7) + 4 * lane;
       if (c >= c0 && c < c0 + n) {
-        const u32 q = q8x4(p[j], __int_as_float((u32)(127 - e) << 23));
+        const u32 codes = q8x4(p[j], __int_as_float((u32)(127 - e) << 23));
         u32 *o = reinterpret_cast<u32 *>(xq + (c - c0));
-        o[0] = e4m3x2_f16x2(q & 0xffffu);
-        o[1] = e4m3x2_f16x2(q >> 16);
+        o[0] = e4m3x2_f16x2(codes & 0xffffu);
+        o[1] = e4m3x2_f16x2(codes >> 16);
       }
     }
   }

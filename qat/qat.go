@@ -36,6 +36,22 @@ func Pow2Ceil(y float32) float32 {
 	return float32(math.Ldexp(1, e))
 }
 
+// ActScaleExp returns the exponent of act_quant's scale for a block whose
+// largest magnitude is amax (a normal float32 of at least ActMin): e with
+// 2^e = Pow2Ceil(amax/448), the float32 quotient's, formed from amax's own
+// bits without the division. amax = M·2^E with M in [1, 2) gives amax/448
+// = (M/1.75)·2^(E-8), and the rounded quotient lies above a power of two
+// exactly when M > 1.75 (TestActScaleExp). The GPU's qat kernels form the
+// scale this way.
+func ActScaleExp(amax float32) int {
+	b := math.Float32bits(amax)
+	e := int(b>>23&0xff) - 127 - 8
+	if b&0x7fffff > 0x600000 {
+		e++
+	}
+	return e
+}
+
 // blockSim replaces each block of `block` values of x (the last may be
 // shorter) by its simulation on a grid whose largest value is qmax: amax =
 // max(|x|, floor) over the block, s = 2^ceil(log2(amax/qmax)), x =

@@ -569,7 +569,6 @@ static unsigned f2e4m3(float v) {
 }
 inline unsigned q8x4(float4 v, float inv) { return f2e4m3(v.x * inv) | f2e4m3(v.y * inv) << 8 | f2e4m3(v.z * inv) << 16 | f2e4m3(v.w * inv) << 24; }
 inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
-inline float __fdiv_rn(float a, float b) { return a / b; }
 #include "kern.inc"
 
 template <class A> void launch(void (*k)(A), unsigned grid, unsigned threads, A a) {

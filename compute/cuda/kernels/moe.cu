@@ -2287,8 +2287,11 @@ __device__ __forceinline__ void gemvq_stage_x(const float *__restrict__ v, int c
 #pragma unroll
     for (int j = 0; j < 4; j++) {
       if (b0 + j >= b1) break;
-      const u32 q = __float_as_uint(__fdiv_rn(fmaxf(am[j], 1e-4f), 448.f));
-      const int e = (int)((q >> 23) & 0xffu) - 127 + ((q & 0x7fffffu) != 0u);
+      // The scale 2^e = 2^ceil(log2(amax/448)) of the float32 quotient, from
+      // amax's bits (qat.ActScaleExp: above 2^(E-8) exactly when amax's
+      // mantissa is above 1.75's).
+      const u32 q = __float_as_uint(fmaxf(am[j], 1e-4f));
+      const int e = (int)((q >> 23) & 0xffu) - 135 + ((q & 0x7fffffu) > 0x600000u);
       if (lane == 0) xs[b0 + j - (c0 >> 7)] = __int_as_float((u32)(127 + e) << 23);
       const int c = ((b0 + j) << 7) + 4 * lane;
       if (c >= c0 && c < c0 + n) {

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -220,5 +221,30 @@ func TestRepackRefusesNaNScale(t *testing.T) {
 	}
 	if _, err := os.Stat(dst); !os.IsNotExist(err) {
 		t.Fatalf("a refused repack left %s behind", dst)
+	}
+}
+
+// TestHelpArgNames checks every command's --help: it exits 0, and each
+// flag line names the flag's argument, if any, in one word (the flag
+// package takes a usage string's first back-quoted text as that name, so
+// back-quoted prose in a boolean flag's usage shows up as a bogus argument).
+func TestHelpArgNames(t *testing.T) {
+	flagLine := regexp.MustCompile(`^  -([a-z0-9-]+)(?: (.*))?$`)
+	for _, c := range commands() {
+		t.Run(c.name, func(t *testing.T) {
+			code, _, errs := moxie(t, c.name, "--help")
+			if code != 0 {
+				t.Fatalf("exit %d, want 0; stderr %q", code, errs)
+			}
+			for _, l := range strings.Split(errs, "\n") {
+				m := flagLine.FindStringSubmatch(l)
+				if m == nil {
+					continue
+				}
+				if arg := m[2]; strings.ContainsAny(arg, " \t") {
+					t.Errorf("-%s takes %q: an argument name is one word (back quotes in its usage?)", m[1], arg)
+				}
+			}
+		})
 	}
 }

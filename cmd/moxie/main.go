@@ -21,7 +21,7 @@ type command struct {
 
 func commands() []command {
 	return []command{
-		{"run", "chat with a model, or answer one prompt (the built-in tiny model by default)", runRun},
+		{"run", "chat with a model, or answer one prompt (the built-in miniature by default)", runRun},
 		{"serve", "serve a model over an OpenAI-compatible HTTP API", runServe},
 		{"bench", "measure prefill and decode speed and efficiency against memory bandwidth", runBench},
 		{"plan", "show what a memory budget keeps resident: dense weights, caches, experts per layer", runPlan},

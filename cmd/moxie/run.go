@@ -29,8 +29,9 @@ interactive chat (type /reset to clear the history, /exit or Ctrl-D to leave).
 When standard input is not a terminal and no PROMPT is given, it is read as one
 prompt. Text streams as it is generated; a stats line follows each answer
 (prompt tokens, time to first token, prefill and decode tokens/s, memory).
-Without --model, moxie uses its built-in tiny synthetic model, whose text is
-meaningless (random weights).`, stderr)
+Without --model, moxie uses its built-in model, models/brown-mini: a miniature
+(88.8M parameters) of the V4-Flash architecture trained on the Brown corpus,
+which writes English-like text, not good English ($MOXIE_MODEL picks another).`, stderr)
 	model := fs.String("model", defaultModel(), "model: a checkpoint directory or synth:PRESET")
 	maxTokens := fs.Int("max-tokens", 256, "most tokens to generate per answer")
 	temp := fs.Float64("temperature", defaultTemperature, "sampling temperature; 0 is greedy")

@@ -142,7 +142,7 @@ func (c *Ctx) prepareGemvM(ps []GemvProj, u int, qat bool) (*Gemv, error) {
 			return nil, fmt.Errorf("cuda gemv: qat chunk of 1 span, want 2 or 4")
 		}
 		if info := c.d.info; info.Major*10+info.Minor < 89 {
-			return nil, fmt.Errorf("cuda gemv: the qat product needs E4M3 tensor cores (sm_89 or later), device is sm_%d%d", info.Major, info.Minor)
+			return nil, fmt.Errorf("cuda gemv: the qat product needs the E4M3 conversions of sm_89 or later, device is sm_%d%d", info.Major, info.Minor)
 		}
 		name = fmt.Sprintf("gemvq_f%d", u)
 	}

@@ -54,14 +54,17 @@ func runServe(args []string, _ io.Reader, stdout, stderr io.Writer) error {
 	// After the first signal, restore the default handling: a second one
 	// ends the process at once instead of waiting for the grace period.
 	announced := make(chan struct{})
-	context.AfterFunc(ctx, func() {
+	unannounce := context.AfterFunc(ctx, func() {
 		stop()
 		fmt.Fprintln(stderr, "moxie serve: shutting down (signal again to exit at once)")
 		close(announced)
 	})
 	err := serve(ctx, args, stdout, stderr, nil)
-	if ctx.Err() != nil {
-		<-announced // the message above runs on its own goroutine: let it finish first
+	// Returning cancels ctx (the deferred stop): the message is for a
+	// signal only. If one came, its message runs on its own goroutine: let
+	// it finish first.
+	if !unannounce() {
+		<-announced
 	}
 	return err
 }
